@@ -1,0 +1,1 @@
+"""Generated greenserve.v1 protobuf and gRPC stubs. Regenerate with: python scripts/gen_protos.py"""
