@@ -175,17 +175,17 @@ class BacktestDay(_message.Message):
     def __init__(self, day: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., fit_s: _Optional[float] = ...) -> None: ...
 
 class BacktestResponse(_message.Message):
-    __slots__ = ("mape_percent", "naive_mape_percent", "points", "fit_s_median", "model", "days")
+    __slots__ = ("mape_percent", "naive_mape_percent", "points", "median_fit_s", "model", "days")
     MAPE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     NAIVE_MAPE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
-    FIT_S_MEDIAN_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_FIT_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DAYS_FIELD_NUMBER: _ClassVar[int]
     mape_percent: float
     naive_mape_percent: float
     points: int
-    fit_s_median: float
+    median_fit_s: float
     model: str
     days: _containers.RepeatedCompositeFieldContainer[BacktestDay]
-    def __init__(self, mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., points: _Optional[int] = ..., fit_s_median: _Optional[float] = ..., model: _Optional[str] = ..., days: _Optional[_Iterable[_Union[BacktestDay, _Mapping]]] = ...) -> None: ...
+    def __init__(self, mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., points: _Optional[int] = ..., median_fit_s: _Optional[float] = ..., model: _Optional[str] = ..., days: _Optional[_Iterable[_Union[BacktestDay, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,142 @@
+"""The `greenserve` command line.
+
+    greenserve up       start all six services on this machine, each its own process
+    greenserve status   health of each service
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import grpc
+
+from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.config import DependencyAddresses
+from greenserve_client import supervisor
+from greenserve_client.services import SERVICES
+
+
+def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection (env GREENSERVE_AUTH_TOKEN, GREENSERVE_TLS_CA, ...)")
+    group.add_argument("--auth-token", help="bearer token to send (default: env GREENSERVE_AUTH_TOKEN)")
+    group.add_argument("--tls-ca", type=Path, help="PEM CA to trust; turns TLS on")
+    group.add_argument("--tls-cert", type=Path, help="client certificate for mTLS")
+    group.add_argument("--tls-key", type=Path, help="client key for mTLS")
+    group.add_argument("--timeout-s", type=float, default=5.0, help="deadline of each call (default 5)")
+
+
+def _env(name: str) -> str | None:
+    import os
+
+    return os.environ.get(f"GREENSERVE_{name}") or None
+
+
+def _channel_config(ns: argparse.Namespace, address: str) -> ChannelConfig:
+    def path(value: Path | None, env: str) -> Path | None:
+        return value or (Path(_env(env)) if _env(env) else None)
+
+    return ChannelConfig(
+        address=address,
+        token=ns.auth_token or _env("AUTH_TOKEN"),
+        tls_ca=path(ns.tls_ca, "TLS_CA"),
+        tls_cert=path(ns.tls_cert, "CLIENT_TLS_CERT"),
+        tls_key=path(ns.tls_key, "CLIENT_TLS_KEY"),
+        default_timeout_s=ns.timeout_s,
+    )
+
+
+async def _check(ns: argparse.Namespace, info_name: str, grpc_service: str, address: str) -> dict[str, str]:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = create_channel(_channel_config(ns, address))
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=grpc_service))
+        state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return {"service": info_name, "address": address, "status": state, "detail": ""}
+    except grpc.aio.AioRpcError as exc:
+        status = "UNREACHABLE" if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else exc.code().name
+        return {"service": info_name, "address": address, "status": status, "detail": exc.details() or ""}
+    finally:
+        await channel.close()
+
+
+def print_table(rows: list[dict[str, str]], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    addresses = DependencyAddresses()
+
+    async def run() -> list[dict[str, str]]:
+        checks = []
+        for info in SERVICES:
+            address = getattr(ns, f"{info.name}_addr") or getattr(addresses, f"{info.name}_addr")
+            checks.append(_check(ns, info.display, info.grpc_service, address))
+        return await asyncio.gather(*checks)
+
+    rows = asyncio.run(run())
+    if ns.json:
+        print(json.dumps({"services": rows}))
+    else:
+        print_table(rows, ["service", "address", "status", "detail"])
+    return 0 if all(r["status"] == "SERVING" for r in rows) else 1
+
+
+def cmd_up(ns: argparse.Namespace) -> int:
+    ports = {info.name: getattr(ns, f"{info.name}_port") for info in SERVICES}
+    return supervisor.up(
+        host=ns.host,
+        ports=ports,
+        data_dir=ns.data_dir,
+        startup_timeout_s=ns.startup_timeout_s,
+        extra_args=ns.service_args,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="greenserve", description="greenserve: carbon-aware control plane for LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start all six services on this machine and stop them on Ctrl-C")
+    up.add_argument("--host", default="127.0.0.1", help="address every service binds (default 127.0.0.1)")
+    up.add_argument("--data-dir", type=Path, default=Path(".greenserve"), help="SQLite files and logs (default .greenserve)")
+    up.add_argument("--startup-timeout-s", type=float, default=60.0, help="wait this long for SERVING (default 60)")
+    for info in SERVICES:
+        up.add_argument(f"--{info.display}-port", dest=f"{info.name}_port", type=int, default=info.default_port,
+                        help=f"gRPC port of the {info.display} (default {info.default_port})")
+    up.add_argument("--service-arg", dest="service_args", action="append", default=[], metavar="ARG",
+                    help="extra flag passed to every service, e.g. --service-arg=--log-level=DEBUG")
+    up.set_defaults(func=cmd_up)
+
+    status = sub.add_parser("status", help="show the health of each service")
+    for info in SERVICES:
+        status.add_argument(f"--{info.display}-addr", dest=f"{info.name}_addr",
+                            help=f"host:port (default env GREENSERVE_{info.name.upper()}_ADDR or 127.0.0.1:{info.default_port})")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_connection_flags(status)
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    for name in ("startup_timeout_s", "timeout_s"):
+        if getattr(ns, name, 1.0) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    for info in SERVICES:
+        port = getattr(ns, f"{info.name}_port", None)
+        if port is not None and not 0 < port < 65536:
+            parser.error(f"--{info.display}-port must be in 1..65535, got {port}")
+    return int(ns.func(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""`greenserve up`: run the six services as child processes on one machine.
+
+Each service is its own process (`python -m greenserve.<service>`), with its SQLite file in the data dir
+and its log in DATA_DIR/logs/<service>.log. `up` waits until every one reports SERVING, prints their
+addresses, and on Ctrl-C/SIGTERM (or when one of them dies) stops them all with SIGTERM, then SIGKILL
+for any that outlive the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
+from greenserve_client.services import SERVICES, ServiceInfo
+
+STOP_GRACE_S = 15.0
+
+
+@dataclass
+class Child:
+    info: ServiceInfo
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def _service_command(info: ServiceInfo, host: str, port: int, data_dir: Path, ports: dict[str, int],
+                     extra: list[str]) -> list[str]:
+    deps = [f"--{s.display}-addr={'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{ports[s.name]}" for s in SERVICES]
+    return [sys.executable, "-m", f"greenserve.{info.name}", f"--host={host}", f"--port={port}",
+            f"--data-dir={data_dir}", *deps, *extra]
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop_all(children: list[Child], grace_s: float = STOP_GRACE_S) -> dict[str, int | None]:
+    """SIGTERM every live child, wait up to `grace_s`, SIGKILL the rest; returns exit codes by service."""
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    codes: dict[str, int | None] = {}
+    for child in children:
+        try:
+            codes[child.info.display] = child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            codes[child.info.display] = child.process.wait()
+    return codes
+
+
+async def _wait_serving(children: list[Child], timeout_s: float) -> None:
+    async def one(child: Child) -> None:
+        channel = create_channel(ChannelConfig(address=child.address, default_timeout_s=2.0))
+        try:
+            waiter = asyncio.ensure_future(wait_until_serving(channel, child.info.grpc_service, timeout_s))
+            while not waiter.done():
+                if child.process.poll() is not None:
+                    waiter.cancel()
+                    raise RuntimeError(
+                        f"{child.info.display} exited with code {child.process.returncode} during start-up; "
+                        f"last log lines ({child.log_path}):\n{_tail(child.log_path)}"
+                    )
+                await asyncio.wait([waiter], timeout=0.1)
+            waiter.result()
+        finally:
+            await channel.close()
+
+    await asyncio.gather(*(one(c) for c in children))
+
+
+def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: float, extra_args: list[str]) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    if len(set(ports.values())) != len(ports):
+        print("greenserve up: error: two services were given the same port", file=sys.stderr)
+        return 2
+    children: list[Child] = []
+    stop_requested = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for info in SERVICES:
+            log_path = logs / f"{info.display}.log"
+            cmd = _service_command(info, host, ports[info.name], data_dir, ports, extra_args)
+            with open(log_path, "ab") as log_file:
+                # Own process group: a terminal's Ctrl-C reaches only `up`, which then stops them in order.
+                proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            probe_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            children.append(Child(info, f"{probe_host}:{ports[info.name]}", proc, log_path))
+        try:
+            asyncio.run(_wait_serving(children, startup_timeout_s))
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"greenserve up: error: {exc}", file=sys.stderr)
+            stop_all(children)
+            return 1
+        from greenserve_client.cli import print_table
+
+        rows = [{"service": c.info.display, "address": c.address, "pid": str(c.process.pid), "status": "SERVING",
+                 "log": str(c.log_path)} for c in children]
+        print_table(rows, ["service", "address", "pid", "status", "log"])
+        print("all services SERVING; press Ctrl-C to stop", flush=True)
+        while not stop_requested:
+            dead = [c for c in children if c.process.poll() is not None]
+            if dead:
+                for c in dead:
+                    print(f"greenserve up: {c.info.display} exited with code {c.process.returncode}; stopping all\n"
+                          f"{_tail(c.log_path)}", file=sys.stderr)
+                stop_all(children)
+                return 1
+            time.sleep(0.2)
+        print("stopping ...", flush=True)
+        codes = stop_all(children)
+        bad = {name: code for name, code in codes.items() if code != 0}
+        if bad:
+            print(f"greenserve up: unclean exit: {bad}", file=sys.stderr)
+            return 1
+        print("all services stopped", flush=True)
+        return 0
+    finally:
+        if any(c.process.poll() is None for c in children):
+            stop_all(children)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

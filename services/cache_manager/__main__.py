@@ -1,0 +1,12 @@
+"""Entry point of greenserve-cache-manager (also: python -m greenserve.cache_manager)."""
+
+from greenserve.common.app import run_service
+from greenserve.cache_manager.service import CacheManagerSettings, build
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(CacheManagerSettings, build, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

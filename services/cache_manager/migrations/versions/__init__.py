@@ -1,0 +1,1 @@
+"""Schema revisions of the cache_manager's tables (0001_initial.py, ...). Alembic skips this file."""

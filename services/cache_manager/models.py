@@ -1,0 +1,78 @@
+"""Tables owned by the cache-manager: registered LMCache servers and the cache sizes applied to them.
+
+One ``CacheApplication`` per (server, plan version): the record of enforcing that plan's L1/L2
+sizes on that server, and how it went.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
+
+from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+
+APPLICATION_STATES: tuple[str, ...] = ("pending", "applied", "failed")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class LmcacheServer(Base):
+    __tablename__ = "lmcache_servers"
+    __table_args__ = (
+        UniqueConstraint("url"),
+        CheckConstraint("length(id) > 0", name="id_not_empty"),
+        CheckConstraint("length(url) > 0", name="url_not_empty"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(128))
+    url: Mapped[str] = mapped_column(String(512))
+    registered_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+    applications: WriteOnlyMapped[CacheApplication] = relationship(
+        back_populates="server", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+    def __repr__(self) -> str:
+        return f"LmcacheServer(id={self.id!r}, pool={self.pool!r}, url={self.url!r})"
+
+
+class CacheApplication(Base):
+    __tablename__ = "cache_applications"
+    __table_args__ = (
+        UniqueConstraint("server_id", "plan_version"),
+        CheckConstraint("plan_version >= 1", name="plan_version_positive"),
+        CheckConstraint("l1_size_bytes >= 0", name="l1_size_bytes_non_negative"),
+        CheckConstraint("l2_size_bytes IS NULL OR l2_size_bytes >= 0", name="l2_size_bytes_non_negative"),
+        CheckConstraint("state IN ('pending', 'applied', 'failed')", name="state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    server_id: Mapped[str] = mapped_column(ForeignKey("lmcache_servers.id", ondelete="CASCADE"))
+    plan_version: Mapped[int] = mapped_column(Integer)
+    l1_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    l2_size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    applied_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+    server: Mapped[LmcacheServer] = relationship(back_populates="applications")
+
+    def __repr__(self) -> str:
+        return (
+            f"CacheApplication(server_id={self.server_id!r}, plan_version={self.plan_version!r}, "
+            f"state={self.state!r})"
+        )

@@ -1,0 +1,81 @@
+"""Process entry point shared by the six services: settings -> logging/telemetry -> database -> server.
+
+A service's `__main__` defines its settings class and a `build` function that turns the settings and its
+migrated database into the servicers to register; `run_service` does the rest and blocks until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from greenserve.common.config import ServiceSettings, load_settings
+from greenserve.common.persistence import Database
+from greenserve.common.server import Registration, ServiceServer
+from greenserve.common.telemetry import Telemetry, setup_logging, setup_telemetry
+
+log = logging.getLogger("greenserve.app")
+
+
+@dataclass
+class ServiceContext:
+    """What a service's build function gets: its settings, database and telemetry."""
+
+    settings: ServiceSettings
+    db: Database
+    telemetry: Telemetry
+    on_stop: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
+
+
+BuildFn = Callable[[ServiceContext], Awaitable[list[Registration]] | list[Registration]]
+
+
+async def start_service(
+    settings: ServiceSettings, build: BuildFn, *, telemetry: Telemetry | None = None
+) -> ServiceServer:
+    """Open the database (migrating it), build the servicers and start serving; returns the server."""
+    name = settings.service_name
+    telemetry = telemetry or setup_telemetry(name)
+    db = await asyncio.to_thread(Database.open, settings.database_url, name)
+    ctx = ServiceContext(settings=settings, db=db, telemetry=telemetry)
+    try:
+        built = build(ctx)
+        registrations = await built if asyncio.iscoroutine(built) else built
+        server = ServiceServer(name, settings, list(registrations), telemetry, on_stop=[*ctx.on_stop, db.close])
+        await server.start()
+    except BaseException:
+        db.close()
+        raise
+    return server
+
+
+def run_service(settings_cls: type[ServiceSettings], build: BuildFn, argv: list[str] | None = None) -> int:
+    """Console-script body: parse flags/env, serve until SIGTERM/SIGINT, exit 0 after a clean stop."""
+    prog = "greenserve-" + settings_cls.service_name.replace("_", "-")
+    settings = load_settings(settings_cls, argv, prog=prog)
+    setup_logging(settings.log_level, settings.log_json)
+
+    async def main() -> None:
+        telemetry = setup_telemetry(settings.service_name)
+        try:
+            server = await start_service(settings, build, telemetry=telemetry)
+            loop = asyncio.get_running_loop()
+            stop = asyncio.Event()
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            await server.stop()
+        finally:
+            telemetry.shutdown()
+
+    try:
+        asyncio.run(main())
+    except (OSError, ValueError) as exc:  # bind failure, bad TLS files, unreadable token file
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

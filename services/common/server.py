@@ -1,0 +1,345 @@
+"""The gRPC server runtime every greenserve service runs on.
+
+`ServiceServer` wraps a grpc.aio server with: the standard health service (grpc.health.v1) and server
+reflection (so grpcurl works), bounded message sizes, optional TLS/mTLS, a bearer-token check, one
+interceptor that traces (OpenTelemetry), logs (one JSON line per RPC), measures and maps domain errors
+to status codes, deadline propagation to outbound calls, and graceful shutdown on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hmac
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from greenserve.common.config import ServiceSettings
+from greenserve.common.errors import GreenserveError
+from greenserve.common.telemetry import Telemetry
+
+log = logging.getLogger("greenserve.server")
+
+HEALTH_SERVICE = "grpc.health.v1.Health"
+REFLECTION_SERVICE = reflection.SERVICE_NAME
+# Methods callable without a token: Kubernetes and load balancers probe health unauthenticated.
+AUTH_EXEMPT_PREFIXES = (f"/{HEALTH_SERVICE}/",)
+
+# Absolute deadline (time.monotonic()) of the RPC being served; outbound calls never outlive it.
+current_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("greenserve_deadline", default=None)
+
+
+def remaining_s() -> float | None:
+    """Seconds left before the current RPC's deadline, or None when it has none."""
+    deadline = current_deadline.get()
+    return None if deadline is None else deadline - time.monotonic()
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A servicer and how to add it to a server."""
+
+    servicer: Any
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    full_name: str  # e.g. "greenserve.v1.OptimizerService"
+
+
+def _code_name(code: grpc.StatusCode | None) -> str:
+    return (code or grpc.StatusCode.OK).name
+
+
+_CODES_BY_INT = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _from_int_code(value: object) -> grpc.StatusCode:
+    return _CODES_BY_INT.get(value, grpc.StatusCode.OK) if isinstance(value, int) else grpc.StatusCode.OK
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Auth, tracing, logging, metrics, deadlines and error mapping around every handler."""
+
+    def __init__(self, service_name: str, telemetry: Telemetry, token: str | None) -> None:
+        self._service = service_name
+        self._tracer = telemetry.tracer
+        self._expected_auth = f"Bearer {token}".encode() if token else None
+        meter = telemetry.meter
+        self._requests = meter.create_counter("greenserve.rpc.server.requests", unit="{request}", description="RPCs served")
+        self._duration = meter.create_histogram("greenserve.rpc.server.duration", unit="s", description="RPC duration")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        metadata = {k: v for k, v in (details.invocation_metadata or ())}
+        if self._expected_auth is not None and not method.startswith(AUTH_EXEMPT_PREFIXES):
+            given = metadata.get("authorization", "")
+            given_bytes = given.encode() if isinstance(given, str) else given
+            if not hmac.compare_digest(given_bytes, self._expected_auth):
+                reason = "missing bearer token" if not given else "invalid bearer token"
+                return _replace_behavior(handler, _rejecting(grpc.StatusCode.UNAUTHENTICATED, reason, handler))
+        return _replace_behavior(handler, self._observed(method, metadata, handler))
+
+    def _observed(self, method: str, metadata: dict[str, Any], handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+        behavior = _behavior_of(handler)
+        interceptor = self
+
+        class _Call:
+            """Per-RPC bookkeeping: span, timing, final status."""
+
+            def __init__(self, context: grpc.aio.ServicerContext, *, attach: bool = True) -> None:
+                self.context = context
+                self.start = time.monotonic()
+                # Read the peer now: asking the core for it after a stream ended crashes (freed call).
+                self.peer = context.peer()
+                self.code: grpc.StatusCode = grpc.StatusCode.OK
+                parent = propagate.extract({k: v for k, v in metadata.items() if isinstance(v, str)})
+                self.span = interceptor._tracer.start_span(
+                    method.lstrip("/"),
+                    context=parent,
+                    kind=SpanKind.SERVER,
+                    attributes={"rpc.system": "grpc", "rpc.method": method, "greenserve.service": interceptor._service},
+                )
+                # Unary handlers run in one task: the span becomes current so outbound calls join the trace.
+                # A stream's generator may be closed from another context, where detaching would fail.
+                self._token = otel_context.attach(trace.set_span_in_context(self.span)) if attach else None
+                remaining = context.time_remaining()
+                current_deadline.set(None if remaining is None else self.start + remaining)
+
+            async def fail(self, exc: BaseException) -> None:
+                """Turn an exception into the RPC's status (abort raises; never returns normally)."""
+                if isinstance(exc, GreenserveError):
+                    self.code = exc.code
+                    self.span.set_status(Status(StatusCode.ERROR, str(exc)))
+                    await self.context.abort_with_status(rpc_status.to_status(exc.to_status(interceptor._service)))
+                if isinstance(exc, NotImplementedError):
+                    self.code = grpc.StatusCode.UNIMPLEMENTED
+                    await self.context.abort(
+                        grpc.StatusCode.UNIMPLEMENTED, f"{method.lstrip('/')} is not implemented by this release"
+                    )
+                self.code = grpc.StatusCode.INTERNAL
+                self.span.record_exception(exc)
+                self.span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                log.exception("unhandled error in %s", method, extra={"rpc_method": method})
+                await self.context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see server log")
+
+            def finish(self) -> None:
+                code = self.code
+                if code == grpc.StatusCode.OK:
+                    # A handler that aborted by itself leaves its code on the context.
+                    ctx_code = self.context.code()
+                    code = ctx_code if isinstance(ctx_code, grpc.StatusCode) else _from_int_code(ctx_code)
+                elapsed = time.monotonic() - self.start
+                attrs = {"rpc.method": method, "rpc.grpc.status_code": _code_name(code)}
+                interceptor._requests.add(1, attrs)
+                interceptor._duration.record(elapsed, attrs)
+                self.span.set_attribute("rpc.grpc.status_code", code.value[0])
+                self.span.end()
+                if self._token is not None:
+                    otel_context.detach(self._token)
+                log.info(
+                    "rpc",
+                    extra={"rpc_method": method, "code": _code_name(code), "duration_ms": round(elapsed * 1000, 3),
+                           "peer": self.peer},
+                )
+
+        async def _guard(call: _Call, body: Callable[[], Awaitable[Any]]) -> Any:
+            try:
+                return await body()
+            except asyncio.CancelledError:
+                call.code = grpc.StatusCode.CANCELLED
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status, never swallowed
+                await call.fail(exc)
+
+        if handler.response_streaming:
+
+            async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                call = _Call(context, attach=False)
+                try:
+                    result = behavior(request, context)
+                    if inspect.isawaitable(result) and not hasattr(result, "__aiter__"):
+                        result = await result
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            yield item
+                    elif result is not None:
+                        for item in result:
+                            yield item
+                except asyncio.CancelledError:
+                    call.code = grpc.StatusCode.CANCELLED
+                    raise
+                except (grpc.aio.AbortError, GeneratorExit):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - mapped to a status, never swallowed
+                    await call.fail(exc)
+                finally:
+                    call.finish()
+
+            return streaming
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _Call(context)
+
+            async def body() -> Any:
+                result = behavior(request, context)
+                return await result if inspect.isawaitable(result) else result
+
+            try:
+                return await _guard(call, body)
+            finally:
+                call.finish()
+
+        return unary
+
+
+def _behavior_of(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+    if handler.request_streaming and handler.response_streaming:
+        return handler.stream_stream
+    if handler.request_streaming:
+        return handler.stream_unary
+    if handler.response_streaming:
+        return handler.unary_stream
+    return handler.unary_unary
+
+
+def _replace_behavior(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(behavior, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(behavior, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(behavior, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(behavior, **kwargs)
+
+
+def _rejecting(code: grpc.StatusCode, message: str, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+    if handler.response_streaming:
+
+        async def reject_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await context.abort(code, message)
+            yield  # pragma: no cover - abort raises
+
+        return reject_stream
+
+    async def reject(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    return reject
+
+
+def _read(path: Any) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the settings, or None for plaintext; mTLS when a client CA is set."""
+    if settings.tls_cert is None and settings.tls_key is None:
+        if settings.tls_client_ca is not None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        return None
+    if settings.tls_cert is None or settings.tls_key is None:
+        raise ValueError("tls_cert and tls_key must be given together")
+    client_ca = _read(settings.tls_client_ca) if settings.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(_read(settings.tls_key), _read(settings.tls_cert))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+@dataclass
+class ServiceServer:
+    """One service's gRPC server; `await start()`, then `await wait()` or `await stop()`."""
+
+    service_name: str
+    settings: ServiceSettings
+    registrations: list[Registration]
+    telemetry: Telemetry
+    on_stop: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
+    port: int = 0
+    _server: grpc.aio.Server | None = None
+    _health: health.aio.HealthServicer | None = None
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(self) -> int:
+        """Bind, start and mark every service SERVING; returns the bound port."""
+        limit = self.settings.max_message_bytes
+        options = [
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+            # Never let a second process silently share the port (grpc enables SO_REUSEPORT by default).
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ]
+        interceptor = ServerInterceptor(self.service_name, self.telemetry, self.settings.token())
+        server = grpc.aio.server(interceptors=[interceptor], options=options)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [reg.full_name for reg in self.registrations]
+        for reg in self.registrations:
+            reg.add_to_server(reg.servicer, server)
+        reflection.enable_server_reflection([*names, HEALTH_SERVICE, REFLECTION_SERVICE], server)
+        address = f"{self.settings.host}:{self.settings.bind_port}"
+        creds = server_credentials(self.settings)
+        try:
+            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind {address}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot bind {address} (in use or not a local address)")
+        await server.start()
+        self._server, self.port = server, port
+        for name in ["", *names]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "serving",
+            extra={"service": self.service_name, "address": f"{self.settings.host}:{port}", "tls": creds is not None,
+                   "auth": self.settings.token() is not None, "services": names},
+        )
+        return port
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Report NOT_SERVING, let in-flight RPCs finish within the grace period, run on_stop hooks."""
+        if self._server is None or self._stopped.is_set():
+            return
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        log.info("stopping", extra={"service": self.service_name, "grace_s": grace})
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        for hook in self.on_stop:
+            result = hook()
+            if inspect.isawaitable(result):
+                await result
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+
+def registration(pb2_module: Any, grpc_module: Any, service: str, servicer: Any) -> Registration:
+    """Registration of `servicer` for greenserve.v1.<service>, named from the generated descriptor."""
+    full_name = pb2_module.DESCRIPTOR.services_by_name[service].full_name
+    return Registration(servicer, getattr(grpc_module, f"add_{service}Servicer_to_server"), full_name)

@@ -1,0 +1,12 @@
+"""Entry point of greenserve-forecaster (also: python -m greenserve.forecaster)."""
+
+from greenserve.common.app import run_service
+from greenserve.forecaster.service import ForecasterSettings, build
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(ForecasterSettings, build, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""Tables owned by the forecaster: time series of grid carbon intensity and of request load.
+
+One ``Series`` row per (kind, key, signal): e.g. ``("ci", "DE", "direct")`` in gCO2e/kWh, or
+``("load", "llama-3-8b/pool-a", "requests_per_s")``. Its ``Point`` rows hold the observations,
+one per timestamp (UTC).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import CheckConstraint, Double, ForeignKey, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
+
+from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+
+SERIES_KINDS: tuple[str, ...] = ("ci", "load")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Series(Base):
+    __tablename__ = "series"
+    __table_args__ = (
+        UniqueConstraint("kind", "key", "signal"),
+        CheckConstraint("kind IN ('ci', 'load')", name="kind"),
+        CheckConstraint("length(key) > 0", name="key_not_empty"),
+        CheckConstraint("length(signal) > 0", name="signal_not_empty"),
+        CheckConstraint("resolution_s > 0", name="resolution_s_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    # region (kind 'ci') or "<model>/<pool>" (kind 'load')
+    key: Mapped[str] = mapped_column(String(255))
+    # 'direct', 'lifecycle' (ci); 'requests_per_s', 'input_tokens_per_s', ... (load)
+    signal: Mapped[str] = mapped_column(String(64))
+    unit: Mapped[str] = mapped_column(String(32))
+    resolution_s: Mapped[int] = mapped_column(Integer)
+
+    points: WriteOnlyMapped[Point] = relationship(
+        back_populates="series", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+    def __repr__(self) -> str:
+        return f"Series(id={self.id!r}, kind={self.kind!r}, key={self.key!r}, signal={self.signal!r})"
+
+
+class Point(Base):
+    """One observation. The primary key (series_id, ts) is also the index range scans use."""
+
+    __tablename__ = "points"
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("series.id", ondelete="CASCADE"), primary_key=True
+    )
+    ts: Mapped[datetime] = mapped_column(UtcDateTime(), primary_key=True)
+    value: Mapped[float] = mapped_column(Double)
+
+    series: Mapped[Series] = relationship(back_populates="points")
+
+    def __repr__(self) -> str:
+        return f"Point(series_id={self.series_id!r}, ts={self.ts!r}, value={self.value!r})"

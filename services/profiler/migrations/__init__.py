@@ -1,0 +1,1 @@
+"""Alembic environment for the profiler's tables (run by greenserve.common.persistence.migrate)."""

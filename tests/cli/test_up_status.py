@@ -1,0 +1,103 @@
+"""`greenserve up` starts the six services as separate processes, `greenserve status` sees them SERVING,
+and Ctrl-C (SIGINT) stops every one of them cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from greenserve_client.services import SERVICES
+from tests.conftest import free_port
+
+CLI = [sys.executable, "-m", "greenserve_client.cli"]
+
+
+def _ports() -> dict[str, int]:
+    ports: dict[str, int] = {}
+    while len(set(ports.values())) < len(SERVICES):
+        ports = {s.name: free_port() for s in SERVICES}
+    return ports
+
+
+def _port_flags(ports: dict[str, int], kind: str) -> list[str]:
+    return [f"--{s.display}-{kind}={'127.0.0.1:' if kind == 'addr' else ''}{ports[s.name]}" for s in SERVICES]
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+@pytest.mark.slow
+def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
+    ports = _ports()
+    up = subprocess.Popen([*CLI, "up", "--data-dir", str(tmp_path), *_port_flags(ports, "port")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()
+            assert line or up.poll() is None, f"up exited {up.returncode}: {up.stderr.read()}"
+            lines.append(line)
+            if "all services SERVING" in line:
+                break
+        else:
+            pytest.fail(f"up did not report SERVING: {lines}")
+        table = [line.split() for line in lines if line.split() and line.split()[0] in {s.display for s in SERVICES}]
+        assert [row[0] for row in table] == [s.display for s in SERVICES]
+        pids = [int(row[2]) for row in table]
+        assert len(set(pids)) == 6, "each service is its own process"
+
+        status = subprocess.run([*CLI, "status", "--json", *_port_flags(ports, "addr")],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = json.loads(status.stdout.strip().splitlines()[-1])["services"]
+        assert {r["service"]: r["status"] for r in rows} == {s.display: "SERVING" for s in SERVICES}
+        assert all((tmp_path / f"{s.name}.db").exists() for s in SERVICES)
+
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0, up.stderr.read()
+        rest = up.stdout.read()
+        assert "all services stopped" in rest
+        assert not _pids_alive(pids), "no service process outlives `greenserve up`"
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+    down = subprocess.run([*CLI, "status", *_port_flags(ports, "addr"), "--timeout-s", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1 and "UNREACHABLE" in down.stdout
+
+
+def test_up_fails_fast_when_a_service_cannot_start(tmp_path: Path) -> None:
+    import socket
+
+    ports = _ports()
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", ports["router"]))
+        blocker.listen()
+        result = subprocess.run([*CLI, "up", "--data-dir", str(tmp_path), "--startup-timeout-s", "60",
+                                 *_port_flags(ports, "port")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "router exited" in result.stderr and "cannot bind" in result.stderr
+
+
+def test_cli_rejects_bad_flags() -> None:
+    result = subprocess.run([*CLI, "up", "--router-port", "70000"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--router-port" in result.stderr
+    result = subprocess.run([*CLI, "status", "--timeout-s", "0"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--timeout-s" in result.stderr
