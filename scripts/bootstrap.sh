@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Prepare a fresh clone: the project's virtualenv with greenserve and its dev tools, the npm tools
+# (buf for the protos, grpc-js for the Node client), and PostgreSQL server binaries for the tests.
+# Idempotent; every later run only checks. Sourced by scripts/test.sh and scripts/run.sh.
+#
+#   GREENSERVE_VENV   where the virtualenv lives (default .venv in the repo)
+#   GREENSERVE_SKIP_SYSTEM=1   do not install system packages (PostgreSQL); its tests then skip, saying why
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${GREENSERVE_VENV:-$REPO/.venv}"
+PYTHON_BIN="${PYTHON:-python3}"
+
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating virtualenv"
+    "$PYTHON_BIN" -m venv "$VENV"
+fi
+stamp="$VENV/.greenserve-installed"
+# Reinstall only when the dependency list changed.
+want="$(sha256sum "$REPO/pyproject.toml" "$REPO/setup.py" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing greenserve and its dev dependencies"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet -e "$REPO[dev]"
+    echo "$want" > "$stamp"
+fi
+
+if command -v npm >/dev/null 2>&1; then
+    for dir in protos clients/node; do
+        if [ ! -d "$REPO/$dir/node_modules" ] || [ "$REPO/$dir/package-lock.json" -nt "$REPO/$dir/node_modules" ]; then
+            log "npm ci in $dir"
+            (cd "$REPO/$dir" && npm ci --no-audit --no-fund --loglevel=error)
+            touch "$REPO/$dir/node_modules"
+        fi
+    done
+else
+    log "npm not found: buf lint and the Node client tests will skip"
+fi
+
+if [ "${GREENSERVE_SKIP_SYSTEM:-0}" != "1" ]; then
+    bash "$REPO/scripts/install-postgres.sh" || log "PostgreSQL could not be installed; its tests will skip"
+fi
+
+export PATH="$VENV/bin:$PATH"
