@@ -272,3 +272,32 @@ async def test_graceful_stop_reports_not_serving_and_refuses_new_calls(start_inp
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.EstimateCarbon(estimate(), timeout=2)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_client_retries_idempotent_calls_only(start_inprocess) -> None:
+    attempts = {"GetPlan": 0, "ComputePlan": 0}
+
+    class Flaky(OptimizerServicer):
+        async def GetPlan(self, request, context):  # noqa: N802 - gRPC method name
+            attempts["GetPlan"] += 1
+            if attempts["GetPlan"] < 3:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+            return optimizer_pb2.GetPlanResponse()
+
+        async def ComputePlan(self, request, context):  # noqa: N802
+            attempts["ComputePlan"] += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+
+    svc = await start_inprocess(
+        OptimizerSettings, lambda ctx: [registration(optimizer_pb2, optimizer_pb2_grpc, "OptimizerService", Flaky(ctx))]
+    )
+    channel = create_channel(ChannelConfig(address=svc.address, default_timeout_s=10))
+    try:
+        stub = optimizer_pb2_grpc.OptimizerServiceStub(channel)
+        await stub.GetPlan(optimizer_pb2.GetPlanRequest())
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ComputePlan(optimizer_pb2.ComputePlanRequest())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await channel.close()
+    assert attempts == {"GetPlan": 3, "ComputePlan": 1}
