@@ -31,7 +31,10 @@ if command -v npm >/dev/null 2>&1; then
     for dir in protos clients/node; do
         if [ ! -d "$REPO/$dir/node_modules" ] || [ "$REPO/$dir/package-lock.json" -nt "$REPO/$dir/node_modules" ]; then
             log "npm ci in $dir"
-            (cd "$REPO/$dir" && npm ci --no-audit --no-fund --loglevel=error)
+            # A registry mirror may lack other platforms' optional packages (buf ships one per OS/CPU);
+            # npm ci then refuses the lock file, and npm install resolves what this platform needs.
+            (cd "$REPO/$dir" && { npm ci --no-audit --no-fund --loglevel=error 2>/dev/null \
+                || npm install --no-save --no-audit --no-fund --loglevel=error; })
             touch "$REPO/$dir/node_modules"
         fi
     done
