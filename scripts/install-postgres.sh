@@ -41,10 +41,11 @@ fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO="sudo"
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        SUDO="sudo -n"  # never wait on a password prompt (CI)
     else
-        log "must run as root (or with sudo available) to install packages"
+        log "initdb/pg_ctl not found; installing them needs root or password-less sudo."
+        log "Run as root: apt-get install postgresql   (or: sudo bash scripts/install-postgres.sh)"
         exit 1
     fi
 fi
