@@ -31,6 +31,18 @@ def estimate(energy_kwh: float = 1.0, ci: float = 100.0, duration_s: float = 360
     return optimizer_pb2.EstimateCarbonRequest(energy_kwh=energy_kwh, ci_g_per_kwh=ci, duration_s=duration_s)
 
 
+async def estimate_status(config: ChannelConfig) -> grpc.StatusCode:
+    """Status of one EstimateCarbon call over a channel built from `config`."""
+    channel = create_channel(config)
+    try:
+        await optimizer_pb2_grpc.OptimizerServiceStub(channel).EstimateCarbon(estimate(), timeout=5)
+        return grpc.StatusCode.OK
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    finally:
+        await channel.close()
+
+
 async def test_health_and_reflection_list_the_service(start_inprocess) -> None:
     svc = await start_inprocess(OptimizerSettings, build)
     async with grpc.aio.insecure_channel(svc.address) as channel:
@@ -105,15 +117,8 @@ async def test_unimplemented_rpcs_say_so(start_inprocess) -> None:
 async def test_bearer_token_required_when_auth_on(start_inprocess) -> None:
     svc = await start_inprocess(OptimizerSettings, build, auth_token="s3cret-token")
 
-    async def call(token: str | None) -> grpc.StatusCode:
-        channel = create_channel(ChannelConfig(address=svc.address, token=token, default_timeout_s=5))
-        try:
-            await optimizer_pb2_grpc.OptimizerServiceStub(channel).EstimateCarbon(estimate())
-            return grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
-        finally:
-            await channel.close()
+    def call(token: str | None):
+        return estimate_status(ChannelConfig(address=svc.address, token=token))
 
     assert await call(None) == grpc.StatusCode.UNAUTHENTICATED
     assert await call("wrong") == grpc.StatusCode.UNAUTHENTICATED
@@ -133,20 +138,11 @@ async def test_bearer_token_required_when_auth_on(start_inprocess) -> None:
 async def test_tls_with_test_ca(start_inprocess, tls_files) -> None:
     svc = await start_inprocess(OptimizerSettings, build, tls_cert=tls_files.server_cert, tls_key=tls_files.server_key)
 
-    async def call(config: ChannelConfig) -> grpc.StatusCode:
-        channel = create_channel(config)
-        try:
-            await optimizer_pb2_grpc.OptimizerServiceStub(channel).EstimateCarbon(estimate(), timeout=5)
-            return grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
-        finally:
-            await channel.close()
-
     port = svc.address.split(":")[1]
-    assert await call(ChannelConfig(address=f"localhost:{port}", tls_ca=tls_files.ca_cert)) == grpc.StatusCode.OK
-    assert await call(ChannelConfig(address=f"localhost:{port}", tls_ca=tls_files.other_ca_cert)) == grpc.StatusCode.UNAVAILABLE
-    assert await call(ChannelConfig(address=f"localhost:{port}")) == grpc.StatusCode.UNAVAILABLE  # plaintext refused
+    address = f"localhost:{port}"
+    assert await estimate_status(ChannelConfig(address=address, tls_ca=tls_files.ca_cert)) == grpc.StatusCode.OK
+    assert await estimate_status(ChannelConfig(address=address, tls_ca=tls_files.other_ca_cert)) == grpc.StatusCode.UNAVAILABLE
+    assert await estimate_status(ChannelConfig(address=address)) == grpc.StatusCode.UNAVAILABLE  # plaintext refused
 
 
 async def test_mutual_tls_requires_a_client_certificate(start_inprocess, tls_files) -> None:
@@ -156,15 +152,8 @@ async def test_mutual_tls_requires_a_client_certificate(start_inprocess, tls_fil
     )
     port = svc.address.split(":")[1]
 
-    async def call(**kwargs) -> grpc.StatusCode:
-        channel = create_channel(ChannelConfig(address=f"localhost:{port}", tls_ca=tls_files.ca_cert, **kwargs))
-        try:
-            await optimizer_pb2_grpc.OptimizerServiceStub(channel).EstimateCarbon(estimate(), timeout=5)
-            return grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
-        finally:
-            await channel.close()
+    def call(**kwargs):
+        return estimate_status(ChannelConfig(address=f"localhost:{port}", tls_ca=tls_files.ca_cert, **kwargs))
 
     assert await call() == grpc.StatusCode.UNAVAILABLE
     assert await call(tls_cert=tls_files.client_cert, tls_key=tls_files.client_key) == grpc.StatusCode.OK
