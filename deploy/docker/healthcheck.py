@@ -26,18 +26,16 @@ Exit status 0 when SERVING, 1 otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
+from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from greenserve.common.client import ChannelConfig, check_health, create_channel
 
     service = argv[1] if len(argv) > 1 else ""
     env = os.environ
@@ -46,35 +44,34 @@ def main(argv: list[str]) -> int:
         print("greenserve-healthcheck: set GREENSERVE_PORT or GREENSERVE_HEALTHCHECK_ADDR", file=sys.stderr)
         return 1
     timeout_s = float(env.get("GREENSERVE_HEALTHCHECK_TIMEOUT", "3"))
-
     cert, key = env.get("GREENSERVE_TLS_CERT"), env.get("GREENSERVE_TLS_KEY")
-    if cert and key:
-        ca = env.get("GREENSERVE_TLS_CA") or env.get("GREENSERVE_TLS_CLIENT_CA")
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(ca) if ca else None,
-            private_key=_read(key),
-            certificate_chain=_read(cert),
-        )
-        name = env.get("GREENSERVE_HEALTHCHECK_SERVER_NAME", "localhost")
-        channel = grpc.secure_channel(addr, creds, options=[("grpc.ssl_target_name_override", name)])
-    else:
-        channel = grpc.insecure_channel(addr)
-
-    metadata = []
+    tls = bool(cert and key)
+    ca = env.get("GREENSERVE_TLS_CA") or env.get("GREENSERVE_TLS_CLIENT_CA")
     token_file = env.get("GREENSERVE_AUTH_TOKEN_FILE")
-    if token_file:
-        metadata.append(("authorization", "Bearer " + _read(token_file).decode().strip()))
+    config = ChannelConfig(
+        address=addr,
+        token=Path(token_file).read_text().strip() if token_file else None,
+        tls=tls,
+        tls_ca=Path(ca) if tls and ca else None,
+        tls_cert=Path(cert) if tls else None,
+        tls_key=Path(key) if tls else None,
+        server_name_override=env.get("GREENSERVE_HEALTHCHECK_SERVER_NAME", "localhost") if tls else None,
+        default_timeout_s=timeout_s,
+    )
+
+    async def check() -> str:
+        channel = create_channel(config)
+        try:
+            return await check_health(channel, service)
+        finally:
+            await channel.close()
 
     try:
-        with channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s, metadata=metadata
-            )
-    except grpc.RpcError as err:
+        status = asyncio.run(check())
+    except grpc.aio.AioRpcError as err:
         print(f"greenserve-healthcheck: {addr}: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+    if status != "SERVING":
         print(f"greenserve-healthcheck: {addr}: {status}", file=sys.stderr)
         return 1
     return 0

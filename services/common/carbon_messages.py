@@ -12,8 +12,6 @@ from greenserve.common import carbon
 from greenserve.common.errors import InvalidArgument
 from greenserve.v1 import common_pb2
 
-BYTES_PER_TB = carbon.BYTES_PER_TB
-
 # The platform charged when a request names no components: GreenCache Table 1's server without its
 # SSD (SSD is charged by allocated size instead, Eq. 4).
 DEFAULT_PLATFORM_COUNTS: dict[str, int] = {"gpu.L40": 4, "cpu.EPYC-7453": 1, "dram.DDR4-512GB": 1}

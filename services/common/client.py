@@ -150,19 +150,23 @@ def create_channel(config: ChannelConfig, *, options: Sequence[tuple[str, Any]] 
     return grpc.aio.insecure_channel(config.address, options=opts, interceptors=interceptors)
 
 
-async def wait_until_serving(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 30.0) -> None:
-    """Poll grpc.health.v1 until `service` reports SERVING; TimeoutError after `timeout_s`."""
+async def check_health(channel: grpc.aio.Channel, service: str = "", timeout_s: float | None = None) -> str:
+    """grpc.health.v1 status name of `service` ("SERVING", "NOT_SERVING", ...); AioRpcError when unreachable."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    stub = health_pb2_grpc.HealthStub(channel)
+    reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def wait_until_serving(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 30.0) -> None:
+    """Poll grpc.health.v1 until `service` reports SERVING; TimeoutError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     last: str = "no answer"
     while time.monotonic() < deadline:
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
-            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            last = await check_health(channel, service, timeout_s=2.0)
+            if last == "SERVING":
                 return
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         except grpc.aio.AioRpcError as exc:
             last = f"{exc.code().name}: {exc.details()}"
         await asyncio.sleep(0.1)

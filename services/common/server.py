@@ -270,7 +270,7 @@ def server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials | No
 
 @dataclass
 class ServiceServer:
-    """One service's gRPC server; `await start()`, then `await wait()` or `await stop()`."""
+    """One service's gRPC server: `await start()`, later `await stop()` (idempotent)."""
 
     service_name: str
     settings: ServiceSettings
@@ -280,7 +280,7 @@ class ServiceServer:
     port: int = 0
     _server: grpc.aio.Server | None = None
     _health: health.aio.HealthServicer | None = None
-    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopped: bool = False
 
     async def start(self) -> int:
         """Bind, start and mark every service SERVING; returns the bound port."""
@@ -322,7 +322,7 @@ class ServiceServer:
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Report NOT_SERVING, let in-flight RPCs finish within the grace period, run on_stop hooks."""
-        if self._server is None or self._stopped.is_set():
+        if self._server is None or self._stopped:
             return
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         log.info("stopping", extra={"service": self.service_name, "grace_s": grace})
@@ -333,10 +333,7 @@ class ServiceServer:
             result = hook()
             if inspect.isawaitable(result):
                 await result
-        self._stopped.set()
-
-    async def wait(self) -> None:
-        await self._stopped.wait()
+        self._stopped = True
 
 
 def registration(pb2_module: Any, grpc_module: Any, service: str, servicer: Any) -> Registration:

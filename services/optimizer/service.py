@@ -9,7 +9,6 @@ import grpc
 from greenserve.common import carbon
 from greenserve.common.app import ServiceContext
 from greenserve.common.carbon_messages import (
-    BYTES_PER_TB,
     breakdown_to_proto,
     params_from_proto,
     params_to_proto,
@@ -38,7 +37,7 @@ def estimate_carbon(request: optimizer_pb2.EstimateCarbonRequest) -> optimizer_p
         platform=platform, pue=params.pue,
     )
     storage_g = carbon.cache_embodied_g(
-        allocated_tb=request.cache_allocated_bytes / BYTES_PER_TB, duration_s=duration_s,
+        allocated_bytes=request.cache_allocated_bytes, duration_s=duration_s,
         lifetime_s=params.ssd_lifetime_s, ssd_embodied_g_per_tb=params.ssd_embodied_g_per_tb,
     )
     return optimizer_pb2.EstimateCarbonResponse(

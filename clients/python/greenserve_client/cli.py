@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.client import ChannelConfig, check_health, create_channel
 from greenserve.common.config import DependencyAddresses
 from greenserve_client import supervisor
 from greenserve_client.services import SERVICES
@@ -50,12 +50,9 @@ def _channel_config(ns: argparse.Namespace, address: str) -> ChannelConfig:
 
 
 async def _check(ns: argparse.Namespace, info_name: str, grpc_service: str, address: str) -> dict[str, str]:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     channel = create_channel(_channel_config(ns, address))
     try:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=grpc_service))
-        state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        state = await check_health(channel, grpc_service)
         return {"service": info_name, "address": address, "status": state, "detail": ""}
     except grpc.aio.AioRpcError as exc:
         status = "UNREACHABLE" if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else exc.code().name
