@@ -1,7 +1,13 @@
 """The `greenserve` command line.
 
-    greenserve up       start all six services on this machine, each its own process
-    greenserve status   health of each service
+    greenserve up        start all six services on this machine, each its own process
+    greenserve status    health of each service
+    greenserve forecast  carbon-intensity and load forecasts, backtests
+    greenserve mig       MIG layouts: enumerate, diff, show, apply
+    greenserve bench     benchmarks that print one JSON object on their last line
+
+`forecast`, `mig` and `bench` live in their own modules (greenserve_client.commands.*), imported only
+when used, and each owns the parser of its sub-commands.
 """
 
 from __future__ import annotations
@@ -97,6 +103,22 @@ def cmd_up(ns: argparse.Namespace) -> int:
     )
 
 
+# command -> (module with `main(argv) -> int`, one-line help); imported lazily so that `greenserve status`
+# does not pay for numpy/pmdarima.
+DELEGATED_COMMANDS: dict[str, tuple[str, str]] = {
+    "forecast": ("greenserve_client.commands.forecast", "carbon-intensity and load forecasts and backtests"),
+    "mig": ("greenserve_client.commands.mig", "MIG layouts: enumerate, diff, show and apply"),
+    "bench": ("greenserve_client.commands.bench", "benchmarks; the last line printed is one JSON object"),
+}
+
+
+def _run_delegated(ns: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(DELEGATED_COMMANDS[ns.command][0])
+    return int(module.main(ns.args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="greenserve", description="greenserve: carbon-aware control plane for LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -119,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print one JSON object")
     _add_connection_flags(status)
     status.set_defaults(func=cmd_status)
+
+    for name, (_module, help_text) in DELEGATED_COMMANDS.items():
+        delegated = sub.add_parser(name, help=help_text, add_help=False, prefix_chars="\0")
+        delegated.add_argument("args", nargs=argparse.REMAINDER)
+        delegated.set_defaults(func=_run_delegated)
     return parser
 
 

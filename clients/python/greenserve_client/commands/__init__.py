@@ -1,0 +1,1 @@
+"""Sub-commands of `greenserve` that own their parsers: forecast, mig, bench."""

@@ -1,0 +1,43 @@
+"""`greenserve bench NAME [ARGS...]`: run one benchmark.
+
+Every benchmark prints progress to stderr and exactly one JSON object on the last line of stdout, so
+that scripts can `tail -n1 | jq`. The benchmark code lives with the service it measures; this module
+only maps names to `module:function` (imported lazily) and passes the remaining arguments on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "simulator": ("greenserve.simulator.bench:main", "virtual-time replay speed and latency percentiles"),
+    "forecaster": ("greenserve.forecaster.bench:main", "day-ahead CI and load MAPE vs seasonal naive"),
+    "router": ("greenserve.router.bench:main", "added TTFT and throughput through the router vs direct"),
+    "cache-policy": ("greenserve.cache_manager.bench:policy_main", "token hit rate of FIFO/LRU/LCS/LCS+TTL"),
+    "cache-eviction": ("greenserve.cache_manager.bench:eviction_main", "eviction choice latency over 1M entries"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="greenserve bench",
+        description="Run a benchmark; its last line of output is one JSON object.",
+        epilog="benchmarks: " + "; ".join(f"{name}: {help_text}" for name, (_, help_text) in BENCHMARKS.items()),
+    )
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of that benchmark (see NAME --help)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    ns = _parser().parse_args(argv)
+    target, _ = BENCHMARKS[ns.name]
+    module_name, function_name = target.split(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    return int(function(ns.args, prog=f"greenserve bench {ns.name}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
