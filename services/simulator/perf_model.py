@@ -1,0 +1,637 @@
+"""Analytical performance, memory and power model of one vLLM engine (model x hardware).
+
+The model is a roofline per engine step, the same decomposition the seeds use to reason about serving:
+
+* **prefill** of ``n`` uncached tokens is compute-bound: ``2 x P x n`` FLOPs for the weights plus the causal
+  attention term ``4 x L x d x n x (cached + n / 2)`` (per sequence), at ``peak x prefill_mfu``; it cannot be
+  faster than streaming the weights once from HBM (GreenCache Sec. 2.2, Fig. 1b: cached prefix tokens skip
+  this work, which is why a reuse cuts TTFT).
+* **decode** of a batch is memory-bound: every step streams the weights plus the KV cache of every running
+  sequence (``weight_bytes + kv_bytes_per_token x total_context``) at ``bandwidth x decode_mbu``, unless
+  the batch is large enough to be compute-bound.
+* **KV budget**: vLLM's block pool is ``gpu_memory_utilization x memory - weights - reserve`` divided by the
+  bytes of one block (``block_size_tokens x kv_bytes_per_token``).
+* **tiered reuse**: a prefix held in host DRAM (LMCache L1) or on disk (LMCache L2) is reloaded over that
+  tier's bandwidth. Kareto Sec. 3.3 (Observations 2 and 4) and StoreLLM Sec. 3.4: a slow-tier reload is
+  only worth it when it completes inside the request's queueing time (prefetch) or is faster than
+  recomputing the same tokens; otherwise the tokens are recomputed. ``plan_prefix_reuse`` applies the rule.
+* **power**: ``idle + (max - idle) x utilisation``; a step's utilisation is its compute-bound share plus
+  ``memory_power_weight`` times its memory-bound share (prefill ~ 1, small-batch decode ~ 0.6).
+* **modes**: speculative decoding (GreenLLM Sec. II-B/IV: ``k`` draft tokens, acceptance rate ``a``;
+  expected tokens per verify step ``(1 - a^(k+1)) / (1 - a)``, Leviathan et al. 2023) and prefill/decode
+  disaggregation (GreenLLM DPD: the prompt's KV crosses a link of limited bandwidth).
+
+Every parameter comes from ``data/profiles.toml`` where each number cites its source; ``EngineProfile.sources``
+carries those citations so a caller can show them. ``calibration.calibrate`` refits the efficiency and power
+parameters to measured points and returns a new profile that says so.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "DATA_FILE",
+    "DEFAULT_PROFILE",
+    "TIERS",
+    "DisaggConfig",
+    "EngineProfile",
+    "PerfModel",
+    "ReusePlan",
+    "SpecDecodeConfig",
+    "data_version",
+    "list_profiles",
+    "load_profile",
+]
+
+DATA_FILE: Path = Path(__file__).resolve().parent / "data" / "profiles.toml"
+"""The versioned parameter file (every number with its cited source)."""
+
+DEFAULT_PROFILE: str = "llama3-8b@A100-80GB"
+"""The profile used when a caller names none (the most common single-GPU vLLM setup)."""
+
+TIERS: tuple[str, ...] = ("hbm", "dram", "disk")
+"""Cache tiers, fastest first: GPU HBM (vLLM prefix cache), host DRAM (LMCache L1), disk (LMCache L2)."""
+
+SUPPORTED_SCHEMA_VERSION = 1
+
+# Numeric fields of EngineProfile that a profile / engine_defaults table may set.
+_ENGINE_KEYS = (
+    "block_size_tokens",
+    "gpu_memory_utilization",
+    "non_kv_reserve_bytes_per_gpu",
+    "weight_bytes_per_param",
+    "kv_bytes_per_element",
+    "prefill_mfu",
+    "decode_mbu",
+    "step_overhead_s",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "disk_bandwidth_bytes_per_s",
+    "disk_latency_s",
+    "dram_latency_s",
+    "memory_power_weight",
+    "tp_comm_efficiency",
+)
+_INT_KEYS = frozenset({"block_size_tokens", "max_num_seqs", "max_num_batched_tokens", "gpu_count",
+                       "n_layers", "hidden_size", "n_kv_heads", "head_dim"})
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """All parameters of one engine: a model served on some hardware (several GPUs or one MIG slice).
+
+    Totals (``peak_flops``, ``hbm_bandwidth_bytes_per_s``, ``memory_bytes``, ``idle_w``, ``max_w``,
+    ``dram_bandwidth_bytes_per_s``) are for the whole engine, i.e. already multiplied by the GPU count
+    and by the MIG fractions. ``sources`` maps each field name to the citation of its value.
+    """
+
+    name: str
+    model: str
+    hardware: str
+    block_size_tokens: int
+    # model architecture
+    n_params: float
+    n_layers: int
+    hidden_size: int
+    n_kv_heads: int
+    head_dim: int
+    weight_bytes_per_param: float
+    kv_bytes_per_element: float
+    # hardware (engine totals)
+    gpu_count: int
+    peak_flops: float
+    hbm_bandwidth_bytes_per_s: float
+    memory_bytes: float
+    idle_w: float
+    max_w: float
+    dram_bandwidth_bytes_per_s: float
+    dram_latency_s: float
+    disk_bandwidth_bytes_per_s: float
+    disk_latency_s: float
+    # vLLM engine
+    gpu_memory_utilization: float
+    non_kv_reserve_bytes_per_gpu: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    # efficiencies (the calibratable part)
+    prefill_mfu: float
+    decode_mbu: float
+    step_overhead_s: float
+    memory_power_weight: float
+    tp_comm_efficiency: float
+    data_version: str = ""
+    calibrated_from: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("name", "model", "hardware", "data_version", "calibrated_from", "sources"):
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{f.name}: must be a finite number, got {value!r} (profile {self.name!r})")
+            if value < 0:
+                raise ValueError(f"{f.name}: must be >= 0, got {value!r} (profile {self.name!r})")
+        for name in ("block_size_tokens", "n_params", "n_layers", "hidden_size", "n_kv_heads", "head_dim",
+                     "gpu_count", "peak_flops", "hbm_bandwidth_bytes_per_s", "memory_bytes",
+                     "dram_bandwidth_bytes_per_s", "disk_bandwidth_bytes_per_s", "max_num_seqs",
+                     "max_num_batched_tokens", "weight_bytes_per_param", "kv_bytes_per_element"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0 (profile {self.name!r})")
+        for name in ("prefill_mfu", "decode_mbu", "gpu_memory_utilization", "memory_power_weight",
+                     "tp_comm_efficiency"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name}: must be in (0, 1], got {value!r} (profile {self.name!r})")
+        if self.max_w < self.idle_w:
+            raise ValueError(f"max_w: must be >= idle_w ({self.max_w} < {self.idle_w}, profile {self.name!r})")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    # Derived sizes --------------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes of K and V for one token over all layers: ``2 x L x kv_heads x head_dim x dtype``."""
+        return 2.0 * self.n_layers * self.n_kv_heads * self.head_dim * self.kv_bytes_per_element
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of the model weights held in GPU memory."""
+        return self.n_params * self.weight_bytes_per_param
+
+    def with_overrides(self, **overrides: Any) -> EngineProfile:
+        """A validated copy with the named fields replaced (unknown names raise ``ValueError``)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a field of EngineProfile")
+        return replace(self, **overrides)
+
+
+@dataclass(frozen=True)
+class SpecDecodeConfig:
+    """Speculative decoding (GreenLLM SpecDecode/DSD): a draft model proposes ``num_speculative_tokens``.
+
+    ``acceptance_rate`` is the per-token probability that the target accepts a draft token; GreenLLM Sec. IV
+    reports 45.7 % (1B draft) and 35.3 % (300M draft) with 3 speculative tokens on Llama 7B.
+    ``draft`` is the draft model's profile (on the same GPU for SpecDecode, another GPU for DSD).
+    ``link_bandwidth_bytes_per_s`` is only used for DSD: per step the draft sends its tokens and
+    probability distributions (``vocab_size x 4`` bytes per proposed token) to the target.
+    """
+
+    draft: EngineProfile
+    num_speculative_tokens: int = 3
+    acceptance_rate: float = 0.457
+    disaggregated: bool = False
+    link_bandwidth_bytes_per_s: float = 2e9
+    vocab_size: int = 32000
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens: must be >= 1")
+        if not 0.0 <= self.acceptance_rate < 1.0:
+            raise ValueError("acceptance_rate: must be in [0, 1)")
+        if self.link_bandwidth_bytes_per_s <= 0:
+            raise ValueError("link_bandwidth_bytes_per_s: must be > 0")
+        if self.vocab_size < 1:
+            raise ValueError("vocab_size: must be >= 1")
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """Prefill/decode disaggregation (GreenLLM DPD): prefill on ``prefill``'s engine, decode on ``decode``'s;
+    the prompt's KV cache crosses a link of ``link_bandwidth_bytes_per_s`` (GreenLLM: 16 Gbps = 2 GB/s on GCP).
+    """
+
+    prefill: EngineProfile
+    decode: EngineProfile
+    link_bandwidth_bytes_per_s: float = 2e9
+    link_latency_s: float = 0.0005
+
+    def __post_init__(self) -> None:
+        if self.link_bandwidth_bytes_per_s <= 0:
+            raise ValueError("link_bandwidth_bytes_per_s: must be > 0")
+        if self.link_latency_s < 0:
+            raise ValueError("link_latency_s: must be >= 0")
+        if self.prefill.kv_bytes_per_token != self.decode.kv_bytes_per_token:
+            raise ValueError("decode: prefill and decode engines must serve the same model (KV layout differs)")
+
+
+@dataclass(frozen=True, slots=True)
+class ReusePlan:
+    """Outcome of the read-or-recompute rule for one request's cached prefix.
+
+    ``used_tokens[tier]`` are the prefix tokens taken from that tier, ``load_s`` the reload time that
+    is not hidden behind queueing, ``recompute_tokens`` the prompt tokens the prefill must compute.
+    """
+
+    used_hbm_tokens: int
+    used_dram_tokens: int
+    used_disk_tokens: int
+    recompute_tokens: int
+    load_s: float
+    skipped_tokens: int
+
+
+# -----------------------------------------------------------------------------------------------------
+# Data file
+# -----------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4)
+def _document(path: str) -> Mapping[str, Any]:
+    with open(path, "rb") as handle:
+        document = tomllib.load(handle)
+    version = document.get("schema_version")
+    if version != SUPPORTED_SCHEMA_VERSION:
+        raise ValueError(f"schema_version: {path} has {version!r}, this code reads {SUPPORTED_SCHEMA_VERSION}")
+    for table in ("gpus", "models", "engine_defaults", "profiles"):
+        if not isinstance(document.get(table), dict):
+            raise ValueError(f"{table}: missing table in {path}")
+    return document
+
+
+def data_version(path: Path | None = None) -> str:
+    """The ``data_version`` string of the parameter file (recorded with every replay)."""
+    return str(_document(str(path or DATA_FILE)).get("data_version", ""))
+
+
+def list_profiles(path: Path | None = None) -> list[str]:
+    """Names of all profiles in the data file, sorted."""
+    return sorted(_document(str(path or DATA_FILE))["profiles"])
+
+
+def _number(table: Mapping[str, Any], key: str, where: str) -> float:
+    value = table.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key}: missing or not a number in {where}")
+    return float(value)
+
+
+def load_profile(name: str, path: Path | None = None) -> EngineProfile:
+    """Build the named profile from the data file.
+
+    Raises ``KeyError`` naming the known profiles when ``name`` is unknown, ``ValueError`` when the file
+    is malformed (a referenced GPU/model missing, a number missing or out of range).
+    """
+    return _load_profile_cached(name, str(path or DATA_FILE))
+
+
+@lru_cache(maxsize=64)
+def _load_profile_cached(name: str, path: str) -> EngineProfile:
+    document = _document(path)
+    profiles = document["profiles"]
+    if not isinstance(name, str) or name not in profiles:
+        raise KeyError(f"profile {name!r} is unknown; known profiles: {', '.join(sorted(profiles))}")
+    spec = profiles[name]
+    gpu_name, model_name = spec.get("gpu"), spec.get("model")
+    if gpu_name not in document["gpus"]:
+        raise ValueError(f"gpu: profile {name!r} names unknown GPU {gpu_name!r}")
+    if model_name not in document["models"]:
+        raise ValueError(f"model: profile {name!r} names unknown model {model_name!r}")
+    gpu, model, defaults = document["gpus"][gpu_name], document["models"][model_name], document["engine_defaults"]
+
+    sources: dict[str, str] = {}
+    engine: dict[str, float] = {}
+    for key in _ENGINE_KEYS:
+        if key in spec:
+            engine[key] = _number(spec, key, f"profiles.{name}")
+            sources[key] = spec.get("sources", {}).get(key, "")
+        else:
+            engine[key] = _number(defaults, key, "engine_defaults")
+            sources[key] = defaults.get("sources", {}).get(key, "")
+
+    count = int(_number(spec, "gpu_count", f"profiles.{name}"))
+    compute_fraction = float(spec.get("compute_fraction", 1.0))
+    memory_fraction = float(spec.get("memory_fraction", 1.0))
+    bandwidth_fraction = float(spec.get("bandwidth_fraction", 1.0))
+    for key, value in (("compute_fraction", compute_fraction), ("memory_fraction", memory_fraction),
+                       ("bandwidth_fraction", bandwidth_fraction)):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"{key}: must be in (0, 1] in profiles.{name}")
+    power_fraction = compute_fraction  # a MIG slice's share of the board power follows its SMs (assumption)
+    gpu_sources = gpu.get("sources", {})
+    model_sources = model.get("sources", {})
+    prof_sources = spec.get("sources", {})
+
+    def cite(key: str, base: str, *extra: str) -> str:
+        parts = [gpu_sources.get(base, "")] + [prof_sources.get(e, "") for e in extra if prof_sources.get(e)]
+        return "; ".join(p for p in parts if p)
+
+    values: dict[str, Any] = dict(
+        name=name,
+        model=str(model.get("served_name", model_name)),
+        hardware=str(spec.get("hardware", f"{count}x {gpu_name}" if count > 1 else gpu_name)),
+        n_params=_number(model, "n_params", f"models.{model_name}"),
+        n_layers=int(_number(model, "n_layers", f"models.{model_name}")),
+        hidden_size=int(_number(model, "hidden_size", f"models.{model_name}")),
+        n_kv_heads=int(_number(model, "n_kv_heads", f"models.{model_name}")),
+        head_dim=int(_number(model, "head_dim", f"models.{model_name}")),
+        gpu_count=count,
+        peak_flops=_number(gpu, "peak_fp16_flops", f"gpus.{gpu_name}") * count * compute_fraction,
+        hbm_bandwidth_bytes_per_s=_number(gpu, "hbm_bandwidth_bytes_per_s", f"gpus.{gpu_name}") * count
+        * bandwidth_fraction,
+        memory_bytes=_number(gpu, "memory_bytes", f"gpus.{gpu_name}") * count * memory_fraction,
+        idle_w=_number(gpu, "idle_w", f"gpus.{gpu_name}") * count * power_fraction,
+        max_w=_number(gpu, "tdp_w", f"gpus.{gpu_name}") * count * power_fraction,
+        dram_bandwidth_bytes_per_s=_number(gpu, "host_link_bandwidth_bytes_per_s", f"gpus.{gpu_name}") * count,
+        data_version=str(document.get("data_version", "")),
+    )
+    for key, value in engine.items():
+        values[key] = int(value) if key in _INT_KEYS else value
+    sources.update({
+        "n_params": model_sources.get("n_params", ""),
+        "n_layers": model_sources.get("n_layers", ""),
+        "hidden_size": model_sources.get("hidden_size", ""),
+        "n_kv_heads": model_sources.get("n_kv_heads", ""),
+        "head_dim": model_sources.get("head_dim", ""),
+        "gpu_count": prof_sources.get("gpu_count", ""),
+        "peak_flops": cite("peak_flops", "peak_fp16_flops", "compute_fraction"),
+        "hbm_bandwidth_bytes_per_s": cite("hbm", "hbm_bandwidth_bytes_per_s", "bandwidth_fraction"),
+        "memory_bytes": cite("memory", "memory_bytes", "memory_fraction"),
+        "idle_w": cite("idle", "idle_w", "compute_fraction"),
+        "max_w": cite("max", "tdp_w", "compute_fraction"),
+        "dram_bandwidth_bytes_per_s": cite("dram", "host_link_bandwidth_bytes_per_s"),
+    })
+    values["sources"] = sources
+    return EngineProfile(**values)
+
+
+# -----------------------------------------------------------------------------------------------------
+# The model
+# -----------------------------------------------------------------------------------------------------
+
+
+class PerfModel:
+    """Step-time, memory and power model of one engine; all methods are pure and cheap (hot path)."""
+
+    __slots__ = (
+        "_attn_coeff",
+        "_decode_compute_rate",
+        "_decode_rate",
+        "_disk_bw",
+        "_disk_lat",
+        "_dram_bw",
+        "_dram_lat",
+        "_flops_per_token",
+        "_idle_w",
+        "_kv_bytes_per_token",
+        "_mem_w",
+        "_overhead_s",
+        "_prefill_rate",
+        "_span_w",
+        "_weight_bytes",
+        "_weight_read_s",
+        "profile",
+    )
+
+    def __init__(self, profile: EngineProfile) -> None:
+        if not isinstance(profile, EngineProfile):
+            raise TypeError("profile: must be an EngineProfile")
+        self.profile = profile
+        p = profile
+        self._prefill_rate = p.peak_flops * p.prefill_mfu * p.tp_comm_efficiency  # FLOP/s achieved in prefill
+        self._decode_compute_rate = self._prefill_rate
+        self._decode_rate = p.hbm_bandwidth_bytes_per_s * p.decode_mbu * p.tp_comm_efficiency  # bytes/s
+        self._weight_bytes = p.weight_bytes
+        self._kv_bytes_per_token = p.kv_bytes_per_token
+        self._overhead_s = p.step_overhead_s
+        self._weight_read_s = p.weight_bytes / self._decode_rate
+        self._flops_per_token = 2.0 * p.n_params
+        self._attn_coeff = 4.0 * p.n_layers * p.hidden_size  # QK^T and AV: 2 x 2 x d FLOPs per (token, context) pair per layer
+        self._idle_w = p.idle_w
+        self._span_w = p.max_w - p.idle_w
+        self._mem_w = p.memory_power_weight
+        self._dram_bw = p.dram_bandwidth_bytes_per_s
+        self._disk_bw = p.disk_bandwidth_bytes_per_s
+        self._dram_lat = p.dram_latency_s
+        self._disk_lat = p.disk_latency_s
+
+    # -- compute --------------------------------------------------------------------------------------
+    def prefill_flops(self, uncached_tokens: int, batch_size: int = 1, cached_tokens: int = 0) -> float:
+        """FLOPs of one prefill step: ``uncached_tokens`` new tokens spread over ``batch_size`` sequences,
+        each sequence attending to ``cached_tokens / batch_size`` reused prefix tokens as well."""
+        if uncached_tokens <= 0:
+            return 0.0
+        b = batch_size if batch_size > 0 else 1
+        per_seq = uncached_tokens / b
+        cached_per_seq = cached_tokens / b
+        return uncached_tokens * (self._flops_per_token + self._attn_coeff * (cached_per_seq + 0.5 * per_seq))
+
+    def prefill_time_s(self, uncached_tokens: int, batch_size: int = 1, cached_tokens: int = 0) -> float:
+        """Seconds of one prefill step computing ``uncached_tokens`` (total over ``batch_size`` sequences).
+
+        Compute-bound (``prefill_flops / (peak x mfu)``) but never faster than one pass over the weights;
+        plus the per-step overhead. Zero tokens cost nothing (no step is run).
+        """
+        if uncached_tokens < 0 or batch_size < 0 or cached_tokens < 0:
+            raise ValueError("uncached_tokens: token counts and batch_size must be >= 0")
+        if uncached_tokens == 0:
+            return 0.0
+        compute_s = self.prefill_flops(uncached_tokens, batch_size, cached_tokens) / self._prefill_rate
+        kv_read_s = cached_tokens * self._kv_bytes_per_token / self._decode_rate
+        return self._overhead_s + max(compute_s, self._weight_read_s + kv_read_s)
+
+    def decode_step_time_s(self, batch_size: int, total_context_tokens: int) -> float:
+        """Seconds of one decode step producing one token for each of ``batch_size`` sequences whose
+        contexts sum to ``total_context_tokens``: ``max(weights + KV bytes / bandwidth, FLOPs / rate)``."""
+        if batch_size < 0 or total_context_tokens < 0:
+            raise ValueError("batch_size: batch_size and total_context_tokens must be >= 0")
+        if batch_size == 0:
+            return 0.0
+        mem_s = self._weight_read_s + total_context_tokens * self._kv_bytes_per_token / self._decode_rate
+        compute_s = (batch_size * self._flops_per_token + self._attn_coeff * total_context_tokens) / self._decode_compute_rate
+        return self._overhead_s + (max(compute_s, mem_s))
+
+    def decode_step_parts_s(self, batch_size: int, total_context_tokens: int) -> tuple[float, float]:
+        """``(memory_s, compute_s)`` of one decode step, for the power model and diagnostics."""
+        mem_s = self._weight_read_s + total_context_tokens * self._kv_bytes_per_token / self._decode_rate
+        compute_s = (batch_size * self._flops_per_token + self._attn_coeff * total_context_tokens) / self._decode_compute_rate
+        return mem_s, compute_s
+
+    # -- memory ---------------------------------------------------------------------------------------
+    def kv_cache_bytes(self) -> float:
+        """Bytes of the KV block pool: ``util x memory - weights - reserve per GPU`` (0 if it does not fit)."""
+        p = self.profile
+        free = p.gpu_memory_utilization * p.memory_bytes - self._weight_bytes - p.non_kv_reserve_bytes_per_gpu * p.gpu_count
+        return free if free > 0 else 0.0
+
+    def kv_cache_blocks(self) -> int:
+        """Number of KV blocks (``block_size_tokens`` tokens each) the engine can hold in HBM."""
+        block_bytes = self._kv_bytes_per_token * self.profile.block_size_tokens
+        return int(self.kv_cache_bytes() // block_bytes)
+
+    def kv_cache_tokens(self) -> int:
+        """Token capacity of the KV pool (``kv_cache_blocks x block_size_tokens``)."""
+        return self.kv_cache_blocks() * self.profile.block_size_tokens
+
+    def kv_bytes(self, tokens: int) -> float:
+        """Bytes of the KV cache of ``tokens`` tokens."""
+        return tokens * self._kv_bytes_per_token
+
+    # -- cache tiers ----------------------------------------------------------------------------------
+    def load_time_s(self, tokens: int, tier: str) -> float:
+        """Seconds to make ``tokens`` cached tokens usable from ``tier``.
+
+        ``hbm``: 0 (vLLM's prefix cache reuses the blocks in place); ``dram``: LMCache L1 over the host
+        link (PCIe); ``disk``: LMCache L2 read over the SSD bandwidth (then the host link, overlapped, so the
+        slower of the two bounds it).
+        """
+        if tokens < 0:
+            raise ValueError("tokens: must be >= 0")
+        if tier == "hbm":
+            return 0.0
+        if tokens == 0:
+            return 0.0
+        nbytes = tokens * self._kv_bytes_per_token
+        if tier == "dram":
+            return self._dram_lat + nbytes / self._dram_bw
+        if tier == "disk":
+            bw = min(self._dram_bw, self._disk_bw)
+            return self._disk_lat + nbytes / bw
+        raise ValueError(f"tier: must be one of {', '.join(TIERS)}, got {tier!r}")
+
+    def recompute_time_s(self, tokens: int, cached_before: int = 0) -> float:
+        """Marginal prefill seconds to recompute ``tokens`` tokens that follow ``cached_before`` tokens
+        (no step overhead, no weight-read floor: these tokens join a prefill step that runs anyway)."""
+        if tokens <= 0:
+            return 0.0
+        return tokens * (self._flops_per_token + self._attn_coeff * (cached_before + 0.5 * tokens)) / self._prefill_rate
+
+    def plan_prefix_reuse(self, hbm_tokens: int, dram_tokens: int, disk_tokens: int, prompt_tokens: int,
+                          queue_wait_s: float = 0.0) -> ReusePlan:
+        """Read-or-recompute rule for a prompt whose cached prefix is split over the tiers (fastest first).
+
+        HBM hits are always used. A DRAM or disk segment is used only if the prefix before it is used
+        (reuse must be a contiguous prefix) and its reload either fits in the time the request waits in
+        the queue anyway (Kareto Sec. 3.3, Obs. 2/4: disk reloads are prefetched during queueing) or is
+        faster than recomputing those tokens (StoreLLM Sec. 3.4: read only when it beats compute under
+        the delay budget). Reload time not hidden by queueing is returned in ``load_s``.
+        """
+        if min(hbm_tokens, dram_tokens, disk_tokens, prompt_tokens) < 0 or queue_wait_s < 0:
+            raise ValueError("prompt_tokens: token counts and queue_wait_s must be >= 0")
+        if hbm_tokens + dram_tokens + disk_tokens > prompt_tokens:
+            raise ValueError("prompt_tokens: cached tokens exceed the prompt")
+        used = hbm_tokens
+        budget = queue_wait_s
+        exposed = 0.0
+        used_dram = used_disk = 0
+        skipped = 0
+        for tier, tokens in (("dram", dram_tokens), ("disk", disk_tokens)):
+            if tokens == 0:
+                continue
+            if skipped:
+                skipped += tokens
+                continue
+            load_s = self.load_time_s(tokens, tier)
+            if load_s <= budget:
+                budget -= load_s
+            elif load_s - budget < self.recompute_time_s(tokens, used):
+                exposed += load_s - budget
+                budget = 0.0
+            else:
+                skipped += tokens
+                continue
+            used += tokens
+            if tier == "dram":
+                used_dram = tokens
+            else:
+                used_disk = tokens
+        return ReusePlan(hbm_tokens, used_dram, used_disk, prompt_tokens - used, exposed, skipped)
+
+    # -- power ----------------------------------------------------------------------------------------
+    def power_w(self, utilisation: float) -> float:
+        """Engine power draw at ``utilisation`` in [0, 1]: ``idle + (max - idle) x utilisation``."""
+        if not 0.0 <= utilisation <= 1.0:
+            raise ValueError(f"utilisation: must be in [0, 1], got {utilisation!r}")
+        return self._idle_w + self._span_w * utilisation
+
+    def prefill_utilisation(self) -> float:
+        """Utilisation of a compute-bound prefill step (1.0)."""
+        return 1.0
+
+    def decode_utilisation(self, batch_size: int, total_context_tokens: int) -> float:
+        """Utilisation of a decode step: compute share + ``memory_power_weight`` x memory-bound share."""
+        if batch_size <= 0:
+            return 0.0
+        mem_s, compute_s = self.decode_step_parts_s(batch_size, total_context_tokens)
+        step = max(mem_s, compute_s)
+        u = compute_s / step + self._mem_w * (1.0 - compute_s / step)
+        return min(1.0, u)
+
+    def step_energy_j(self, step_s: float, utilisation: float) -> float:
+        """Joules drawn by the engine during a step of ``step_s`` at ``utilisation``."""
+        return self.power_w(utilisation) * step_s
+
+    # -- modes ----------------------------------------------------------------------------------------
+    @staticmethod
+    def expected_tokens_per_verify(num_speculative_tokens: int, acceptance_rate: float) -> float:
+        """Expected tokens produced per target verify step: ``(1 - a^(k+1)) / (1 - a)`` (Leviathan et al.)."""
+        a, k = acceptance_rate, num_speculative_tokens
+        if not 0.0 <= a < 1.0 or k < 1:
+            raise ValueError("acceptance_rate: must be in [0, 1) with num_speculative_tokens >= 1")
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+    def spec_decode_step_time_s(self, spec: SpecDecodeConfig, batch_size: int, total_context_tokens: int) -> float:
+        """Seconds of one speculative round for the batch: ``k`` draft decode steps (on the draft's engine)
+        plus one target verify step over ``k + 1`` tokens per sequence; for DSD plus the transfer of the
+        proposed tokens' probability distributions over the link."""
+        if batch_size <= 0:
+            return 0.0
+        k = spec.num_speculative_tokens
+        draft = PerfModel(spec.draft) if not isinstance(spec.draft, PerfModel) else spec.draft
+        draft_s = 0.0
+        ctx = total_context_tokens
+        for i in range(k):
+            draft_s += draft.decode_step_time_s(batch_size, ctx + i * batch_size)
+        verify_mem = self._weight_read_s + (total_context_tokens + k * batch_size) * self._kv_bytes_per_token / self._decode_rate
+        verify_compute = (batch_size * (k + 1) * self._flops_per_token
+                          + self._attn_coeff * (total_context_tokens + k * batch_size) * (k + 1)) / self._decode_compute_rate
+        verify_s = self._overhead_s + max(verify_mem, verify_compute)
+        link_s = 0.0
+        if spec.disaggregated:
+            link_s = batch_size * k * (spec.vocab_size * 4 + 4) / spec.link_bandwidth_bytes_per_s
+        return draft_s + verify_s + link_s
+
+    def spec_decode_tpot_s(self, spec: SpecDecodeConfig, batch_size: int, total_context_tokens: int) -> float:
+        """Mean seconds per output token with speculative decoding (round time / expected tokens)."""
+        return self.spec_decode_step_time_s(spec, batch_size, total_context_tokens) / self.expected_tokens_per_verify(
+            spec.num_speculative_tokens, spec.acceptance_rate)
+
+    def kv_transfer_time_s(self, tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float = 0.0) -> float:
+        """Seconds to ship the KV cache of ``tokens`` tokens from a prefill to a decode engine (DPD)."""
+        if tokens < 0 or link_bandwidth_bytes_per_s <= 0 or link_latency_s < 0:
+            raise ValueError("link_bandwidth_bytes_per_s: must be > 0 with tokens >= 0")
+        if tokens == 0:
+            return 0.0
+        return link_latency_s + tokens * self._kv_bytes_per_token / link_bandwidth_bytes_per_s
+
+    @staticmethod
+    def disagg_request_latency_s(config: DisaggConfig, prompt_tokens: int, output_tokens: int,
+                                 decode_batch_size: int = 1, mean_context_tokens: int | None = None) -> tuple[float, float, float]:
+        """Unloaded ``(ttft_s, tpot_s, kv_transfer_s)`` of one request in DPD mode: prefill on the prefill
+        engine, KV transfer over the link, then decode on the decode engine at ``decode_batch_size``."""
+        pre = PerfModel(config.prefill)
+        dec = PerfModel(config.decode)
+        ttft = pre.prefill_time_s(prompt_tokens)
+        transfer = pre.kv_transfer_time_s(prompt_tokens, config.link_bandwidth_bytes_per_s, config.link_latency_s)
+        ctx = mean_context_tokens if mean_context_tokens is not None else prompt_tokens + output_tokens // 2
+        tpot = dec.decode_step_time_s(decode_batch_size, ctx * decode_batch_size)
+        return ttft, tpot, transfer
+
+    # -- convenience ----------------------------------------------------------------------------------
+    def unloaded_request_s(self, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> tuple[float, float]:
+        """``(ttft_s, tpot_s)`` of one request alone on an idle engine (no queueing, batch 1)."""
+        uncached = max(prompt_tokens - cached_tokens, 1)
+        ttft = self.prefill_time_s(uncached, 1, cached_tokens)
+        if output_tokens <= 1:
+            return ttft, 0.0
+        ctx = prompt_tokens + output_tokens // 2
+        return ttft, self.decode_step_time_s(1, ctx)
