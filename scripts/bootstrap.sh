@@ -42,6 +42,10 @@ else
     log "npm not found: buf lint and the Node client tests will skip"
 fi
 
+# LMCache 0.5.6 in its own virtualenv (.venv-lmcache): its pins (torch, numpy<=2.2.6, protobuf<7,
+# opentelemetry-api<=1.40) must not constrain ours, and it runs as a separate server process anyway.
+bash "$REPO/scripts/install-lmcache.sh" || log "LMCache could not be installed; its tests will skip"
+
 if [ "${GREENSERVE_SKIP_SYSTEM:-0}" != "1" ]; then
     bash "$REPO/scripts/install-postgres.sh" || log "PostgreSQL could not be installed; its tests will skip"
 fi

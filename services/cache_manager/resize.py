@@ -1,0 +1,104 @@
+"""Applying a target L1 size to one LMCache server (GreenCache §5.5: shrink evicts lowest scores first).
+
+LMCache 0.5.6 fixes the DRAM L1 size at start (`--l1-size-gb`); it has no runtime resize for DRAM (only
+Device-DAX arenas). A size change is therefore a controlled restart done by an operator-supplied command
+(`--lmcache-restart-command`, a template with {server_id}, {url}, {l1_size_bytes}, {l1_size_gb}) that must
+restart the server with the new size and return 0 once it is healthy again. Without that command a
+resize to a different size fails with that reason and the previous size stays in force.
+
+Order of a shrink: (1) choose the lowest-LCS entries of the pool's index until the indexed bytes fit the
+target, (2) delete them on the server (`DELETE /cache/objects`), (3) restart at the new size. A grow only
+restarts and records that the new space starts cold (warm-up). Idempotency by plan version is the
+caller's job (service.py records every (server, plan version) outcome in cache_applications).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from dataclasses import dataclass
+
+from greenserve.cache_manager.index import CacheIndex
+from greenserve.cache_manager.lmcache_admin import GIB, LmcacheAdmin, LmcacheError
+
+
+@dataclass(frozen=True)
+class ResizeOutcome:
+    """Result of one resize."""
+
+    applied: bool
+    detail: str
+    dram_bytes: int
+    evicted_entries: int
+
+
+def victims_to_fit(index: CacheIndex, target_bytes: int, now_s: float) -> list[str]:
+    """Keys of the lowest-score entries to drop so that the indexed bytes are <= target_bytes."""
+    excess = index.bytes_in_use - target_bytes
+    if excess <= 0:
+        return []
+    keys: list[str] = []
+    batch = 256
+    chosen: set[int] = set()
+    while excess > 0:
+        slots = index.choose_victims(min(len(index), len(chosen) + batch), now_s)
+        fresh = [int(s) for s in slots if int(s) not in chosen]
+        if not fresh:
+            break
+        for s in fresh:
+            chosen.add(s)
+            keys.append(index.key_of(s))
+            excess -= int(index.size_bytes[s])
+            if excess <= 0:
+                break
+    return keys
+
+
+async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex | None, target_bytes: int,
+                        now_s: float, restart_command: str | None, timeout_s: float = 120.0) -> ResizeOutcome:
+    """Apply target_bytes as the server's L1 size; on failure the previous size stays and detail says why."""
+    try:
+        state = await admin.state()
+    except LmcacheError as exc:
+        return ResizeOutcome(False, f"cannot read the server's state: {exc}", 0, 0)
+    current = state.l1_total_bytes
+    if current == target_bytes:
+        return ResizeOutcome(True, "size already in force", current, 0)
+    if not restart_command:
+        return ResizeOutcome(False, (
+            "LMCache 0.5.6 cannot change the DRAM L1 size at run time (only Device-DAX arenas are "
+            "reconfigurable) and no --lmcache-restart-command is configured for a controlled restart; "
+            f"the previous size {current} bytes stays in force"), current, 0)
+    evicted = 0
+    if target_bytes < current and index is not None:
+        keys = victims_to_fit(index, target_bytes, now_s)
+        try:
+            await admin.delete_objects(keys, tier="all")
+        except LmcacheError as exc:
+            return ResizeOutcome(False, f"evicting {len(keys)} lowest-LCS entries failed: {exc}; "
+                                 f"previous size {current} bytes stays in force", current, 0)
+        for k in keys:
+            index.remove(k)
+        evicted = len(keys)
+    cmd = restart_command.format(server_id=server_id, url=admin.url, l1_size_bytes=target_bytes,
+                                 l1_size_gb=f"{target_bytes / GIB:.6g}")
+    try:
+        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except (OSError, asyncio.TimeoutError) as exc:
+        return ResizeOutcome(False, f"restart command failed to run: {exc!r}; previous size {current} bytes "
+                             "stays in force", current, evicted)
+    if proc.returncode != 0:
+        return ResizeOutcome(False, f"restart command exited {proc.returncode}: {out.decode()[-300:]}; "
+                             f"previous size {current} bytes stays in force", current, evicted)
+    try:
+        after = await admin.state()
+    except LmcacheError as exc:
+        return ResizeOutcome(False, f"server not answering after restart: {exc}", current, evicted)
+    if after.l1_total_bytes != target_bytes:
+        return ResizeOutcome(False, f"after restart L1 is {after.l1_total_bytes} bytes, not {target_bytes}",
+                             after.l1_total_bytes, evicted)
+    kind = "shrunk" if target_bytes < current else "grown (new space starts cold: warm-up)"
+    return ResizeOutcome(True, f"L1 {kind} from {current} to {target_bytes} bytes by controlled restart; "
+                         f"{evicted} lowest-LCS entries evicted first", target_bytes, evicted)

@@ -1,0 +1,51 @@
+"""Smoke runs of both benchmarks with tiny sizes: the last stdout line is the promised JSON object."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from greenserve.cache_manager import bench
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_cache_policy_smoke(capsys) -> None:
+    if not bench.default_trace().is_file():
+        pytest.skip(f"shared Mooncake trace not found at {bench.default_trace()}")
+    assert bench.policy_main(["--limit", "300", "--capacities", "0.05,1.0", "--json"]) == 0
+    out = _last_json(capsys)
+    assert out["capacities"] == [0.05, 1.0]
+    assert set(out["hit_rate"]) == {"FIFO", "LRU", "LCS", "LCS+TTL"}
+    for rates in out["hit_rate"].values():
+        assert len(rates) == 2 and all(0.0 <= r <= 1.0 for r in rates)
+    # At 100 % capacity nothing is evicted: every policy reaches the same (infinite-cache) hit rate.
+    assert len({rates[1] for rates in out["hit_rate"].values()}) == 1
+
+
+def test_cache_policy_custom_trace(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [{"timestamp": i * 1000, "input_length": 1024, "hash_ids": [0, 1 + i % 3]} for i in range(30)]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert bench.policy_main(["--trace", str(trace), "--capacities", "1.0"]) == 0
+    out = _last_json(capsys)
+    # 4 unique blocks, all fit: only the first touch of each block misses.
+    assert out["hit_rate"]["LRU"] == [pytest.approx((30 * 1024 - 4 * 512) / (30 * 1024))]
+
+
+def test_cache_policy_bad_flags() -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.policy_main(["--capacities", "0,2"])
+    assert exc.value.code == 2
+
+
+def test_cache_eviction_smoke(capsys) -> None:
+    assert bench.eviction_main(["--entries", "2000", "--choices", "5", "--read-recompute-tokens", "4096"]) == 0
+    out = _last_json(capsys)
+    assert out["entries"] == 2000
+    assert out["choose_ms_p50"] >= 0 and out["choose_ms_p99"] >= out["choose_ms_p50"]
+    assert out["bytes_per_entry"] > out["array_bytes_per_slot"] > 0
+    assert out["read_or_recompute"]["chunks"] == 16
