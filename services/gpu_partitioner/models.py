@@ -1,4 +1,4 @@
-"""Tables owned by the gpu-partitioner: the apply journal and the simulated NVML backend's GPUs.
+"""Tables owned by the gpu-partitioner: the apply journal and runs, energy accounts, the simulated GPUs.
 
 The journal records every step of a MIG layout change before it runs, so a partitioner that dies
 mid-apply can find the ``pending`` steps at start-up and finish or roll them back.
@@ -9,10 +9,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, CheckConstraint, Index, Integer, MetaData, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
 from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 STEP_STATES: tuple[str, ...] = ("pending", "done", "failed", "rolled_back")
 
@@ -58,3 +68,55 @@ class SimulatedGpu(Base):
 
     def __repr__(self) -> str:
         return f"SimulatedGpu(gpu_uuid={self.gpu_uuid!r}, model={self.model!r}, mig={self.mig_enabled!r})"
+
+
+APPLY_STATES: tuple[str, ...] = ("running", "succeeded", "rolled_back", "failed")
+
+
+class ApplyRun(Base):
+    """One apply of a layout to a GPU: what it started from, where it goes, and how it ended.
+
+    `previous_layout` is what recovery restores after a crash or a failed step; `drained_engines` are
+    undrained whatever the outcome. A run in state ``running`` at start-up was interrupted by a crash.
+    """
+
+    __tablename__ = "apply_runs"
+    __table_args__ = (
+        Index(None, "gpu_uuid", "state"),
+        CheckConstraint("state IN ('running', 'succeeded', 'rolled_back', 'failed')", name="state"),
+    )
+
+    apply_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96))
+    plan_version: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(String(16))
+    previous_layout: Mapped[list[Any]] = mapped_column(JSON)
+    previous_mig_enabled: Mapped[bool] = mapped_column(Boolean)
+    target_layout: Mapped[list[Any]] = mapped_column(JSON)
+    drained_engines: Mapped[list[Any]] = mapped_column(JSON)
+    instances: Mapped[list[Any]] = mapped_column(JSON)
+    error: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+    def __repr__(self) -> str:
+        return f"ApplyRun(apply_id={self.apply_id!r}, gpu={self.gpu_uuid!r}, state={self.state!r})"
+
+
+class EnergyAccount(Base):
+    """Energy attributed so far to one MIG instance, to a GPU's unallocated slices, or a GPU's counter state.
+
+    `key` is ``mig:<MIG uuid>``, ``unallocated:<GPU uuid>`` or ``gpu:<GPU uuid>``; a ``gpu:`` row keeps the
+    last energy-counter reading (`last_counter_j`) and the idle power estimate (minimum power seen).
+    """
+
+    __tablename__ = "energy_accounts"
+
+    key: Mapped[str] = mapped_column(String(112), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96))
+    energy_j: Mapped[float] = mapped_column(Float)
+    power_w: Mapped[float] = mapped_column(Float)
+    last_counter_j: Mapped[float | None] = mapped_column(Float)
+    idle_power_w: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -63,12 +63,14 @@ class GetInventoryResponse(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[_common_pb2.Gpu, _Mapping]]] = ..., backend: _Optional[_Union[NvmlBackend, str]] = ..., driver_version: _Optional[str] = ...) -> None: ...
 
 class ListLayoutsRequest(_message.Message):
-    __slots__ = ("gpu_model", "profiles")
+    __slots__ = ("gpu_model", "profiles", "driver_branch")
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     PROFILES_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_BRANCH_FIELD_NUMBER: _ClassVar[int]
     gpu_model: _common_pb2.GpuModel
     profiles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, gpu_model: _Optional[_Union[_common_pb2.GpuModel, str]] = ..., profiles: _Optional[_Iterable[str]] = ...) -> None: ...
+    driver_branch: int
+    def __init__(self, gpu_model: _Optional[_Union[_common_pb2.GpuModel, str]] = ..., profiles: _Optional[_Iterable[str]] = ..., driver_branch: _Optional[int] = ...) -> None: ...
 
 class ListLayoutsResponse(_message.Message):
     __slots__ = ("layouts",)
@@ -170,18 +172,26 @@ class InstanceEnergy(_message.Message):
     def __init__(self, mig_uuid: _Optional[str] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ...) -> None: ...
 
 class GpuEnergy(_message.Message):
-    __slots__ = ("gpu_uuid", "power_w", "energy_j", "instances", "sampled_at")
+    __slots__ = ("gpu_uuid", "power_w", "energy_j", "instances", "sampled_at", "idle_power_w", "unallocated_power_w", "unallocated_energy_j", "split_rule")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    IDLE_POWER_W_FIELD_NUMBER: _ClassVar[int]
+    UNALLOCATED_POWER_W_FIELD_NUMBER: _ClassVar[int]
+    UNALLOCATED_ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_RULE_FIELD_NUMBER: _ClassVar[int]
     gpu_uuid: str
     power_w: float
     energy_j: float
     instances: _containers.RepeatedCompositeFieldContainer[InstanceEnergy]
     sampled_at: _timestamp_pb2.Timestamp
-    def __init__(self, gpu_uuid: _Optional[str] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., instances: _Optional[_Iterable[_Union[InstanceEnergy, _Mapping]]] = ..., sampled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    idle_power_w: float
+    unallocated_power_w: float
+    unallocated_energy_j: float
+    split_rule: str
+    def __init__(self, gpu_uuid: _Optional[str] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., instances: _Optional[_Iterable[_Union[InstanceEnergy, _Mapping]]] = ..., sampled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idle_power_w: _Optional[float] = ..., unallocated_power_w: _Optional[float] = ..., unallocated_energy_j: _Optional[float] = ..., split_rule: _Optional[str] = ...) -> None: ...
 
 class GetEnergyResponse(_message.Message):
     __slots__ = ("gpus",)

@@ -1,0 +1,145 @@
+"""What a MIG backend is: the state it reports, the operations it offers and the errors it raises.
+
+Two implementations follow this contract: `backend_nvml.NvmlBackend` (real NVML through pynvml) and
+`backend_sim.SimulatedBackend` (the same rules and errors, persisted in the service database). The
+errors mirror the NVML return codes of ``../shared/reference/mig-nvml-reference.md`` section 3, so the
+apply protocol handles both backends with one code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement
+
+
+class MigBackendError(Exception):
+    """A backend operation failed; `nvml_code` is the NVML return code it corresponds to."""
+
+    nvml_code: int = 999  # NVML_ERROR_UNKNOWN
+
+
+class NotSupportedError(MigBackendError):
+    """NVML_ERROR_NOT_SUPPORTED: MIG is off, the GPU has no MIG, or the profile is not offered."""
+
+    nvml_code = 3
+
+
+class InvalidPlacementError(MigBackendError):
+    """NVML_ERROR_INVALID_ARGUMENT: a placement that is not legal for the profile."""
+
+    nvml_code = 2
+
+
+class NoPermissionError(MigBackendError):
+    """NVML_ERROR_NO_PERMISSION: MIG management needs root / CAP_SYS_ADMIN or the MIG capabilities."""
+
+    nvml_code = 4
+
+
+class NotFoundError(MigBackendError):
+    """NVML_ERROR_NOT_FOUND: no such GPU or GPU instance."""
+
+    nvml_code = 6
+
+
+class ResetRequiredError(MigBackendError):
+    """NVML_ERROR_RESET_REQUIRED, or a MIG mode change pending a GPU reset (A100: current != pending)."""
+
+    nvml_code = 16
+
+
+class InUseError(MigBackendError):
+    """NVML_ERROR_IN_USE: processes or compute instances still run on the instance (or the GPU)."""
+
+    nvml_code = 19
+
+
+class InsufficientResourcesError(MigBackendError):
+    """NVML_ERROR_INSUFFICIENT_RESOURCES: the placement overlaps or a limit of the GPU is reached."""
+
+    nvml_code = 23
+
+
+@dataclass
+class InstanceState:
+    """One GI with its full-size compute instance as the backend sees it."""
+
+    profile: str
+    start: int
+    size: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str  # "MIG-..." (what CUDA_VISIBLE_DEVICES takes)
+    memory_bytes: int
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(start=self.start, size=self.size, profile=self.profile)
+
+
+@dataclass
+class GpuState:
+    """One physical GPU."""
+
+    uuid: str
+    index: int
+    name: str
+    model: str | None  # key of geometry.models(), None when the tables do not know it
+    memory_bytes: int
+    mig_capable: bool
+    mig_enabled: bool
+    mig_pending: bool = False  # a mode change waits for a GPU reset (A100)
+    instances: list[InstanceState] = field(default_factory=list)
+
+    @property
+    def layout(self) -> list[Placement]:
+        return sorted(i.placement for i in self.instances)
+
+
+@dataclass
+class PowerReading:
+    """Board power and the energy counter of one GPU (None where the GPU cannot tell)."""
+
+    power_w: float | None
+    energy_j: float | None
+
+
+class MigBackend(Protocol):
+    """Operations the partitioner needs. Blocking calls: the service runs them in a worker thread."""
+
+    kind: str  # "nvml" or "simulated"
+
+    def driver_version(self) -> str:
+        """Driver version string ("" when simulated)."""
+
+    def driver_branch(self) -> int:
+        """Driver major branch (e.g. 550); geometry.CURRENT_DRIVER when simulated."""
+
+    def list_gpus(self) -> list[GpuState]:
+        """All GPUs with their MIG state and instances."""
+
+    def gpu(self, gpu_uuid: str) -> GpuState:
+        """One GPU; NotFoundError when unknown."""
+
+    def geometry(self, gpu_uuid: str) -> GpuGeometry:
+        """Profiles and placements of the GPU (from the device when it can tell, else the tables)."""
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        """Switch MIG mode; ResetRequiredError when the change waits for a GPU reset, InUseError when busy."""
+
+    def create_instance(self, gpu_uuid: str, placement: Placement) -> InstanceState:
+        """Create a GI at an explicit placement and its full-size compute instance."""
+
+    def destroy_instance(self, gpu_uuid: str, placement: Placement) -> None:
+        """Destroy the compute instances of the GI at `placement`, then the GI; InUseError when busy."""
+
+    def read_power(self, gpu_uuid: str) -> PowerReading:
+        """Board power (W) and energy counter (J since driver load)."""
+
+    def instance_activity(self, gpu_uuid: str) -> dict[str, float] | None:
+        """Per-MIG-UUID activity in [0, 1] when the backend can measure it, else None (A100 NVML)."""
+
+    def close(self) -> None:
+        """Release NVML (or nothing)."""

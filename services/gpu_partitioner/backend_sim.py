@@ -1,0 +1,271 @@
+"""Simulated MIG backend: the NVML rules and errors of the real backend, state kept in the service database.
+
+It follows `geometry` (profiles, placements, overlap, counts, compute, +me, driver rules) and NVML's
+behaviour around them (``../shared/reference/mig-nvml-reference.md`` sections 1.4, 3.2, 3.4):
+
+* creating a GI needs MIG mode on (NOT_SUPPORTED otherwise); an illegal start or size is
+  INVALID_ARGUMENT; an overlap or a limit is INSUFFICIENT_RESOURCES;
+* destroying a GI with a process on it is IN_USE;
+* changing MIG mode with processes on the GPU is IN_USE, disabling it with GIs present is IN_USE;
+  on an A100 the change stays *pending* until a GPU reset (`reset_gpu`), on H100/H200 it is immediate;
+* a GPU reset drops every GI and CI (they never persist across a reset).
+
+Every mutation is one database transaction, so the simulated GPUs survive a restart of the service
+exactly as they were (as real GPUs survive a restart of the partitioner process). Power follows a
+simple model (idle + share of max power by busy compute slices) and feeds a monotonic energy counter.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from greenserve.common.persistence import Database
+from greenserve.gpu_partitioner import geometry as geometry_mod
+from greenserve.gpu_partitioner.backend import (
+    GpuState,
+    InstanceState,
+    InsufficientResourcesError,
+    InUseError,
+    InvalidPlacementError,
+    NotFoundError,
+    NotSupportedError,
+    PowerReading,
+    ResetRequiredError,
+)
+from greenserve.gpu_partitioner.geometry import (
+    CURRENT_DRIVER,
+    REASON_INVALID,
+    REASON_NOT_SUPPORTED,
+    GpuGeometry,
+    Placement,
+)
+from greenserve.gpu_partitioner.models import SimulatedGpu
+from sqlalchemy import select
+
+MIB = 1024 * 1024
+
+
+def parse_gpu_spec(spec: str) -> list[tuple[str, bool]]:
+    """"A100-40GB,H100-80GB:nomig" -> [(model, mig_enabled), ...]; ValueError on an unknown model."""
+    out = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        model, _, flag = item.partition(":")
+        if model not in geometry_mod.models():
+            raise ValueError(f"unknown simulated GPU model {model!r}; known: {', '.join(geometry_mod.models())}")
+        if flag not in ("", "mig", "nomig"):
+            raise ValueError(f"simulated GPU {item!r}: the suffix must be ':mig' or ':nomig'")
+        out.append((model, flag != "nomig"))
+    return out
+
+
+class SimulatedBackend:
+    """MigBackend over simulated GPUs stored in the `simulated_gpus` table."""
+
+    kind = "simulated"
+
+    def __init__(
+        self, db: Database, gpus: Sequence[tuple[str, bool]] = (("A100-40GB", True),), *,
+        clock: Callable[[], float] = time.time, driver_branch: int = CURRENT_DRIVER,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self._driver = driver_branch
+        self._lock = threading.RLock()
+        with self.db.session() as s:
+            existing = s.scalars(select(SimulatedGpu)).all()
+            if not existing:
+                for index, (model, mig) in enumerate(gpus):
+                    state = {"index": index, "pending": None, "instances": [], "gpu_processes": 0,
+                             "energy_j": 0.0, "energy_at": self.clock()}
+                    s.add(SimulatedGpu(gpu_uuid=f"GPU-{uuidlib.uuid4()}", model=model, mig_enabled=mig,
+                                       state_json=json.dumps(state)))
+
+    # ---------------------------------------------------------------------------------------------
+    # Storage
+    # ---------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _gpu_row(self, gpu_uuid: str, *, write: bool) -> Iterator[tuple[SimulatedGpu, dict[str, Any]]]:
+        with self._lock, self.db.session() as s:
+            row = s.get(SimulatedGpu, gpu_uuid)
+            if row is None:
+                raise NotFoundError(f"no simulated GPU {gpu_uuid}")
+            state = json.loads(row.state_json)
+            yield row, state
+            if write:
+                row.state_json = json.dumps(state)
+
+    def _advance_energy(self, row: SimulatedGpu, state: dict[str, Any]) -> None:
+        now = self.clock()
+        dt = max(0.0, now - float(state["energy_at"]))
+        state["energy_j"] = float(state["energy_j"]) + self._power_w(row, state) * dt
+        state["energy_at"] = now
+
+    def _power_w(self, row: SimulatedGpu, state: dict[str, Any]) -> float:
+        geo = geometry_mod.geometry(row.model)
+        if row.mig_enabled:
+            busy = sum(geo.profile(i["profile"]).compute_slices for i in state["instances"] if i["processes"] > 0)
+            fraction = busy / geo.compute_slices
+        else:
+            fraction = 1.0 if state["gpu_processes"] > 0 else 0.0
+        return geo.sim_idle_power_w + (geo.max_power_w - geo.sim_idle_power_w) * fraction
+
+    @staticmethod
+    def _to_state(row: SimulatedGpu, state: dict[str, Any]) -> GpuState:
+        geo = geometry_mod.geometry(row.model)
+        instances = [
+            InstanceState(profile=i["profile"], start=i["start"], size=i["size"], gpu_instance_id=i["gi"],
+                          compute_instance_id=i["ci"], uuid=i["uuid"],
+                          memory_bytes=geo.profile(i["profile"]).memory_mib * MIB)
+            for i in sorted(state["instances"], key=lambda i: i["start"])
+        ]
+        return GpuState(uuid=row.gpu_uuid, index=state["index"], name=f"{geo.display_name} (simulated)",
+                        model=row.model, memory_bytes=geo.memory_mib * MIB, mig_capable=True,
+                        mig_enabled=row.mig_enabled, mig_pending=state["pending"] is not None,
+                        instances=instances)
+
+    # ---------------------------------------------------------------------------------------------
+    # MigBackend
+    # ---------------------------------------------------------------------------------------------
+
+    def driver_version(self) -> str:
+        return ""
+
+    def driver_branch(self) -> int:
+        return self._driver
+
+    def list_gpus(self) -> list[GpuState]:
+        with self._lock, self.db.session(readonly=True) as s:
+            rows = s.scalars(select(SimulatedGpu)).all()
+            states = [self._to_state(r, json.loads(r.state_json)) for r in rows]
+        return sorted(states, key=lambda g: g.index)
+
+    def gpu(self, gpu_uuid: str) -> GpuState:
+        with self._gpu_row(gpu_uuid, write=False) as (row, state):
+            return self._to_state(row, state)
+
+    def geometry(self, gpu_uuid: str) -> GpuGeometry:
+        with self._gpu_row(gpu_uuid, write=False) as (row, _):
+            return geometry_mod.geometry(row.model)
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            geo = geometry_mod.geometry(row.model)
+            effective = row.mig_enabled if state["pending"] is None else bool(state["pending"])
+            if effective == enabled:
+                if state["pending"] is not None:
+                    raise ResetRequiredError(
+                        f"MIG mode change to {'enabled' if enabled else 'disabled'} is pending a GPU reset")
+                return
+            if state["gpu_processes"] > 0 or any(i["processes"] > 0 for i in state["instances"]):
+                raise InUseError("processes run on the GPU; idle it before changing MIG mode")
+            if not enabled and state["instances"]:
+                raise InUseError("GPU instances exist; destroy them before disabling MIG mode")
+            self._advance_energy(row, state)
+            pending = geo.mode_change_needs_reset
+            if pending:
+                state["pending"] = enabled  # stored: the transaction commits, the error comes after
+            else:
+                row.mig_enabled = enabled
+        if pending:
+            raise ResetRequiredError(
+                f"MIG mode change to {'enabled' if enabled else 'disabled'} is pending a GPU reset "
+                f"({row.model} needs a reset; run `nvidia-smi -r` when the GPU is idle)")
+
+    def create_instance(self, gpu_uuid: str, placement: Placement) -> InstanceState:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            if not row.mig_enabled:
+                raise NotSupportedError("MIG mode is not enabled on this GPU")
+            geo = geometry_mod.geometry(row.model)
+            layout = [Placement(start=i["start"], size=i["size"], profile=i["profile"]) for i in state["instances"]]
+            problem = geo.check_add_reason(layout, placement, driver=self._driver)
+            if problem is not None:
+                reason, message = problem
+                if reason == REASON_INVALID:
+                    raise InvalidPlacementError(message)
+                if reason == REASON_NOT_SUPPORTED:
+                    raise NotSupportedError(message)
+                raise InsufficientResourcesError(message)
+            self._advance_energy(row, state)
+            used = {i["gi"] for i in state["instances"]}
+            gi = next(n for n in range(1, 64) if n not in used)
+            record = {"profile": placement.profile, "start": placement.start, "size": placement.size,
+                      "gi": gi, "ci": 0, "uuid": f"MIG-{uuidlib.uuid4()}", "processes": 0}
+            state["instances"].append(record)
+            return InstanceState(profile=placement.profile, start=placement.start, size=placement.size,
+                                 gpu_instance_id=gi, compute_instance_id=0, uuid=record["uuid"],
+                                 memory_bytes=geo.profile(placement.profile).memory_mib * MIB)
+
+    def destroy_instance(self, gpu_uuid: str, placement: Placement) -> None:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            if not row.mig_enabled:
+                raise NotSupportedError("MIG mode is not enabled on this GPU")
+            match = [i for i in state["instances"]
+                     if (i["start"], i["size"], i["profile"]) == (placement.start, placement.size, placement.profile)]
+            if not match:
+                raise NotFoundError(f"no GPU instance {placement} on {gpu_uuid}")
+            if match[0]["processes"] > 0:
+                raise InUseError(f"processes run on {match[0]['uuid']} ({placement})")
+            self._advance_energy(row, state)
+            state["instances"].remove(match[0])
+
+    def read_power(self, gpu_uuid: str) -> PowerReading:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._advance_energy(row, state)
+            return PowerReading(power_w=self._power_w(row, state), energy_j=float(state["energy_j"]))
+
+    def instance_activity(self, gpu_uuid: str) -> dict[str, float] | None:
+        with self._gpu_row(gpu_uuid, write=False) as (_, state):
+            return {i["uuid"]: (1.0 if i["processes"] > 0 else 0.0) for i in state["instances"]}
+
+    def close(self) -> None:
+        return None
+
+    # ---------------------------------------------------------------------------------------------
+    # What only a simulator can do (what an operator or a workload does to a real GPU)
+    # ---------------------------------------------------------------------------------------------
+
+    def start_process(self, gpu_uuid: str, mig_uuid: str | None = None) -> None:
+        """A process (an engine) opens the MIG device `mig_uuid`, or the whole GPU when None."""
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._advance_energy(row, state)
+            if mig_uuid is None:
+                state["gpu_processes"] += 1
+                return
+            for inst in state["instances"]:
+                if inst["uuid"] == mig_uuid:
+                    inst["processes"] += 1
+                    return
+            raise NotFoundError(f"no MIG device {mig_uuid}")
+
+    def stop_process(self, gpu_uuid: str, mig_uuid: str | None = None) -> None:
+        """The process started by `start_process` exits."""
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._advance_energy(row, state)
+            if mig_uuid is None:
+                state["gpu_processes"] = max(0, state["gpu_processes"] - 1)
+                return
+            for inst in state["instances"]:
+                if inst["uuid"] == mig_uuid:
+                    inst["processes"] = max(0, inst["processes"] - 1)
+                    return
+            raise NotFoundError(f"no MIG device {mig_uuid}")
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        """`nvidia-smi -r`: applies a pending MIG mode change and drops every GI/CI; IN_USE when busy."""
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            if state["gpu_processes"] > 0 or any(i["processes"] > 0 for i in state["instances"]):
+                raise InUseError("GPU reset refused: processes run on the GPU")
+            self._advance_energy(row, state)
+            if state["pending"] is not None:
+                row.mig_enabled = bool(state["pending"])
+                state["pending"] = None
+            state["instances"] = []
