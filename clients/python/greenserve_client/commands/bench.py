@@ -13,6 +13,7 @@ import sys
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "simulator": ("greenserve.simulator.bench:main", "virtual-time replay speed and latency percentiles"),
+    "engine-sim": ("greenserve.simulator.emulator.bench:main", "concurrent streams and tokens/s one emulated engine sustains"),
     "forecaster": ("greenserve.forecaster.bench:main", "day-ahead CI and load MAPE vs seasonal naive"),
     "router": ("greenserve.router.bench:main", "added TTFT and throughput through the router vs direct"),
     "cache-policy": ("greenserve.cache_manager.bench:policy_main", "token hit rate of FIFO/LRU/LCS/LCS+TTL"),
