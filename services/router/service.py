@@ -1,27 +1,429 @@
-"""RouterService wiring: settings, servicer and the build function the process entry point runs."""
+"""RouterService wiring: settings, the gRPC servicer, and the build function the process entry point runs.
+
+The same process serves gRPC (Generate, Route, engine management, Drain) and the OpenAI-compatible HTTP
+front on ``--http-port``; both go through one RouterCore (core.py).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+from urllib.parse import urlparse
 
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.common.app import ServiceContext
-from greenserve.common.config import DependencyAddresses, ServiceSettings
+from greenserve.common.client import ChannelConfig
+from greenserve.common.config import (
+    DEFAULT_ROUTER_HTTP_PORT,
+    MIB,
+    DependencyAddresses,
+    ServiceSettings,
+)
+from greenserve.common.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from greenserve.common.server import Registration, registration
-from greenserve.v1 import router_pb2, router_pb2_grpc
+from greenserve.router.core import CoreConfig, RouterCore
+from greenserve.router.engines import EngineState
+from greenserve.router.http_front import HttpFront
+from greenserve.router.policy import NoEngineError, PolicyConfig
+from greenserve.router.prefix_index import chain_hashes, render_chat
+from greenserve.router.upstream import (
+    RouteRequest,
+    UpstreamClientError,
+    UpstreamUnavailable,
+    chunk_text,
+    event_data,
+)
+from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
+from pydantic import Field, model_validator
 
 
 class RouterSettings(ServiceSettings, DependencyAddresses):
-    """Flags and GREENSERVE_* env vars of greenserve-router."""
+    """Flags and GREENSERVE_* env vars of greenserve-router (defaults explained in docs/router.md)."""
 
     service_name: ClassVar[str] = "router"
 
+    engines: str = Field("", description="comma-separated engine base URLs (http://host:port) routed to from start")
+    default_pool: str = Field("default", description="pool of engines given by --engines")
+    http_port: int = Field(DEFAULT_ROUTER_HTTP_PORT, ge=-1, le=65535,
+                           description="port of the OpenAI-compatible HTTP front; 0 picks a free port, -1 disables it")
+    http_host: str | None = Field(None, description="address of the HTTP front (default: --host)")
+    scrape_interval_s: float = Field(0.5, gt=0, le=60, description="seconds between /metrics scrapes of each engine")
+    stale_after_s: float = Field(2.0, gt=0, le=600, description="metrics older than this make an engine STALE")
+    health_interval_s: float = Field(1.0, gt=0, le=60, description="seconds between /health probes of each engine")
+    probe_timeout_s: float = Field(1.0, gt=0, le=60, description="timeout of one probe or scrape")
+    eject_after_failures: int = Field(3, ge=1, le=100, description="consecutive failures that eject an engine")
+    eject_base_s: float = Field(1.0, gt=0, le=600, description="first ejection time; doubles per re-ejection")
+    eject_max_s: float = Field(30.0, gt=0, le=3600, description="longest ejection time")
+    max_in_flight: int = Field(4096, ge=1, le=1_000_000,
+                               description="requests in flight above which new ones get 429 / RESOURCE_EXHAUSTED")
+    max_attempts: int = Field(3, ge=1, le=10, description="engines tried per request before the first token")
+    first_token_timeout_s: float = Field(60.0, gt=0, le=3600,
+                                         description="an attempt without a first token by then is retried elsewhere")
+    prefix_block_chars: int = Field(256, ge=16, le=65536, description="characters per prefix-hash block")
+    prefix_index_max_bytes: int = Field(64 * MIB, ge=1024, le=64 * 1024 * MIB,
+                                        description="memory cap of the whole prefix index")
+    plan_weight: float = Field(1.0, ge=0, description="weight of the plan scorer")
+    load_weight: float = Field(2.0, ge=0, description="weight of the load scorer")
+    prefix_weight: float = Field(3.0, ge=0, description="weight of the prefix-affinity scorer")
+    session_weight: float = Field(10.0, ge=0, description="weight of session stickiness")
+    bounded_load_factor: float = Field(1.25, ge=1.0, description="c of the bounded-load filter (load <= c x mean)")
+    bounded_load_slack: float = Field(8.0, ge=0, description="absolute slack of the bounded-load filter, requests")
+    max_sessions: int = Field(100_000, ge=1, description="session keys remembered (LRU)")
+    region: str = Field("", description="grid region of the engines when the fleet inventory names none")
+    fallback_ci_g_per_kwh: float | None = Field(None, ge=0, description="CI until the forecaster answers (default: data file)")
+    ci_refresh_s: float = Field(60.0, gt=0, description="seconds between CI refreshes from the forecaster")
+    default_busy_power_w: float | None = Field(None, ge=0, description="engine power when serving (default: data file)")
+    default_idle_power_w: float | None = Field(None, ge=0, description="engine idle power (default: data file)")
+    watch_plans: bool = Field(True, description="subscribe to the optimizer's WatchPlans")
+    feeds: bool = Field(True, description="send load to the forecaster and prefix accesses to the cache-manager")
+    load_feed_interval_s: float = Field(10.0, gt=0, description="load window sent to the forecaster, seconds")
+    access_feed_interval_s: float = Field(1.0, gt=0, description="seconds between access-event batches")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouterSettings:
+        # A staleness limit below two scrape intervals marks healthy engines stale between scrapes
+        # (llm-d-router #2514: 15 s refresh vs 200 ms staleness, 11-13 s added latency).
+        if self.stale_after_s < 2 * self.scrape_interval_s:
+            raise ValueError(f"stale_after_s ({self.stale_after_s:g}) must be >= 2 x scrape_interval_s "
+                             f"({self.scrape_interval_s:g})")
+        if self.eject_max_s < self.eject_base_s:
+            raise ValueError("eject_max_s must be >= eject_base_s")
+        for url in filter(None, (u.strip() for u in self.engines.split(","))):
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise ValueError(f"engines: {url!r} is not an http(s)://host:port URL")
+        return self
+
+    def core_config(self) -> CoreConfig:
+        return CoreConfig(
+            scrape_interval_s=self.scrape_interval_s, stale_after_s=self.stale_after_s,
+            health_interval_s=self.health_interval_s, probe_timeout_s=self.probe_timeout_s,
+            eject_after_failures=self.eject_after_failures, eject_base_s=self.eject_base_s,
+            eject_max_s=self.eject_max_s, max_in_flight=self.max_in_flight, max_attempts=self.max_attempts,
+            first_token_timeout_s=self.first_token_timeout_s, prefix_block_chars=self.prefix_block_chars,
+            prefix_index_max_bytes=self.prefix_index_max_bytes,
+            policy=PolicyConfig(self.plan_weight, self.load_weight, self.prefix_weight, self.session_weight,
+                                self.bounded_load_factor, self.bounded_load_slack, self.max_sessions),
+            default_pool=self.default_pool, region=self.region, fallback_ci_g_per_kwh=self.fallback_ci_g_per_kwh,
+            ci_refresh_s=self.ci_refresh_s, default_busy_power_w=self.default_busy_power_w,
+            default_idle_power_w=self.default_idle_power_w, watch_plans=self.watch_plans, feeds=self.feeds,
+            load_feed_interval_s=self.load_feed_interval_s, access_feed_interval_s=self.access_feed_interval_s,
+        )
+
+    def channel_config(self, address: str) -> ChannelConfig:
+        return ChannelConfig(address=address, token=self.token(), tls_ca=self.tls_ca,
+                             tls_cert=self.tls_cert if self.tls_client_ca else None,
+                             tls_key=self.tls_key if self.tls_client_ca else None)
+
+
+_ROLES = {
+    router_pb2.CHAT_ROLE_SYSTEM: "system",
+    router_pb2.CHAT_ROLE_USER: "user",
+    router_pb2.CHAT_ROLE_ASSISTANT: "assistant",
+    router_pb2.CHAT_ROLE_TOOL: "tool",
+}
+
+
+def _finite(field: str, value: float, lo: float, hi: float) -> float:
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise InvalidArgument(field, f"must be a finite number in [{lo:g}, {hi:g}], got {value!r}")
+    return value
+
+
+def describe(desc: router_pb2.RequestDescriptor, field: str = "request") -> tuple[str, str, list[dict[str, str]] | None]:
+    """(path, prompt text, chat messages or None) of a request descriptor; InvalidArgument when malformed."""
+    which = desc.WhichOneof("input")
+    if which == "chat":
+        if not desc.chat.messages:
+            raise InvalidArgument(f"{field}.chat.messages", "must hold at least one message")
+        messages = []
+        for i, m in enumerate(desc.chat.messages):
+            role = _ROLES.get(m.role)
+            if role is None:
+                raise InvalidArgument(f"{field}.chat.messages[{i}].role", "must be SYSTEM, USER, ASSISTANT or TOOL")
+            messages.append({"role": role, "content": m.content})
+        return "/v1/chat/completions", render_chat((m["role"], m["content"]) for m in messages), messages
+    if which == "completion":
+        return "/v1/completions", desc.completion.prompt, None
+    raise InvalidArgument(f"{field}.input", "set chat or completion")
+
+
+def _body(request: router_pb2.GenerateRequest, messages: list[dict[str, str]] | None, prompt: str) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {"model": request.request.model, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if messages is not None:
+        body["messages"] = messages
+    else:
+        body["prompt"] = prompt
+    if s.max_tokens:
+        body["max_tokens"] = s.max_tokens
+    if s.HasField("temperature"):
+        body["temperature"] = _finite("sampling.temperature", s.temperature, 0.0, 2.0)
+    if s.HasField("top_p"):
+        body["top_p"] = _finite("sampling.top_p", s.top_p, 0.0, 1.0)
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.HasField("seed"):
+        body["seed"] = s.seed
+    if request.request.session_key:
+        body["user"] = request.request.session_key
+    return body
+
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
-    """greenserve.v1.RouterService. RPCs not defined here answer UNIMPLEMENTED (the generated base)."""
+    """greenserve.v1.RouterService on top of RouterCore."""
 
-    def __init__(self, ctx: ServiceContext) -> None:
+    def __init__(self, ctx: ServiceContext, core: RouterCore) -> None:
         self.ctx = ctx
+        self.core = core
+        self.http: HttpFront | None = None
+
+    # -- request path ---------------------------------------------------------------------------------
+
+    async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[router_pb2.GenerateResponse]:
+        core = self.core
+        path, prompt, messages = describe(request.request)
+        body = _body(request, messages, prompt)
+        request_id = request.request_id or uuid.uuid4().hex
+        hashes = chain_hashes(prompt, core.config.prefix_block_chars)
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        if not core.admit():
+            core.count_failure("grpc", "rejected")
+            raise ResourceExhausted(f"router at its in-flight limit ({core.config.max_in_flight}); retry later")
+        dispatcher = core.dispatcher
+        assert dispatcher is not None
+        call = None
+        finished = False
+        try:
+            try:
+                call = await dispatcher.open(RouteRequest(path, body, request.request.pool, request.request.model,
+                                                          request.request.session_key, hashes, True, deadline))
+            except UpstreamUnavailable as exc:
+                core.count_failure("grpc", "unavailable")
+                raise Unavailable(str(exc)) from None
+            except UpstreamClientError as exc:
+                core.count_failure("grpc", "client_error")
+                raise InvalidArgument("request", _engine_message(exc.body)) from None
+            engine_id = call.engine.id
+            first = True
+            usage: dict[str, Any] | None = None
+            reason = call.finish_reason or ""
+            for ev in call.head_events:
+                text, r, u = _parse_event(ev)
+                usage = u or usage
+                reason = r or reason
+                if text:
+                    yield router_pb2.GenerateResponse(request_id=request_id, text_delta=text,
+                                                      engine_id=engine_id if first else "")
+                    first = False
+            done = call.done
+            if not done:
+                async for batch in dispatcher.events(call):
+                    for ev in batch:
+                        data = event_data(ev)
+                        if data == b"[DONE]":
+                            call.done = done = True
+                            break
+                        text, r, u = _parse_event(ev)
+                        if u:
+                            usage = u
+                        if r:
+                            reason = r
+                        if text or r:
+                            call.events += 1
+                        if text:
+                            yield router_pb2.GenerateResponse(request_id=request_id, text_delta=text,
+                                                              engine_id=engine_id if first else "")
+                            first = False
+            if not call.done:
+                core.registry.record_failure(call.engine, time.monotonic(), "stream cut after first token")
+                core.count_failure("grpc", "upstream_cut")
+                raise Unavailable(f"engine {engine_id} stopped mid-stream; the partial output was sent")
+            call.usage = usage or call.usage
+            acc = dispatcher.finish(call, aborted=False)
+            finished = True
+            receipt = core.finish(call, "grpc", acc, len(prompt))
+            yield router_pb2.GenerateResponse(request_id=request_id, finish_reason=reason or "stop",
+                                              receipt=receipt.to_proto(), engine_id=engine_id if first else "")
+        finally:
+            if call is not None and not finished:
+                dispatcher.finish(call, aborted=True)
+            core.release()
+
+    async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
+                    ) -> router_pb2.RouteResponse:
+        core = self.core
+        _, prompt, _ = describe(request.request)
+        hashes = chain_hashes(prompt, core.config.prefix_block_chars)
+        d = request.request
+        try:
+            decision = core.policy.choose(d.pool, d.model, hashes, d.session_key, explain=True)
+        except NoEngineError as exc:
+            raise Unavailable(str(exc)) from None
+        if hashes:
+            core.index.insert(decision.engine.id, hashes)
+        tokens = int(decision.matched_blocks * core.config.prefix_block_chars / core.chars_per_token)
+        return router_pb2.RouteResponse(
+            engine=decision.engine.to_proto(time.monotonic(), core.config.stale_after_s), reason=decision.reason,
+            plan_version=decision.plan_version, expected_cached_prompt_tokens=tokens)
+
+    # -- engines --------------------------------------------------------------------------------------
+
+    async def RegisterEngine(self, request: router_pb2.RegisterEngineRequest, context: grpc.aio.ServicerContext
+                             ) -> router_pb2.RegisterEngineResponse:
+        e = request.engine
+        for name in ("id", "url", "pool", "model"):
+            if not getattr(e, name):
+                raise InvalidArgument(f"engine.{name}", "is required")
+        if len(e.id) > 64:
+            raise InvalidArgument("engine.id", "must be at most 64 characters")
+        parsed = urlparse(e.url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise InvalidArgument("engine.url", f"must be an http(s)://host:port URL, got {e.url!r}")
+        for name in ("idle_power_w", "busy_power_w"):
+            _finite(f"engine.{name}", getattr(e, name), 0.0, 1e6)
+        other = self.core.registry.by_url(e.url.rstrip("/"))
+        if other is not None and other.id != e.id:
+            raise InvalidArgument("engine.url", f"already registered as engine {other.id!r}")
+        state = EngineState(id=e.id, url=e.url.rstrip("/"), pool=e.pool, model=e.model,
+                            kind=e.kind or common_pb2.ENGINE_KIND_VLLM, gpu_uuid=e.gpu_uuid, mig_uuid=e.mig_uuid,
+                            idle_power_w=e.idle_power_w, busy_power_w=e.busy_power_w, source="rpc")
+        stored, created = await asyncio.to_thread(self.core.add_engine, state)
+        return router_pb2.RegisterEngineResponse(
+            engine=stored.to_proto(time.monotonic(), self.core.config.stale_after_s), created=created)
+
+    async def DeregisterEngine(self, request: router_pb2.DeregisterEngineRequest, context: grpc.aio.ServicerContext
+                               ) -> router_pb2.DeregisterEngineResponse:
+        if not request.engine_id:
+            raise InvalidArgument("engine_id", "is required")
+        if self.core.registry.get(request.engine_id) is None:
+            raise NotFound(f"engine {request.engine_id!r} is not registered", field="engine_id")
+        await asyncio.to_thread(self.core.delete_engine_row, request.engine_id)
+        self.core.registry.remove(request.engine_id)
+        return router_pb2.DeregisterEngineResponse()
+
+    async def ListEngines(self, request: router_pb2.ListEnginesRequest, context: grpc.aio.ServicerContext
+                          ) -> router_pb2.ListEnginesResponse:
+        now = time.monotonic()
+        stale = self.core.config.stale_after_s
+        out = []
+        for e in sorted(self.core.registry.engines.values(), key=lambda x: x.id):
+            if request.pool and e.pool != request.pool:
+                continue
+            status = router_pb2.EngineStatus(
+                engine=e.to_proto(now, stale), running_requests=int(e.running), waiting_requests=int(e.waiting),
+                router_in_flight_requests=e.in_flight, kv_cache_usage_fraction=e.kv_usage_fraction,
+                consecutive_failures=e.consecutive_failures)
+            if e.metrics_wall_s:
+                ts = Timestamp()
+                ts.FromNanoseconds(int(e.metrics_wall_s * 1e9))
+                status.metrics_scraped_at.CopyFrom(ts)
+            out.append(status)
+        return router_pb2.ListEnginesResponse(engines=out)
+
+    def _known(self, ids: list[str]) -> list[str]:
+        if not ids:
+            raise InvalidArgument("engine_ids", "must name at least one engine")
+        for i, engine_id in enumerate(ids):
+            if self.core.registry.get(engine_id) is None:
+                raise NotFound(f"engine {engine_id!r} is not registered", field=f"engine_ids[{i}]")
+        return ids
+
+    async def Drain(self, request: router_pb2.DrainRequest, context: grpc.aio.ServicerContext
+                    ) -> router_pb2.DrainResponse:
+        ids = self._known(list(request.engine_ids))
+        timeout = request.timeout_s
+        if not math.isfinite(timeout) or timeout < 0:
+            raise InvalidArgument("timeout_s", f"must be a finite number >= 0, got {timeout!r}")
+        if request.wait and timeout == 0:
+            timeout = 600.0
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, max(0.0, remaining - 0.05))
+        idle, busy = await self.core.drain(ids, request.wait, timeout)
+        return router_pb2.DrainResponse(idle_engine_ids=idle, busy_engine_ids=busy)
+
+    async def Undrain(self, request: router_pb2.UndrainRequest, context: grpc.aio.ServicerContext
+                      ) -> router_pb2.UndrainResponse:
+        await self.core.undrain(self._known(list(request.engine_ids)))
+        return router_pb2.UndrainResponse()
 
 
-def build(ctx: ServiceContext) -> list[Registration]:
-    return [registration(router_pb2, router_pb2_grpc, "RouterService", RouterServicer(ctx))]
+def _parse_event(ev: bytes) -> tuple[str, str | None, dict[str, Any] | None]:
+    data = event_data(ev)
+    if data is None or data == b"[DONE]":
+        return "", None, None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return "", None, None
+    if not isinstance(obj, dict):
+        return "", None, None
+    choices = obj.get("choices") or ()
+    reason = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
+    return chunk_text(obj), reason, obj.get("usage") or None
+
+
+def _engine_message(body: bytes) -> str:
+    try:
+        err = json.loads(body).get("error", {})
+        return f"engine rejected the request: {err.get('message', body[:200].decode(errors='replace'))}"
+    except (ValueError, AttributeError):
+        return f"engine rejected the request: {body[:200].decode(errors='replace')}"
+
+
+class _QuietRequestPath(logging.Filter):
+    """Drops the runtime's per-RPC INFO line for successful Generate/Route calls: one log line per
+    request on the request path costs more than the routing itself. Failures and every other RPC are
+    still logged."""
+
+    _METHODS = ("/greenserve.v1.RouterService/Generate", "/greenserve.v1.RouterService/Route")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and getattr(record, "rpc_method", "") in self._METHODS
+                    and getattr(record, "code", "") == "OK")
+
+
+_QUIET = _QuietRequestPath()
+
+
+async def build(ctx: ServiceContext) -> list[Registration]:
+    if _QUIET not in logging.getLogger("greenserve.server").filters:
+        logging.getLogger("greenserve.server").addFilter(_QUIET)
+    settings = ctx.settings
+    assert isinstance(settings, RouterSettings)
+    channels = {
+        "forecaster": settings.channel_config(settings.forecaster_addr),
+        "cache_manager": settings.channel_config(settings.cache_manager_addr),
+        "optimizer": settings.channel_config(settings.optimizer_addr),
+    }
+    core = RouterCore(settings.core_config(), ctx.db, ctx.telemetry.meter, channels)
+    await core.start([u.strip() for u in settings.engines.split(",") if u.strip()])
+    servicer = RouterServicer(ctx, core)
+    ctx.on_stop.append(core.stop)
+    if settings.http_port >= 0:
+        front = HttpFront(core, settings.http_host or settings.host, settings.http_port,
+                          max_body_bytes=settings.max_message_bytes)
+        try:
+            await front.start()
+        except OSError:
+            await core.stop()
+            raise
+        servicer.http = front
+        ctx.on_stop.insert(0, front.stop)
+    return [registration(router_pb2, router_pb2_grpc, "RouterService", servicer)]

@@ -1,0 +1,465 @@
+"""``greenserve bench router``: added TTFT and throughput through the router vs straight to the engines.
+
+Processes (so that they do not share the router's core): ``--engines`` emulated engines (the
+simulator's ``greenserve-engine-sim``, one process each), the router (``python -m greenserve.router``,
+uvloop), optionally ``vllm-router`` (PyPI ``vllm-router``, Rust, installed into ``.venv-vllm-router`` at
+the repository root when missing; skipped with the reason when it cannot be installed or started), and a
+load generator in a process of its own per run.
+
+At each concurrency level the load generator keeps that many streams open in a closed loop (each
+worker sends its next request when the previous one ends) against, in turn: the engines directly
+(requests spread round-robin by the client), the router over HTTP, the router over gRPC (Generate), and
+vllm-router over HTTP. TTFT is the time from sending a request to its first body bytes (completions
+send no bytes before the first token, through any of these paths); E2E is to the end of the stream.
+
+Added TTFT = TTFT percentile through a router - the same percentile direct, at the same level. It is a
+difference of two runs, so the emulated engines' own TTFT variance shows in it (it can come out
+negative). The router also measures itself: ``router_overhead_p50_ms_le``/``_p99_ms_le`` are the upper
+bounds of the buckets of its ``greenserve_router_overhead_seconds`` histogram (arrival to first byte
+written, minus the engine's time to first token) that hold the 50th/99th percentile over the run. The last
+line is one JSON object; ``added_ttft_p50_ms``/``added_ttft_p99_ms``/``concurrency`` are for 256
+streams over HTTP (or the largest level run when 256 is not), ``max_rps`` is the router's best HTTP
+throughput over the levels, ``levels`` holds every (level, target) and ``peers`` vllm-router's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_ROUTER_VERSION = "0.1.17"
+
+
+def _log(msg: str) -> None:
+    print(f"[bench router] {msg}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = min(len(v) - 1, max(0, round(q / 100.0 * (len(v) - 1))))
+    return v[k]
+
+
+# ------------------------------------------------------------------------------------------------------
+# load generator (runs in its own process)
+# ------------------------------------------------------------------------------------------------------
+
+
+async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    concurrency = cfg["concurrency"]
+    total = cfg["requests"]
+    ttfts: list[float] = []
+    e2es: list[float] = []
+    errors = 0
+    counter = {"next": 0}
+    prompt_base = cfg["prompt"]
+    body_tpl = {"model": cfg["model"], "max_tokens": cfg["max_tokens"], "stream": True}
+
+    def next_index() -> int | None:
+        i = counter["next"]
+        if i >= total:
+            return None
+        counter["next"] = i + 1
+        return i
+
+    if cfg["protocol"] == "grpc":
+        import grpc
+        from greenserve.v1 import router_pb2, router_pb2_grpc
+
+        channels = [grpc.aio.insecure_channel(cfg["targets"][0], options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(max(1, min(8, concurrency // 64)))]
+        stubs = [router_pb2_grpc.RouterServiceStub(c) for c in channels]
+
+        async def worker(w: int) -> None:
+            nonlocal errors
+            stub = stubs[w % len(stubs)]
+            while (i := next_index()) is not None:
+                req = router_pb2.GenerateRequest(
+                    request=router_pb2.RequestDescriptor(model=cfg["model"], completion=router_pb2.CompletionInput(
+                        prompt=f"{prompt_base} #{i}")),
+                    sampling=router_pb2.SamplingParams(max_tokens=cfg["max_tokens"]))
+                t0 = time.perf_counter()
+                first = None
+                try:
+                    async for msg in stub.Generate(req):
+                        if first is None and msg.text_delta:
+                            first = time.perf_counter()
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                    continue
+                end = time.perf_counter()
+                if first is None:
+                    errors += 1
+                    continue
+                ttfts.append(first - t0)
+                e2es.append(end - t0)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        elapsed = time.perf_counter() - start
+        for c in channels:
+            await c.close()
+    else:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+            targets = cfg["targets"]
+
+            async def worker(w: int) -> None:
+                nonlocal errors
+                while (i := next_index()) is not None:
+                    url = targets[i % len(targets)] + "/v1/completions"
+                    body = dict(body_tpl, prompt=f"{prompt_base} #{i}")
+                    t0 = time.perf_counter()
+                    first = None
+                    try:
+                        async with session.post(url, json=body) as resp:
+                            if resp.status != 200:
+                                await resp.read()
+                                errors += 1
+                                continue
+                            async for chunk in resp.content.iter_any():
+                                if first is None and chunk:
+                                    first = time.perf_counter()
+                    except (TimeoutError, aiohttp.ClientError, OSError):
+                        errors += 1
+                        continue
+                    end = time.perf_counter()
+                    if first is None:
+                        errors += 1
+                        continue
+                    ttfts.append(first - t0)
+                    e2es.append(end - t0)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(worker(w) for w in range(concurrency)))
+            elapsed = time.perf_counter() - start
+    return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed}
+
+
+def _loadgen_entry() -> None:
+    """Entry of the load-generator process: config JSON on stdin, result JSON on stdout."""
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    cfg = json.loads(sys.stdin.read())
+    result = asyncio.run(_loadgen(cfg))
+    with open(cfg["out"], "w") as fh:  # a file, not a pipe: thousands of samples make a large object
+        json.dump(result, fh)
+
+
+def _run_load(cfg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    code = "from greenserve.router.bench import _loadgen_entry; _loadgen_entry()"
+    with tempfile.TemporaryDirectory(prefix="gs-loadgen-") as tmp:
+        out = Path(tmp) / "result.json"
+        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps({**cfg, "out": str(out)}),
+                              capture_output=True, text=True, timeout=timeout_s, env=_env(), check=False)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"load generator failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    ttft = [t * 1000 for t in res["ttfts"]]
+    e2e = [t * 1000 for t in res["e2es"]]
+    return {
+        "requests": len(ttft), "errors": res["errors"],
+        "ttft_p50_ms": round(_pct(ttft, 50), 3), "ttft_p99_ms": round(_pct(ttft, 99), 3),
+        "e2e_p50_ms": round(_pct(e2e, 50), 3), "e2e_p99_ms": round(_pct(e2e, 99), 3),
+        "rps": round(len(ttft) / res["elapsed_s"], 1) if res["elapsed_s"] > 0 else 0.0,
+    }
+
+
+def _overhead_buckets(router_http: str) -> dict[float, float]:
+    """Cumulative buckets of the router's own greenserve_router_overhead_seconds histogram."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(router_http + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "greenserve_router_overhead_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    out[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def _bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """Upper bound (ms) of the bucket holding quantile q of the observations between two readings."""
+    les = sorted(after)
+    deltas = [after[le] - before.get(le, 0.0) for le in les]
+    if not deltas or deltas[-1] <= 0:
+        return None
+    target = q / 100.0 * deltas[-1]
+    for le, cum in zip(les, deltas):
+        if cum >= target:
+            return le * 1000.0
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------
+# processes under test
+# ------------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GREENSERVE_")}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    return env
+
+
+class _Procs:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def add(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _start_engine(procs: _Procs, args: argparse.Namespace) -> str:
+    cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--port", "0", "--time-scale", str(args.time_scale),
+           "--max-num-seqs", str(args.max_num_seqs)]
+    if args.model:
+        cmd += ["--model", args.model]
+    proc = procs.add(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if "listening on" not in line:
+        raise RuntimeError(f"engine emulator did not start: {line!r}")
+    return line.strip().rsplit(" ", 1)[-1]
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except Exception as exc:  # noqa: BLE001
+            last = str(exc)
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s:g}s ({last})")
+
+
+def _start_router(procs: _Procs, engines: list[str], data_dir: str) -> tuple[str, str]:
+    grpc_port, http_port = _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "greenserve.router", "--host", "127.0.0.1", "--port", str(grpc_port),
+           "--http-port", str(http_port), "--engines", ",".join(engines), "--data-dir", data_dir,
+           "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000"]
+    log_file = open(Path(data_dir) / "router.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = procs.add(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
+    url = f"http://127.0.0.1:{http_port}"
+    _wait_http(url + "/health", 60, proc)
+    return url, f"127.0.0.1:{grpc_port}"
+
+
+def _vllm_router_bin(install: bool) -> tuple[Path | None, str]:
+    venv = REPO / ".venv-vllm-router"
+    exe = venv / "bin" / "vllm-router"
+    if exe.exists():
+        return exe, ""
+    if not install:
+        return None, "not installed and --no-install-peer given"
+    _log(f"installing vllm-router=={VLLM_ROUTER_VERSION} into {venv.name} ...")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"vllm-router=={VLLM_ROUTER_VERSION}"],
+                       check=True, capture_output=True, timeout=600)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        shutil.rmtree(venv, ignore_errors=True)
+        return None, f"pip install vllm-router=={VLLM_ROUTER_VERSION} failed: {str(exc)[:200]} {detail[-300:]!r}"
+    return (exe, "") if exe.exists() else (None, "vllm-router installed but its executable is missing")
+
+
+def _start_vllm_router(procs: _Procs, exe: Path, engines: list[str], data_dir: str) -> str:
+    port = _free_port()
+    cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
+           "--policy", "round_robin", "--log-level", "warning", "--disable-retries"]
+    log_file = open(Path(data_dir) / "vllm-router.log", "wb")  # noqa: SIM115
+    proc = procs.add(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url + "/health", 60, proc)
+    return url
+
+
+# ------------------------------------------------------------------------------------------------------
+# main
+# ------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str], prog: str = "greenserve bench router") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
+    p.add_argument("--quick", action="store_true", help="smoke test: levels 1 and 8, few requests, no peer")
+    p.add_argument("--levels", default=None, help="concurrency levels, comma-separated (default 1,16,64,256,1000)")
+    p.add_argument("--requests-per-stream", type=int, default=4, help="requests each stream sends per run")
+    p.add_argument("--min-requests", type=int, default=None, help="at least this many requests per run (default 200)")
+    p.add_argument("--engines", type=int, default=2, help="emulated engines (processes)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1 = modelled real time)")
+    p.add_argument("--max-num-seqs", type=int, default=1024, help="emulated engines' --max-num-seqs")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
+    p.add_argument("--prompt-chars", type=int, default=1024, help="prompt length in characters")
+    p.add_argument("--model", default=None, help="served model name of the emulated engines")
+    p.add_argument("--protocols", default="http,grpc", help="router protocols to measure")
+    p.add_argument("--no-peer", action="store_true", help="skip vllm-router")
+    p.add_argument("--no-install-peer", action="store_true", help="use .venv-vllm-router only if it exists")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests_per_stream, args.no_peer = 2, True
+    if args.levels is None:
+        args.levels = "1,8" if args.quick else "1,16,64,256,1000"
+    if args.min_requests is None:
+        args.min_requests = 20 if args.quick else 200
+    if args.min_requests < 1:
+        p.error("--min-requests: must be >= 1")
+    try:
+        levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    except ValueError:
+        p.error("--levels: comma-separated integers expected")
+    if not levels or min(levels) < 1:
+        p.error("--levels: every level must be >= 1")
+    protocols = [x.strip() for x in args.protocols.split(",") if x.strip()]
+    if set(protocols) - {"http", "grpc"}:
+        p.error("--protocols: http and/or grpc")
+
+    procs = _Procs()
+    data_dir = tempfile.mkdtemp(prefix="gs-bench-router-")
+    result: dict[str, Any] = {}
+    try:
+        _log(f"starting {args.engines} emulated engine(s)")
+        engines = [_start_engine(procs, args) for _ in range(args.engines)]
+        for url in engines:
+            _wait_http(url + "/health", 30)
+        import urllib.request
+
+        with urllib.request.urlopen(engines[0] + "/v1/models", timeout=5) as resp:
+            model = json.loads(resp.read())["data"][0]["id"]
+        _log("starting the router")
+        router_http, router_grpc = _start_router(procs, engines, data_dir)
+        peer_url, peer_reason = None, ""
+        if not args.no_peer:
+            exe, peer_reason = _vllm_router_bin(not args.no_install_peer)
+            if exe is not None:
+                try:
+                    peer_url = _start_vllm_router(procs, exe, engines, data_dir)
+                except (RuntimeError, OSError) as exc:
+                    peer_reason = f"vllm-router did not start: {exc}"
+        else:
+            peer_reason = "skipped (--no-peer or --quick)"
+        prompt = ("You are a helpful assistant answering questions about carbon-aware serving. " * 64)[
+            : args.prompt_chars]
+        base = {"model": model, "max_tokens": args.max_tokens, "prompt": prompt}
+        targets: list[tuple[str, str, dict[str, Any]]] = [("direct", "http", {"targets": engines})]
+        if "http" in protocols:
+            targets.append(("router", "http", {"targets": [router_http]}))
+        if "grpc" in protocols:
+            targets.append(("router", "grpc", {"targets": [router_grpc]}))
+        if peer_url:
+            targets.append(("vllm-router", "http", {"targets": [peer_url]}))
+        # warm-up: connections, JIT-free but caches and pools
+        for name, proto, t in targets:
+            _run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16}, 120)
+        rows: list[dict[str, Any]] = []
+        for level in levels:
+            n = max(args.min_requests, level * args.requests_per_stream)
+            direct: dict[str, Any] | None = None
+            for name, proto, t in targets:
+                _log(f"level {level}: {name} over {proto} ({n} requests)")
+                own = name == "router" and proto == "http"
+                before = _overhead_buckets(router_http) if own else {}
+                summary = _summary(_run_load({**base, **t, "protocol": proto, "concurrency": level, "requests": n},
+                                             600))
+                row = {"target": name, "protocol": proto, "concurrency": level, **summary}
+                if own:
+                    after = _overhead_buckets(router_http)
+                    row["router_overhead_p50_ms_le"] = _bucket_quantile(before, after, 50)
+                    row["router_overhead_p99_ms_le"] = _bucket_quantile(before, after, 99)
+                if name == "direct":
+                    direct = summary
+                elif direct is not None:
+                    row["added_ttft_p50_ms"] = round(summary["ttft_p50_ms"] - direct["ttft_p50_ms"], 3)
+                    row["added_ttft_p99_ms"] = round(summary["ttft_p99_ms"] - direct["ttft_p99_ms"], 3)
+                    row["added_e2e_p50_ms"] = round(summary["e2e_p50_ms"] - direct["e2e_p50_ms"], 3)
+                rows.append(row)
+                _log(json.dumps(row))
+        ours = [r for r in rows if r["target"] == "router" and r["protocol"] == "http"] or \
+            [r for r in rows if r["target"] == "router"]
+        head = next((r for r in ours if r["concurrency"] == 256), ours[-1] if ours else None)
+        peer_rows = [r for r in rows if r["target"] == "vllm-router"]
+        peer_head = next((r for r in peer_rows if r["concurrency"] == 256), peer_rows[-1] if peer_rows else None)
+        result = {
+            "added_ttft_p50_ms": head["added_ttft_p50_ms"] if head else None,
+            "added_ttft_p99_ms": head["added_ttft_p99_ms"] if head else None,
+            "concurrency": head["concurrency"] if head else None,
+            "protocol": head["protocol"] if head else None,
+            "max_rps": max((r["rps"] for r in ours), default=None),
+            "router_overhead_p50_ms_le": head.get("router_overhead_p50_ms_le") if head else None,
+            "router_overhead_p99_ms_le": head.get("router_overhead_p99_ms_le") if head else None,
+            "direct_max_rps": max((r["rps"] for r in rows if r["target"] == "direct"), default=None),
+            "levels": rows,
+            "peers": {"vllm-router": (
+                {"version": VLLM_ROUTER_VERSION, "policy": "round_robin",
+                 "added_ttft_p50_ms": peer_head["added_ttft_p50_ms"], "added_ttft_p99_ms": peer_head["added_ttft_p99_ms"],
+                 "concurrency": peer_head["concurrency"], "max_rps": max(r["rps"] for r in peer_rows)}
+                if peer_head else {"skipped": peer_reason or "not run"})},
+            "setup": {"engines": args.engines, "time_scale": args.time_scale, "max_tokens": args.max_tokens,
+                      "prompt_chars": args.prompt_chars, "cpu_count": os.cpu_count(), "model": model,
+                      "quick": args.quick},
+        }
+    except Exception as exc:  # noqa: BLE001 - the bench reports its failure as JSON too
+        _log(f"failed: {exc}")
+        print(json.dumps({"error": str(exc), **result}))
+        return 1
+    finally:
+        procs.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

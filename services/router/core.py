@@ -1,0 +1,367 @@
+"""RouterCore: the router's parts wired together, shared by the gRPC servicer and the HTTP front.
+
+It owns the engine registry, the prefix index, the plan store and watcher, the routing policy, the
+dispatcher with its pooled session, the engine monitor, the CI cache, the feeds and the metrics, and
+does the bookkeeping of a finished request (receipt, OTel metrics, feeds) in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from greenserve.common import carbon
+from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.persistence import Database, utcnow
+from greenserve.router import models
+from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.feeds import AccessFeed, LoadFeed
+from greenserve.router.monitor import EngineMonitor
+from greenserve.router.plans import PlanStore, PlanWatcher
+from greenserve.router.policy import PolicyConfig, RoutingPolicy
+from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.receipt import (
+    CarbonIntensityCache,
+    CarbonSettings,
+    Measurement,
+    Receipt,
+    ReceiptMetrics,
+    compute_receipt,
+    load_router_defaults,
+)
+from greenserve.router.upstream import Call, Dispatcher, make_session
+from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+log = logging.getLogger("greenserve.router")
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Everything RouterCore needs from the settings (see service.RouterSettings for meanings)."""
+
+    scrape_interval_s: float = 0.5
+    stale_after_s: float = 2.0
+    health_interval_s: float = 1.0
+    probe_timeout_s: float = 1.0
+    eject_after_failures: int = 3
+    eject_base_s: float = 1.0
+    eject_max_s: float = 30.0
+    max_in_flight: int = 4096
+    max_attempts: int = 3
+    first_token_timeout_s: float = 60.0
+    prefix_block_chars: int = 256
+    prefix_index_max_bytes: int = 64 * 1024 * 1024
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    default_pool: str = "default"
+    region: str = ""
+    fallback_ci_g_per_kwh: float | None = None
+    ci_refresh_s: float = 60.0
+    default_busy_power_w: float | None = None
+    default_idle_power_w: float | None = None
+    watch_plans: bool = True
+    feeds: bool = True
+    load_feed_interval_s: float = 10.0
+    access_feed_interval_s: float = 1.0
+
+
+class RouterCore:
+    """See the module docstring."""
+
+    def __init__(self, config: CoreConfig, db: Database | None, meter: Any,
+                 channels: dict[str, ChannelConfig] | None = None) -> None:
+        self.config = config
+        self.db = db
+        defaults = load_router_defaults()
+        power, carbon_d, slo, kv = defaults["power"], defaults["carbon"], defaults["slo"], defaults["kv"]
+        self.busy_power_w = config.default_busy_power_w if config.default_busy_power_w is not None else power["busy_power_w"]
+        self.idle_power_w = config.default_idle_power_w if config.default_idle_power_w is not None else power["idle_power_w"]
+        self.saturation_requests = int(power["saturation_requests"])
+        self.chars_per_token = float(kv["chars_per_token"])
+        params = carbon.load_default_params()
+        self.carbon_settings = CarbonSettings(
+            params=params, platform=params.platform(dict(carbon_d["platform"])),
+            saturation_requests=self.saturation_requests, slo_ttft_s=slo["ttft_s"], slo_tpot_s=slo["tpot_s"])
+        fallback_ci = config.fallback_ci_g_per_kwh if config.fallback_ci_g_per_kwh is not None \
+            else carbon_d["fallback_ci_g_per_kwh"]
+
+        self.index = PrefixIndex(config.prefix_index_max_bytes)
+        self.registry = EngineRegistry(HealthPolicy(config.eject_after_failures, config.eject_base_s,
+                                                    config.eject_max_s, config.stale_after_s),
+                                       on_change=self._sync_index)
+        self.plans = PlanStore(db)
+        self.policy = RoutingPolicy(self.registry, self.index, self.plans, config.policy)
+        self.monitor = EngineMonitor(self.registry, scrape_interval_s=config.scrape_interval_s,
+                                     health_interval_s=config.health_interval_s, probe_timeout_s=config.probe_timeout_s)
+        channels = channels or {}
+        self._channels: list[grpc.aio.Channel] = []
+        forecaster = self._channel(channels.get("forecaster"))
+        cache_manager = self._channel(channels.get("cache_manager"))
+        self._optimizer = self._channel(channels.get("optimizer")) if config.watch_plans else None
+        self.ci = CarbonIntensityCache(fallback_ci, forecaster, config.ci_refresh_s)
+        self.load_feed = LoadFeed(forecaster if config.feeds else None, config.load_feed_interval_s)
+        self.access_feed = AccessFeed(cache_manager if config.feeds else None, config.access_feed_interval_s,
+                                      bytes_per_token=int(kv["bytes_per_token"]))
+        self.watcher = PlanWatcher(self.plans, self._optimizer, self._on_plan) if self._optimizer is not None else None
+        self.receipt_metrics = ReceiptMetrics(meter)
+        self.dispatcher: Dispatcher | None = None
+        self.in_flight = 0
+        self.rejected = 0
+        self._idle_waiters: dict[str, asyncio.Event] = {}
+        self.prom = CollectorRegistry()
+        self._prom_requests = Counter("greenserve_router_requests", "requests finished", ["protocol", "outcome"],
+                                      registry=self.prom)
+        self._prom_ttft = Histogram("greenserve_router_ttft_seconds", "time to first token through the router",
+                                    buckets=(.005, .01, .025, .05, .1, .2, .5, 1, 2, 5, 10, 30), registry=self.prom)
+        self.prom_overhead = Histogram(
+            "greenserve_router_overhead_seconds",
+            "time the router adds before a request's first token leaves it: (arrival to first byte written) minus "
+            "(request sent upstream to first token received); first-attempt requests only",
+            buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1), registry=self.prom)
+        self._prom_carbon = Counter("greenserve_router_carbon_grams", "gCO2e of finished requests", registry=self.prom)
+        Gauge("greenserve_router_in_flight", "requests in flight", registry=self.prom).set_function(
+            lambda: self.in_flight)
+        Gauge("greenserve_router_plan_version", "plan version in force", registry=self.prom).set_function(
+            lambda: self.plans.version)
+        Gauge("greenserve_router_prefix_index_bytes", "estimated prefix index memory", registry=self.prom
+              ).set_function(self.index.estimated_bytes)
+        Gauge("greenserve_router_feed_dropped", "feed items dropped", ["feed"], registry=self.prom)
+        self._feed_gauge = self.prom._names_to_collectors["greenserve_router_feed_dropped"]
+        self._feed_gauge.labels("load").set_function(lambda: self.load_feed.dropped)  # type: ignore[attr-defined]
+        self._feed_gauge.labels("access").set_function(lambda: self.access_feed.dropped)  # type: ignore[attr-defined]
+        Gauge("greenserve_router_retries", "requests retried on another engine before the first token",
+              registry=self.prom).set_function(lambda: self.dispatcher.retries if self.dispatcher else 0)
+        Gauge("greenserve_router_rejected", "requests refused at the in-flight limit",
+              registry=self.prom).set_function(lambda: self.rejected)
+
+    def _channel(self, cfg: ChannelConfig | None) -> grpc.aio.Channel | None:
+        if cfg is None:
+            return None
+        channel = create_channel(cfg)
+        self._channels.append(channel)
+        return channel
+
+    def _sync_index(self) -> None:
+        ids = set(self.registry.engines)
+        for engine_id in list(self.index._lru):
+            if engine_id not in ids:
+                self.index.remove_engine(engine_id)
+        for engine_id in ids:
+            self.index.add_engine(engine_id)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self, engine_urls: list[str]) -> None:
+        """Loads stored engines and plan, adds the flag engines, starts the background tasks."""
+        if self.db is not None:
+            await asyncio.to_thread(self._load_stored)
+        for i, url in enumerate(engine_urls):
+            url = url.rstrip("/")
+            if self.registry.by_url(url) is None:
+                engine_id = url.split("://", 1)[-1].replace("/", "_")
+                self.add_engine(EngineState(id=engine_id, url=url, pool=self.config.default_pool, model="",
+                                            source="flag"), persist=False)
+        self.dispatcher = Dispatcher(self.registry, self.policy, self.index, make_session(),
+                                     max_attempts=self.config.max_attempts,
+                                     first_token_timeout_s=self.config.first_token_timeout_s,
+                                     saturation_requests=self.saturation_requests)
+        self.monitor.start()
+        await self._discover_models()
+        self.ci.start()
+        if self.config.feeds:
+            self.load_feed.start()
+            self.access_feed.start()
+        if self.watcher is not None:
+            self.watcher.start()
+
+    async def stop(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
+        await self.monitor.stop()
+        await self.ci.stop()
+        await self.load_feed.stop()
+        await self.access_feed.stop()
+        if self.dispatcher is not None:
+            await self.dispatcher.session.close()
+        for channel in self._channels:
+            await channel.close()
+
+    def _load_stored(self) -> None:
+        assert self.db is not None
+        with self.db.session(readonly=True) as s:
+            rows = [(r.id, r.url, r.pool, r.model, r.source, r.draining) for r in s.query(models.Engine).all()]
+        for engine_id, url, pool, model, source, draining in rows:
+            self.add_engine(EngineState(id=engine_id, url=url, pool=pool, model=model, source=source,
+                                        draining=draining), persist=False)
+        if self.plans.load_persisted():
+            log.info("routing on stored plan v%d", self.plans.version)
+
+    async def _discover_models(self) -> None:
+        """Fills in the served model of engines that were given without one (GET /v1/models)."""
+        assert self.dispatcher is not None
+        unknown = [e for e in self.registry.engines.values() if not e.model]
+
+        async def one(engine: EngineState) -> None:
+            try:
+                async with self.dispatcher.session.get(engine.url + "/v1/models", timeout=_short()) as resp:  # type: ignore[union-attr]
+                    data = await resp.json()
+                models_ = data.get("data") or []
+                if models_:
+                    engine.model = str(models_[0].get("id", ""))
+            except Exception:  # noqa: BLE001 - an engine down at start is found by the monitor later
+                return
+
+        if unknown:
+            await asyncio.gather(*(one(e) for e in unknown))
+            self.registry.reindex()
+
+    # -- engines ------------------------------------------------------------------------------------
+
+    def engine_defaults(self, engine: EngineState) -> EngineState:
+        if engine.busy_power_w <= 0:
+            engine.busy_power_w = self.busy_power_w
+            if engine.idle_power_w <= 0:
+                engine.idle_power_w = self.idle_power_w
+        return engine
+
+    def add_engine(self, engine: EngineState, *, persist: bool = True) -> tuple[EngineState, bool]:
+        stored, created = self.registry.upsert(self.engine_defaults(engine))
+        if persist and self.db is not None:
+            self._persist_engine(stored)
+        return stored, created
+
+    def _persist_engine(self, engine: EngineState) -> None:
+        assert self.db is not None
+        with self.db.session() as s:
+            row = s.get(models.Engine, engine.id)
+            clash = s.query(models.Engine).filter(models.Engine.url == engine.url,
+                                                  models.Engine.id != engine.id).one_or_none()
+            if clash is not None:
+                s.delete(clash)
+                s.flush()
+            if row is None:
+                s.add(models.Engine(id=engine.id, url=engine.url, pool=engine.pool, model=engine.model,
+                                    source=engine.source, registered_at=utcnow(), draining=engine.draining))
+            else:
+                row.url, row.pool, row.model, row.source, row.draining = (
+                    engine.url, engine.pool, engine.model, engine.source, engine.draining)
+
+    def persist_engine(self, engine: EngineState) -> None:
+        if self.db is not None:
+            self._persist_engine(engine)
+
+    def delete_engine_row(self, engine_id: str) -> None:
+        if self.db is None:
+            return
+        with self.db.session() as s:
+            row = s.get(models.Engine, engine_id)
+            if row is not None:
+                s.delete(row)
+
+    async def _on_plan(self, plan: common_pb2.Plan) -> None:
+        """A new plan: fetch the fleet for pool SLOs/regions and for engines the plan names but we lack."""
+        if self._optimizer is None:
+            return
+        try:
+            reply = await optimizer_pb2_grpc.OptimizerServiceStub(self._optimizer).GetFleet(
+                optimizer_pb2.GetFleetRequest(), timeout=5.0)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("fleet unavailable; plan engines not registered", extra={"code": exc.code().name})
+            return
+        self.plans.apply_fleet(reply.fleet)
+        wanted = self.plans.engine_ids()
+        for pool in reply.fleet.pools:
+            for e in pool.engines:
+                if e.id in wanted and e.url and self.registry.get(e.id) is None:
+                    state = EngineState(id=e.id, url=e.url.rstrip("/"), pool=e.pool or pool.name,
+                                        model=e.model or pool.model, kind=e.kind, gpu_uuid=e.gpu_uuid,
+                                        mig_uuid=e.mig_uuid, idle_power_w=e.idle_power_w,
+                                        busy_power_w=e.busy_power_w, source="plan")
+                    await asyncio.to_thread(self.add_engine, state)
+
+    # -- per request ------------------------------------------------------------------------------------
+
+    def admit(self) -> bool:
+        """Counts a request in unless the in-flight limit is reached."""
+        if self.in_flight >= self.config.max_in_flight:
+            self.rejected += 1
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+    def finish(self, call: Call, protocol: str, acc_end: tuple[float, float], prompt_chars: int) -> Receipt:
+        """Receipt, metrics and feeds of a request that reached its engine."""
+        now = time.monotonic()
+        engine = call.engine
+        usage = call.usage or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0) or int(prompt_chars / self.chars_per_token)
+        completion_tokens = int(usage.get("completion_tokens") or 0) or call.events
+        details = usage.get("prompt_tokens_details") or {}
+        block_tokens = self.config.prefix_block_chars / self.chars_per_token
+        matched_tokens = int(call.decision.matched_blocks * block_tokens)
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached_tokens = int(cached) if cached is not None else min(prompt_tokens, matched_tokens)
+        region = self.plans.pool_region.get(engine.pool) or self.config.region
+        m = Measurement(
+            engine_id=engine.id, pool=engine.pool, ttft_s=call.t_first - call.t0, e2e_s=now - call.t0,
+            prompt_tokens=prompt_tokens, cached_prompt_tokens=cached_tokens, completion_tokens=completion_tokens,
+            energy_j=acc_end[0] - call.acc_start[0], busy_slot_s=acc_end[1] - call.acc_start[1],
+            ci_g_per_kwh=self.ci.get(region), plan_version=call.decision.plan_version)
+        receipt = compute_receipt(m, self.carbon_settings, self.plans.pool_slo.get(engine.pool))
+        self.receipt_metrics.record(receipt, protocol)
+        self._prom_requests.labels(protocol, "ok").inc()
+        self._prom_ttft.observe(m.ttft_s)
+        self._prom_carbon.inc(receipt.total_g)
+        if self.config.feeds:
+            self.load_feed.record(engine.pool, prompt_tokens, completion_tokens)
+            total = call.decision.total_blocks
+            if total:
+                hashes = call.hashes
+                matched = call.decision.matched_blocks
+                self.access_feed.record(engine.pool, hashes[-1], hashes[matched - 1] if matched else 0,
+                                        int(total * block_tokens), matched_tokens, "")
+        return receipt
+
+    def count_failure(self, protocol: str, outcome: str) -> None:
+        self._prom_requests.labels(protocol, outcome).inc()
+
+    # -- drain --------------------------------------------------------------------------------------------
+
+    async def drain(self, engine_ids: list[str], wait: bool, timeout_s: float) -> tuple[list[str], list[str]]:
+        engines = [self.registry.engines[i] for i in engine_ids]
+        for e in engines:
+            e.draining = True
+        await asyncio.to_thread(lambda: [self.persist_engine(e) for e in engines])
+        if wait:
+            pending = [e for e in engines if e.in_flight > 0]
+            for e in pending:
+                e.idle_event = asyncio.Event()
+                if e.in_flight == 0:
+                    e.idle_event.set()
+            if pending:
+                waits = [asyncio.ensure_future(e.idle_event.wait()) for e in pending]  # type: ignore[union-attr]
+                _, not_done = await asyncio.wait(waits, timeout=timeout_s)
+                for w in not_done:
+                    w.cancel()
+        idle = [e.id for e in engines if e.in_flight == 0]
+        busy = [e.id for e in engines if e.in_flight > 0]
+        return idle, busy
+
+    async def undrain(self, engine_ids: list[str]) -> None:
+        engines = [self.registry.engines[i] for i in engine_ids]
+        for e in engines:
+            e.draining = False
+        await asyncio.to_thread(lambda: [self.persist_engine(e) for e in engines])
+
+
+def _short() -> Any:
+    import aiohttp
+
+    return aiohttp.ClientTimeout(total=2.0)

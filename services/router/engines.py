@@ -1,0 +1,251 @@
+"""The engines the router knows: registry, live load, health, ejection with half-open recovery, drain.
+
+Everything the request path reads is a plain attribute of ``EngineState`` in memory; the database is
+written only when the set of engines changes (register, deregister, drain), never per request.
+
+Health, in the spirit of Envoy's outlier detection and SGLang's thresholds (sglang PR #9198: one failed
+probe must not eject a worker):
+
+* passive: ``eject_after_failures`` consecutive failed requests or probes eject an engine for
+  ``eject_base_s``, doubling on each re-ejection up to ``eject_max_s`` (circuit open);
+* half-open: once the ejection time has passed, one request (or the next active probe) may try the
+  engine; success closes the circuit and resets the backoff, failure re-ejects it at once;
+* active: ``/health`` is probed every ``health_interval_s`` (a dead engine is found without traffic);
+* metrics: ``/metrics`` is scraped every ``scrape_interval_s``; when the last good scrape is older than
+  ``stale_after_s`` the engine is STALE: still routable (fail-open, unlike llm-d #2514), but its load
+  signal falls back to the router's own in-flight count, which is always fresh.
+
+Energy attribution (receipt.py) needs, per engine, the integral over time of power/concurrency; it is
+kept here as an O(1) accumulator updated at every request start and end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from greenserve.router.scrape import EngineMetrics
+from greenserve.v1 import common_pb2
+
+log = logging.getLogger("greenserve.router.engines")
+
+HEALTHY = common_pb2.ENGINE_STATE_HEALTHY
+DRAINING = common_pb2.ENGINE_STATE_DRAINING
+DRAINED = common_pb2.ENGINE_STATE_DRAINED
+EJECTED = common_pb2.ENGINE_STATE_EJECTED
+STALE = common_pb2.ENGINE_STATE_STALE
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """Thresholds of the health machinery (defaults documented in docs/router.md)."""
+
+    eject_after_failures: int = 3
+    eject_base_s: float = 1.0
+    eject_max_s: float = 30.0
+    stale_after_s: float = 2.0
+
+
+@dataclass(eq=False)
+class EngineState:
+    """One engine with its live state. ``load`` is what the load scorer uses."""
+
+    id: str
+    url: str
+    pool: str
+    model: str
+    kind: int = common_pb2.ENGINE_KIND_VLLM
+    gpu_uuid: str = ""
+    mig_uuid: str = ""
+    idle_power_w: float = 0.0
+    busy_power_w: float = 0.0
+    source: str = "rpc"
+    draining: bool = False
+    # live load
+    in_flight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    in_flight_at_scrape: int = 0
+    kv_usage_fraction: float = 0.0
+    metrics_at: float = 0.0  # time.monotonic() of the last good scrape; 0 = never
+    metrics_wall_s: float = 0.0  # time.time() of the same, for ListEngines
+    # health
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0  # monotonic; 0 = not ejected
+    eject_count: int = 0
+    probe_in_flight: bool = False
+    # energy accounting: integral of power/n and of n over time (see receipt.py)
+    energy_per_slot_j: float = 0.0
+    busy_slot_s: float = 0.0
+    _acc_t: float = field(default_factory=time.monotonic)
+    idle_event: asyncio.Event | None = None
+
+    # -- load -------------------------------------------------------------------------------------
+
+    def load(self, now: float, stale_after_s: float) -> float:
+        """Requests on the engine: the router's own in flight plus what others sent (from metrics)."""
+        if self.metrics_at and now - self.metrics_at <= stale_after_s:
+            others = self.running + self.waiting - self.in_flight_at_scrape
+            if others > 0:
+                return self.in_flight + others
+        return float(self.in_flight)
+
+    def apply_metrics(self, metrics: EngineMetrics, now: float) -> None:
+        self.running = metrics.running or 0.0
+        self.waiting = metrics.waiting or 0.0
+        self.kv_usage_fraction = metrics.kv_usage_fraction or 0.0
+        self.in_flight_at_scrape = self.in_flight
+        self.metrics_at = now
+        self.metrics_wall_s = time.time()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def state(self, now: float, stale_after_s: float) -> int:
+        if self.draining:
+            return DRAINED if self.in_flight == 0 else DRAINING
+        if self.ejected_until:
+            return EJECTED
+        if self.metrics_at == 0.0 or now - self.metrics_at > stale_after_s:
+            return STALE
+        return HEALTHY
+
+    def routable(self, now: float) -> bool:
+        """Eligible for a new request: not draining and either not ejected or due a half-open trial."""
+        if self.draining:
+            return False
+        if not self.ejected_until:
+            return True
+        return now >= self.ejected_until and not self.probe_in_flight
+
+    # -- energy -----------------------------------------------------------------------------------
+
+    def power_w(self, n: int, saturation_requests: int) -> float:
+        if n <= 0:
+            return 0.0
+        if self.idle_power_w <= 0.0:
+            return self.busy_power_w
+        share = min(1.0, n / saturation_requests)
+        return self.idle_power_w + (self.busy_power_w - self.idle_power_w) * share
+
+    def _advance(self, now: float, saturation_requests: int) -> None:
+        dt = now - self._acc_t
+        if dt > 0 and self.in_flight > 0:
+            self.energy_per_slot_j += self.power_w(self.in_flight, saturation_requests) / self.in_flight * dt
+            self.busy_slot_s += self.in_flight * dt
+        self._acc_t = now
+
+    def start_request(self, now: float, saturation_requests: int) -> tuple[float, float]:
+        """Counts a request in; returns the accumulators at its start."""
+        self._advance(now, saturation_requests)
+        self.in_flight += 1
+        return self.energy_per_slot_j, self.busy_slot_s
+
+    def end_request(self, now: float, saturation_requests: int) -> tuple[float, float]:
+        """Counts a request out; returns the accumulators at its end."""
+        self._advance(now, saturation_requests)
+        self.in_flight -= 1
+        if self.in_flight == 0 and self.idle_event is not None:
+            self.idle_event.set()
+        return self.energy_per_slot_j, self.busy_slot_s
+
+    def to_proto(self, now: float, stale_after_s: float) -> common_pb2.Engine:
+        return common_pb2.Engine(
+            id=self.id, url=self.url, pool=self.pool, model=self.model, kind=self.kind, gpu_uuid=self.gpu_uuid,
+            mig_uuid=self.mig_uuid, state=self.state(now, stale_after_s), idle_power_w=self.idle_power_w,
+            busy_power_w=self.busy_power_w,
+        )
+
+
+class EngineRegistry:
+    """Engines by id, with per-pool and per-model views cached for the request path."""
+
+    def __init__(self, policy: HealthPolicy, on_change: Callable[[], None] | None = None) -> None:
+        self.policy = policy
+        self.engines: dict[str, EngineState] = {}
+        self._by_pool: dict[str, list[EngineState]] = {}
+        self._by_model: dict[str, list[EngineState]] = {}
+        self._on_change = on_change
+        self.ejections = 0
+
+    def reindex(self) -> None:
+        """Rebuilds the pool/model views (after an engine's model became known)."""
+        self._reindex()
+
+    def _reindex(self) -> None:
+        by_pool: dict[str, list[EngineState]] = {}
+        by_model: dict[str, list[EngineState]] = {}
+        for engine in self.engines.values():
+            by_pool.setdefault(engine.pool, []).append(engine)
+            by_model.setdefault(engine.model, []).append(engine)
+        self._by_pool, self._by_model = by_pool, by_model
+        if self._on_change is not None:
+            self._on_change()
+
+    def upsert(self, engine: EngineState) -> tuple[EngineState, bool]:
+        """Adds an engine, or updates the static fields of a known one (live state is kept)."""
+        known = self.engines.get(engine.id)
+        if known is None:
+            self.engines[engine.id] = engine
+            self._reindex()
+            return engine, True
+        for name in ("url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "idle_power_w", "busy_power_w",
+                     "source"):
+            setattr(known, name, getattr(engine, name))
+        self._reindex()
+        return known, False
+
+    def remove(self, engine_id: str) -> EngineState | None:
+        engine = self.engines.pop(engine_id, None)
+        if engine is not None:
+            self._reindex()
+        return engine
+
+    def get(self, engine_id: str) -> EngineState | None:
+        return self.engines.get(engine_id)
+
+    def by_url(self, url: str) -> EngineState | None:
+        for engine in self.engines.values():
+            if engine.url == url:
+                return engine
+        return None
+
+    def candidates(self, pool: str, model: str) -> list[EngineState]:
+        """Engines of ``pool``, else of ``model``, else every engine (one shared pool)."""
+        if pool:
+            return self._by_pool.get(pool, [])
+        if model and model in self._by_model:
+            return self._by_model[model]
+        if model and len(self._by_model) > 1:
+            return []
+        return list(self.engines.values()) if len(self._by_model) <= 1 else []
+
+    def pools(self) -> list[str]:
+        return sorted(self._by_pool)
+
+    def models(self) -> list[str]:
+        return sorted(self._by_model)
+
+    # -- health -------------------------------------------------------------------------------------
+
+    def record_success(self, engine: EngineState) -> None:
+        if engine.consecutive_failures or engine.ejected_until:
+            if engine.ejected_until:
+                log.info("engine recovered", extra={"engine_id": engine.id})
+            engine.consecutive_failures = 0
+            engine.ejected_until = 0.0
+            engine.eject_count = 0
+        engine.probe_in_flight = False
+
+    def record_failure(self, engine: EngineState, now: float, reason: str) -> None:
+        engine.consecutive_failures += 1
+        engine.probe_in_flight = False
+        half_open = bool(engine.ejected_until) and now >= engine.ejected_until
+        if half_open or (not engine.ejected_until and engine.consecutive_failures >= self.policy.eject_after_failures):
+            backoff = min(self.policy.eject_max_s, self.policy.eject_base_s * (2 ** engine.eject_count))
+            engine.eject_count += 1
+            engine.ejected_until = now + backoff
+            self.ejections += 1
+            log.warning("engine ejected", extra={"engine_id": engine.id, "reason": reason, "for_s": backoff})

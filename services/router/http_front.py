@@ -1,0 +1,336 @@
+"""OpenAI-compatible HTTP front: ``/v1/completions``, ``/v1/chat/completions`` (JSON or SSE),
+``/v1/models``, ``/health``, ``/metrics``.
+
+Existing clients (the official ``openai`` SDK, ``vllm bench serve``, curl) talk to it exactly as to a
+vLLM server. Routing hints travel in headers: ``x-greenserve-pool`` and ``x-greenserve-session`` (or
+``x-session-id``; the body's ``user`` field is the session key otherwise).
+
+Streams are forwarded as the engine's own bytes; response headers are sent only once the first token is
+in hand, so a retry on another engine is invisible and a request no engine can serve still gets a clean
+503. The carbon receipt goes in a ``greenserve`` field of the final SSE chunk (the usage chunk when the
+client asked for usage, else the chunk with the finish reason; the router always asks the engine for
+usage and drops that chunk when the client did not want it), and in ``x-greenserve-*`` headers of
+non-streamed responses (a streamed response's headers leave before the receipt exists, so they carry
+the engine, plan version and CI in force). Limits: 429 with ``Retry-After`` at ``max_in_flight``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from typing import Any
+
+from aiohttp import web
+from greenserve.router.core import RouterCore
+from greenserve.router.prefix_index import chain_hashes, render_chat
+from greenserve.router.upstream import (
+    _RUNNING,
+    Call,
+    RouteRequest,
+    UpstreamClientError,
+    UpstreamUnavailable,
+    event_data,
+)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("greenserve.router.http")
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def _error(status: int, message: str, param: str | None = None, err_type: str = "invalid_request_error",
+           headers: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class BadRequest(Exception):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif not isinstance(part, dict):
+                raise BadRequest(f"{where}[{j}]", "must be an object")
+        return "\n".join(parts)
+    raise BadRequest(where, "must be a string or a list of content parts")
+
+
+def prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """The text whose blocks are hashed for prefix affinity (400 naming the field when malformed)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages", "must be a non-empty list")
+        pairs = []
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                raise BadRequest(f"messages[{i}]", "must be an object")
+            pairs.append((str(msg.get("role", "")), _content_text(msg.get("content"), f"messages[{i}].content")))
+        return render_chat(pairs)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, int) for p in prompt):
+            return ",".join(map(str, prompt))
+        if all(isinstance(p, str) for p in prompt):
+            return prompt[0]
+    raise BadRequest("prompt", "must be a string, a list of strings or a list of token ids")
+
+
+class HttpFront:
+    """The aiohttp server; ``start`` binds ``host:port`` (0 picks a free port) and sets ``port``."""
+
+    def __init__(self, core: RouterCore, host: str, port: int, max_body_bytes: int = 64 * 1024 * 1024) -> None:
+        self.core = core
+        self.host = host
+        self.port = port
+        app = web.Application(client_max_size=max_body_bytes)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        self.app = app
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        # handler_cancellation: a client that goes away cancels its handler at once, which closes the
+        # upstream connection, which is how vLLM learns to abort the request.
+        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"cannot bind HTTP front {self.host}:{self.port}: {exc}") from exc
+        site = web.SockSite(self._runner, sock, backlog=4096)
+        await site.start()
+        self.port = sock.getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- simple routes ----------------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "greenserve-router", "root": m,
+                 "parent": None} for m in self.core.registry.models() if m]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        routable = sum(1 for e in self.core.registry.engines.values() if e.routable(now))
+        body = {"status": "ok" if routable else "unavailable", "routable_engines": routable,
+                "engines": len(self.core.registry.engines), "plan_version": self.core.plans.version}
+        return web.json_response(body, status=200 if routable else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.core.prom), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- generation ---------------------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/completions", chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/chat/completions", chat=True)
+
+    async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+        core = self.core
+        t_arrival = time.monotonic()
+        try:
+            body = json.loads(await request.read())
+        except ValueError as exc:
+            return _error(400, f"request body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        try:
+            model = body.get("model", "")
+            if not isinstance(model, str):
+                raise BadRequest("model", "must be a string")
+            text = prompt_text(body, chat)
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadRequest("stream", "must be a boolean")
+        except BadRequest as exc:
+            return _error(400, f"{exc.param}: {exc}", exc.param)
+        headers = request.headers
+        pool = headers.get("x-greenserve-pool", "")
+        user = body.get("user")
+        session_key = headers.get("x-greenserve-session") or headers.get("x-session-id") or \
+            (user if isinstance(user, str) else "")
+        want_usage = False
+        if stream:
+            options = body.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            want_usage = bool(options.get("include_usage"))
+            options["include_usage"] = True
+            body["stream_options"] = options
+        hashes = chain_hashes(text, core.config.prefix_block_chars)
+        if not core.admit():
+            core.count_failure("http", "rejected")
+            return _error(429, f"router at its in-flight limit ({core.config.max_in_flight}); retry later",
+                          err_type="rate_limit_exceeded", headers={"Retry-After": "1"})
+        try:
+            assert core.dispatcher is not None
+            try:
+                call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream))
+            except UpstreamUnavailable as exc:
+                core.count_failure("http", "unavailable")
+                return _error(503, str(exc), err_type="service_unavailable", headers={"Retry-After": "1"})
+            except UpstreamClientError as exc:
+                core.count_failure("http", "client_error")
+                return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type or None)
+            if not stream:
+                return self._unary(call, len(text))
+            return await self._stream(request, call, want_usage, len(text), t_arrival)
+        finally:
+            core.release()
+
+    def _unary(self, call: Call, prompt_chars: int) -> web.Response:
+        core = self.core
+        acc = core.dispatcher.finish(call, aborted=False)  # type: ignore[union-attr]
+        receipt = core.finish(call, "http", acc, prompt_chars)
+        try:
+            obj = json.loads(call.body)
+            obj["greenserve"] = receipt.to_json()
+            payload = json.dumps(obj, separators=(",", ":")).encode()
+        except ValueError:
+            payload = call.body
+        return web.Response(body=payload, headers={**receipt.headers(), "Content-Type": "application/json"})
+
+    async def _stream(self, request: web.Request, call: Call, want_usage: bool, prompt_chars: int,
+                      t_arrival: float) -> web.StreamResponse:
+        core = self.core
+        dispatcher = core.dispatcher
+        assert dispatcher is not None
+        engine = call.engine
+        resp = web.StreamResponse(headers={
+            **_SSE_HEADERS, "x-greenserve-engine": engine.id,
+            "x-greenserve-plan-version": str(call.decision.plan_version),
+            "x-greenserve-ci-g-per-kwh": f"{core.ci.get(core.plans.pool_region.get(engine.pool) or core.config.region):.6g}",
+        })
+        held: list[tuple[bytes, dict[str, Any] | None]] = []
+        finished = False
+        try:
+            await resp.prepare(request)
+            out = []
+            for ev in call.head_events:
+                kind, obj = _classify(ev)
+                if kind == 0:
+                    out.append(ev)
+                elif kind == 1:
+                    held.append((ev, obj))
+            if out:
+                out.append(b"")
+                await resp.write(b"\n\n".join(out))
+            if call.attempts == 1:
+                core.prom_overhead.observe((time.monotonic() - t_arrival) - (call.t_first - call.t_sent))
+            if not call.done:
+                async for batch in dispatcher.events(call):
+                    out = []
+                    for ev in batch:
+                        if _RUNNING in ev:
+                            call.events += 1
+                            out.append(ev)
+                            continue
+                        kind, obj = _classify(ev)
+                        if kind == 2:
+                            call.done = True
+                            break
+                        if kind == 1:
+                            assert obj is not None
+                            if obj.get("usage"):
+                                call.usage = obj["usage"]
+                            if obj.get("choices"):
+                                call.events += 1
+                            held.append((ev, obj))
+                        else:
+                            if obj is not None and obj.get("choices"):
+                                call.events += 1
+                            out.append(ev)
+                    if out:
+                        out.append(b"")
+                        await resp.write(b"\n\n".join(out))
+            if not call.done:
+                # The engine went away after the first token: end with an error, never replay.
+                core.registry.record_failure(engine, time.monotonic(), "stream cut after first token")
+                dispatcher.finish(call, aborted=True)
+                core.count_failure("http", "upstream_cut")
+                err = {"error": {"message": f"engine {engine.id} stopped mid-stream", "type": "upstream_error",
+                                 "code": 502}}
+                await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+                finished = True
+                return resp
+            acc = dispatcher.finish(call, aborted=False)
+            finished = True
+            receipt = core.finish(call, "http", acc, prompt_chars)
+            await resp.write(_final_events(held, receipt.to_json(), want_usage, call))
+            await resp.write_eof()
+            return resp
+        except (ConnectionError, asyncio.CancelledError):
+            core.count_failure("http", "cancelled")
+            raise
+        finally:
+            if not finished:
+                dispatcher.finish(call, aborted=True)
+
+
+def _classify(ev: bytes) -> tuple[int, dict[str, Any] | None]:
+    """0: pass through; 1: a final chunk (finish reason or usage) to hold; 2: [DONE]."""
+    if _RUNNING in ev:
+        return 0, None
+    data = event_data(ev)
+    if data is None:
+        return 0, None
+    if data == b"[DONE]":
+        return 2, None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return 0, None
+    if not isinstance(obj, dict):
+        return 0, obj
+    choices = obj.get("choices")
+    if obj.get("usage") and not choices:
+        return 1, obj
+    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        return 1, obj
+    return 0, obj
+
+
+def _final_events(held: list[tuple[bytes, dict[str, Any] | None]], receipt: dict[str, Any], want_usage: bool,
+                  call: Call) -> bytes:
+    """The held final chunks, with the receipt on the last one the client will see, then [DONE]."""
+    keep = [(ev, obj) for ev, obj in held if want_usage or not (obj and obj.get("usage") and not obj.get("choices"))]
+    if keep:
+        _, obj = keep[-1]
+        assert obj is not None
+        obj = dict(obj)
+        obj["greenserve"] = receipt
+        keep[-1] = (b"data: " + json.dumps(obj, separators=(",", ":")).encode(), obj)
+    else:
+        extra = {"id": "", "object": "greenserve.receipt", "choices": [], "greenserve": receipt}
+        keep = [(b"data: " + json.dumps(extra, separators=(",", ":")).encode(), extra)]
+    return b"".join(ev + b"\n\n" for ev, _ in keep) + _DONE_EVENT

@@ -1,0 +1,171 @@
+"""Routing policy: filters, then a weighted sum of scorers, then the best engine (ties rotate).
+
+Filters (each fails open: when it would leave no engine, it is skipped and the fallback is counted):
+
+1. availability: not draining, not ejected (an ejected engine whose backoff has passed gets one
+   half-open trial request); when every engine is ejected, the one due back soonest is tried;
+2. plan: engines the active plan gives weight 0 in this pool;
+3. bounded load: engines whose load exceeds ``max(c x mean, mean + slack)`` (consistent hashing with
+   bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018; the absolute slack keeps affinity
+   at low load, like SGLang's balance_abs and AIBrix's delta).
+
+Scorers, each in [0, 1], weighted (defaults in docs/router.md; GIE's default profile weighs queue 2,
+kv-cache 2, prefix 3):
+
+* plan: the engine's plan weight over the largest in its pool (1 for all when there is no plan; an
+  engine the plan does not name counts as the pool's mean weight);
+* load: ``(min_load + 1) / (load + 1)``;
+* prefix: leading prompt blocks the engine is believed to hold over the prompt's blocks;
+* session: 1 for the engine the session key is stuck to (kept while it passes the filters).
+
+The cost per request is O(engines in the pool + prompt blocks), with no lock and no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from greenserve.router.engines import EngineRegistry, EngineState
+from greenserve.router.plans import PlanStore
+from greenserve.router.prefix_index import PrefixIndex
+
+
+class NoEngineError(Exception):
+    """No engine can serve the request (none registered for it, or all draining/excluded)."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Scorer weights and filter parameters."""
+
+    plan_weight: float = 1.0
+    load_weight: float = 2.0
+    prefix_weight: float = 3.0
+    session_weight: float = 10.0
+    bounded_load_factor: float = 1.25
+    bounded_load_slack: float = 8.0
+    max_sessions: int = 100_000
+
+
+@dataclass
+class Decision:
+    """The chosen engine and why."""
+
+    engine: EngineState
+    matched_blocks: int
+    total_blocks: int
+    plan_version: int
+    fallbacks: tuple[str, ...] = ()
+    reason: str = ""
+
+
+class RoutingPolicy:
+    """Chooses an engine for a request; see the module docstring."""
+
+    def __init__(self, registry: EngineRegistry, index: PrefixIndex, plans: PlanStore, config: PolicyConfig) -> None:
+        self.registry = registry
+        self.index = index
+        self.plans = plans
+        self.config = config
+        self.sessions: OrderedDict[str, str] = OrderedDict()
+        self._rotate = 0
+        self.fallback_counts: dict[str, int] = {}
+
+    def choose(
+        self,
+        pool: str,
+        model: str,
+        hashes: Sequence[int],
+        session_key: str = "",
+        exclude: frozenset[str] | set[str] = frozenset(),
+        explain: bool = False,
+    ) -> Decision:
+        """The best engine for a request (NoEngineError when none can serve it)."""
+        cands = self.registry.candidates(pool, model)
+        if not cands:
+            what = f"pool {pool!r}" if pool else (f"model {model!r}" if model else "any request")
+            raise NoEngineError(f"no engine registered for {what}")
+        now = time.monotonic()
+        fallbacks: list[str] = []
+        live = [e for e in cands if e.id not in exclude and e.routable(now)]
+        if not live:
+            ejected = [e for e in cands if e.id not in exclude and not e.draining and not e.probe_in_flight]
+            if not ejected:
+                raise NoEngineError("every engine for the request is draining, failed or already tried")
+            live = [min(ejected, key=lambda e: e.ejected_until)]
+            fallbacks.append("all_ejected")
+
+        pool_key = pool or live[0].pool
+        weights, plan_version = self.plans.weights_for(pool_key)
+        unnamed_w = sum(weights.values()) / len(weights) if weights else 1.0  # engines the plan omits
+        if weights:
+            kept = [e for e in live if weights.get(e.id, unnamed_w) > 0.0]
+            if kept:
+                live = kept
+            else:
+                fallbacks.append("plan_excludes_all")
+
+        stale = self.registry.policy.stale_after_s
+        loads = [e.load(now, stale) for e in live]
+        if len(live) > 1:
+            mean = (sum(loads) + 1.0) / len(live)
+            bound = max(self.config.bounded_load_factor * mean, mean + self.config.bounded_load_slack)
+            keep_idx = [i for i, load in enumerate(loads) if load <= bound]
+            if len(keep_idx) < len(live):
+                if keep_idx:
+                    live = [live[i] for i in keep_idx]
+                    loads = [loads[i] for i in keep_idx]
+                else:
+                    fallbacks.append("all_over_load_bound")
+
+        matches = self.index.match(hashes) if hashes else {}
+        total_blocks = len(hashes)
+        sticky = self.sessions.get(session_key) if session_key else None
+        cfg = self.config
+        min_load = min(loads)
+        max_w = max((weights.get(e.id, unnamed_w) for e in live), default=1.0) if weights else 1.0
+        n = len(live)
+        start = self._rotate % n
+        self._rotate += 1
+        best_i = -1
+        best_score = -1.0
+        for k in range(n):
+            i = (start + k) % n
+            e = live[i]
+            score = cfg.load_weight * (min_load + 1.0) / (loads[i] + 1.0)
+            if weights and max_w > 0:
+                score += cfg.plan_weight * weights.get(e.id, unnamed_w) / max_w
+            else:
+                score += cfg.plan_weight
+            if total_blocks:
+                score += cfg.prefix_weight * matches.get(e.id, 0) / total_blocks
+            if sticky is not None and e.id == sticky:
+                score += cfg.session_weight
+            if score > best_score:
+                best_score, best_i = score, i
+        engine = live[best_i]
+        if session_key:
+            sessions = self.sessions
+            sessions[session_key] = engine.id
+            sessions.move_to_end(session_key)
+            if len(sessions) > cfg.max_sessions:
+                sessions.popitem(last=False)
+        for name in fallbacks:
+            self.fallback_counts[name] = self.fallback_counts.get(name, 0) + 1
+        reason = ""
+        if explain:
+            i = best_i
+            parts = [f"load={loads[i]:g} (min {min_load:g})"]
+            if weights:
+                parts.append(f"plan_weight={weights.get(engine.id, unnamed_w):g}/{max_w:g} v{plan_version}")
+            if total_blocks:
+                parts.append(f"prefix={matches.get(engine.id, 0)}/{total_blocks} blocks")
+            if sticky is not None:
+                parts.append("session=" + ("kept" if sticky == engine.id else f"moved from {sticky}"))
+            if fallbacks:
+                parts.append("fallbacks=" + ",".join(fallbacks))
+            reason = f"{engine.id}: score {best_score:.3f} of {n} candidates; " + ", ".join(parts)
+        return Decision(engine, matches.get(engine.id, 0), total_blocks, plan_version, tuple(fallbacks), reason)

@@ -1,0 +1,222 @@
+"""The carbon receipt of one request, and the carbon intensity (CI) in force per region.
+
+Energy: each engine draws ``P(n)`` watts while ``n`` requests are in flight on it (the engine's
+registered idle/busy power, linear in n up to the saturation count; busy power alone when idle power is
+unknown; defaults in ``data/router_defaults.toml``). A request is charged its fair share,
+``E = integral of P(n(t)) / n(t) dt`` over its lifetime: the per-engine accumulator in engines.py makes
+this an O(1) difference of two readings. The mean batch size over the request, for the embodied share
+(GreenLLM Eq. 1), is ``integral of n dt / e2e``.
+
+Carbon comes from the shared model, ``greenserve.common.carbon.request_carbon`` (GreenLLM Eq. 1-3):
+operational ``E x PUE x CI`` and amortised embodied carbon of the engine's platform divided by the mean
+batch size. CI is the forecaster's current value for the pool's region, refreshed in the background
+(never fetched on the request path); until it answers, the cited fallback is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import grpc
+from greenserve.common import carbon
+from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, router_pb2
+
+log = logging.getLogger("greenserve.router.receipt")
+
+
+def load_router_defaults() -> dict[str, Any]:
+    """The cited defaults of ``data/router_defaults.toml``."""
+    text = resources.files("greenserve.router").joinpath("data", "router_defaults.toml").read_text("utf-8")
+    return tomllib.loads(text)
+
+
+@dataclass(frozen=True)
+class CarbonSettings:
+    """What the receipt needs besides the measurement."""
+
+    params: carbon.CarbonParams
+    platform: carbon.Platform
+    saturation_requests: int
+    slo_ttft_s: float
+    slo_tpot_s: float
+
+
+@dataclass
+class Measurement:
+    """What the request path measured for one request."""
+
+    engine_id: str
+    pool: str
+    ttft_s: float
+    e2e_s: float
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+    energy_j: float
+    busy_slot_s: float
+    ci_g_per_kwh: float
+    plan_version: int
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A computed receipt; ``to_proto`` and ``to_json`` give its two wire forms."""
+
+    m: Measurement
+    tpot_s: float
+    energy_kwh: float
+    operational_g: float
+    embodied_g: float
+    slo_met: bool
+
+    @property
+    def total_g(self) -> float:
+        return self.operational_g + self.embodied_g
+
+    def to_proto(self) -> router_pb2.CarbonReceipt:
+        m = self.m
+        return router_pb2.CarbonReceipt(
+            engine_id=m.engine_id, pool=m.pool, ttft_s=m.ttft_s, tpot_s=self.tpot_s, e2e_s=m.e2e_s,
+            prompt_tokens=m.prompt_tokens, cached_prompt_tokens=m.cached_prompt_tokens,
+            completion_tokens=m.completion_tokens, energy_kwh=self.energy_kwh, ci_g_per_kwh=m.ci_g_per_kwh,
+            carbon=common_pb2.CarbonBreakdown(
+                operational_g=self.operational_g, embodied_compute_g=self.embodied_g, embodied_storage_g=0.0,
+                total_g=self.total_g, energy_kwh=self.energy_kwh, ci_g_per_kwh=m.ci_g_per_kwh,
+            ),
+            plan_version=m.plan_version, slo_met=self.slo_met,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``greenserve`` object of HTTP responses (field names as in the proto)."""
+        m = self.m
+        return {
+            "engine_id": m.engine_id, "pool": m.pool, "ttft_s": round(m.ttft_s, 6), "tpot_s": round(self.tpot_s, 6),
+            "e2e_s": round(m.e2e_s, 6), "prompt_tokens": m.prompt_tokens,
+            "cached_prompt_tokens": m.cached_prompt_tokens, "completion_tokens": m.completion_tokens,
+            "energy_kwh": self.energy_kwh, "ci_g_per_kwh": m.ci_g_per_kwh,
+            "carbon": {"operational_g": self.operational_g, "embodied_compute_g": self.embodied_g,
+                       "embodied_storage_g": 0.0, "total_g": self.total_g},
+            "plan_version": m.plan_version, "slo_met": self.slo_met,
+        }
+
+    def headers(self) -> dict[str, str]:
+        """Response headers carrying the receipt (for non-streamed responses)."""
+        return {
+            "x-greenserve-engine": self.m.engine_id,
+            "x-greenserve-plan-version": str(self.m.plan_version),
+            "x-greenserve-ttft-s": f"{self.m.ttft_s:.6f}",
+            "x-greenserve-energy-kwh": f"{self.energy_kwh:.9g}",
+            "x-greenserve-ci-g-per-kwh": f"{self.m.ci_g_per_kwh:.6g}",
+            "x-greenserve-carbon-g": f"{self.total_g:.9g}",
+            "x-greenserve-operational-g": f"{self.operational_g:.9g}",
+            "x-greenserve-embodied-g": f"{self.embodied_g:.9g}",
+            "x-greenserve-slo-met": "true" if self.slo_met else "false",
+        }
+
+
+def compute_receipt(m: Measurement, settings: CarbonSettings, slo: common_pb2.Slo | None = None) -> Receipt:
+    """Energy, carbon and SLO verdict of one measured request."""
+    tpot = (m.e2e_s - m.ttft_s) / (m.completion_tokens - 1) if m.completion_tokens > 1 else 0.0
+    energy_kwh = max(0.0, m.energy_j) / carbon.J_PER_KWH
+    mean_batch = max(1.0, m.busy_slot_s / m.e2e_s) if m.e2e_s > 0 else 1.0
+    breakdown = carbon.request_carbon(
+        duration_s=max(0.0, m.e2e_s), energy_kwh=energy_kwh, ci_g_per_kwh=max(0.0, m.ci_g_per_kwh),
+        mean_batch_size=mean_batch, platform=settings.platform, pue=settings.params.pue,
+    )
+    ttft_slo = slo.ttft_s if slo is not None and slo.ttft_s > 0 else settings.slo_ttft_s
+    tpot_slo = slo.tpot_s if slo is not None and slo.tpot_s > 0 else settings.slo_tpot_s
+    slo_met = m.ttft_s <= ttft_slo and tpot <= tpot_slo
+    return Receipt(m, tpot, energy_kwh, breakdown.operational_g, breakdown.embodied_g, slo_met)
+
+
+class ReceiptMetrics:
+    """OTel instruments for what a user watches per request."""
+
+    def __init__(self, meter: Any) -> None:
+        self.requests = meter.create_counter("greenserve.router.requests", unit="{request}",
+                                             description="requests served through the router")
+        self.ttft = meter.create_histogram("greenserve.router.ttft", unit="s", description="time to first token")
+        self.tpot = meter.create_histogram("greenserve.router.tpot", unit="s", description="time per output token")
+        self.carbon = meter.create_histogram("greenserve.router.carbon_per_request", unit="g",
+                                             description="gCO2e per request (operational + embodied)")
+        self.energy = meter.create_histogram("greenserve.router.energy_per_request", unit="kWh",
+                                             description="energy attributed to a request")
+        self.carbon_total = meter.create_counter("greenserve.router.carbon", unit="g",
+                                                 description="gCO2e of all requests")
+        self.plan_version = meter.create_gauge("greenserve.router.plan_version", unit="1",
+                                               description="plan version in force") \
+            if hasattr(meter, "create_gauge") else None
+
+    def record(self, receipt: Receipt, protocol: str) -> None:
+        attrs = {"pool": receipt.m.pool, "engine": receipt.m.engine_id, "protocol": protocol}
+        self.requests.add(1, attrs)
+        self.ttft.record(receipt.m.ttft_s, attrs)
+        if receipt.m.completion_tokens > 1:
+            self.tpot.record(receipt.tpot_s, attrs)
+        self.carbon.record(receipt.total_g, attrs)
+        self.energy.record(receipt.energy_kwh, attrs)
+        self.carbon_total.add(receipt.total_g, attrs)
+        if self.plan_version is not None:
+            self.plan_version.set(receipt.m.plan_version)
+
+
+class CarbonIntensityCache:
+    """CI per region from the forecaster, refreshed in the background every ``refresh_s``."""
+
+    def __init__(self, fallback_g_per_kwh: float, channel: grpc.aio.Channel | None, refresh_s: float = 60.0) -> None:
+        self.fallback = fallback_g_per_kwh
+        self.values: dict[str, float] = {}
+        self.regions: set[str] = set()
+        self.refresh_s = refresh_s
+        self.failures = 0
+        self._stub = forecaster_pb2_grpc.ForecasterServiceStub(channel) if channel is not None else None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def get(self, region: str) -> float:
+        value = self.values.get(region)
+        if value is not None:
+            return value
+        if region and region not in self.regions:
+            self.regions.add(region)
+            self._wake.set()
+        return self.fallback
+
+    def start(self) -> None:
+        if self._stub is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="ci-refresh")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+
+    async def refresh_once(self) -> None:
+        assert self._stub is not None
+        for region in sorted(self.regions):
+            try:
+                reply = await self._stub.GetCurrentCarbonIntensity(
+                    forecaster_pb2.GetCurrentCarbonIntensityRequest(region=region), timeout=2.0)
+                value = reply.carbon_intensity.ci_g_per_kwh
+                if value >= 0:
+                    self.values[region] = value
+            except grpc.aio.AioRpcError:
+                self.failures += 1
+
+    async def _run(self) -> None:
+        while True:
+            if self.regions:
+                await self.refresh_once()
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+            except TimeoutError:
+                pass

@@ -1,0 +1,50 @@
+"""Client reach: the Node.js client streams through Generate; the benchmark's --quick smoke run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_DIR = REPO / "clients" / "node"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None or not (NODE_DIR / "node_modules").is_dir(),
+                    reason="node or clients/node/node_modules missing (npm ci in clients/node)")
+async def test_node_client_streams_through_generate(emulators, router) -> None:
+    emus = await emulators(1)
+    r = await router([emus[0].url])
+    request = {"request": {"model": emus[0].model, "chat": {"messages": [{"role": "CHAT_ROLE_USER", "content": "hi"}]}},
+               "sampling": {"max_tokens": 5}, "request_id": "node-1"}
+    proc = await asyncio.create_subprocess_exec(
+        NODE, str(NODE_DIR / "bin" / "greenserve-node.js"), "--addr", r.running.address, "call", "RouterService",
+        "Generate", json.dumps(request), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    messages = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    assert len(messages) >= 2 and all(m["request_id"] == "node-1" for m in messages)
+    assert "".join(m["text_delta"] for m in messages)
+    assert messages[-1]["receipt"]["completion_tokens"] == 5
+    assert messages[-1]["finish_reason"] == "length"
+
+
+@pytest.mark.slow
+def test_bench_quick_prints_json_with_the_figures() -> None:
+    proc = subprocess.run([sys.executable, "-m", "greenserve_client.cli", "bench", "router", "--quick", "--json",
+                           "--levels", "2", "--min-requests", "10"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("added_ttft_p50_ms", "added_ttft_p99_ms", "concurrency", "max_rps", "levels", "peers"):
+        assert key in result
+    targets = {(row["target"], row["protocol"]) for row in result["levels"]}
+    assert targets == {("direct", "http"), ("router", "http"), ("router", "grpc")}
+    assert all(row["errors"] == 0 and row["requests"] == 10 for row in result["levels"])
+    assert result["max_rps"] > 0 and "skipped" in result["peers"]["vllm-router"]

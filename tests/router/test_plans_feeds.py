@@ -1,0 +1,185 @@
+"""Plans (WatchPlans subscription, persistence, routing without a plan) and the feeds, against small
+gRPC peers that implement the contract (the real optimizer/forecaster/cache-manager are other issues)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import grpc
+import pytest
+from greenserve.common.persistence import Database
+from greenserve.router.feeds import AccessFeed, LoadFeed
+from greenserve.router.plans import PlanError, PlanStore
+from greenserve.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    forecaster_pb2,
+    forecaster_pb2_grpc,
+    optimizer_pb2,
+    optimizer_pb2_grpc,
+)
+
+from tests.conftest import free_port
+
+
+class Peers(optimizer_pb2_grpc.OptimizerServiceServicer, forecaster_pb2_grpc.ForecasterServiceServicer,
+            cache_manager_pb2_grpc.CacheManagerServiceServicer):
+    def __init__(self) -> None:
+        self.plans: asyncio.Queue[common_pb2.Plan] = asyncio.Queue()
+        self.fleet = common_pb2.FleetInventory()
+        self.loads: list[forecaster_pb2.StreamLoadRequest] = []
+        self.accesses: list[cache_manager_pb2.ReportAccessesRequest] = []
+        self.ci = 42.0
+
+    async def WatchPlans(self, request, context):
+        while True:
+            yield optimizer_pb2.WatchPlansResponse(plan=await self.plans.get())
+
+    async def GetFleet(self, request, context):
+        return optimizer_pb2.GetFleetResponse(fleet=self.fleet)
+
+    async def GetCurrentCarbonIntensity(self, request, context):
+        return forecaster_pb2.GetCurrentCarbonIntensityResponse(
+            carbon_intensity=common_pb2.CarbonIntensity(region=request.region, ci_g_per_kwh=self.ci))
+
+    async def StreamLoad(self, request_iterator, context):
+        n = 0
+        async for msg in request_iterator:
+            self.loads.append(msg)
+            n += 1
+        return forecaster_pb2.StreamLoadResponse(accepted_samples=n)
+
+    async def ReportAccesses(self, request_iterator, context):
+        n = 0
+        async for msg in request_iterator:
+            self.accesses.append(msg)
+            n += 1
+        return cache_manager_pb2.ReportAccessesResponse(accepted_events=n)
+
+
+@pytest.fixture
+async def peers():
+    servicer = Peers()
+    server = grpc.aio.server()
+    optimizer_pb2_grpc.add_OptimizerServiceServicer_to_server(servicer, server)
+    forecaster_pb2_grpc.add_ForecasterServiceServicer_to_server(servicer, server)
+    cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    await server.stop(0)
+
+
+def _plan(version: int, weights: dict[str, float], pool: str = "default") -> common_pb2.Plan:
+    return common_pb2.Plan(version=version, intervals=[common_pb2.PlanInterval(routing_weights=[
+        common_pb2.RoutingWeight(pool=pool, engine_id=e, weight=w) for e, w in weights.items()])])
+
+
+def test_plan_store_persists_and_refuses_bad_plans(tmp_path) -> None:
+    db = Database.open(f"sqlite:///{tmp_path / 'r.db'}", "router")
+    store = PlanStore(db)
+    assert store.weights_for("p") == (None, 0)  # never a plan: route by load and affinity
+    with pytest.raises(PlanError, match=r"routing_weights\[0\].weight"):
+        store.apply(_plan(1, {"e": float("nan")}, "p"))
+    assert store.version == 0
+    plan = _plan(5, {"e1": 2.0, "e2": 1.0}, "p")
+    assert store.apply(plan)
+    store.persist(plan)
+    again = PlanStore(db)
+    assert again.load_persisted()
+    assert again.weights_for("p") == ({"e1": 2.0, "e2": 1.0}, 5)
+    db.close()
+
+
+def test_plan_interval_in_force_follows_the_clock() -> None:
+    now = [1000.0]
+    store = PlanStore(None, clock=lambda: now[0])
+    plan = common_pb2.Plan(version=1)
+    for start, weight in ((900, 1.0), (1100, 3.0)):
+        iv = plan.intervals.add()
+        iv.start.FromSeconds(start)
+        iv.end.FromSeconds(start + 200)
+        iv.routing_weights.add(pool="p", engine_id="e", weight=weight)
+    store.apply(plan)
+    assert store.weights_for("p")[0] == {"e": 1.0}
+    now[0] = 1150.0
+    assert store.weights_for("p")[0] == {"e": 3.0}
+    now[0] = 5000.0  # past the plan: the last interval stays in force
+    assert store.weights_for("p")[0] == {"e": 3.0}
+
+
+async def test_router_follows_watched_plans_and_keeps_last_when_optimizer_dies(peers, emulators, router) -> None:
+    servicer, addr = peers
+    emus = await emulators(2)
+    extra = await emulators(1)
+    r = await router([e.url for e in emus], watch_plans=True, optimizer_addr=addr)
+    ids = sorted(r.core.registry.engines)
+    servicer.fleet = common_pb2.FleetInventory(pools=[common_pb2.Pool(
+        name="default", model=emus[0].model, region="FR", slo=common_pb2.Slo(ttft_s=5, tpot_s=1),
+        engines=[common_pb2.Engine(id="planned", url=extra[0].url, pool="default", model=emus[0].model)])])
+    await servicer.plans.put(_plan(7, {ids[0]: 0.0, ids[1]: 1.0, "planned": 0.0}))
+    for _ in range(100):
+        if r.core.plans.version == 7 and "planned" in r.core.registry.engines:
+            break
+        await asyncio.sleep(0.05)
+    assert r.core.plans.version == 7
+    assert r.core.registry.engines["planned"].source == "plan"  # engines from the plan
+    async with aiohttp.ClientSession() as s:
+        for _ in range(4):
+            async with s.post(r.http + "/v1/completions", json={"model": emus[0].model, "prompt": "x", "max_tokens": 2}) as resp:
+                assert resp.headers["x-greenserve-engine"] == ids[1]
+                body = await resp.json()
+                assert body["greenserve"]["plan_version"] == 7
+    # a restarted router routes on the stored plan with the optimizer unreachable
+    r2 = await router([e.url for e in emus], watch_plans=True, optimizer_addr=f"127.0.0.1:{free_port()}",
+                      data_dir=r.running.server.settings.data_dir)
+    assert r2.core.plans.version == 7
+    d = r2.core.policy.choose("default", "", [])
+    assert d.engine.id in (ids[1], "planned") and d.plan_version == 7
+
+
+async def test_feeds_deliver_to_peers_and_drop_without_blocking(peers) -> None:
+    servicer, addr = peers
+    channel = grpc.aio.insecure_channel(addr)
+    load = LoadFeed(channel, interval_s=60)
+    load.record("p", 100, 10)
+    load.record("p", 50, 5)
+    await load.flush()
+    assert len(servicer.loads) == 1
+    sample = servicer.loads[0]
+    assert (sample.pool, sample.requests, sample.input_tokens, sample.output_tokens) == ("p", 2, 150, 15)
+    access = AccessFeed(channel, interval_s=60, bytes_per_token=10)
+    access.record("p", 0xABC, 0x12, tokens=64, hit_tokens=32, session="s")
+    await access.flush()
+    kinds = [a.kind for a in servicer.accesses]
+    assert kinds == [cache_manager_pb2.ACCESS_KIND_HIT, cache_manager_pb2.ACCESS_KIND_STORE]
+    assert servicer.accesses[0].entry_key == "0000000000000012" and servicer.accesses[0].size_bytes == 320
+    await channel.close()
+    # a dead peer: the batch is dropped and counted, quickly; the queue is bounded
+    dead = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")
+    feed = AccessFeed(dead, interval_s=60, max_items=100)
+    t0 = time.perf_counter()
+    for i in range(250):
+        feed.record("p", i + 1, 0, 64, 0, "")
+    assert (time.perf_counter() - t0) < 0.1 and len(feed.queue) == 100 and feed.dropped == 150
+    await asyncio.wait_for(feed.flush(), 10)
+    assert feed.dropped == 250 and feed.sent == 0
+    await dead.close()
+
+
+async def test_receipt_uses_forecaster_ci_for_the_pool_region(peers, emulators, router) -> None:
+    _, addr = peers
+    emus = await emulators(1)
+    r = await router([emus[0].url], forecaster_addr=addr, region="FR", ci_refresh_s=0.1)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(50):
+            async with s.post(r.http + "/v1/completions", json={"model": emus[0].model, "prompt": "x", "max_tokens": 2}) as resp:
+                receipt = (await resp.json())["greenserve"]
+            if receipt["ci_g_per_kwh"] == 42.0:
+                break
+            await asyncio.sleep(0.1)
+    assert receipt["ci_g_per_kwh"] == 42.0
+    assert receipt["carbon"]["operational_g"] == pytest.approx(receipt["energy_kwh"] * 42.0)
