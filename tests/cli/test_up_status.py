@@ -11,9 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
+from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, router_pb2, router_pb2_grpc
 from greenserve_client.services import SERVICES
+from greenserve_client.sidecars import find_lmcache
 from tests.conftest import free_port
 
 CLI = [sys.executable, "-m", "greenserve_client.cli"]
@@ -44,7 +47,10 @@ def _pids_alive(pids: list[int]) -> list[int]:
 @pytest.mark.slow
 def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
     ports = _ports()
-    up = subprocess.Popen([*CLI, "up", "--data-dir", str(tmp_path), *_port_flags(ports, "port")],
+    # The main job's local fleet: one emulated engine handed to the router, and LMCache when installed.
+    lmcache = "on" if find_lmcache() is not None else "off"
+    up = subprocess.Popen([*CLI, "up", "--data-dir", str(tmp_path), *_port_flags(ports, "port"), "--engines=1",
+                           "--engine-time-scale=20", "--router-http-port=0", f"--lmcache={lmcache}"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     try:
@@ -69,11 +75,27 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         assert {r["service"]: r["status"] for r in rows} == {s.display: "SERVING" for s in SERVICES}
         assert all((tmp_path / f"{s.name}.db").exists() for s in SERVICES)
 
+        # the router was given the emulated engine, the cache-manager the LMCache server
+        engine_rows = [row for row in (line.split() for line in lines) if row and row[0] == "engine-0"]
+        assert len(engine_rows) == 1 and engine_rows[0][3] == "HEALTHY"
+        with grpc.insecure_channel(f"127.0.0.1:{ports['router']}") as channel:
+            engines = router_pb2_grpc.RouterServiceStub(channel).ListEngines(router_pb2.ListEnginesRequest(), timeout=10)
+        assert [e.engine.url for e in engines.engines] == [engine_rows[0][1]]
+        if lmcache == "on":
+            with grpc.insecure_channel(f"127.0.0.1:{ports['cache_manager']}") as channel:
+                servers = cache_manager_pb2_grpc.CacheManagerServiceStub(channel).ListCacheServers(
+                    cache_manager_pb2.ListCacheServersRequest(), timeout=10)
+            assert [(s.id, s.reachable) for s in servers.servers] == [("local-lmcache", True)]
+            sidecar_pids = [int(row[2]) for row in (line.split() for line in lines) if row and row[0] == "lmcache"]
+            assert len(sidecar_pids) == 1
+            pids += sidecar_pids
+        pids += [int(engine_rows[0][2])]
+
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=60) == 0, up.stderr.read()
         rest = up.stdout.read()
         assert "all services stopped" in rest
-        assert not _pids_alive(pids), "no service process outlives `greenserve up`"
+        assert not _pids_alive(pids), "no service or sidecar process outlives `greenserve up`"
     finally:
         if up.poll() is None:
             up.kill()

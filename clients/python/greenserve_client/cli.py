@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from greenserve.common.client import ChannelConfig, check_health, create_channel
-from greenserve.common.config import DependencyAddresses
+from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, DependencyAddresses
 from greenserve_client import supervisor
 from greenserve_client.services import SERVICES
 
@@ -94,12 +94,22 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 def cmd_up(ns: argparse.Namespace) -> int:
     ports = {info.name: getattr(ns, f"{info.name}_port") for info in SERVICES}
+    fleet = supervisor.FleetOptions(
+        engines=ns.engines,
+        engine_profile=ns.engine_profile,
+        engine_time_scale=ns.engine_time_scale,
+        lmcache=ns.lmcache,
+        lmcache_l1_size_gb=ns.lmcache_l1_size_gb,
+        pool=ns.pool,
+        router_http_port=ns.router_http_port,
+    )
     return supervisor.up(
         host=ns.host,
         ports=ports,
         data_dir=ns.data_dir,
         startup_timeout_s=ns.startup_timeout_s,
         extra_args=ns.service_args,
+        fleet=fleet,
     )
 
 
@@ -130,6 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     for info in SERVICES:
         up.add_argument(f"--{info.display}-port", dest=f"{info.name}_port", type=int, default=info.default_port,
                         help=f"gRPC port of the {info.display} (default {info.default_port})")
+    fleet = up.add_argument_group("local fleet (emulated engines and an LMCache server beside the services)")
+    fleet.add_argument("--engines", type=int, default=2, metavar="N",
+                       help="emulated vLLM engines (greenserve-engine-sim) given to the router (default 2; 0: none)")
+    fleet.add_argument("--engine-profile", default=None, help="performance profile of the engines (default: the simulator's)")
+    fleet.add_argument("--engine-time-scale", type=float, default=1.0, help="engines run this much faster than real time")
+    fleet.add_argument("--lmcache", choices=["auto", "on", "off"], default="auto",
+                       help="run a real LMCache server and register it with the cache-manager (auto: when installed)")
+    fleet.add_argument("--lmcache-l1-size-gb", type=float, default=1.0, help="LMCache L1 (DRAM) size (default 1)")
+    fleet.add_argument("--pool", default="default", help="pool of the engines and the LMCache server (default 'default')")
+    fleet.add_argument("--router-http-port", type=int, default=DEFAULT_ROUTER_HTTP_PORT,
+                       help=f"router's OpenAI-compatible HTTP port (default {DEFAULT_ROUTER_HTTP_PORT}; 0: free; -1: off)")
     up.add_argument("--service-arg", dest="service_args", action="append", default=[], metavar="ARG",
                     help="extra flag passed to every service, e.g. --service-arg=--log-level=DEBUG")
     up.set_defaults(func=cmd_up)
@@ -155,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("startup_timeout_s", "timeout_s"):
         if getattr(ns, name, 1.0) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if ns.command == "up":
+        if ns.engines < 0:
+            parser.error(f"--engines must be >= 0, got {ns.engines}")
+        if ns.engine_time_scale <= 0 or ns.lmcache_l1_size_gb <= 0:
+            parser.error("--engine-time-scale and --lmcache-l1-size-gb must be > 0")
+        if not -1 <= ns.router_http_port < 65536:
+            parser.error(f"--router-http-port must be in -1..65535, got {ns.router_http_port}")
     for info in SERVICES:
         port = getattr(ns, f"{info.name}_port", None)
         if port is not None and not 0 < port < 65536:

@@ -1,9 +1,11 @@
 """`greenserve up`: run the six services as child processes on one machine.
 
 Each service is its own process (`python -m greenserve.<service>`), with its SQLite file in the data dir
-and its log in DATA_DIR/logs/<service>.log. `up` waits until every one reports SERVING, prints their
-addresses, and on Ctrl-C/SIGTERM (or when one of them dies) stops them all with SIGTERM, then SIGKILL
-for any that outlive the grace period.
+and its log in DATA_DIR/logs/<service>.log. Beside them run the sidecars of a local fleet
+(`greenserve_client.sidecars`): emulated vLLM engines that the router is given with `--engines`, and a real
+LMCache server that is registered with the cache-manager once it is SERVING. `up` waits until everything is
+healthy, prints the addresses, and on Ctrl-C/SIGTERM (or when any process dies) stops the services, then
+the sidecars, with SIGTERM, then SIGKILL for any that outlive the grace period.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
+from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
+from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc
+from greenserve_client import sidecars
 from greenserve_client.services import SERVICES, ServiceInfo
+
+LMCACHE_SERVER_ID = "local-lmcache"
 
 STOP_GRACE_S = 15.0
 
@@ -30,11 +39,34 @@ class Child:
     log_path: Path
 
 
+@dataclass
+class FleetOptions:
+    """The local fleet beside the services: emulated engines and an LMCache server."""
+
+    engines: int = 2
+    engine_profile: str | None = None
+    engine_time_scale: float = 1.0
+    lmcache: str = "auto"  # "auto": start it when the lmcache executable is found; "on": required; "off"
+    lmcache_l1_size_gb: float = 1.0
+    pool: str = "default"
+    router_http_port: int = DEFAULT_ROUTER_HTTP_PORT
+
+
 def _service_command(info: ServiceInfo, host: str, port: int, data_dir: Path, ports: dict[str, int],
                      extra: list[str]) -> list[str]:
     deps = [f"--{s.display}-addr={'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{ports[s.name]}" for s in SERVICES]
     return [sys.executable, "-m", f"greenserve.{info.name}", f"--host={host}", f"--port={port}",
             f"--data-dir={data_dir}", *deps, *extra]
+
+
+async def _register_lmcache(address: str, url: str, pool: str) -> None:
+    channel = create_channel(ChannelConfig(address=address, default_timeout_s=10.0))
+    try:
+        stub = cache_manager_pb2_grpc.CacheManagerServiceStub(channel)
+        server = cache_manager_pb2.CacheServer(id=LMCACHE_SERVER_ID, pool=pool, url=url)
+        await stub.RegisterCacheServer(cache_manager_pb2.RegisterCacheServerRequest(server=server))
+    finally:
+        await channel.close()
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -80,7 +112,9 @@ async def _wait_serving(children: list[Child], timeout_s: float) -> None:
     await asyncio.gather(*(one(c) for c in children))
 
 
-def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: float, extra_args: list[str]) -> int:
+def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: float, extra_args: list[str],
+       fleet: FleetOptions | None = None) -> int:
+    fleet = fleet or FleetOptions(engines=0, lmcache="off")
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -88,6 +122,7 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         print("greenserve up: error: two services were given the same port", file=sys.stderr)
         return 2
     children: list[Child] = []
+    cars: list[sidecars.Sidecar] = []
     stop_requested = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -96,9 +131,34 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        lmcache_bin = sidecars.find_lmcache() if fleet.lmcache != "off" else None
+        if fleet.lmcache == "on" and (lmcache_bin is None or not lmcache_bin.exists()):
+            print("greenserve up: error: --lmcache=on but no lmcache executable was found (run "
+                  "scripts/install-lmcache.sh or set GREENSERVE_LMCACHE_BIN)", file=sys.stderr)
+            return 2
+        if fleet.lmcache == "auto" and lmcache_bin is None:
+            print("greenserve up: warning: no lmcache executable found (scripts/install-lmcache.sh installs it); "
+                  "running without an LMCache server", file=sys.stderr)
+        engines = sidecars.start_engines(fleet.engines, profile=fleet.engine_profile,
+                                         time_scale=fleet.engine_time_scale, logs=logs)
+        cars.extend(engines)
+        lmcache = sidecars.start_lmcache(lmcache_bin, l1_size_gb=fleet.lmcache_l1_size_gb, logs=logs) \
+            if lmcache_bin is not None else None
+        if lmcache is not None:
+            cars.append(lmcache)
+        try:
+            sidecars.wait_ready(cars, startup_timeout_s)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"greenserve up: error: {exc}", file=sys.stderr)
+            return 1
+        router_args = [f"--http-port={fleet.router_http_port}"]
+        if engines:
+            router_args += [f"--engines={','.join(e.url for e in engines)}", f"--default-pool={fleet.pool}"]
+        per_service = {"router": router_args}
         for info in SERVICES:
             log_path = logs / f"{info.display}.log"
-            cmd = _service_command(info, host, ports[info.name], data_dir, ports, extra_args)
+            cmd = _service_command(info, host, ports[info.name], data_dir, ports,
+                                   [*per_service.get(info.name, []), *extra_args])
             with open(log_path, "ab") as log_file:
                 # Own process group: a terminal's Ctrl-C reaches only `up`, which then stops them in order.
                 proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -107,7 +167,10 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
             children.append(Child(info, f"{probe_host}:{ports[info.name]}", proc, log_path))
         try:
             asyncio.run(_wait_serving(children, startup_timeout_s))
-        except (RuntimeError, TimeoutError) as exc:
+            if lmcache is not None:
+                cache_manager = next(c for c in children if c.info.name == "cache_manager")
+                asyncio.run(_register_lmcache(cache_manager.address, lmcache.url, fleet.pool))
+        except (RuntimeError, TimeoutError, grpc.RpcError) as exc:
             print(f"greenserve up: error: {exc}", file=sys.stderr)
             stop_all(children)
             return 1
@@ -115,14 +178,24 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
 
         rows = [{"service": c.info.display, "address": c.address, "pid": str(c.process.pid), "status": "SERVING",
                  "log": str(c.log_path)} for c in children]
+        rows += [{"service": car.name, "address": car.url, "pid": str(car.process.pid), "status": "HEALTHY",
+                  "log": str(car.log_path)} for car in cars]
         print_table(rows, ["service", "address", "pid", "status", "log"])
+        if engines and fleet.router_http_port > 0:
+            http_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            print(f"OpenAI-compatible API through the router: http://{http_host}:{fleet.router_http_port}/v1",
+                  flush=True)
         print("all services SERVING; press Ctrl-C to stop", flush=True)
         while not stop_requested:
             dead = [c for c in children if c.process.poll() is not None]
-            if dead:
+            dead_cars = [car for car in cars if car.process.poll() is not None]
+            if dead or dead_cars:
                 for c in dead:
                     print(f"greenserve up: {c.info.display} exited with code {c.process.returncode}; stopping all\n"
                           f"{_tail(c.log_path)}", file=sys.stderr)
+                for car in dead_cars:
+                    print(f"greenserve up: {car.name} exited with code {car.process.returncode}; stopping all\n"
+                          f"{_tail(car.log_path)}", file=sys.stderr)
                 stop_all(children)
                 return 1
             time.sleep(0.2)
@@ -137,5 +210,6 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
     finally:
         if any(c.process.poll() is None for c in children):
             stop_all(children)
+        sidecars.stop(cars, STOP_GRACE_S)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,0 +1,119 @@
+"""Processes that `greenserve up` runs beside the six services on one machine: emulated vLLM engines
+(`greenserve-engine-sim`, since vLLM itself needs a GPU) and a real LMCache server (`lmcache server`, from
+its own virtualenv because its pins clash with ours).
+
+Each sidecar gets a free port chosen here, logs to DATA_DIR/logs/<name>.log, and is ready when its HTTP
+health endpoint answers 200 (`/health` for an engine, `/healthcheck` for LMCache).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+# <repo>/clients/python/greenserve_client/sidecars.py -> <repo>
+REPO_ROOT = Path(__file__).resolve().parents[3]
+LMCACHE_ENV = "GREENSERVE_LMCACHE_BIN"
+
+
+@dataclass
+class Sidecar:
+    name: str
+    url: str
+    health_path: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def find_lmcache() -> Path | None:
+    """The `lmcache` executable: $GREENSERVE_LMCACHE_BIN, else the repo's .venv-lmcache, else PATH."""
+    explicit = os.environ.get(LMCACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    venv = Path(os.environ.get("GREENSERVE_LMCACHE_VENV", REPO_ROOT / ".venv-lmcache"))
+    candidate = venv / "bin" / "lmcache"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("lmcache")
+    return Path(found) if found else None
+
+
+def _spawn(name: str, cmd: list[str], url: str, health_path: str, logs: Path,
+           env: dict[str, str] | None = None) -> Sidecar:
+    log_path = logs / f"{name}.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    return Sidecar(name, url, health_path, proc, log_path)
+
+
+def start_engines(count: int, *, profile: str | None, time_scale: float, logs: Path) -> list[Sidecar]:
+    """`count` emulated engines on free ports of 127.0.0.1 (not yet waited for: see `wait_ready`)."""
+    engines = []
+    for i in range(count):
+        port = free_port()
+        cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--host", "127.0.0.1", f"--port={port}",
+               f"--time-scale={time_scale}"]
+        if profile:
+            cmd.append(f"--profile={profile}")
+        engines.append(_spawn(f"engine-{i}", cmd, f"http://127.0.0.1:{port}", "/health", logs))
+    return engines
+
+
+def start_lmcache(binary: Path, *, l1_size_gb: float, logs: Path) -> Sidecar:
+    """One LMCache server in multiprocess mode on CPU (L1 DRAM, LRU), its admin API on a free port."""
+    http_port, port = free_port(), free_port()
+    cmd = [str(binary), "server", f"--l1-size-gb={l1_size_gb}", "--eviction-policy=LRU",
+           f"--http-port={http_port}", f"--port={port}", "--supported-transfer-mode=auto"]
+    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
+    return _spawn("lmcache", cmd, f"http://127.0.0.1:{http_port}", "/healthcheck", logs, env=env)
+
+
+def wait_ready(sidecars: list[Sidecar], timeout_s: float) -> None:
+    """Poll every sidecar's health URL until 200; RuntimeError naming the first that died or timed out."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(sidecars)
+    with httpx.Client(timeout=1.0) as client:
+        while pending:
+            for car in list(pending):
+                if car.process.poll() is not None:
+                    raise RuntimeError(f"{car.name} exited with code {car.process.returncode} during start-up; "
+                                       f"see {car.log_path}")
+                try:
+                    if client.get(car.url + car.health_path).status_code == 200:
+                        pending.remove(car)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(c.name for c in pending)
+                raise TimeoutError(f"{names} not healthy after {timeout_s:.0f} s")
+            if pending:
+                time.sleep(0.1)
+
+
+def stop(sidecars: list[Sidecar], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL whatever outlives `grace_s`."""
+    for car in sidecars:
+        if car.process.poll() is None:
+            car.process.terminate()
+    deadline = time.monotonic() + grace_s
+    for car in sidecars:
+        try:
+            car.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            car.process.kill()
+            car.process.wait()
