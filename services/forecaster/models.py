@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import CheckConstraint, Double, ForeignKey, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import CheckConstraint, Double, ForeignKey, Integer, LargeBinary, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
 
 from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
@@ -63,3 +63,23 @@ class Point(Base):
 
     def __repr__(self) -> str:
         return f"Point(series_id={self.series_id!r}, ts={self.ts!r}, value={self.value!r})"
+
+
+class FittedModel(Base):
+    """The latest fit of a series' forecasting model, pickled (see ``greenserve.forecaster.fitting``).
+
+    ``format_version`` is the pickle layout; a row written by another layout is ignored and refitted.
+    ``history_end`` is the last point the fit saw; points after it are replayed with ``update()`` on load.
+    """
+
+    __tablename__ = "fitted_models"
+    __table_args__ = (CheckConstraint("format_version > 0", name="format_version_positive"),)
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    requested_model: Mapped[str] = mapped_column(String(64))
+    model_name: Mapped[str] = mapped_column(String(512))
+    format_version: Mapped[int] = mapped_column(Integer)
+    fitted_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    history_end: Mapped[datetime] = mapped_column(UtcDateTime())
+    fit_s: Mapped[float] = mapped_column(Double)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,13 +1,49 @@
-"""ForecasterService wiring: settings, servicer and the build function the process entry point runs."""
+"""ForecasterService: CI and load history, day-ahead forecasts with intervals, backtests.
+
+Concurrency model: the gRPC loop never fits. Fits and backtests run in a process pool (:mod:`fitting`); the
+latest fitted model of each series lives in memory (and pickled in the ``fitted_models`` table, so a restart
+keeps it) and every new point is fed to it with ``update()`` (GreenCache's hourly online step). A scheduler
+re-fits (re-tunes) each series every ``refit_interval_s``. Forecasts are computed from the in-memory model
+and cached per (fit, points seen, horizon, coverage), so repeated GetForecast calls cost a dictionary lookup.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import ClassVar
+
+import grpc
+import numpy as np
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import Field
+from sqlalchemy import select
 
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
+from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
-from greenserve.v1 import forecaster_pb2, forecaster_pb2_grpc
+from greenserve.forecaster import fitting, ingest
+from greenserve.forecaster.backtest import check_windows
+from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
+from greenserve.forecaster.forecast_models import DEFAULT_MODEL, MODELS, Model, Prediction
+from greenserve.forecaster.forecast_models.simple import SeasonalNaive
+from greenserve.forecaster.models import FittedModel, Series
+from greenserve.forecaster.stream_load import LoadAccumulator
+from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
+
+log = logging.getLogger("greenserve.forecaster")
+
+MAX_HORIZON_STEPS = 168
+DEFAULT_HORIZON_STEPS = 24
+DEFAULT_COVERAGE = 0.9
+#: Points a series needs before it is fitted (two days of hourly data: one to learn, one to check).
+MIN_FIT_POINTS = 48
 
 
 class ForecasterSettings(ServiceSettings, DependencyAddresses):
@@ -15,13 +51,433 @@ class ForecasterSettings(ServiceSettings, DependencyAddresses):
 
     service_name: ClassVar[str] = "forecaster"
 
+    forecast_model: str = Field(DEFAULT_MODEL, description=f"model of every series: {', '.join(MODELS)}")
+    fit_history_hours: int = Field(336, ge=48, le=720, description="hours of history each fit uses (336: 14 days)")
+    refit_interval_s: float = Field(3600.0, ge=1.0, description="re-tune (full refit) of each series this often")
+    fit_workers: int = Field(1, ge=1, le=64, description="worker processes for fits and backtests")
+    electricitymaps_url: str | None = Field(None, description="base URL of an Electricity Maps-shaped CI API")
+    electricitymaps_token: str | None = Field(None, description="auth-token header value for that API")
+    electricitymaps_zones: list[str] = Field(default_factory=list, description="zones to poll, e.g. DE,FR")
+    electricitymaps_poll_s: float = Field(900.0, ge=1.0, description="poll interval of the CI API")
+
+
+def ts_proto(seconds: int) -> Timestamp:
+    return Timestamp(seconds=int(seconds))
+
+
+@dataclass
+class SeriesState:
+    """What the servicer holds in memory for one series."""
+
+    series_id: int
+    key: ingest.SeriesKey
+    resolution_s: int
+    model: Model | None = None
+    model_name: str = ""
+    fit_version: int = 0
+    history_end_s: int = 0  # last step the model has seen
+    fitted_at_s: float = 0.0
+    updates: int = 0
+    fitting: bool = False
+    stale: bool = False  # points arrived that the model cannot take with update() (older, or after a gap)
+    cache: dict[tuple[int, int, int, float], Prediction] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # model.update vs model.predict
+
 
 class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
-    """greenserve.v1.ForecasterService. RPCs not defined here answer UNIMPLEMENTED (the generated base)."""
+    """greenserve.v1.ForecasterService."""
 
-    def __init__(self, ctx: ServiceContext) -> None:
+    def __init__(self, ctx: ServiceContext, pool: fitting.FitPool) -> None:
         self.ctx = ctx
+        self.settings: ForecasterSettings = ctx.settings  # type: ignore[assignment]
+        self.db = ctx.db
+        self.pool = pool
+        self.states: dict[int, SeriesState] = {}
+        self.by_key: dict[ingest.SeriesKey, int] = {}
+        self.load = LoadAccumulator()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------- state and persistence
+    def restore(self) -> None:
+        """Load series and their persisted fits (startup); replay points stored after each fit."""
+        with self.db.session(readonly=True) as s:
+            series = s.scalars(select(Series)).all()
+            fits = {f.series_id: f for f in s.scalars(select(FittedModel)).all()}
+            rows = [(x.id, ingest.SeriesKey(x.kind, x.key, x.signal, x.unit), x.resolution_s) for x in series]
+            fit_rows = {k: (f.format_version, f.blob, f.model_name, ingest.to_s(f.history_end), f.fitted_at,
+                            f.requested_model) for k, f in fits.items()}
+        for series_id, key, resolution_s in rows:
+            state = SeriesState(series_id, key, resolution_s)
+            self.states[series_id] = state
+            self.by_key[key] = series_id
+            row = fit_rows.get(series_id)
+            if row is None:
+                continue
+            version, blob, name, history_end_s, fitted_at, requested = row
+            if version != fitting.FORMAT_VERSION or requested != self.settings.forecast_model:
+                log.info("series %s: stored fit ignored (format %s, model %s)", key, version, requested)
+                continue
+            try:
+                state.model = fitting.load_blob(blob)
+            except Exception as exc:  # corrupt or from an incompatible build: refit instead
+                log.warning("series %s: stored fit unreadable (%s); will refit", key, exc)
+                continue
+            state.model_name, state.history_end_s = name, history_end_s
+            state.fitted_at_s = fitted_at.timestamp()
+            state.fit_version = 1
+            self._replay_after_fit(state)
+
+    def _replay_after_fit(self, state: SeriesState) -> None:
+        first, grid = ingest.load_grid(self.db, state.series_id, state.resolution_s,
+                                       start_s=state.history_end_s + state.resolution_s)
+        if len(grid) == 0 or state.model is None:
+            return
+        if first != state.history_end_s + state.resolution_s:
+            grid = np.concatenate([np.full((first - state.history_end_s) // state.resolution_s - 1, np.nan), grid])
+        state.model.update(grid)
+        state.history_end_s += len(grid) * state.resolution_s
+        state.updates += len(grid)
+
+    def _state_for(self, key: ingest.SeriesKey) -> SeriesState:
+        series_id = self.by_key.get(key)
+        if series_id is None:
+            raise NotFound(f"no series {key.kind}/{key.key}/{key.signal}", field="series")
+        return self.states[series_id]
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def refit(self, state: SeriesState) -> None:
+        """Fit the series' model in a worker, then swap it in and persist it. Never raises."""
+        if state.fitting:
+            return
+        state.fitting = True
+        try:
+            hours = self.settings.fit_history_hours
+            res = state.resolution_s
+            last = await asyncio.to_thread(self._last_time, state.series_id)
+            if last is None:
+                return
+            first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, res,
+                                                  last - (hours - 1) * res, None)
+            if np.isfinite(grid).sum() < MIN_FIT_POINTS:
+                return
+            period = max(1, 86_400 // res)
+            outcome = await self.pool.fit(self.settings.forecast_model, grid, period)
+            model = fitting.load_blob(outcome.blob)
+            history_end = first + (len(grid) - 1) * res
+            async with self._lock:  # no ingest between the swap and the replay of points that came meanwhile
+                await asyncio.to_thread(self._persist_fit, state, outcome, history_end)
+                with state.lock:
+                    state.model, state.model_name = model, outcome.model_name
+                    state.history_end_s, state.fitted_at_s = history_end, time.time()
+                    state.fit_version += 1
+                    state.updates, state.stale = 0, False
+                    state.cache.clear()
+                    self._replay_after_fit(state)
+            log.info("series %s/%s: fitted %s in %.2fs", state.key.key, state.key.signal, outcome.model_name,
+                     outcome.fit_s)
+        except Exception:
+            log.exception("series %s: fit failed; serving the previous fit", state.key)
+        finally:
+            state.fitting = False
+
+    def _last_time(self, series_id: int) -> int | None:
+        from sqlalchemy import func
+
+        from greenserve.forecaster.models import Point
+
+        with self.db.session(readonly=True) as s:
+            ts = s.scalar(select(func.max(Point.ts)).where(Point.series_id == series_id))
+        return None if ts is None else ingest.to_s(ts)
+
+    def _persist_fit(self, state: SeriesState, outcome: fitting.FitOutcome, history_end_s: int) -> None:
+        with self.db.session() as s:
+            row = s.get(FittedModel, state.series_id)
+            if row is None:
+                row = FittedModel(series_id=state.series_id)
+                s.add(row)
+            row.requested_model = self.settings.forecast_model
+            row.model_name = outcome.model_name[:512]
+            row.format_version = fitting.FORMAT_VERSION
+            row.fitted_at = datetime.now(timezone.utc)
+            row.history_end = ingest.to_dt(history_end_s)
+            row.fit_s = outcome.fit_s
+            row.blob = outcome.blob
+
+    def after_ingest(self, state: SeriesState, new_times_s: np.ndarray) -> bool:
+        """Feed new points to the model (online update); True when the series needs a first fit."""
+        if state.model is None:
+            return not state.fitting
+        if len(new_times_s) == 0:
+            return False
+        res = state.resolution_s
+        if new_times_s.min() <= state.history_end_s:
+            state.stale = True  # a hole in the past was filled: the next refit takes it
+        after = new_times_s[new_times_s > state.history_end_s]
+        if len(after):
+            end = int(after.max())
+            _, grid = ingest.load_grid(self.db, state.series_id, res, state.history_end_s + res, end + res)
+            steps = (end - state.history_end_s) // res
+            values = np.full(steps, np.nan)
+            values[: len(grid)] = grid
+            with state.lock:
+                state.model.update(values)
+                state.history_end_s = end
+                state.updates += steps
+                state.cache.clear()
+        return False
+
+    async def scheduler(self) -> None:
+        """Re-tune every series on the schedule, and fit new ones."""
+        while True:
+            now = time.time()
+            for state in list(self.states.values()):
+                due = state.model is None or state.stale or now - state.fitted_at_s >= self.settings.refit_interval_s
+                if due and not state.fitting:
+                    await self.refit(state)
+            await asyncio.sleep(min(60.0, self.settings.refit_interval_s / 4))
+
+    # ---------------------------------------------------------------- ingestion RPCs
+    async def ingest_arrays(self, key: ingest.SeriesKey, resolution_s: int, times_s: np.ndarray,
+                            values: np.ndarray) -> ingest.IngestResult:
+        async with self._lock:  # one writer at a time keeps "validate, then write" atomic per series
+            result = await asyncio.to_thread(ingest.ingest_points, self.db, key, resolution_s, times_s, values)
+            state = self.states.get(result.series_id)
+            if state is None:
+                state = SeriesState(result.series_id, key, resolution_s)
+                self.states[result.series_id] = state
+                self.by_key[key] = result.series_id
+            if await asyncio.to_thread(self.after_ingest, state, result.new_times_s):
+                self._spawn(self.refit(state))
+        return result
+
+    async def IngestPoints(self, request: forecaster_pb2.IngestPointsRequest,
+                           context: grpc.aio.ServicerContext) -> forecaster_pb2.IngestPointsResponse:
+        key = ingest.series_key(request.series)
+        resolution_s = request.resolution_s or HOUR_S
+        if resolution_s < 1 or resolution_s > 86_400:
+            raise InvalidArgument("resolution_s", "must be in 1..86400")
+        times = np.array([p.time.seconds for p in request.points], dtype=np.int64)
+        for i, p in enumerate(request.points):
+            if p.time.nanos:
+                raise InvalidArgument(f"points[{i}].time", "sub-second timestamps are not on any step")
+        values = np.array([p.value for p in request.points], dtype=np.float64)
+        result = await self.ingest_arrays(key, resolution_s, times, values)
+        return forecaster_pb2.IngestPointsResponse(
+            inserted_points=result.inserted, duplicate_points=result.duplicates,
+            gaps=[forecaster_pb2.SeriesGap(start=ts_proto(t), missing_points=n)
+                  for t, n in result.gaps[: ingest.MAX_REPORTED_GAPS]],
+        )
+
+    async def StreamLoad(self, request_iterator: AsyncIterator[forecaster_pb2.StreamLoadRequest],
+                         context: grpc.aio.ServicerContext) -> forecaster_pb2.StreamLoadResponse:
+        accepted = 0
+        async for sample in request_iterator:
+            completed = self.load.add(sample, index=accepted)
+            accepted += 1
+            for key, times, values in completed:
+                await self.ingest_arrays(key, HOUR_S, times, values)
+        return forecaster_pb2.StreamLoadResponse(accepted_samples=accepted)
+
+    # ---------------------------------------------------------------- reads
+    async def GetPoints(self, request: forecaster_pb2.GetPointsRequest,
+                        context: grpc.aio.ServicerContext) -> forecaster_pb2.GetPointsResponse:
+        state = self._state_for(ingest.series_key(request.series))
+        start = request.start.seconds if request.HasField("start") else None
+        end = request.end.seconds if request.HasField("end") else None
+        if start is not None and end is not None and end <= start:
+            raise InvalidArgument("end", "must be after start")
+        first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, state.resolution_s,
+                                              start, end)
+        points = [common_pb2.TimeSeriesPoint(time=ts_proto(first + i * state.resolution_s), value=float(v))
+                  for i, v in enumerate(grid) if np.isfinite(v)]
+        return forecaster_pb2.GetPointsResponse(points=points, resolution_s=state.resolution_s)
+
+    async def ListSeries(self, request: forecaster_pb2.ListSeriesRequest,
+                         context: grpc.aio.ServicerContext) -> forecaster_pb2.ListSeriesResponse:
+        kind = {common_pb2.SERIES_KIND_CARBON_INTENSITY: "ci", common_pb2.SERIES_KIND_LOAD: "load"}.get(request.kind)
+        infos = await asyncio.to_thread(self._series_infos, kind)
+        return forecaster_pb2.ListSeriesResponse(series=infos)
+
+    def _series_infos(self, kind: str | None) -> list[forecaster_pb2.SeriesInfo]:
+        from sqlalchemy import func
+
+        from greenserve.forecaster.models import Point
+
+        out = []
+        with self.db.session(readonly=True) as s:
+            q = select(Series.id, func.min(Point.ts), func.max(Point.ts), func.count()).join(
+                Point, Point.series_id == Series.id).group_by(Series.id)
+            stats = {sid: (lo, hi, n) for sid, lo, hi, n in s.execute(q)}
+        for state in sorted(self.states.values(), key=lambda x: (x.key.kind, x.key.key, x.key.signal)):
+            if kind and state.key.kind != kind or state.series_id not in stats:
+                continue
+            lo, hi, n = stats[state.series_id]
+            out.append(forecaster_pb2.SeriesInfo(
+                series=state.key.to_proto(), resolution_s=state.resolution_s, first=ts_proto(ingest.to_s(lo)),
+                last=ts_proto(ingest.to_s(hi)), point_count=n, model=state.model_name))
+        return out
+
+    async def GetCurrentCarbonIntensity(
+        self, request: forecaster_pb2.GetCurrentCarbonIntensityRequest, context: grpc.aio.ServicerContext
+    ) -> forecaster_pb2.GetCurrentCarbonIntensityResponse:
+        region = request.region.strip()
+        if not region:
+            raise InvalidArgument("region", "must not be empty")
+        signal = request.carbon_signal or common_pb2.CARBON_SIGNAL_DIRECT
+        if signal not in ingest.SIGNAL_NAMES:
+            raise InvalidArgument("carbon_signal", "must be DIRECT or LIFECYCLE")
+        key = ingest.SeriesKey("ci", region, ingest.SIGNAL_NAMES[signal], "g_per_kwh")
+        state = self._state_for(key)
+        now = int(time.time())
+        step_now = now - now % state.resolution_s
+        last = await asyncio.to_thread(self._last_time, state.series_id)
+        if last is None:
+            raise NotFound(f"series {region}/{key.signal} has no points", field="region")
+        if last >= step_now or state.model is None:
+            _, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, state.resolution_s,
+                                              last, last + 1)
+            value, at, forecast = float(grid[-1]), last, False
+        else:
+            steps = (step_now - state.history_end_s) // state.resolution_s
+            if steps > MAX_HORIZON_STEPS:
+                raise FailedPrecondition(f"latest point of {region} is {steps} steps old; nothing current to give")
+            pred = self._prediction(state, int(steps), DEFAULT_COVERAGE)
+            value, at, forecast = float(pred.mean[-1]), step_now, True
+        return forecaster_pb2.GetCurrentCarbonIntensityResponse(carbon_intensity=common_pb2.CarbonIntensity(
+            region=region, carbon_signal=signal, ci_g_per_kwh=value, time=ts_proto(at), forecast=forecast))
+
+    # ---------------------------------------------------------------- forecasts
+    def _prediction(self, state: SeriesState, steps: int, coverage: float) -> Prediction:
+        assert state.model is not None
+        cache_key = (state.fit_version, state.updates, steps, coverage)
+        cached = state.cache.get(cache_key)
+        if cached is None:
+            with state.lock:
+                cached = state.model.predict(steps, coverage)
+                if len(state.cache) > 64:
+                    state.cache.clear()
+                state.cache[cache_key] = cached
+        return cached
+
+    async def GetForecast(self, request: forecaster_pb2.GetForecastRequest,
+                          context: grpc.aio.ServicerContext) -> forecaster_pb2.GetForecastResponse:
+        key = ingest.series_key(request.series)
+        steps = request.horizon_steps or DEFAULT_HORIZON_STEPS
+        if not 1 <= steps <= MAX_HORIZON_STEPS:
+            raise InvalidArgument("horizon_steps", f"must be in 1..{MAX_HORIZON_STEPS}")
+        coverage = request.interval_coverage_fraction or DEFAULT_COVERAGE
+        if not 0.0 < coverage < 1.0:
+            raise InvalidArgument("interval_coverage_fraction", "must be in (0, 1)")
+        state = self._state_for(key)
+        if state.model is not None:
+            cache_key = (state.fit_version, state.updates, steps, coverage)
+            pred = state.cache.get(cache_key) or await asyncio.to_thread(self._prediction, state, steps, coverage)
+            history_end = state.history_end_s
+        else:
+            # No fit yet (it runs in the background): answer with seasonal naive, and say so.
+            pred, history_end = await asyncio.to_thread(self._naive_prediction, state, steps, coverage)
+            if not state.fitting:
+                self._spawn(self.refit(state))
+        res = state.resolution_s
+        points = [common_pb2.ForecastPoint(time=ts_proto(history_end + (i + 1) * res), mean=float(m),
+                                           lower=float(lo), upper=float(hi))
+                  for i, (m, lo, hi) in enumerate(zip(pred.mean, pred.lower, pred.upper, strict=True))]
+        now = Timestamp()
+        now.GetCurrentTime()
+        return forecaster_pb2.GetForecastResponse(forecast=common_pb2.Forecast(
+            series=key.to_proto(), model=pred.model, interval_coverage_fraction=coverage, generated_at=now,
+            history_end=ts_proto(history_end), points=points, resolution_s=res))
+
+    def _naive_prediction(self, state: SeriesState, steps: int, coverage: float) -> tuple[Prediction, int]:
+        period = max(1, 86_400 // state.resolution_s)
+        last = self._last_time(state.series_id)
+        if last is None:
+            raise FailedPrecondition("series has no points")
+        first, grid = ingest.load_grid(self.db, state.series_id, state.resolution_s,
+                                       last - (4 * period - 1) * state.resolution_s, None)
+        if np.isfinite(grid).sum() < period:
+            raise FailedPrecondition(f"series has {int(np.isfinite(grid).sum())} points; a forecast needs {period}")
+        return SeasonalNaive(period).fit(grid).predict(steps, coverage), last
+
+    # ---------------------------------------------------------------- backtest
+    async def Backtest(self, request: forecaster_pb2.BacktestRequest,
+                       context: grpc.aio.ServicerContext) -> forecaster_pb2.BacktestResponse:
+        history = request.history_hours or 72
+        horizon = request.horizon_hours or 24
+        days = request.days or 7
+        try:
+            check_windows(history, horizon, days)
+        except ValueError as exc:
+            name = str(exc).split(" ", 1)[0]
+            raise InvalidArgument(name, str(exc)) from None
+        model = request.model or self.settings.forecast_model
+        if model not in MODELS:
+            raise InvalidArgument("model", f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        which = request.WhichOneof("data")
+        if which == "series":
+            state = self._state_for(ingest.series_key(request.series))
+            if state.resolution_s != HOUR_S:
+                raise FailedPrecondition("backtests run on hourly series")
+            first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, HOUR_S)
+            series = GridSeries(f"{state.key.kind}/{state.key.key}/{state.key.signal}", first, HOUR_S, grid)
+        elif which == "inline":
+            series = _inline_series(request.inline)
+        else:
+            raise InvalidArgument("data", "give a stored series or inline points")
+        try:
+            result = await self.pool.backtest(series, history, horizon, days, model)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        return forecaster_pb2.BacktestResponse(
+            mape_percent=result.mape, naive_mape_percent=result.naive_mape, points=result.points,
+            median_fit_s=result.fit_seconds_median, model=result.model,
+            days=[forecaster_pb2.BacktestDay(day=ts_proto(d.day_s), mape_percent=d.mape_percent,
+                                             naive_mape_percent=d.naive_mape_percent, fit_s=d.fit_s)
+                  for d in result.days])
 
 
-def build(ctx: ServiceContext) -> list[Registration]:
-    return [registration(forecaster_pb2, forecaster_pb2_grpc, "ForecasterService", ForecasterServicer(ctx))]
+def _inline_series(inline: forecaster_pb2.InlineSeries) -> GridSeries:
+    if not inline.points:
+        raise InvalidArgument("inline.points", "must not be empty")
+    times = np.array([p.time.seconds for p in inline.points], dtype=np.int64)
+    values = np.array([p.value for p in inline.points], dtype=np.float64)
+    try:
+        ingest.validate_points(times, values, HOUR_S)
+    except InvalidArgument as exc:
+        raise InvalidArgument("inline." + exc.field, exc.message) from None
+    if np.any(np.diff(times) <= 0):
+        i = int(np.flatnonzero(np.diff(times) <= 0)[0]) + 1
+        raise InvalidArgument(f"inline.points[{i}].time", "points must be in increasing time order")
+    first = int(times[0])
+    grid = np.full(int((times[-1] - first) // HOUR_S) + 1, np.nan)
+    grid[(times - first) // HOUR_S] = values
+    return GridSeries(inline.name or "inline", first, HOUR_S, grid)
+
+
+async def build(ctx: ServiceContext) -> list[Registration]:
+    settings: ForecasterSettings = ctx.settings  # type: ignore[assignment]
+    if settings.forecast_model not in MODELS:
+        raise ValueError(f"--forecast-model must be one of {', '.join(MODELS)}, got {settings.forecast_model!r}")
+    pool = fitting.FitPool(settings.fit_workers)
+    servicer = ForecasterServicer(ctx, pool)
+    await asyncio.to_thread(servicer.restore)
+    tasks = [asyncio.ensure_future(servicer.scheduler())]
+    if settings.electricitymaps_url and settings.electricitymaps_zones:
+        from greenserve.forecaster.provider_electricitymaps import ElectricityMapsClient, poll_forever
+
+        client = ElectricityMapsClient(settings.electricitymaps_url, settings.electricitymaps_token)
+        tasks.append(asyncio.ensure_future(poll_forever(client, servicer, settings.electricitymaps_zones,
+                                                        settings.electricitymaps_poll_s)))
+
+    async def stop() -> None:
+        for task in [*tasks, *servicer._tasks]:
+            task.cancel()
+        pool.shutdown()
+
+    ctx.on_stop.append(stop)
+    return [registration(forecaster_pb2, forecaster_pb2_grpc, "ForecasterService", servicer)]

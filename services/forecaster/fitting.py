@@ -1,0 +1,75 @@
+"""Model fits in worker processes, so that no RPC ever waits on an estimation.
+
+A :class:`FitPool` wraps a ``ProcessPoolExecutor`` (spawned workers, one BLAS thread each); ``submit`` returns
+an awaitable :class:`FitOutcome` holding the pickled fitted model. The servicer keeps serving forecasts from the
+previous fit until the new one arrives. Pickles carry :data:`FORMAT_VERSION`; a stored blob of another version
+is ignored (and the series refitted) instead of being unpickled into the wrong layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import pickle
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from greenserve.forecaster.backtest import BacktestResult, limit_native_threads, run_backtest
+from greenserve.forecaster.csv_sources import GridSeries
+from greenserve.forecaster.forecast_models import Model, make_model
+
+#: Layout of pickled models: bump when a model class changes its attributes.
+FORMAT_VERSION = 1
+
+
+@dataclass
+class FitOutcome:
+    """A finished fit: the pickled model, its full name and how long estimation took."""
+
+    blob: bytes
+    model_name: str
+    fit_s: float
+
+
+def fit_blob(model: str, values: np.ndarray, period: int) -> FitOutcome:
+    """Fit ``model`` on ``values`` (NaN = missing) and pickle it. Runs in a worker process."""
+    t0 = time.perf_counter()
+    fitted = make_model(model, period).fit(values)
+    fitted.predict(period)  # a fit that cannot forecast fails here, in the worker
+    return FitOutcome(pickle.dumps(fitted, protocol=pickle.HIGHEST_PROTOCOL), fitted.name, time.perf_counter() - t0)
+
+
+def load_blob(blob: bytes) -> Model:
+    return pickle.loads(blob)  # noqa: S301 - blobs are written by this service only
+
+
+def _worker_init() -> None:
+    limit_native_threads(1)
+
+
+def _backtest(series: GridSeries, history_hours: int, horizon_hours: int, days: int, model: str) -> BacktestResult:
+    return run_backtest(series, history_hours=history_hours, horizon_hours=horizon_hours, days=days, model=model)
+
+
+class FitPool:
+    """Worker processes for fits and backtests."""
+
+    def __init__(self, workers: int = 1) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process running gRPC threads
+        self._executor = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init)
+
+    async def fit(self, model: str, values: np.ndarray, period: int) -> FitOutcome:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fit_blob, model, values, period)
+
+    async def backtest(self, series: GridSeries, history_hours: int, horizon_hours: int, days: int,
+                       model: str) -> BacktestResult:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, _backtest, series, history_hours, horizon_hours, days,
+                                          model)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

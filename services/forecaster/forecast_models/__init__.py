@@ -1,0 +1,61 @@
+"""Forecasting models by name. ``make_model(name)`` returns an unfitted model; every model has ``fit``,
+``predict`` (with prediction intervals), ``update`` (online) and reports its full name with each forecast.
+
+Names:
+
+* ``auto`` (the service default): :class:`Combination` of seasonal naive, the 2- and 7-day profiles, ETS,
+  Fourier-term SARIMA and seasonal SARIMA, subset chosen per series by a backtest on the last days of history.
+* ``sarima``: seasonal SARIMA (1,0,0)(0,1,1)[24]; ``sarima_fourier``: ARMA(2,0,1) + 4 daily Fourier pairs;
+  ``auto_arima``: pmdarima's order search with m=24 (GreenCache §5.3, slow); ``ets``; ``seasonal_naive``;
+  ``daily_profile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model, Prediction
+from greenserve.forecaster.forecast_models.combination import Combination
+from greenserve.forecaster.forecast_models.ets import Ets
+from greenserve.forecaster.forecast_models.sarima import AutoSarima, Sarima, SarimaFourier
+from greenserve.forecaster.forecast_models.simple import DailyProfile, SeasonalNaive
+
+DEFAULT_MODEL = "auto"
+
+
+def _auto(period: int) -> Model:
+    return Combination(
+        members=[
+            partial(SeasonalNaive, period),
+            partial(DailyProfile, period, days=2),
+            partial(DailyProfile, period, days=7),
+            partial(Ets, period),
+            partial(SarimaFourier, period),
+            partial(Sarima, period),
+        ],
+        period=period,
+        validation_days=12,
+        max_members=3,
+    )
+
+
+MODELS: dict[str, Callable[[int], Model]] = {
+    "auto": _auto,
+    "sarima": lambda period: Sarima(period),
+    "sarima_fourier": lambda period: SarimaFourier(period),
+    "auto_arima": lambda period: AutoSarima(period),
+    "ets": lambda period: Ets(period),
+    "seasonal_naive": lambda period: SeasonalNaive(period),
+    "daily_profile": lambda period: DailyProfile(period),
+}
+
+
+def make_model(name: str = DEFAULT_MODEL, period: int = HOURLY_PERIOD) -> Model:
+    """An unfitted model; raises ``KeyError`` for an unknown name."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[name](period)
+
+
+__all__ = ["DEFAULT_MODEL", "MODELS", "Model", "Prediction", "make_model"]

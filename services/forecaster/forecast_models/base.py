@@ -1,0 +1,132 @@
+"""What every forecasting model offers: fit on a history, predict with intervals, update online.
+
+Models work on a regular series (one value per step, NaN = missing) and forecast the steps that follow its
+last value. Most work in log space (carbon intensity and load are positive and their daily swings are
+multiplicative); :class:`LogTransform` holds the offset that keeps zeros finite.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import norm
+
+#: Daily seasonality of hourly data (GreenCache section 5.3: SARIMA with m=24).
+HOURLY_PERIOD = 24
+
+#: Most recent steps a fitted model keeps in memory (30 days hourly); older ones are only in the database.
+MAX_KEPT_STEPS = 720
+
+
+@dataclass
+class Prediction:
+    """A forecast: point values and a prediction interval per step, in the series' own unit."""
+
+    mean: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    model: str
+    coverage_fraction: float
+
+
+class LogTransform:
+    """z = log(y + offset); the offset is 0 for strictly positive data, else 1 % of the median level."""
+
+    def __init__(self, y: np.ndarray) -> None:
+        finite = y[np.isfinite(y)]
+        if len(finite) == 0:
+            raise ValueError("history has no finite value")
+        if finite.min() > 0:
+            self.offset = 0.0
+        else:
+            self.offset = max(1e-9, 0.01 * float(np.median(np.abs(finite))) or 1e-6)
+
+    def forward(self, y: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.log(np.maximum(y + self.offset, 1e-12))
+
+    def inverse(self, z: np.ndarray) -> np.ndarray:
+        return np.maximum(np.exp(z) - self.offset, 0.0)
+
+
+def fill_gaps(z: np.ndarray, period: int = HOURLY_PERIOD) -> np.ndarray:
+    """A gap-free copy for models that cannot skip NaN: a missing value takes the value one period
+    earlier when known, else linear interpolation. Only used inside a model's fit, never stored."""
+    out = np.array(z, dtype=np.float64, copy=True)
+    nan = np.isnan(out)
+    if not nan.any():
+        return out
+    for i in np.flatnonzero(nan):
+        if i >= period and np.isfinite(out[i - period]):
+            out[i] = out[i - period]
+    nan = np.isnan(out)
+    if nan.any():
+        ok = np.flatnonzero(~nan)
+        out[nan] = np.interp(np.flatnonzero(nan), ok, out[ok])
+    return out
+
+
+def z_of(coverage_fraction: float) -> float:
+    return float(norm.ppf(0.5 + coverage_fraction / 2.0))
+
+
+class Model(abc.ABC):
+    """A forecasting model. ``fit`` then any number of ``predict``/``update`` calls; picklable."""
+
+    #: Short family name used in the registry (``seasonal_naive``, ``sarima``, ...).
+    family: str = ""
+
+    def __init__(self, period: int = HOURLY_PERIOD) -> None:
+        self.period = period
+        self.z: np.ndarray = np.empty(0)
+        self.transform: LogTransform | None = None
+
+    @property
+    def name(self) -> str:
+        """Full description of the fitted model (orders, members), reported with every forecast."""
+        return self.family
+
+    def fit(self, y: np.ndarray) -> Model:
+        y = np.asarray(y, dtype=np.float64)
+        self.transform = LogTransform(y)
+        self.z = self.transform.forward(y)
+        self._fit()
+        return self
+
+    def update(self, new_values: np.ndarray) -> None:
+        """Append new observations (the steps right after the history) without re-estimating."""
+        assert self.transform is not None
+        new_z = self.transform.forward(np.asarray(new_values, dtype=np.float64))
+        if len(new_z) == 0:
+            return
+        self.z = np.concatenate([self.z, new_z])[-MAX_KEPT_STEPS:]
+        self._update(new_z)
+
+    def predict(self, steps: int, coverage_fraction: float = 0.9) -> Prediction:
+        assert self.transform is not None
+        mean_z, sd_z = self._predict_z(steps)
+        q = z_of(coverage_fraction)
+        inv = self.transform.inverse
+        return Prediction(inv(mean_z), inv(mean_z - q * sd_z), inv(mean_z + q * sd_z), self.name, coverage_fraction)
+
+    def forecast_z_from(self, z_history: np.ndarray, steps: int) -> np.ndarray:
+        """Point forecast (log space) from another history with this model's estimated parameters: used to
+        score the model on days inside its own history (no re-estimation, no look at later values)."""
+        clone = self._refiltered(z_history)
+        return clone._predict_z(steps)[0]
+
+    # ---- to implement ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _fit(self) -> None: ...
+
+    @abc.abstractmethod
+    def _update(self, new_z: np.ndarray) -> None: ...
+
+    @abc.abstractmethod
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation per step, log space."""
+
+    @abc.abstractmethod
+    def _refiltered(self, z_history: np.ndarray) -> Model: ...

@@ -1,0 +1,137 @@
+"""A combination of forecasting models chosen per series by a backtest inside the history.
+
+At fit time every member is estimated on the history. Then, for each of the last ``validation_days`` periods
+of that same history, each member forecasts the period from the data before it (its estimated parameters,
+re-filtered on the shorter history: nothing after the origin is seen). Every subset of up to ``max_members``
+members is scored by the MAPE of its mean forecast over those days and the best subset is kept. The
+prediction interval comes from the empirical quantiles of the chosen combination's log errors on those days.
+
+This is the "combination chosen by recent backtest" of the issue; the SARIMA members keep GreenCache's SARIMA
+in the family, and :attr:`name` says which members produced a forecast.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, MAX_KEPT_STEPS, LogTransform, Model, Prediction
+
+MemberFactory = Callable[[], Model]
+
+
+class Combination(Model):
+    """Mean of the member subset that scored best on the last days of the history."""
+
+    family = "combination"
+
+    def __init__(self, members: list[MemberFactory], period: int = HOURLY_PERIOD, validation_days: int = 7,
+                 max_members: int = 3) -> None:
+        super().__init__(period)
+        self.factories = members
+        self.validation_days = validation_days
+        self.max_members = max_members
+        self.members: list[Model] = []
+        self.chosen: tuple[int, ...] = ()
+        self.validation_mape_percent: dict[str, float] = {}
+        self.log_error_quantiles: np.ndarray | None = None
+
+    @property
+    def name(self) -> str:
+        if not self.chosen:
+            return "combination[]"
+        return "combination[" + "+".join(self.members[i].name for i in self.chosen) + "]"
+
+    def fit(self, y: np.ndarray) -> Combination:
+        y = np.asarray(y, dtype=np.float64)
+        self.transform = LogTransform(y)
+        self.z = self.transform.forward(y)
+        self.members = []
+        for factory in self.factories:
+            member = factory()
+            try:
+                member.fit(y)
+            except Exception:  # a member that cannot fit this history (too short, singular) is left out
+                continue
+            self.members.append(member)
+        if not self.members:
+            raise ValueError("no member model could be fitted to this history")
+        self._select(y)
+        return self
+
+    def _select(self, y: np.ndarray) -> None:
+        p = self.period
+        days = max(0, min(self.validation_days, len(y) // p - 2))
+        origins = [len(y) - d * p for d in range(days, 0, -1)]
+        if not origins:
+            self.chosen = (0,)
+            return
+        truth = np.concatenate([y[o:o + p] for o in origins])
+        ok = np.isfinite(truth) & (truth != 0)
+        forecasts = np.full((len(self.members), len(truth)), np.nan)
+        for m, member in enumerate(self.members):
+            try:
+                parts = [member.transform.inverse(member.forecast_z_from(member.z[:o], p)) for o in origins]
+                forecasts[m] = np.concatenate(parts)
+            except Exception:
+                forecasts[m] = np.nan
+        best: tuple[float, tuple[int, ...]] = (np.inf, (0,))
+        scores: dict[str, float] = {}
+        for size in range(1, min(self.max_members, len(self.members)) + 1):
+            for subset in itertools.combinations(range(len(self.members)), size):
+                f = forecasts[list(subset)].mean(axis=0)
+                if not np.isfinite(f[ok]).all():
+                    continue
+                mape = float(np.mean(np.abs(f[ok] - truth[ok]) / np.abs(truth[ok])) * 100) if ok.any() else np.inf
+                scores["+".join(self.members[i].name for i in subset)] = mape
+                if mape < best[0] - 1e-9:
+                    best = (mape, subset)
+        self.chosen = best[1]
+        self.validation_mape_percent = scores
+        f = forecasts[list(self.chosen)].mean(axis=0)
+        good = ok & np.isfinite(f) & (f > 0)
+        if good.sum() >= 12:
+            errors = self.transform.forward(truth[good]) - self.transform.forward(f[good])
+            self.log_error_quantiles = np.sort(errors)
+        else:
+            self.log_error_quantiles = None
+
+    def _fit(self) -> None:  # fit() is overridden
+        raise NotImplementedError
+
+    def _update(self, new_z: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def update(self, new_values: np.ndarray) -> None:
+        new_values = np.asarray(new_values, dtype=np.float64)
+        assert self.transform is not None
+        self.z = np.concatenate([self.z, self.transform.forward(new_values)])[-MAX_KEPT_STEPS:]
+        for member in self.members:
+            member.update(new_values)
+
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _refiltered(self, z_history: np.ndarray) -> Model:
+        raise NotImplementedError
+
+    def predict(self, steps: int, coverage_fraction: float = 0.9) -> Prediction:
+        preds = [self.members[i].predict(steps, coverage_fraction) for i in self.chosen]
+        mean = np.mean([p.mean for p in preds], axis=0)
+        assert self.transform is not None
+        if self.log_error_quantiles is not None:
+            lo_q, hi_q = np.quantile(self.log_error_quantiles, [0.5 - coverage_fraction / 2, 0.5 + coverage_fraction / 2])
+            zm = self.transform.forward(mean)
+            lower = self.transform.inverse(zm + lo_q)
+            upper = self.transform.inverse(zm + hi_q)
+            # never narrower than what the members themselves say
+            lower = np.minimum(lower, np.mean([p.lower for p in preds], axis=0))
+            upper = np.maximum(upper, np.mean([p.upper for p in preds], axis=0))
+        else:
+            lower = np.mean([p.lower for p in preds], axis=0)
+            upper = np.mean([p.upper for p in preds], axis=0)
+        lower = np.minimum(lower, mean)
+        upper = np.maximum(upper, mean)
+        return Prediction(mean, lower, upper, self.name, coverage_fraction)

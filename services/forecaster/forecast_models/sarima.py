@@ -1,0 +1,206 @@
+"""SARIMA family on statsmodels' SARIMAX (the estimator pmdarima wraps), in log space.
+
+* :class:`SarimaFourier`: ARMA(p,q) errors around a constant plus K Fourier pairs of the daily period
+  (regression with SARIMA errors, the "Fourier-term SARIMA" of Hyndman's fpp §12.1); fast to fit because the
+  state stays small.
+* :class:`Sarima`: seasonal SARIMA (p,d,q)(P,D,Q)[24], fixed small orders (default (1,0,0)(0,1,1)[24]).
+* :class:`AutoSarima`: pmdarima ``auto_arima`` with m=24 (GreenCache §5.3), the order chosen by AIC, stepwise.
+
+All take ``max_fit_steps``: only the most recent steps are used to estimate (and to filter), which bounds fit
+time. ``update`` extends the Kalman filter with new observations (``SARIMAXResults.extend``) without
+re-estimating, as GreenCache's hourly online step does.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import numpy as np
+
+from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model
+
+
+def fourier_terms(start: int, steps: int, period: int, harmonics: int) -> np.ndarray:
+    """sin/cos pairs of the first ``harmonics`` harmonics of ``period``, for positions start..start+steps-1."""
+    t = np.arange(start, start + steps, dtype=np.float64)
+    cols = []
+    for k in range(1, harmonics + 1):
+        angle = 2.0 * np.pi * k * t / period
+        cols.append(np.sin(angle))
+        cols.append(np.cos(angle))
+    return np.column_stack(cols)
+
+
+class _StateSpaceModel(Model):
+    """Common plumbing of the SARIMAX-based models: windowed fit, extend on update, refilter."""
+
+    def __init__(self, period: int = HOURLY_PERIOD, max_fit_steps: int = 336, maxiter: int = 50) -> None:
+        super().__init__(period)
+        self.max_fit_steps = max_fit_steps
+        self.maxiter = maxiter
+        self.results: Any = None
+        self.params: np.ndarray | None = None
+
+    # exog of positions [start, start+steps)
+    def _exog(self, start: int, steps: int) -> np.ndarray | None:
+        return None
+
+    def _build(self, endog: np.ndarray, exog: np.ndarray | None) -> Any:
+        raise NotImplementedError
+
+    def _window(self, n: int) -> int:
+        return max(0, n - self.max_fit_steps)
+
+    def _fit(self) -> None:
+        n = len(self.z)
+        start = self._window(n)
+        endog = self.z[start:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = self._build(endog, self._exog(start, len(endog)))
+            self.results = model.fit(disp=False, method="lbfgs", maxiter=self.maxiter)
+        self.params = np.asarray(self.results.params)
+        self.n = n
+        self.fit_start = start
+
+    def forecast_z_from(self, z_history: np.ndarray, steps: int) -> np.ndarray:
+        """From the fit's own filter pass when ``z_history`` is a prefix of the fitted data: a dynamic
+        prediction from that point uses only the observations before it (one filter pass serves every origin,
+        instead of one re-filter per origin)."""
+        o = len(z_history)
+        res = self.results
+        fresh = res is not None and getattr(self, "fit_start", None) is not None and \
+            res.nobs == self.n - self.fit_start
+        lo, hi = o - self.fit_start if fresh else -1, o - (self.fit_start or 0) + steps - 1
+        if fresh and 1 <= lo and hi < res.nobs:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pred = res.get_prediction(start=lo, end=hi, dynamic=True)
+            return np.asarray(pred.predicted_mean, dtype=np.float64)
+        return super().forecast_z_from(z_history, steps)
+
+    def _update(self, new_z: np.ndarray) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exog = self._exog(self.n, len(new_z))
+            self.results = self.results.extend(new_z, exog=exog)
+        self.n += len(new_z)
+
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fc = self.results.get_forecast(steps, exog=self._exog(self.n, steps))
+            mean = np.asarray(fc.predicted_mean, dtype=np.float64)
+            sd = np.sqrt(np.maximum(np.asarray(fc.var_pred_mean, dtype=np.float64), 1e-12))
+        return mean, sd
+
+    def _refiltered(self, z_history: np.ndarray) -> Model:
+        n = len(z_history)
+        start = self._window(n)
+        endog = z_history[start:]
+        clone = copy.copy(self)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = self._build(endog, self._exog(start, len(endog)))
+            clone.results = model.filter(self.params)
+        clone.n = n
+        clone.z = z_history
+        return clone
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickle the estimated parameters and the recent window, not the filter output (megabytes for a
+        # seasonal state); __setstate__ re-runs the Kalman filter on that window, which is cheap.
+        state = self.__dict__.copy()
+        state["results"] = None
+        state["z"] = self.z[-self.max_fit_steps:]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.params is not None and len(self.z):
+            endog = self.z
+            start = self.n - len(endog)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.results = self._build(endog, self._exog(start, len(endog))).filter(self.params)
+
+
+class SarimaFourier(_StateSpaceModel):
+    """Regression on K daily Fourier pairs with ARMA(p,q) errors and a constant (log space)."""
+
+    family = "sarima_fourier"
+
+    def __init__(self, period: int = HOURLY_PERIOD, order: tuple[int, int, int] = (2, 0, 1), harmonics: int = 4,
+                 max_fit_steps: int = 336, maxiter: int = 50) -> None:
+        super().__init__(period, max_fit_steps, maxiter)
+        self.order = order
+        self.harmonics = harmonics
+
+    @property
+    def name(self) -> str:
+        p, d, q = self.order
+        return f"sarima_fourier({p},{d},{q})K{self.harmonics}[{self.period}]"
+
+    def _exog(self, start: int, steps: int) -> np.ndarray | None:
+        return fourier_terms(start, steps, self.period, self.harmonics)
+
+    def _build(self, endog: np.ndarray, exog: np.ndarray | None) -> Any:
+        from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+        return SARIMAX(endog, exog=exog, order=self.order, trend="c" if self.order[1] == 0 else "n",
+                       concentrate_scale=True)
+
+
+class Sarima(_StateSpaceModel):
+    """Seasonal SARIMA with fixed orders (log space)."""
+
+    family = "sarima"
+
+    def __init__(self, period: int = HOURLY_PERIOD, order: tuple[int, int, int] = (1, 0, 0),
+                 seasonal_order: tuple[int, int, int] = (0, 1, 1), max_fit_steps: int = 168,
+                 maxiter: int = 50) -> None:
+        super().__init__(period, max_fit_steps, maxiter)
+        self.order = order
+        self.seasonal_order = seasonal_order
+
+    @property
+    def name(self) -> str:
+        p, d, q = self.order
+        sp, sd, sq = self.seasonal_order
+        return f"sarima({p},{d},{q})({sp},{sd},{sq})[{self.period}]"
+
+    def _build(self, endog: np.ndarray, exog: np.ndarray | None) -> Any:
+        from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+        return SARIMAX(endog, order=self.order, seasonal_order=(*self.seasonal_order, self.period),
+                       concentrate_scale=True)
+
+
+class AutoSarima(Sarima):
+    """pmdarima ``auto_arima`` (m=period, stepwise, AIC) picks the orders; then it behaves like :class:`Sarima`."""
+
+    family = "auto_arima"
+
+    def __init__(self, period: int = HOURLY_PERIOD, max_fit_steps: int = 72, maxiter: int = 50) -> None:
+        super().__init__(period, max_fit_steps=max_fit_steps, maxiter=maxiter)
+
+    @property
+    def name(self) -> str:
+        return "auto_arima:" + super().name
+
+    def _fit(self) -> None:
+        import pmdarima
+
+        endog = self.z[self._window(len(self.z)):]
+        filled = np.where(np.isfinite(endog), endog, np.nanmean(endog))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            chosen = pmdarima.auto_arima(
+                filled, m=self.period, seasonal=True, stepwise=True, suppress_warnings=True, error_action="ignore",
+                max_p=2, max_q=2, max_P=1, max_Q=1, information_criterion="aic",
+            )
+        self.order = tuple(int(x) for x in chosen.order)  # type: ignore[assignment]
+        self.seasonal_order = tuple(int(x) for x in chosen.seasonal_order[:3])  # type: ignore[assignment]
+        super()._fit()

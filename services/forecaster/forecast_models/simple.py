@@ -1,0 +1,73 @@
+"""Baselines that need no estimation: seasonal naive and the mean daily profile of recent days."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model, fill_gaps
+
+
+def _residual_sd(z: np.ndarray, lag: int, steps: int) -> np.ndarray:
+    """Spread of the lag-``lag`` changes in history, as the standard deviation of every forecast step."""
+    diffs = z[lag:] - z[:-lag] if len(z) > lag else np.array([0.0])
+    diffs = diffs[np.isfinite(diffs)]
+    sd = float(np.std(diffs)) if len(diffs) > 1 else 0.0
+    return np.full(steps, max(sd, 1e-6))
+
+
+class SeasonalNaive(Model):
+    """The previous period repeated: f[t+h] = y[t+h-24] (the baseline every backtest reports)."""
+
+    family = "seasonal_naive"
+
+    def _fit(self) -> None:
+        pass
+
+    def _update(self, new_z: np.ndarray) -> None:
+        pass
+
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        p = self.period
+        last = fill_gaps(self.z[-2 * p:] if len(self.z) >= 2 * p else self.z, p)[-p:]
+        reps = int(np.ceil(steps / p))
+        return np.tile(last, reps)[:steps], _residual_sd(self.z, p, steps)
+
+    def _refiltered(self, z_history: np.ndarray) -> Model:
+        clone = copy.copy(self)
+        clone.z = z_history
+        return clone
+
+
+class DailyProfile(Model):
+    """Mean (log space) of the last ``days`` periods at each hour of the day."""
+
+    family = "daily_profile"
+
+    def __init__(self, period: int = HOURLY_PERIOD, days: int = 7) -> None:
+        super().__init__(period)
+        self.days = days
+
+    @property
+    def name(self) -> str:
+        return f"daily_profile({self.days}d)"
+
+    def _fit(self) -> None:
+        pass
+
+    def _update(self, new_z: np.ndarray) -> None:
+        pass
+
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        p = self.period
+        k = max(1, min(self.days, len(self.z) // p))
+        block = fill_gaps(self.z[-k * p:], p).reshape(k, p)
+        profile = block.mean(axis=0)
+        reps = int(np.ceil(steps / p))
+        return np.tile(profile, reps)[:steps], _residual_sd(self.z, p, steps)
+
+    def _refiltered(self, z_history: np.ndarray) -> Model:
+        clone = copy.copy(self)
+        clone.z = z_history
+        return clone

@@ -1,0 +1,36 @@
+"""`greenserve forecast backtest ... --json` and `greenserve bench forecaster` smoke runs on real files."""
+
+from __future__ import annotations
+
+import json
+
+from greenserve.forecaster import bench
+from greenserve_client.commands import forecast
+
+
+def test_cli_backtest_prints_one_json_object(data_dir, capsys) -> None:
+    path = data_dir / "ci_electricitymaps_es" / "ES_2023_hourly.csv"
+    code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)",
+                          "--value-column", "Carbon Intensity gCO₂eq/kWh (LCA)", "--history-hours", "72",
+                          "--horizon-hours", "24", "--days", "2", "--model", "sarima_fourier", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"mape", "naive_mape", "points", "fit_seconds_median", "model"} <= set(out)
+    assert out["points"] == 48 and out["model"].startswith("sarima_fourier") and out["mape"] > 0
+
+
+def test_cli_backtest_bad_column_exits_2(data_dir, capsys) -> None:
+    path = data_dir / "ci_electricitymaps_es" / "ES_2023_hourly.csv"
+    code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)", "--value-column",
+                          "nope", "--days", "1", "--json"])
+    assert code == 2 and "nope" in capsys.readouterr().err
+
+
+def test_bench_smoke(capsys) -> None:
+    code = bench.main(["--series", "load/azure2024-conv", "--days", "1", "--workers", "1", "--rpc-calls", "0", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["load"]["series"] == 1 and out["ci"] == {} and out["forecast_rpc"] == {}
+    row = out["series"][0]
+    assert {"mape", "naive_mape", "ratio_to_naive", "fit_seconds_median", "model", "points"} <= set(row)
+    assert row["points"] == 24 and row["history_hours"] == 72

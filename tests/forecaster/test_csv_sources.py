@@ -1,0 +1,119 @@
+"""Each CSV layout of ../shared/data read by the ingestion code, checked against numbers from SOURCE.md."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from greenserve.forecaster import csv_sources as cs
+
+
+def test_electricitymaps_layout_both_signals(data_dir) -> None:
+    path = data_dir / "ci_electricitymaps_greendcc" / "GB_2024_hourly.csv"
+    assert cs.detect_layout(cs.read_header(path)) == "electricitymaps"
+    direct = cs.read_csv_series(path, signal="direct")
+    lca = cs.read_csv_series(path, signal="lifecycle")
+    assert direct.region == "GB" and direct.signal == "direct" and lca.signal == "lifecycle"
+    assert len(direct.values) == 8784  # leap year, SOURCE.md
+    assert direct.values[0] == 61.34 and lca.values[0] == 96.44  # first row of the file
+    assert direct.times_s[0] == pd.Timestamp("2024-01-01T00:00Z").timestamp()
+    grid = cs.to_grid(direct)
+    assert grid.step_s == 3600 and not grid.missing_runs()
+
+
+def test_electricitymaps_respelled_and_derived_columns(data_dir) -> None:
+    fr = cs.read_csv_series(data_dir / "ci_electricitymaps_fr2022" / "FR_2022_hourly_normalized.csv",
+                            signal="lifecycle")
+    assert fr.region == "FR" and abs(np.mean(fr.values) - 89) < 1  # SOURCE.md: LCA mean 89
+    fi = cs.read_csv_series(data_dir / "ci_em2022_derived_fi_se3" / "FI_2022_hourly_lca_derived.csv")
+    assert fi.signal == "lifecycle" and fi.region == "FI" and len(fi.values) == 8759
+    assert abs(np.mean(fi.values) - 147) < 1
+
+
+def test_raw_spreadsheet_file_needs_dayfirst(data_dir) -> None:
+    raw = data_dir / "ci_electricitymaps_fr2022" / "raw" / "FR_2022_hourly.csv"
+    series = cs.read_csv_series(raw, time_column="Datetime (UTC)", value_column="Carbon Intensity gCO2eq/kWh (LCA)",
+                                dayfirst=True)
+    normalized = cs.read_csv_series(data_dir / "ci_electricitymaps_fr2022" / "FR_2022_hourly_normalized.csv",
+                                    signal="lifecycle")
+    assert np.array_equal(series.times_s, normalized.times_s)
+    assert np.allclose(series.values, normalized.values)
+
+
+def test_ensembleci_layout_with_and_without_utc_suffix(data_dir) -> None:
+    se = data_dir / "ci_ensembleci" / "SE_direct_emissions.csv"  # "+00:00" suffix, extra index columns
+    erco = data_dir / "ci_ensembleci" / "ERCO_direct_emissions.csv"  # no suffix
+    assert cs.detect_layout(cs.read_header(se)) == "ensembleci"
+    a, b = cs.read_csv_series(se), cs.read_csv_series(erco)
+    assert a.values[0] == 65.6 and a.times_s[0] == pd.Timestamp("2019-01-01T00:00Z").timestamp()
+    assert b.times_s[0] == a.times_s[0]
+    assert len(cs.to_grid(b).values) == 35136
+
+
+def test_letswaitawhile_half_hours_resampled_to_hourly_means(data_dir) -> None:
+    raw = cs.read_csv_series(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv")
+    assert cs.detect_layout(cs.read_header(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv")) == "letswaitawhile"
+    grid = cs.to_grid(raw)
+    assert grid.step_s == 3600
+    assert np.isclose(grid.values[0], raw.values[:2].mean())  # 00:00 and 00:30 averaged
+
+
+def test_azure_2024_minutes_sum_to_the_hourly_file(data_dir) -> None:
+    folder = data_dir / "azure_llm_2024_week"
+    grid = cs.to_grid(cs.read_azure_2024_minutes(folder / "azure2024_llm_requests_per_minute.csv", "code"))
+    hourly = pd.read_csv(folder / "azure2024_llm_requests_hourly_utc.csv")
+    code = hourly[hourly["service"] == "code"]["requests"].to_numpy(dtype=float)
+    assert len(grid.values) == 168
+    assert np.allclose(grid.values * 3600, code)
+    assert grid.start_s == pd.Timestamp("2024-05-10T00:00Z").timestamp()
+
+
+def test_servegen_all_zero_windows_are_missing(data_dir) -> None:
+    raw = cs.read_servegen_rates(data_dir / "servegen_bailian_language" / "servegen_language_total_rate_10min.csv",
+                                 "m_mid")
+    assert int(np.isnan(raw.values).sum()) >= 84  # the 84 all-zero windows of SOURCE.md, never zero load
+    assert np.nanmin(raw.values) > 0
+    grid = cs.to_grid(raw)
+    assert grid.missing_runs(), "collection gaps must stay gaps"
+    assert np.nanmin(grid.values) > 100  # no hour read as (near) zero load
+
+
+def test_worldcup_absent_minutes_are_not_zero(data_dir) -> None:
+    raw = cs.read_count_per_minute(data_dir / "worldcup98_http" / "invocation_count.csv")
+    grid = cs.to_grid(raw)
+    hourly = pd.read_csv(data_dir / "worldcup98_http" / "worldcup98_requests_hourly_utc.csv")
+    start = int(pd.Timestamp(hourly["hour_start_utc"].iloc[0], tz="UTC").timestamp())
+    i0 = (start - grid.start_s) // 3600
+    ours = grid.values[i0:i0 + len(hourly)] * 3600
+    theirs = hourly["requests"].to_numpy(dtype=float)
+    same = np.isclose(ours, theirs)
+    assert same.mean() > 0.99  # equal wherever all 60 minutes exist
+    assert np.all(ours[~same] > theirs[~same])  # hours with absent minutes: mean of present ones, not zero-filled
+
+
+def test_azure_2023_request_trace_to_counts(data_dir) -> None:
+    grid = cs.read_azure_request_trace(data_dir / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv", step_s=60)
+    assert grid.step_s == 60 and 55 <= len(grid.values) <= 58
+    total = grid.values.sum() * 60
+    assert 18_000 < total <= 19_366  # whole minutes only (SOURCE.md: 19,366 requests in ~58 min)
+
+
+def test_requests_to_counts_keeps_empty_intervals_as_zero() -> None:
+    first, rates = cs.requests_to_counts(np.array([0.5, 1.0, 130.0]), 60, 0, 180)
+    assert first == 0 and np.allclose(rates * 60, [2, 0, 1])
+
+
+def test_catalog_covers_every_ci_folder_and_the_load_traces(data_dir) -> None:
+    names = [e.name for e in cs.catalog(data_dir)]
+    for fragment in ("em/US-CAL-CISO_2024/lifecycle", "em/ES_2023/direct", "em/FR_2022/lifecycle",
+                     "em-derived/FI_2022", "ensembleci/CISO/direct", "letswaitawhile/GB_2020",
+                     "load/azure2024-code", "load/servegen-m-mid", "load/worldcup98"):
+        assert any(fragment in n for n in names), fragment
+    assert "ensembleci/DE/lifecycle" not in names  # upstream duplicate of DE direct
+
+
+def test_missing_column_is_named(data_dir, tmp_path) -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="nope"):
+        cs.read_csv_series(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv", time_column="Time", value_column="nope")
