@@ -45,8 +45,11 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests (smoke runs)")
     parser.add_argument("--capacities", type=str, default=None,
                         help="comma-separated fractions of unique blocks (default 0.01,...,1.0)")
-    parser.add_argument("--ttl-period-s", type=float, default=600.0, help="LCS+TTL recompute period and window")
+    parser.add_argument("--ttl-period-s", type=float, default=600.0, help="LCS+TTL: TTL recompute period")
+    parser.add_argument("--ttl-window-s", type=float, default=1800.0, help="LCS+TTL: access window of a recompute")
     parser.add_argument("--top-k", type=int, default=16, help="prefix groups besides the residual (Kareto K)")
+    parser.add_argument("--ablations", action="store_true",
+                        help=f"also replay {', '.join(policies.ABLATIONS)} (key 'ablations')")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
     path = ns.trace or default_trace()
@@ -54,6 +57,8 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
         parser.error(f"trace file not found: {path}")
     if ns.limit is not None and ns.limit <= 0:
         parser.error("--limit must be positive")
+    if ns.ttl_period_s <= 0 or ns.ttl_window_s <= 0 or ns.top_k < 1:
+        parser.error("--ttl-period-s and --ttl-window-s must be positive, --top-k >= 1")
     try:
         fractions = ([float(x) for x in ns.capacities.split(",") if x.strip()] if ns.capacities
                      else list(DEFAULT_FRACTIONS))
@@ -61,22 +66,37 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
         parser.error("--capacities must be comma-separated numbers")
     if not fractions or any(not (0 < f <= 1) for f in fractions):
         parser.error("--capacities must be fractions in (0, 1]")
+    started_all = time.perf_counter()
     trace = policies.load_trace(path, ns.limit)
     if not trace:
         parser.error(f"trace {path} has no requests")
-    n_unique = policies.unique_blocks(trace)
+    compiled = policies.compile_trace(trace)
+    n_unique = compiled.n_blocks
     _log(f"{len(trace)} requests, {n_unique} unique blocks from {path.name}")
-    table: dict[str, list[float]] = {}
-    for policy in policies.POLICIES:
-        started = time.perf_counter()
-        table[policy] = []
-        for f in fractions:
-            rate = policies.replay(trace, policy, max(1, int(round(f * n_unique))),
-                                   ttl_period_s=ns.ttl_period_s, top_k=ns.top_k)
-            table[policy].append(round(rate, 6))
-        _log(f"{policy}: {table[policy]} ({time.perf_counter() - started:.1f} s)")
-    print(json.dumps({"capacities": fractions, "hit_rate": table, "requests": len(trace),
-                      "unique_blocks": n_unique}))
+
+    def run(names: tuple[str, ...]) -> tuple[dict[str, list[float]], dict[str, float]]:
+        table: dict[str, list[float]] = {}
+        seconds: dict[str, float] = {}
+        for policy in names:
+            started = time.perf_counter()
+            table[policy] = [
+                round(policies.replay(compiled, policy, max(1, int(round(f * n_unique))),
+                                      ttl_period_s=ns.ttl_period_s, ttl_window_s=ns.ttl_window_s,
+                                      top_k=ns.top_k), 6)
+                for f in fractions
+            ]
+            seconds[policy] = round(time.perf_counter() - started, 2)
+            _log(f"{policy}: {table[policy]} ({seconds[policy]} s)")
+        return table, seconds
+
+    table, seconds = run(policies.POLICIES)
+    out: dict[str, object] = {"capacities": fractions, "hit_rate": table, "requests": len(trace),
+                              "unique_blocks": n_unique}
+    if ns.ablations:
+        out["ablations"], more = run(policies.ABLATIONS)
+        seconds.update(more)
+    out["seconds"] = {**seconds, "total": round(time.perf_counter() - started_all, 2)}
+    print(json.dumps(out))
     return 0
 
 
@@ -95,67 +115,86 @@ def _read_recompute_ms(tokens: int, chunk_tokens: int, repeats: int, rng: np.ran
         read_or_recompute.decide(read_s, read_e, rec_s, rec_e, delay_budget_s=budget, queue_wait_s=0.0, force_dp=True)
         times.append((time.perf_counter() - t0) * 1e3)
     arr = np.asarray(times)
-    return {"prompt_tokens": tokens, "chunk_tokens": chunk_tokens, "chunks": n,
+    return {"prompt_tokens": tokens, "chunk_tokens": chunk_tokens, "chunks": n, "repeats": repeats,
             "decide_ms_p50": round(float(np.percentile(arr, 50)), 3),
             "decide_ms_p99": round(float(np.percentile(arr, 99)), 3)}
 
 
+def _lmcache_like_keys(count: int, rng: np.random.Generator) -> list[str]:
+    """Entry keys shaped like LMCache objects: 32-byte chunk hash hex @ model @ packed kv_rank @ salt."""
+    raw = rng.integers(0, 256, size=(count, 32), dtype=np.uint8)
+    return [row.tobytes().hex() + "@meta-llama/Llama-3.1-8B@16777472@" for row in raw]
+
+
 def eviction_main(argv: list[str], prog: str = "greenserve bench cache-eviction") -> int:
-    """Latency of choosing the lowest-LCS entry over an index of N entries, and index bytes per entry."""
+    """Latency of choosing the lowest-LCS entry over an index of N entries, index bytes per entry, and the
+    read-or-recompute decision time for a long prompt."""
     parser = argparse.ArgumentParser(prog=prog, description=eviction_main.__doc__)
     parser.add_argument("--entries", type=int, default=1_000_000, help="index size (default 1,000,000)")
-    parser.add_argument("--choices", type=int, default=200, help="eviction choices timed")
+    parser.add_argument("--choices", type=int, default=1000, help="eviction choices timed")
     parser.add_argument("--batch", type=int, default=1, help="victims per choice")
     parser.add_argument("--read-recompute-tokens", type=int, default=32768,
                         help="prompt tokens for the read-or-recompute timing (0 skips it)")
+    parser.add_argument("--read-recompute-repeats", type=int, default=200, help="read-or-recompute decisions timed")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per chunk (LMCache chunk size)")
     parser.add_argument("--read-recompute-only", action="store_true", help="only time read-or-recompute")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
-    if ns.entries <= 0 or ns.choices <= 0 or ns.batch <= 0:
-        parser.error("--entries, --choices and --batch must be positive")
+    if ns.entries <= 0 or ns.choices <= 0 or ns.batch <= 0 or ns.read_recompute_repeats <= 0:
+        parser.error("--entries, --choices, --batch and --read-recompute-repeats must be positive")
     if ns.chunk_tokens <= 0 or ns.read_recompute_tokens < 0:
         parser.error("--chunk-tokens must be positive and --read-recompute-tokens non-negative")
     rng = np.random.default_rng(ns.seed)
     result: dict[str, object] = {}
     if not ns.read_recompute_only:
-        tracemalloc.start()
-        index = CacheIndex(initial_capacity=ns.entries)
-        base = tracemalloc.get_traced_memory()[0]
-        _log(f"building an index of {ns.entries} entries")
+        n = ns.entries
+        keys = _lmcache_like_keys(n, rng)
         now = 1_000_000.0
-        stored = rng.uniform(0, now, ns.entries)
-        tokens = rng.integers(256, 8192, ns.entries)
-        hits = rng.poisson(2.0, ns.entries)
-        for i in range(ns.entries):
-            s = index.store(f"{i:016x}", tokens=int(tokens[i]), size_bytes=int(tokens[i]) * 131072,
-                            now_s=float(stored[i]))
-            for _ in range(int(hits[i])):
-                index.hit_slot(s, hit_tokens=int(tokens[i]), now_s=float(stored[i]) + 1.0)
+        stored = rng.uniform(0, now, n)
+        tokens = rng.integers(1, 257, n)  # LMCache chunks: 256 tokens, the last one of a prompt shorter
+        hits = rng.poisson(2.0, n)
+        _log(f"building an index of {n} entries")
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        started = time.perf_counter()
+        index = CacheIndex(initial_capacity=n)
+        index.store_many(keys, tokens=tokens, size_bytes=256 * 131072 * np.ones(n), now_s=stored, hits=hits)
+        build_s = time.perf_counter() - started
         used = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
-        bytes_per_entry = used / ns.entries
-        _log(f"index built: {bytes_per_entry:.1f} bytes/entry (numpy arrays {index.array_bytes_per_slot()} B/slot)")
+        del keys
+        bytes_per_entry = used / n
+        assert index.key_of(0).endswith("@16777472@")
+        _log(f"index built in {build_s:.1f} s: {bytes_per_entry:.1f} bytes/entry "
+             f"(numpy arrays + key table {index.array_bytes_per_slot()} B/slot)")
         times = []
+        fresh = _lmcache_like_keys(ns.choices * ns.batch, rng)
+        refreshes_before = index.refreshes
         for k in range(ns.choices):
             t = now + k * 0.5
             t0 = time.perf_counter()
             victims = index.choose_victims(ns.batch, t)
             times.append((time.perf_counter() - t0) * 1e3)
             # Evict and re-insert so the index stays at N entries and changes between choices.
-            for s in victims:
+            for j, s in enumerate(victims):
                 index.remove_slot(int(s))
-                index.store(f"new-{k}-{int(s)}", tokens=512, size_bytes=512 * 131072, now_s=t)
+                index.store(fresh[k * ns.batch + j], tokens=256, size_bytes=256 * 131072, now_s=t)
         arr = np.asarray(times)
-        result.update({"entries": ns.entries, "choose_ms_p50": round(float(np.percentile(arr, 50)), 3),
+        result.update({"entries": n, "choose_ms_p50": round(float(np.percentile(arr, 50)), 3),
                        "choose_ms_p99": round(float(np.percentile(arr, 99)), 3),
-                       "bytes_per_entry": round(bytes_per_entry, 1), "array_bytes_per_slot": index.array_bytes_per_slot(),
-                       "batch": ns.batch})
-        _log(f"choose: p50 {result['choose_ms_p50']} ms, p99 {result['choose_ms_p99']} ms")
+                       "choose_ms_max": round(float(arr.max()), 3),
+                       "full_passes": index.refreshes - refreshes_before, "choices": ns.choices,
+                       "bytes_per_entry": round(bytes_per_entry, 1),
+                       "array_bytes_per_slot": index.array_bytes_per_slot(), "batch": ns.batch,
+                       "build_s": round(build_s, 2)})
+        _log(f"choose: p50 {result['choose_ms_p50']} ms, p99 {result['choose_ms_p99']} ms, "
+             f"{result['full_passes']} full passes in {ns.choices} choices")
     if ns.read_recompute_tokens:
-        rr = _read_recompute_ms(ns.read_recompute_tokens, ns.chunk_tokens, 50, rng)
+        rr = _read_recompute_ms(ns.read_recompute_tokens, ns.chunk_tokens, ns.read_recompute_repeats, rng)
         _log(f"read-or-recompute: {rr}")
         result["read_or_recompute"] = rr
+        result["read_or_recompute_ms_p50"] = rr["decide_ms_p50"]
+        result["read_or_recompute_ms_p99"] = rr["decide_ms_p99"]
     print(json.dumps(result))
     return 0

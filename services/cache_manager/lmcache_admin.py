@@ -16,8 +16,20 @@ What LMCache cannot do at run time: the L1 (DRAM) size is fixed by `--l1-size-gb
 Device-DAX arenas (`/reconfigure/dax/l1/...`, `/reconfigure/{backend}/l2/...` for the `dax` adapter) can be
 resized live, which needs a /dev/dax device. So an L1 resize is a controlled restart (resize.py).
 
-Entry keys. The index's entry key for an LMCache object is `chunk_hash_hex@model_name@kv_rank@cache_salt`
-(`@` cannot occur in a salt, LMCache forbids it); a bare hex key means model "", rank 0, no salt.
+Entry keys. The index's entry key for an LMCache object is
+`chunk_hash_hex@model_name@kv_rank@cache_salt[@object_group_id]` -- exactly the fields of LMCache's
+`ObjectKey` (lmcache/v1/distributed/api.py), which `DELETE /cache/objects` matches field for field:
+
+- `chunk_hash_hex`: the chunk's TokenHasher hash (blake3 by default, chunk size 256), lowercase hex.
+- `kv_rank` is NOT the worker index: it is LMCache's packed rank `ObjectKey.ComputeKVRank(world_size,
+  global_rank, local_world_size, local_rank) = world_size << 24 | global_rank << 16 | local_world_size << 8
+  | local_rank` (api.py `_lookup_kv_ranks`), e.g. 16777472 for the single worker of a TP=1 engine.
+  Sending rank 0 (the previous encoding) matches nothing: LMCache answers `deleted: 0` (L1 deletes of
+  absent keys are silent no-ops, `StorageManager.delete_l1_keys`).
+- `object_group_id` defaults to 0 (models with one KV-cache group).
+
+Keys without `@` (e.g. the router's 64-bit prefix hashes) are not LMCache objects and are never sent.
+`@` cannot occur in a model name or salt (ObjectKey invariants).
 """
 
 from __future__ import annotations
@@ -51,16 +63,48 @@ def salt_path(salt: str) -> str:
     return "_default" if salt == "" else salt
 
 
+MAX_DELETE_BATCH = 10_000  # lmcache/v1/multiprocess/cache_control/object_service.py MAX_DELETE_BATCH
+
+
+def kv_rank(world_size: int = 1, global_rank: int = 0, local_world_size: int | None = None,
+            local_rank: int | None = None) -> int:
+    """LMCache's packed kv_rank (ObjectKey.ComputeKVRank); defaults describe a single-node engine."""
+    lws = world_size if local_world_size is None else local_world_size
+    lr = global_rank if local_rank is None else local_rank
+    return (world_size << 24) | (global_rank << 16) | (lws << 8) | lr
+
+
+def entry_key(chunk_hash_hex: str, model_name: str, kv_rank: int, cache_salt: str = "",
+              object_group_id: int = 0) -> str:
+    """The index's entry key of an LMCache object (inverse of `encode_key`)."""
+    key = f"{chunk_hash_hex}@{model_name}@{kv_rank}@{cache_salt}"
+    return key + f"@{object_group_id}" if object_group_id else key
+
+
 def encode_key(entry_key: str) -> dict[str, Any]:
-    """LMCache EncodedObjectKey for an entry key (see module doc)."""
+    """LMCache EncodedObjectKey for an entry key (see module doc); ValueError when it is not one."""
     parts = entry_key.split("@")
-    if len(parts) == 1:
-        return {"chunk_hash_hex": parts[0], "model_name": "", "kv_rank": 0, "object_group_id": 0, "cache_salt": ""}
-    if len(parts) != 4:
-        raise ValueError(f"entry key {entry_key!r} is not HASH or HASH@MODEL@RANK@SALT")
-    chunk, model, rank, salt = parts
-    return {"chunk_hash_hex": chunk, "model_name": model, "kv_rank": int(rank), "object_group_id": 0,
+    if len(parts) not in (4, 5):
+        raise ValueError(f"entry key {entry_key!r} is not HASH@MODEL@KV_RANK@SALT[@GROUP]")
+    chunk, model, rank, salt = parts[:4]
+    try:
+        bytes.fromhex(chunk)
+        rank_i, group = int(rank), int(parts[4]) if len(parts) == 5 else 0
+    except ValueError:
+        raise ValueError(f"entry key {entry_key!r}: hash must be hex, kv_rank and group integers") from None
+    return {"chunk_hash_hex": chunk, "model_name": model, "kv_rank": rank_i, "object_group_id": group,
             "cache_salt": salt}
+
+
+def lmcache_keys(entry_keys: list[str]) -> list[dict[str, Any]]:
+    """The encodable (LMCache object) keys among entry keys; others are dropped."""
+    out = []
+    for k in entry_keys:
+        try:
+            out.append(encode_key(k))
+        except ValueError:
+            continue
+    return out
 
 
 class LmcacheAdmin:
@@ -118,18 +162,28 @@ class LmcacheAdmin:
             await self._call("PUT", f"/quota/{salt_path(salt)}", json={"limit_gb": quota_bytes / GIB})
 
     async def delete_objects(self, entry_keys: list[str], *, tier: str = "all", force: bool = False) -> tuple[int, int]:
-        """Delete objects by key; returns (deleted, skipped-as-locked) as LMCache counts them."""
-        if not entry_keys:
+        """Delete objects by key; returns (deleted, skipped-as-locked) as LMCache counts them.
+
+        Keys that are not LMCache object keys are not sent; batches hold at most MAX_DELETE_BATCH keys.
+        With tier "all" on a server without L2 adapters only L1 is asked ("all" would answer 503); note
+        that LMCache counts an L2 delete as the whole batch (object_service.py), found or not.
+        """
+        keys = lmcache_keys(entry_keys)
+        if not keys:
             return 0, 0
-        keys = [encode_key(k) for k in entry_keys]
         if tier == "all":
             state = await self.state()
             if state.l2_adapters == 0:
-                tier = "l1"  # "all" would fail with 503 on a server without L2 adapters
-        body = await self._call("DELETE", "/cache/objects", json={"keys": keys, "tier": tier, "force": force})
-        if not body.get("ok", True):
-            raise LmcacheError(f"DELETE {self.url}/cache/objects: {body.get('error')}")
-        return int(body.get("deleted", 0)), int(body.get("skipped", 0))
+                tier = "l1"
+        deleted = skipped = 0
+        for i in range(0, len(keys), MAX_DELETE_BATCH):
+            body = await self._call("DELETE", "/cache/objects", json={
+                "keys": keys[i:i + MAX_DELETE_BATCH], "tier": tier, "force": force})
+            if not body.get("ok", True):
+                raise LmcacheError(f"DELETE {self.url}/cache/objects: {body.get('error')}")
+            deleted += int(body.get("deleted", 0))
+            skipped += int(body.get("skipped", 0))
+        return deleted, skipped
 
     async def clear_l1(self, *, force: bool = False) -> None:
         await self._call("POST", "/cache/clear", json={"tier": "l1", "force": force})

@@ -4,12 +4,15 @@ The trace is the Mooncake FAST'25 JSONL layout: one request per line with `times
 (tokens) and `hash_ids` (chained 512-token prefix-block ids). A request's cached prefix is its leading run
 of blocks present in the cache (prefix caching: a block after a missing one cannot be reused); the token
 hit rate is hit tokens / input tokens (GreenCache Table 3's definition). Every block of the request is
-then stored or touched. Capacity counts blocks (entries); all blocks are 512 tokens except a request's last
-one, and LCS sizes an entry by its tokens (bytes are proportional).
+then touched or stored. Capacity counts blocks; every block takes one block of the cache (a request's
+partial last block too), so LCS gives every entry Size = 512 tokens' worth and #Token = its real tokens.
 
-LCS+TTL: Kareto group TTLs (group_ttl.py) are recomputed every `ttl_period_s` from the accesses of the last
-`ttl_period_s`, with a budget of capacity x period block-seconds; when room is needed, entries idle longer
-than their group's TTL go first (lowest LCS first), then the LCS choice.
+- FIFO / LRU: one ordered dict; LRU touches a request's blocks in prompt order (what LMCache's LRU does).
+- LCS: `CacheIndex` (GreenCache Eq. 7, see index.py for the definitions) with the prefix chain of each
+  block, so only leaves are evicted, through the index's exact incremental choice.
+- LCS+TTL: LCS plus Kareto group TTLs (group_ttl.py): every `ttl_period_s` the TTLs are recomputed from
+  the accesses of the last `ttl_window_s` with a budget of capacity x window block-seconds, and every
+  `ttl_sweep_s` entries idle past their group's TTL are deleted (leaves first), as the service does.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from greenserve.cache_manager.index import CacheIndex
 
 BLOCK_TOKENS = 512
 POLICIES = ("FIFO", "LRU", "LCS", "LCS+TTL")
+ABLATIONS = ("LCS-no-reset", "LCS-no-chain", "LRU-chain")
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ class Request:
     blocks: tuple[int, ...]
 
     def block_tokens(self, i: int) -> int:
-        return min(BLOCK_TOKENS, self.input_tokens - i * BLOCK_TOKENS) if self.input_tokens else BLOCK_TOKENS
+        if not self.input_tokens:
+            return BLOCK_TOKENS
+        return max(0, min(BLOCK_TOKENS, self.input_tokens - i * BLOCK_TOKENS))
 
 
 def load_trace(path: Path, limit: int | None = None) -> list[Request]:
@@ -61,143 +67,224 @@ def unique_blocks(trace: Iterable[Request]) -> int:
     return len({b for r in trace for b in r.blocks})
 
 
+@dataclass
+class Compiled:
+    """The trace as flat arrays over dense block ids (built once, shared by all replays)."""
+
+    times_s: np.ndarray  # per request
+    input_tokens: np.ndarray  # per request
+    offsets: np.ndarray  # request r's refs are [offsets[r], offsets[r+1])
+    blocks: np.ndarray  # dense block id per reference
+    tokens: np.ndarray  # tokens per reference
+    parents: np.ndarray  # dense id of the previous block of the request, -1 for the first
+    groups: np.ndarray  # per request: prefix-subtree id (Kareto groups)
+    group_names: list[str]
+    n_blocks: int
+    block_lists: list[list[int]]  # per request, python ints (FIFO / LRU)
+    token_lists: list[list[int]]
+    ttl_stats: dict[tuple[int, float, int], list] = None  # type: ignore[assignment]  # window stats cache
+
+    def window_stats(self, r: int, window_s: float, top_k: int) -> list[group_ttl.GroupStats]:
+        """Kareto group statistics of the accesses in [t_r - window_s, t_r) (cached: trace-only)."""
+        if self.ttl_stats is None:
+            self.ttl_stats = {}
+        key = (r, window_s, top_k)
+        if key not in self.ttl_stats:
+            start = int(np.searchsorted(self.times_s, self.times_s[r] - window_s, side="left"))
+            accesses = [
+                (float(self.times_s[q]), b, self.group_names[int(self.groups[q])])
+                for q in range(start, r) for b in self.block_lists[q]
+            ]
+            self.ttl_stats[key] = group_ttl.group_stats(accesses, top_k) if accesses else []
+        return self.ttl_stats[key]
+
+
+def compile_trace(trace: list[Request]) -> Compiled:
+    dense: dict[int, int] = {}
+    blocks, tokens, parents, offsets = [], [], [], [0]
+    block_lists, token_lists = [], []
+    group_of: dict[str, int] = {}
+    groups = []
+    for req in trace:
+        ids = [dense.setdefault(b, len(dense)) for b in req.blocks]
+        toks = [req.block_tokens(i) for i in range(len(ids))]
+        blocks.extend(ids)
+        tokens.extend(toks)
+        parents.extend([-1] + ids[:-1] if ids else [])
+        offsets.append(len(blocks))
+        block_lists.append(ids)
+        token_lists.append(toks)
+        groups.append(group_of.setdefault(_subtree(req), len(group_of)))
+    return Compiled(
+        times_s=np.array([r.time_s for r in trace]), input_tokens=np.array([r.input_tokens for r in trace]),
+        offsets=np.array(offsets, dtype=np.int64), blocks=np.array(blocks, dtype=np.int64),
+        tokens=np.array(tokens, dtype=np.float64), parents=np.array(parents, dtype=np.int64),
+        groups=np.array(groups, dtype=np.int64), group_names=list(group_of), n_blocks=len(dense),
+        block_lists=block_lists, token_lists=token_lists)
+
+
 def _subtree(req: Request) -> str:
     # All Mooncake requests share block 0; the subtree root is the block below the shared root.
     return str(req.blocks[1]) if len(req.blocks) > 1 else str(req.blocks[0]) if req.blocks else ""
 
 
-def replay(trace: list[Request], policy: str, capacity_blocks: int, *, ttl_period_s: float = 600.0,
-           top_k: int = 16, age_basis: str = "access") -> float:
-    """Token hit rate of `policy` at `capacity_blocks` over the trace."""
+def replay(trace: list[Request] | Compiled, policy: str, capacity_blocks: int, *, ttl_period_s: float = 600.0,
+           ttl_window_s: float = 1800.0, ttl_sweep_s: float = 10.0, top_k: int = 16) -> float:
+    """Token hit rate of `policy` (POLICIES or ABLATIONS) at `capacity_blocks` over the trace."""
+    ct = trace if isinstance(trace, Compiled) else compile_trace(trace)
     if policy in ("FIFO", "LRU"):
-        return _replay_ordered(trace, capacity_blocks, lru=policy == "LRU")
-    if policy in ("LCS", "LCS+TTL"):
-        return _replay_lcs(trace, capacity_blocks, ttl=policy == "LCS+TTL", ttl_period_s=ttl_period_s,
-                           top_k=top_k, age_basis=age_basis)
-    raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+        return _replay_ordered(ct, capacity_blocks, lru=policy == "LRU")
+    if policy == "LRU-chain":
+        return _replay_lcs(ct, capacity_blocks, recency_only=True)
+    if policy in ("LCS", "LCS+TTL", "LCS-no-reset", "LCS-no-chain"):
+        return _replay_lcs(ct, capacity_blocks, ttl=policy == "LCS+TTL", reset=policy != "LCS-no-reset",
+                           chain=policy != "LCS-no-chain", ttl_period_s=ttl_period_s, ttl_window_s=ttl_window_s,
+                           ttl_sweep_s=ttl_sweep_s, top_k=top_k)
+    raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES + ABLATIONS}")
 
 
-def _replay_ordered(trace: list[Request], capacity: int, *, lru: bool) -> float:
+def _replay_ordered(ct: Compiled, capacity: int, *, lru: bool) -> float:
     cache: OrderedDict[int, None] = OrderedDict()
-    hit_tokens = total_tokens = 0
-    for req in trace:
-        total_tokens += req.input_tokens
+    move = cache.move_to_end
+    hit_tokens = 0
+    for ids, toks in zip(ct.block_lists, ct.token_lists):
         prefix = True
-        for i, b in enumerate(req.blocks):
-            present = b in cache
-            if prefix and present:
-                hit_tokens += req.block_tokens(i)
-            else:
-                prefix = False
-            if present:
-                if lru:
-                    cache.move_to_end(b)
-            elif capacity > 0:
-                if len(cache) >= capacity:
-                    cache.popitem(last=False)
-                cache[b] = None
-    return hit_tokens / total_tokens if total_tokens else 0.0
-
-
-def _replay_lcs(trace: list[Request], capacity: int, *, ttl: bool, ttl_period_s: float, top_k: int,
-                age_basis: str) -> float:
-    index = CacheIndex(age_basis=age_basis, initial_capacity=max(capacity, 16))
-    slot_of: dict[int, int] = {}
-    block_of_slot = np.full(max(capacity, 16) * 2 + 16, -1, dtype=np.int64)
-    stable: dict[str, int] = {}  # subtree -> stable group number stored with the entries
-    ttl_by_group = np.empty(0)
-    residual_ttl: float | None = None
-    window: list[tuple[float, int, str]] = []
-    next_ttl_s = trace[0].time_s + ttl_period_s if trace else 0.0
-    hit_tokens = total_tokens = 0
-
-    def evict(slots: np.ndarray) -> None:
-        for s in slots:
-            s = int(s)
-            b = int(block_of_slot[s])
-            del slot_of[b]
-            index.remove_slot(s)
-
-    for req in trace:
-        now = req.time_s
-        if ttl and now >= next_ttl_s:
-            top_ttls, residual_ttl = _compute_ttls(window, capacity, ttl_period_s, top_k)
-            ttl_by_group = np.full(len(stable), np.inf if residual_ttl is None else residual_ttl)
-            for sub_id, t in top_ttls.items():
-                if sub_id in stable:
-                    ttl_by_group[stable[sub_id]] = t
-            window = []
-            next_ttl_s = now + ttl_period_s
-        total_tokens += req.input_tokens
-        sub = _subtree(req)
-        prefix = True
-        missing: list[int] = []
-        own: list[int] = []
-        for i, b in enumerate(req.blocks):
-            if ttl:
-                window.append((now, b, sub))
-            s = slot_of.get(b)
-            tokens = req.block_tokens(i)
-            if s is not None:
-                own.append(s)
+        for b, t in zip(ids, toks):
+            if b in cache:
                 if prefix:
-                    hit_tokens += tokens
-                    index.hit_slot(s, hit_tokens=tokens, now_s=now)
-                else:
-                    index.last_access_s[s] = now
+                    hit_tokens += t
+                if lru:
+                    move(b)
             else:
                 prefix = False
-                missing.append(i)
-        if not missing or capacity <= 0:
+                if capacity > 0:
+                    if len(cache) >= capacity:
+                        cache.popitem(last=False)
+                    cache[b] = None
+    total = int(ct.input_tokens.sum())
+    return hit_tokens / total if total else 0.0
+
+
+class _Recency(CacheIndex):
+    """Ablation: the LCS machinery with a score of 1/Age (LRU order, prefix chain and leaves first)."""
+
+    def _numerator(self, slots: np.ndarray, *, reset: bool = False) -> np.ndarray:
+        return np.full(len(slots), float(BLOCK_TOKENS))
+
+    def _truncated_value(self, s: int) -> float:
+        return 1.0
+
+
+def _replay_lcs(ct: Compiled, capacity: int, *, ttl: bool = False, reset: bool = True, chain: bool = True,
+                recency_only: bool = False, ttl_period_s: float = 600.0, ttl_window_s: float = 1800.0,
+                ttl_sweep_s: float = 10.0, top_k: int = 16) -> float:
+    cls = _Recency if recency_only else CacheIndex
+    index = cls(truncation_reset=reset, initial_capacity=max(ct.n_blocks, 16))
+    index.ensure_capacity(ct.n_blocks)
+    live = index.key_hash  # non-zero = cached (slot = dense block id)
+    offsets, blocks, tokens, parents = ct.offsets, ct.blocks, ct.tokens, ct.parents
+    size = np.full(1, float(BLOCK_TOKENS))
+    hit_tokens = 0.0
+    # TTL state
+    ttl_by_group = np.empty(0)
+    residual: float | None = None
+    next_ttl_s = float(ct.times_s[0]) + ttl_period_s if len(ct.times_s) else 0.0
+    next_sweep_s = next_ttl_s
+    for r in range(len(ct.times_s)):
+        now = float(ct.times_s[r])
+        a, b = int(offsets[r]), int(offsets[r + 1])
+        if a == b:
             continue
-        free = capacity - len(slot_of)
-        need = len(missing) - free
+        ids = blocks[a:b]
+        if ttl:
+            if now >= next_ttl_s:
+                ttl_by_group, residual = _compute_ttls(ct.window_stats(r, ttl_window_s, top_k), capacity,
+                                                       ttl_window_s, ct.group_names)
+                next_ttl_s = now + ttl_period_s
+            if now >= next_sweep_s and (len(ttl_by_group) or residual is not None):
+                _expire(index, now, ttl_by_group, residual)
+                next_sweep_s = now + ttl_sweep_s
+        present = live[ids] != 0
+        first_miss = int(np.argmin(present)) if not present.all() else len(ids)
+        if first_miss:
+            hit = ids[:first_miss]
+            ht = tokens[a:a + first_miss]
+            hit_tokens += float(ht.sum())
+            index.hit_slots(hit, hit_tokens=ht, now_s=now)
+        if first_miss == len(ids):
+            continue
+        rest_present = present[first_miss:]
+        later = ids[first_miss:][rest_present]
+        if len(later):
+            index.touch_slots(later, now)
+        miss_pos = first_miss + np.flatnonzero(~rest_present)
+        if capacity <= 0:
+            continue
+        need = len(miss_pos) - (capacity - len(index))
         if need > 0:
-            exclude = np.asarray(own, dtype=np.int64)
-            if ttl and (len(ttl_by_group) or residual_ttl is not None):
-                expired = index.expired(now, ttl_by_group, residual_ttl)
-                if len(exclude):
-                    expired = expired[~np.isin(expired, exclude)]
-                if len(expired):
-                    sc = index.scores(now, expired)
-                    chosen = expired[np.argsort(sc, kind="stable")[:need]]
-                    evict(chosen)
-                    need -= len(chosen)
-            if need > 0:
-                evict(index.choose_victims(need, now, exclude=exclude))
-        room = capacity - len(slot_of)
-        g = stable.setdefault(sub, len(stable)) if len(stable) < 0xFFFF else None
-        for i in missing[: max(room, 0)]:
-            b = req.blocks[i]
-            s = index.store(str(b), tokens=req.block_tokens(i), size_bytes=req.block_tokens(i), now_s=now,
-                            group=g)
-            if s >= len(block_of_slot):
-                block_of_slot = np.concatenate([block_of_slot, np.full(len(block_of_slot), -1, dtype=np.int64)])
-            block_of_slot[s] = b
-            slot_of[b] = s
-    return hit_tokens / total_tokens if total_tokens else 0.0
+            victims = index.choose_victims(need, now, exclude=ids[present])
+            index.remove_slots(victims)
+        room = capacity - len(index)
+        if room <= 0:
+            continue
+        miss_pos = miss_pos[:room]
+        new = ids[miss_pos]
+        par = parents[a + miss_pos] if chain else np.full(len(new), -1)
+        index.store_slots(new, tokens=tokens[a + miss_pos], size_bytes=np.broadcast_to(size, len(new)), now_s=now,
+                          parents=par, group=int(ct.groups[r]) if int(ct.groups[r]) < 0xFFFF else None)
+    total = float(ct.input_tokens.sum())
+    return hit_tokens / total if total else 0.0
 
 
-def _compute_ttls(window: list[tuple[float, int, str]], capacity: int, period_s: float,
-                  top_k: int) -> tuple[dict[str, float], float | None]:
-    """Group TTLs from the window: ({subtree id: TTL} of the top-K groups, residual TTL)."""
-    if not window:
-        return {}, None
-    stats = group_ttl.group_stats(window, top_k)
-    sol = group_ttl.solve(stats, budget=float(capacity) * period_s, max_ttl_s=period_s, time_budget_s=0.5)
+def _expire(index: CacheIndex, now: float, ttl_by_group: np.ndarray, residual: float | None) -> None:
+    """Delete entries idle past their group's TTL; an expired entry with a live unexpired child stays
+    (its child needs it as prefix), so chains are only cut from the leaves."""
+    expired = index.expired(now, ttl_by_group, residual)
+    if not len(expired):
+        return
+    n = index._n
+    removable = np.zeros(n, dtype=np.bool_)
+    removable[expired] = True
+    live = index.key_hash[:n] != 0
+    par = index.parent[:n].astype(np.int64)
+    for _ in range(64):
+        keep_parent = par[live & ~removable & (par >= 0)]
+        blocked = removable[keep_parent]
+        if not blocked.any():
+            break
+        removable[keep_parent[blocked]] = False
+    index.remove_slots(np.flatnonzero(removable))
+
+
+def _compute_ttls(stats: list[group_ttl.GroupStats], capacity: int, window_s: float,
+                  group_names: list[str]) -> tuple[np.ndarray, float | None]:
+    """Group TTLs from the window's statistics: (TTL per dense group id, residual TTL); Kareto Algorithm 2.
+
+    Budget: the cache holds `capacity` blocks for the whole window (block-seconds). One SLSQP start from
+    the scaled ROI point (the multi-start of the service is skipped to keep the replay fast).
+    """
+    if not stats:
+        return np.empty(0), None
+    sol = group_ttl.solve(stats, budget=float(capacity) * window_s, max_ttl_s=window_s, time_budget_s=0.0,
+                          maxiter=50)
     by_id = sol.by_id()
     residual = by_id.pop(group_ttl.RESIDUAL)
-    return by_id, residual
+    table = np.full(len(group_names), residual)
+    index_of = {name: i for i, name in enumerate(group_names)}
+    for sub, t in by_id.items():
+        if sub in index_of:
+            table[index_of[sub]] = t
+    return table, residual
 
 
 def hit_rate_table(trace: list[Request], fractions: list[float], policies: Iterable[str] = POLICIES,
                    **kwargs: object) -> dict[str, list[float]]:
     """Token hit rate per policy at each capacity fraction of the trace's unique blocks."""
-    n_unique = unique_blocks(trace)
+    ct = compile_trace(trace)
     out: dict[str, list[float]] = {}
     for policy in policies:
         out[policy] = [
-            round(replay(trace, policy, max(1, int(round(f * n_unique))), **kwargs), 6)  # type: ignore[arg-type]
+            round(replay(ct, policy, max(1, int(round(f * ct.n_blocks))), **kwargs), 6)  # type: ignore[arg-type]
             for f in fractions
         ]
     return out

@@ -69,11 +69,11 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
             "LMCache 0.5.6 cannot change the DRAM L1 size at run time (only Device-DAX arenas are "
             "reconfigurable) and no --lmcache-restart-command is configured for a controlled restart; "
             f"the previous size {current} bytes stays in force"), current, 0)
-    evicted = 0
+    evicted = deleted = 0
     if target_bytes < current and index is not None:
         keys = victims_to_fit(index, target_bytes, now_s)
         try:
-            await admin.delete_objects(keys, tier="all")
+            deleted, _ = await admin.delete_objects(keys, tier="all")
         except LmcacheError as exc:
             return ResizeOutcome(False, f"evicting {len(keys)} lowest-LCS entries failed: {exc}; "
                                  f"previous size {current} bytes stays in force", current, 0)
@@ -101,4 +101,5 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
                              after.l1_total_bytes, evicted)
     kind = "shrunk" if target_bytes < current else "grown (new space starts cold: warm-up)"
     return ResizeOutcome(True, f"L1 {kind} from {current} to {target_bytes} bytes by controlled restart; "
-                         f"{evicted} lowest-LCS entries evicted first", target_bytes, evicted)
+                         f"{evicted} lowest-LCS entries evicted first (LMCache deleted {deleted} objects)",
+                         target_bytes, evicted)

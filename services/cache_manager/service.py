@@ -15,7 +15,6 @@ from collections import deque
 from pathlib import Path
 from typing import ClassVar
 
-import grpc
 import numpy as np
 from pydantic import Field
 from sqlalchemy import select
@@ -34,6 +33,7 @@ from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2
 
 _POOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 HISTORY_PER_POOL = 200_000
+TTL_WINDOW_S = 3600.0  # accesses a scheduled TTL recompute looks at (Kareto recomputes from a recent window)
 
 
 class CacheManagerSettings(ServiceSettings, DependencyAddresses):
@@ -65,6 +65,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         self.history: dict[str, deque[tuple[float, int, str]]] = {}
         self.ttls: dict[str, dict[str, float]] = {}
         self._lock = asyncio.Lock()
+        self.ttl_rounds = 0
+        self.last_ttl_error = ""
         self._load_indexes()
 
     # ----- index persistence ---------------------------------------------------------------------
@@ -272,7 +274,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             group = ev.conversation_id or ev.document_id
             if ev.kind == cache_manager_pb2.ACCESS_KIND_STORE:
                 index.store(ev.entry_key, tokens=ev.tokens, size_bytes=ev.size_bytes, now_s=now, turn=ev.turn,
-                            document_id=ev.document_id)
+                            document_id=ev.document_id, group=index.group_id(group) if group else None)
             elif ev.kind == cache_manager_pb2.ACCESS_KIND_HIT:
                 index.hit(ev.entry_key, hit_tokens=ev.hit_tokens or ev.tokens, now_s=now, turn=ev.turn,
                           document_id=ev.document_id)
@@ -331,25 +333,55 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         return cache_manager_pb2.ComputeGroupTtlsResponse(groups=groups, applied=applied)
 
     async def _apply_ttls(self, pool: str) -> int:
-        """Evict entries idle past their TTL (LMCache has no per-object TTL: we delete them by key)."""
+        """Evict entries idle past their group's TTL (LMCache has no per-object TTL: we delete them by key).
+
+        TTLs: per group (conversation / document id, Kareto top-K), the residual group's TTL for the
+        others; a plan's pool-wide TTL ("*") when no group TTLs were computed. Returns entries evicted.
+        """
         index = self.indexes.get(pool)
         ttls = self.ttls.get(pool)
         if index is None or not ttls:
             return 0
         default = ttls.get(group_ttl.RESIDUAL, ttls.get("*"))
-        expired = index.expired(_now_s(), np.empty(0), default)
+        table = np.array([ttls.get(name, np.inf if default is None else default) for name in index.group_names],
+                         dtype=np.float64)
+        expired = index.expired(_now_s(), table, default)
         keys = [index.key_of(int(s)) for s in expired]
+        if not keys:
+            return 0
         for row in self._servers(pool):
             admin = self._admin(row.url)
             try:
                 await admin.delete_objects(keys)
-            except (LmcacheError, ValueError):
-                pass  # a dead server keeps its entries; the next pass retries
+            except LmcacheError:
+                pass  # a dead server keeps its entries; the index forgets them and LMCache's LRU ages them out
             finally:
                 await admin.aclose()
         for k in keys:
             index.remove(k)
         return len(keys)
+
+    async def ttl_round(self) -> int:
+        """One scheduled TTL pass (`--ttl-recompute-s`): recompute every pool's group TTLs from the last
+        hour of accesses with a budget of the bytes indexed now, and evict entries idle past them.
+        Returns the entries evicted; a failing pool is skipped (recorded in `last_ttl_error`) and retried
+        next round."""
+        evicted = 0
+        async with self._lock:
+            for pool in list(self.indexes):
+                index = self.indexes[pool]
+                if not len(index):
+                    continue
+                try:
+                    before = len(index)
+                    await self._compute_ttls(pool, TTL_WINDOW_S, 16, max(index.bytes_in_use, 1), False)
+                    evicted += before - len(index)
+                except Exception as exc:  # noqa: BLE001 - keep the schedule alive; next round retries
+                    self.last_ttl_error = f"{pool}: {type(exc).__name__}: {exc}"
+            self.ttl_rounds += 1
+        if evicted:
+            await asyncio.to_thread(self.save_indexes)
+        return evicted
 
     # ----- read or recompute ---------------------------------------------------------------------
     async def DecideReadOrRecompute(self, request, context):  # noqa: N802
@@ -382,13 +414,7 @@ def build(ctx: ServiceContext) -> list[Registration]:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(settings.ttl_recompute_s)
-                for pool in list(servicer.indexes):
-                    index = servicer.indexes[pool]
-                    if len(index):
-                        try:
-                            await servicer._compute_ttls(pool, 3600.0, 16, max(index.bytes_in_use, 1), False)
-                        except Exception:  # noqa: BLE001 - keep the schedule alive; next round retries
-                            pass
+                await servicer.ttl_round()
         task = asyncio.get_event_loop().create_task(loop())
 
     async def stop() -> None:

@@ -5,7 +5,9 @@ Runs with the LMCache virtualenv's python (it imports lmcache), not greenserve's
 needs the server started with `--supported-transfer-mode auto`) to register a small CPU KV cache, then
 STOREs `--sequences` token sequences of `--tokens` tokens under `--salt`, and prints one JSON object:
 {"chunk_size", "model_name", "objects": [{"chunk_hash_hex", "model_name", "kv_rank", "object_group_id",
-"cache_salt", "tokens"}, ...]} with the object keys the server derived (same TokenHasher, blake3).
+"cache_salt", "tokens"}, ...]} with the object keys the server derives, computed by LMCache's own code
+(TokenHasher, blake3, and `ipc_key_to_object_keys`, which packs kv_rank = world_size << 24 | rank << 16 |
+local_world_size << 8 | local_rank: 16777472 for this single worker, not 0).
 
 Usage: .venv-lmcache/bin/python tests/cache_manager/lmcache_populate.py --rpc-url tcp://127.0.0.1:PORT
        --sequences 4 --tokens 512 --salt tenant-a --seed 1
@@ -32,6 +34,7 @@ def main() -> int:
     from lmcache.cli.commands.bench.server_bench.client import ServerBenchClient
     from lmcache.cli.commands.bench.server_bench.config import BenchConfig
     from lmcache.cli.commands.bench.server_bench.helpers import _MODEL_NAME, _wait_for_result, _TIMEOUT
+    from lmcache.v1.distributed.api import ipc_key_to_object_keys
     from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
     from lmcache.v1.multiprocess.token_hasher import TokenHasher
 
@@ -65,9 +68,12 @@ def main() -> int:
             if reply is _TIMEOUT or not reply:
                 print(f"STORE failed for sequence {seq}: {reply!r}", file=sys.stderr)
                 return 1
-            for h in hasher.compute_chunk_hashes(list(tokens)):
-                objects.append({"chunk_hash_hex": bytes(h).hex(), "model_name": _MODEL_NAME, "kv_rank": 0,
-                                "object_group_id": 0, "cache_salt": args.salt, "tokens": chunk})
+            hashes = hasher.compute_chunk_hashes(list(tokens))
+            for obj in ipc_key_to_object_keys(key, hashes, [0])[0]:
+                enc = obj.to_encoded_object_key()
+                objects.append({"chunk_hash_hex": enc.chunk_hash_hex, "model_name": enc.model_name,
+                                "kv_rank": enc.kv_rank, "object_group_id": enc.object_group_id,
+                                "cache_salt": enc.cache_salt, "tokens": chunk})
     finally:
         client.close()
     print(json.dumps({"chunk_size": chunk, "model_name": _MODEL_NAME, "objects": objects}))

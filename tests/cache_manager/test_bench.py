@@ -16,14 +16,17 @@ def _last_json(capsys) -> dict:
 def test_cache_policy_smoke(capsys) -> None:
     if not bench.default_trace().is_file():
         pytest.skip(f"shared Mooncake trace not found at {bench.default_trace()}")
-    assert bench.policy_main(["--limit", "300", "--capacities", "0.05,1.0", "--json"]) == 0
+    assert bench.policy_main(["--limit", "300", "--capacities", "0.05,1.0", "--ablations", "--json"]) == 0
     out = _last_json(capsys)
     assert out["capacities"] == [0.05, 1.0]
     assert set(out["hit_rate"]) == {"FIFO", "LRU", "LCS", "LCS+TTL"}
-    for rates in out["hit_rate"].values():
+    assert set(out["ablations"]) == {"LCS-no-reset", "LCS-no-chain", "LRU-chain"}
+    assert out["seconds"]["total"] > 0
+    for rates in list(out["hit_rate"].values()) + list(out["ablations"].values()):
         assert len(rates) == 2 and all(0.0 <= r <= 1.0 for r in rates)
-    # At 100 % capacity nothing is evicted: every policy reaches the same (infinite-cache) hit rate.
-    assert len({rates[1] for rates in out["hit_rate"].values()}) == 1
+    # At 100 % capacity nothing is evicted: every policy without TTL reaches the infinite-cache hit rate.
+    assert len({rates[1] for name, rates in out["hit_rate"].items() if name != "LCS+TTL"}) == 1
+    assert out["hit_rate"]["LCS+TTL"][1] <= out["hit_rate"]["LRU"][1]
 
 
 def test_cache_policy_custom_trace(tmp_path, capsys) -> None:
@@ -43,9 +46,12 @@ def test_cache_policy_bad_flags() -> None:
 
 
 def test_cache_eviction_smoke(capsys) -> None:
-    assert bench.eviction_main(["--entries", "2000", "--choices", "5", "--read-recompute-tokens", "4096"]) == 0
+    assert bench.eviction_main(["--entries", "2000", "--choices", "50", "--read-recompute-tokens", "4096",
+                                "--read-recompute-repeats", "5"]) == 0
     out = _last_json(capsys)
     assert out["entries"] == 2000
     assert out["choose_ms_p50"] >= 0 and out["choose_ms_p99"] >= out["choose_ms_p50"]
-    assert out["bytes_per_entry"] > out["array_bytes_per_slot"] > 0
+    assert 1 <= out["full_passes"] <= 50
+    assert out["bytes_per_entry"] > 0 and out["array_bytes_per_slot"] > 0
     assert out["read_or_recompute"]["chunks"] == 16
+    assert out["read_or_recompute_ms_p99"] >= out["read_or_recompute_ms_p50"] > 0

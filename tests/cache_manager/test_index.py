@@ -65,12 +65,139 @@ def test_removed_slots_are_reused_and_never_chosen() -> None:
     assert index.slot("c") == 0
 
 
-def test_sampled_choice_returns_live_entries() -> None:
-    index = CacheIndex(max_scan_entries=64)
-    for i in range(1000):
-        index.store(str(i), tokens=1, size_bytes=1, now_s=float(i))
-    victims = index.choose_victims(3, 2000.0)
-    assert len(victims) == 3 and all(index.live[victims])
+def _brute_victims(index: CacheIndex, count: int, now: float, exclude: set[int]) -> list[tuple[float, int]]:
+    """Scores of the victims of evicting one by one, rescoring everything (leaves only, truncation reset)."""
+    n = index._n
+    live = {s for s in range(n) if index.key_hash[s] != 0}
+    children = {s: 0 for s in live}
+    for s in live:
+        p = int(index.parent[s])
+        if p in live:
+            children[p] += 1
+    reset: set[int] = set()
+    out = []
+    for _ in range(count):
+        best = None
+        for s in live:
+            if children[s] or s in exclude:
+                continue
+            if s in reset:
+                num = max(int(index.turn[s]), 1) * float(index.tokens[s])
+            else:
+                num = float(index._numerator(np.array([s]))[0])
+            sc = num / max(float(index.size_bytes[s]), 1.0) / max(now - float(index.last_access_s[s]), 1e-3)
+            if best is None or sc < best[0]:
+                best = (sc, s)
+        if best is None:
+            break
+        out.append(best)
+        live.discard(best[1])
+        p = int(index.parent[best[1]])
+        if p in live:
+            children[p] -= 1
+            if children[p] == 0:
+                reset.add(p)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_choice_is_exact(seed: int) -> None:
+    """The pool + dirty + bound choice equals one-by-one eviction with a full rescoring, over random
+    stores (with prefix chains), hits, touches and evictions as time moves on."""
+    rng = np.random.default_rng(seed)
+    index = CacheIndex(initial_capacity=16)
+    cap = 300
+    index.ensure_capacity(cap)
+    chains: list[list[int]] = []
+    free = list(range(cap))
+    now = 0.0
+    for step in range(400):
+        now += float(rng.exponential(1.0))
+        if free and rng.random() < 0.6:
+            base = chains[int(rng.integers(len(chains)))] if chains and rng.random() < 0.5 else []
+            base = [s for s in base if index.key_hash[s] != 0]
+            length = int(rng.integers(1, 5))
+            new = [free.pop() for _ in range(min(length, len(free)))]
+            parents = [base[-1] if base else -1] + new[:-1]
+            index.store_slots(np.array(new), tokens=rng.integers(1, 513, len(new)), size_bytes=np.full(len(new), 512.0),
+                              now_s=now, parents=np.array(parents))
+            chains.append(base + new)
+        live = np.flatnonzero(index.key_hash[:cap] != 0)
+        if len(live) and rng.random() < 0.5:
+            hit = np.unique(rng.choice(live, size=min(3, len(live)), replace=False))
+            index.hit_slots(hit, hit_tokens=np.full(len(hit), 100.0), now_s=now)
+        if len(live) > 20 and rng.random() < 0.5:
+            exclude = rng.choice(live, size=3, replace=False)
+            count = int(rng.integers(1, 6))
+            expected = _brute_victims(index, count, now, {int(x) for x in exclude})
+            got = index.choose_victims(count, now, exclude=exclude)
+            assert got.tolist() == [s for _, s in expected]
+            index.remove_slots(got)
+            free.extend(int(v) for v in got)
+    assert index.refreshes < 200  # most choices came from the pool, not a full pass
+
+
+def test_incremental_choice_matches_full_pass_scores() -> None:
+    """Same victims (by score) from the pool path as from a fresh index state's full pass."""
+    rng = np.random.default_rng(1)
+    index = CacheIndex()
+    n = 2000
+    index.ensure_capacity(n)
+    index.store_slots(np.arange(n), tokens=rng.integers(1, 513, n), size_bytes=np.full(n, 512.0), now_s=0.0)
+    index.last_access_s[:n] = rng.uniform(0, 1000, n)
+    index.hits[:n] = rng.poisson(2, n)
+    index._refresh_values(np.arange(n))
+    now = 1000.0
+    for _ in range(30):
+        now += 0.7
+        expected = _brute_victims(index, 4, now, set())
+        got = index.choose_victims(4, now)
+        assert np.allclose(index.scores(now, got), [sc for sc, _ in expected])
+        index.remove_slots(got)
+        new = np.flatnonzero(index.key_hash[:n] == 0)[:4]
+        index.store_slots(new, tokens=np.full(4, 256), size_bytes=np.full(4, 512.0), now_s=now)
+    assert index.refreshes <= 10  # the pool served most choices
+
+
+def test_prefix_chain_evicts_leaves_first_and_truncation_resets_hits() -> None:
+    index = CacheIndex()
+    index.store("a", tokens=512, size_bytes=512, now_s=0.0)
+    index.store("b", tokens=512, size_bytes=512, now_s=0.0, parent_key="a")
+    index.store("c", tokens=512, size_bytes=512, now_s=1.0)
+    for _ in range(5):
+        index.hit("a", hit_tokens=512, now_s=0.0)
+    # b is the lowest leaf; a (6 accesses) is protected while b is cached, then scored as truncated.
+    order = [index.key_of(int(s)) for s in index.choose_victims(3, 10.0)]
+    assert order == ["b", "a", "c"]
+    index.remove("b")
+    assert int(index.hits[index.slot("a")]) == 0  # truncated: hits restart
+    no_reset = CacheIndex(truncation_reset=False)
+    no_reset.store("a", tokens=512, size_bytes=512, now_s=0.0)
+    no_reset.store("b", tokens=512, size_bytes=512, now_s=0.0, parent_key="a")
+    no_reset.store("c", tokens=512, size_bytes=512, now_s=1.0)
+    for _ in range(5):
+        no_reset.hit("a", hit_tokens=512, now_s=0.0)
+    assert [no_reset.key_of(int(s)) for s in no_reset.choose_victims(3, 10.0)] == ["b", "c", "a"]
+
+
+def test_keys_round_trip_compactly_and_table_grows(tmp_path) -> None:
+    index = CacheIndex(initial_capacity=16)
+    lm = [f"{i:064x}@meta-llama/Llama-3.1-8B@16777472@tenant-{i % 3}" for i in range(500)]
+    odd = ["not-hex@x", "ABCD", "a" * 70, "", "0f@m@1@s@2"]
+    for i, k in enumerate(lm + odd):
+        index.store(k, tokens=1, size_bytes=1, now_s=float(i))
+    for k in lm[::2]:
+        assert index.remove(k)
+    assert len(index) == 250 + len(odd)
+    for k in lm[1::2] + odd:
+        assert index.key_of(index.slot(k)) == k
+    assert all(k not in index for k in lm[::2])
+    assert index.array_bytes_per_slot() <= 120
+    index.save(tmp_path / "p.npz")
+    back = CacheIndex.load(tmp_path / "p.npz")
+    for k in lm[1::2] + odd:
+        assert back.key_of(back.slot(k)) == k
+    assert "0" * 64 + "@meta-llama/Llama-3.1-8B@16777472@tenant-0" not in back
 
 
 def test_expired_by_group_ttl() -> None:

@@ -7,13 +7,22 @@ import grpc
 import httpx
 import pytest
 
-from greenserve.cache_manager.lmcache_admin import GIB, LmcacheAdmin
+from greenserve.cache_manager.lmcache_admin import GIB, LmcacheAdmin, entry_key, kv_rank
 from greenserve.cache_manager.service import CacheManagerSettings, build
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
 from greenserve.v1 import common_pb2
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def _key(obj: dict) -> str:
+    return entry_key(obj["chunk_hash_hex"], obj["model_name"], obj["kv_rank"], obj["cache_salt"],
+                     obj["object_group_id"])
+
+
+def _l1_objects(lmcache_server) -> int:
+    return int(lmcache_server.status()["storage_manager"]["l1_manager"]["total_object_count"])
 
 
 async def _start(start_inprocess, tmp_path, lmcache_server, **kw):
@@ -87,7 +96,7 @@ async def test_shrink_by_controlled_restart_evicts_lowest_lcs_first(start_inproc
     svc, channel, stub = await _start(start_inprocess, tmp_path, lmcache_server,
                                       lmcache_restart_command=lmcache_server.restart_command())
     try:
-        keys = [f"{o['chunk_hash_hex']}@{o['model_name']}@{o['kv_rank']}@{o['cache_salt']}" for o in objects]
+        keys = [_key(o) for o in objects]
         size = lmcache_server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"]
         target = size // 2
         entry_bytes = target // 2  # two entries fit in the target, four do not
@@ -102,6 +111,7 @@ async def test_shrink_by_controlled_restart_evicts_lowest_lcs_first(start_inproc
         resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=target))
         assert resp.result.applied, resp.result.detail
         assert resp.evicted_entries == 2
+        assert "LMCache deleted 2 objects" in resp.result.detail  # real objects, by key, before the restart
         assert lmcache_server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"] == target
         left = {e.entry_key for e in (await stub.ListEvictionCandidates(
             pb.ListEvictionCandidatesRequest(pool="p1", limit=10))).entries}
@@ -184,15 +194,69 @@ async def test_group_ttls_and_read_or_recompute_rpcs(start_inprocess, tmp_path, 
         await channel.close()
 
 
-async def test_admin_delete_and_clear_on_real_server(lmcache_server) -> None:
-    lmcache_server.populate(1, seed=11)
+async def test_delete_by_key_removes_exactly_those_objects(lmcache_server) -> None:
+    """Objects stored through LMCache's client are deleted by their entry keys: the count drops by exactly
+    the number deleted. kv_rank must be LMCache's packed rank (16777472 for one worker), not 0."""
     admin = LmcacheAdmin(lmcache_server.http_url)
     try:
-        assert await admin.healthy()
-        deleted, skipped = await admin.delete_objects([f"{'ab' * 32}@test-model@0@"])
-        assert (deleted, skipped) == (0, 0)  # an unknown key is a no-op on LMCache's side
-        assert (await admin.state()).l1_objects > 0
+        await admin.clear_l1(force=True)
+        objects = lmcache_server.populate(2, seed=11)
+        assert len(objects) == 4 and {o["kv_rank"] for o in objects} == {kv_rank(1, 0)} == {16777472}
+        assert _l1_objects(lmcache_server) == 4
+        keys = [_key(o) for o in objects]
+        # Wrong rank (the old encoding) or a router-style key: nothing matches, nothing is deleted.
+        wrong = entry_key(objects[0]["chunk_hash_hex"], objects[0]["model_name"], 0)
+        assert await admin.delete_objects([wrong, "00ff00ff00ff00ff"]) == (0, 0)
+        assert _l1_objects(lmcache_server) == 4
+        assert await admin.delete_objects(keys[:3]) == (3, 0)
+        assert _l1_objects(lmcache_server) == 1
+        assert await admin.delete_objects(keys[:3]) == (0, 0)  # idempotent
         await admin.clear_l1(force=True)
         assert (await admin.state()).l1_objects == 0
     finally:
         await admin.aclose()
+
+
+async def test_scheduled_ttl_round_evicts_idle_entries_on_the_server(start_inprocess, tmp_path,
+                                                                     lmcache_server) -> None:
+    """--ttl-recompute-s: the loop recomputes group TTLs and deletes, by key on the real server, the entries
+    idle past them (the group without reuse gets TTL 0); the reused group's entries stay."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+    import asyncio
+    import time as _t
+
+    admin = LmcacheAdmin(lmcache_server.http_url)
+    await admin.clear_l1(force=True)
+    await admin.aclose()
+    objects = lmcache_server.populate(2, seed=21)
+    keys = [_key(o) for o in objects]
+    assert _l1_objects(lmcache_server) == 4
+    svc, channel, stub = await _start(start_inprocess, tmp_path, lmcache_server, ttl_recompute_s=0.3)
+    try:
+        def ts(at: float) -> Timestamp:
+            t = Timestamp()
+            t.FromNanoseconds(int(at * 1e9))
+            return t
+
+        now = _t.time()
+
+        async def events():
+            for i, k in enumerate(keys):
+                yield pb.ReportAccessesRequest(pool="p1", entry_key=k, kind=pb.ACCESS_KIND_STORE, tokens=256,
+                                               size_bytes=1 << 20, conversation_id="hot" if i < 2 else "cold",
+                                               time=ts(now - 1000))
+            for j in range(100):  # the "hot" conversation's entries are reused every 10 s up to now
+                for k in keys[:2]:
+                    yield pb.ReportAccessesRequest(pool="p1", entry_key=k, kind=pb.ACCESS_KIND_HIT, tokens=256,
+                                                   hit_tokens=256, conversation_id="hot",
+                                                   time=ts(now - 1000 + 10 * (j + 1) - 1))
+        assert (await stub.ReportAccesses(events())).accepted_events == 4 + 200
+        deadline = _t.monotonic() + 20
+        while _l1_objects(lmcache_server) != 2 and _t.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert _l1_objects(lmcache_server) == 2
+        left = {e.entry_key for e in (await stub.ListEvictionCandidates(
+            pb.ListEvictionCandidatesRequest(pool="p1", limit=10))).entries}
+        assert left == set(keys[:2])
+    finally:
+        await channel.close()
