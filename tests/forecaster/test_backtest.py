@@ -80,5 +80,5 @@ def test_default_model_beats_naive_on_a_noisy_cycle_with_level_drift() -> None:
     level = 200 + np.cumsum(rng.normal(0, 2, len(t)))
     values = level + 50 * np.sin(2 * np.pi * t / 24) + rng.normal(0, 8, len(t))
     result = run_backtest(series(values), history_hours=168, horizon_hours=24, days=2)
-    assert result.model == "auto" and all(name.startswith("combination[") for name in result.models_used)
+    assert result.model == "auto" and all(name.startswith("weighted[") for name in result.models_used)
     assert result.mape < result.naive_mape

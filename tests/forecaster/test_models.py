@@ -42,7 +42,7 @@ def test_combination_names_its_members_and_keeps_sarima_in_the_family() -> None:
     y = daily_series(6, noise=3.0, seed=4)
     model = make_model("auto").fit(y)
     pred = model.predict(24)
-    assert pred.model.startswith("combination[") and pred.model == model.name
+    assert pred.model.startswith("weighted[") and pred.model == model.name
     assert any("sarima" in name for name in model.validation_mape_percent)
     assert np.all(pred.lower <= pred.mean) and np.all(pred.mean <= pred.upper)
     clone = pickle.loads(pickle.dumps(model))
@@ -62,3 +62,65 @@ def test_missing_values_in_history_are_tolerated() -> None:
 def test_unknown_model_is_refused() -> None:
     with pytest.raises(KeyError, match="unknown model"):
         make_model("prophet")
+
+
+def test_damped_naive_starts_from_the_last_hour_and_decays_to_seasonal_naive() -> None:
+    y = daily_series(4)
+    y[-1] *= 1.2  # the last hour is 20 % above the day before
+    pred = make_model("damped_naive").fit(y).predict(48).mean
+    naive = np.tile(y[-24:], 2)
+    assert pred[0] == pytest.approx(naive[0] * 1.2 ** 0.8, rel=1e-9)
+    assert pred[-1] == pytest.approx(naive[-1], rel=1e-3)
+    assert np.all(np.abs(np.log(pred / naive))[1:] <= np.abs(np.log(pred / naive))[:-1] + 1e-12)
+
+
+def test_decayed_profile_weighs_recent_days_more() -> None:
+    from greenserve.forecaster.forecast_models.simple import DailyProfile
+
+    y = np.concatenate([np.full(24 * 3, 100.0), np.full(24, 200.0)])
+    flat = DailyProfile(days=4).fit(y).predict(24).mean
+    recent = DailyProfile(days=4, decay=0.5).fit(y).predict(24).mean
+    assert np.all(recent > flat) and np.all(recent < 200.0)
+    # weights 1, 0.5, 0.25, 0.125 in log space
+    expected = np.exp((np.log(200.0) + (0.5 + 0.25 + 0.125) * np.log(100.0)) / 1.875)
+    assert recent[0] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["damped_naive", "auto"])
+def test_new_members_never_see_values_after_their_history(name: str) -> None:
+    # forecasts from a history must not change when values after it change: each member scores its
+    # validation days only from the data before them, and the target day is never passed in
+    rng = np.random.default_rng(7)
+    y = daily_series(16, noise=4.0, seed=7)
+    a = make_model(name).fit(y[:-24]).predict(24).mean
+    y2 = y.copy()
+    y2[-24:] = rng.uniform(1, 1000, 24)
+    b = make_model(name).fit(y2[:-24]).predict(24).mean
+    assert np.array_equal(a, b)
+    if name == "damped_naive":  # its in-history validation forecast equals a fit on the prefix alone
+        model = make_model(name).fit(y)
+        origin = len(model.z) - 48
+        assert np.allclose(model.forecast_z_from(model.z[:origin], 24),
+                           make_model(name).fit(y[:origin])._predict_z(24)[0])
+
+
+def test_weighted_combination_weights_sum_to_one_and_shift_down() -> None:
+    from functools import partial
+
+    from greenserve.forecaster.forecast_models.combination import Combination
+    from greenserve.forecaster.forecast_models.simple import DailyProfile, SeasonalNaive
+
+    y = daily_series(10, noise=6.0, seed=5)
+    model = make_model("auto").fit(y)
+    assert model.weights is not None and model.weights.sum() == pytest.approx(1.0)
+    assert len(model.weights) == len(model.chosen) == len(model.members)
+    assert model.log_shift == 0.0  # auto: no MAPE shift
+    members = [partial(SeasonalNaive), partial(DailyProfile, days=3)]
+    plain = Combination(members, validation_days=5, weighting="inverse_mape", shift_scale=0.0).fit(y)
+    shifted = Combination(members, validation_days=5, weighting="inverse_mape", shift_scale=1.0).fit(y)
+    assert shifted.log_shift < 0.0  # the MAPE-optimal point of a log-normal lies below its median
+    assert np.allclose(shifted.predict(24).mean, plain.predict(24).mean * np.exp(shifted.log_shift))
+    best = min(model.validation_mape_percent, key=model.validation_mape_percent.get)
+    top = max(range(len(model.chosen)), key=lambda i: model.weights[i])
+    assert model.members[model.chosen[top]].name == best
+    assert model.name.startswith("weighted[") and "sarima" in model.name

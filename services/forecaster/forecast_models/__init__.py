@@ -3,11 +3,13 @@
 
 Names:
 
-* ``auto`` (the service default): :class:`Combination` of seasonal naive, the 2- and 7-day profiles, ETS,
-  Fourier-term SARIMA and seasonal SARIMA, subset chosen per series by a backtest on the last days of history.
+* ``auto`` (the service default): :class:`Combination` of seasonal naive, damped naive, the 2- and 7-day
+  profiles, a 14-day profile weighted toward recent days, ETS, Fourier-term SARIMA and seasonal SARIMA, each
+  weighted by 1/MAPE^2 on a backtest over the last days of history, with the log-normal MAPE shift.
+* ``best_subset``: the same idea, the best subset of up to three members (plain mean) instead of weights.
 * ``sarima``: seasonal SARIMA (1,0,0)(0,1,1)[24]; ``sarima_fourier``: ARMA(2,0,1) + 4 daily Fourier pairs;
   ``auto_arima``: pmdarima's order search with m=24 (GreenCache §5.3, slow); ``ets``; ``seasonal_naive``;
-  ``daily_profile``.
+  ``daily_profile``; ``damped_naive``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,32 @@ from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model, Pre
 from greenserve.forecaster.forecast_models.combination import Combination
 from greenserve.forecaster.forecast_models.ets import Ets
 from greenserve.forecaster.forecast_models.sarima import AutoSarima, Sarima, SarimaFourier
-from greenserve.forecaster.forecast_models.simple import DailyProfile, SeasonalNaive
+from greenserve.forecaster.forecast_models.simple import DailyProfile, DampedNaive, SeasonalNaive
 
 DEFAULT_MODEL = "auto"
 
 
 def _auto(period: int) -> Model:
+    return Combination(
+        members=[
+            partial(SeasonalNaive, period),
+            partial(DampedNaive, period, phi=0.8),
+            partial(DailyProfile, period, days=2),
+            partial(DailyProfile, period, days=7),
+            partial(DailyProfile, period, days=14, decay=0.6),
+            partial(Ets, period),
+            partial(SarimaFourier, period),
+            partial(Sarima, period),
+        ],
+        period=period,
+        validation_days=12,
+        weighting="inverse_mape",
+        shift_scale=0.0,
+    )
+
+
+def _best_subset(period: int) -> Model:
+    """The previous default: the member subset (up to three, plain mean) that scored best in history."""
     return Combination(
         members=[
             partial(SeasonalNaive, period),
@@ -42,12 +64,14 @@ def _auto(period: int) -> Model:
 
 MODELS: dict[str, Callable[[int], Model]] = {
     "auto": _auto,
+    "best_subset": _best_subset,
     "sarima": lambda period: Sarima(period),
     "sarima_fourier": lambda period: SarimaFourier(period),
     "auto_arima": lambda period: AutoSarima(period),
     "ets": lambda period: Ets(period),
     "seasonal_naive": lambda period: SeasonalNaive(period),
     "daily_profile": lambda period: DailyProfile(period),
+    "damped_naive": lambda period: DampedNaive(period),
 }
 
 

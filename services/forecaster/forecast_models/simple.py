@@ -41,17 +41,19 @@ class SeasonalNaive(Model):
 
 
 class DailyProfile(Model):
-    """Mean (log space) of the last ``days`` periods at each hour of the day."""
+    """Mean (log space) of the last ``days`` periods at each hour of the day; with ``decay`` < 1 the days are
+    weighted ``decay ** age`` (yesterday 1, the day before ``decay``, ...), so recent days count more."""
 
     family = "daily_profile"
 
-    def __init__(self, period: int = HOURLY_PERIOD, days: int = 7) -> None:
+    def __init__(self, period: int = HOURLY_PERIOD, days: int = 7, decay: float = 1.0) -> None:
         super().__init__(period)
         self.days = days
+        self.decay = decay
 
     @property
     def name(self) -> str:
-        return f"daily_profile({self.days}d)"
+        return f"daily_profile({self.days}d)" if self.decay == 1.0 else f"daily_profile({self.days}d,ew{self.decay:g})"
 
     def _fit(self) -> None:
         pass
@@ -63,9 +65,46 @@ class DailyProfile(Model):
         p = self.period
         k = max(1, min(self.days, len(self.z) // p))
         block = fill_gaps(self.z[-k * p:], p).reshape(k, p)
-        profile = block.mean(axis=0)
+        weights = self.decay ** np.arange(k - 1, -1, -1, dtype=np.float64)
+        profile = (block * weights[:, None]).sum(axis=0) / weights.sum()
         reps = int(np.ceil(steps / p))
         return np.tile(profile, reps)[:steps], _residual_sd(self.z, p, steps)
+
+    def _refiltered(self, z_history: np.ndarray) -> Model:
+        clone = copy.copy(self)
+        clone.z = z_history
+        return clone
+
+
+class DampedNaive(Model):
+    """Seasonal naive plus the last hour's change over a day, decaying over the horizon (log space):
+    f[t+h] = z[t+h-24] + (z[t] - z[t-24]) * phi**h. The first hours of a day follow the last hours of the
+    previous one (weather persists); later hours fall back to the plain seasonal naive."""
+
+    family = "damped_naive"
+
+    def __init__(self, period: int = HOURLY_PERIOD, phi: float = 0.8) -> None:
+        super().__init__(period)
+        self.phi = phi
+
+    @property
+    def name(self) -> str:
+        return f"damped_naive(phi{self.phi:g})"
+
+    def _fit(self) -> None:
+        pass
+
+    def _update(self, new_z: np.ndarray) -> None:
+        pass
+
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        p = self.period
+        z = fill_gaps(self.z[-2 * p - 1:] if len(self.z) > 2 * p else self.z, p)
+        last = z[-p:]
+        change = float(z[-1] - z[-1 - p]) if len(z) > p else 0.0
+        h = np.arange(1, steps + 1)
+        reps = int(np.ceil(steps / p))
+        return np.tile(last, reps)[:steps] + change * self.phi ** h, _residual_sd(self.z, p, steps)
 
     def _refiltered(self, z_history: np.ndarray) -> Model:
         clone = copy.copy(self)
