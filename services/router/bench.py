@@ -1,10 +1,15 @@
 """``greenserve bench router``: added TTFT and throughput through the router vs straight to the engines.
 
-Processes (so that they do not share the router's core): ``--engines`` emulated engines (the
-simulator's ``greenserve-engine-sim``, one process each), the router (``python -m greenserve.router``,
-uvloop), optionally ``vllm-router`` (PyPI ``vllm-router``, Rust, installed into ``.venv-vllm-router`` at
-the repository root when missing; skipped with the reason when it cannot be installed or started), and a
-load generator in a process of its own per run.
+Processes: ``--engines`` emulated engines (the simulator's ``greenserve-engine-sim``, one process
+each), the router (``python -m greenserve.router``, uvloop), optionally ``vllm-router`` (PyPI
+``vllm-router``, Rust, installed into ``.venv-vllm-router`` at the repository root when missing; skipped
+with the reason when it cannot be installed or started), and the load generator in
+``--loadgen-procs`` processes per run. Unless ``--no-pin``, the router (and vllm-router) run alone on
+the last CPU and the engines and load generator on the others, in the direct and routed runs alike
+(``cpu_pinning`` in the JSON), so that the system under test neither steals CPU from the engines it
+is compared with nor is slowed by them. Rows also carry the router's CPU per request, its run-queue
+wait per request (time other jobs on the machine cost it), the load generator's CPU and the engines'
+own TTFT; ``host_load`` records the machine's load average and CPU pressure.
 
 At each concurrency level the load generator keeps that many streams open in a closed loop (each
 worker sends its next request when the previous one ends) against, in turn: the engines directly
@@ -76,12 +81,22 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
     prompt_base = cfg["prompt"]
     body_tpl = {"model": cfg["model"], "max_tokens": cfg["max_tokens"], "stream": True}
 
+    # Time-bounded runs (``duration_s``): no new request starts after the deadline; every process of a
+    # run starts at the same wall-clock instant (``start_at``) so that their loads overlap.
+    duration_s = cfg.get("duration_s")
+    start_at = cfg.get("start_at")
+    if start_at:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+    stop_at = time.perf_counter() + duration_s if duration_s else None
+    cpu0 = time.process_time()
+    offset = cfg.get("index_offset", 0)
+
     def next_index() -> int | None:
         i = counter["next"]
-        if i >= total:
+        if i >= total or (stop_at is not None and time.perf_counter() >= stop_at):
             return None
         counter["next"] = i + 1
-        return i
+        return i + offset
 
     if cfg["protocol"] == "grpc":
         import grpc
@@ -154,32 +169,113 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
             start = time.perf_counter()
             await asyncio.gather(*(worker(w) for w in range(concurrency)))
             elapsed = time.perf_counter() - start
-    return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed}
+    return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
 
 
 def _loadgen_entry() -> None:
-    """Entry of the load-generator process: config JSON on stdin, result JSON on stdout."""
+    """Entry of the load-generator process: config JSON in the file named by argv[1] (or on stdin);
+    the result JSON goes to the file the config names."""
     try:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    cfg = json.loads(sys.stdin.read())
+    cfg = json.loads(Path(sys.argv[1]).read_text() if len(sys.argv) > 1 else sys.stdin.read())
     result = asyncio.run(_loadgen(cfg))
     with open(cfg["out"], "w") as fh:  # a file, not a pipe: thousands of samples make a large object
         json.dump(result, fh)
 
 
-def _run_load(cfg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+_NICE = 0  # niceness given to every process the bench starts (--nice; 0 = inherit)
+
+
+_LAUNCH = "import os, sys; c = sys.argv[1]; c and os.sched_setaffinity(0, map(int, c.split(','))); " \
+    "int(sys.argv[2]) and os.nice(int(sys.argv[2])); os.execvp(sys.argv[3], sys.argv[3:])"
+
+
+def _pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
+    """``cmd`` started through a tiny launcher that pins itself to ``cpus``, applies ``--nice`` and
+    execs ``cmd``: every thread the program starts later inherits both (a Rust router starts its
+    threads at once, so pinning its pid after the start would miss them)."""
+    if not cpus and not _NICE:
+        return cmd
+    return [sys.executable, "-c", _LAUNCH, ",".join(map(str, cpus or [])), str(_NICE), *cmd]
+
+
+def _runqueue_wait_s(pid: int) -> float:
+    """Seconds the process's threads have spent runnable but waiting for a CPU (Linux schedstat): how
+    much the machine's other load delayed it."""
+    total = 0.0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return total
+
+
+def _host_load() -> dict[str, Any]:
+    """Load average and CPU pressure (PSI) of the machine: other jobs on a shared host show here."""
+    out: dict[str, Any] = {}
+    try:
+        out["loadavg_1m"] = float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError):
+        pass
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
+        out["cpu_pressure_some_avg60_percent"] = float(some[2].split("=")[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _run_load(cfg: dict[str, Any], timeout_s: float, procs: int = 1, cpus: list[int] | None = None) -> dict[str, Any]:
+    """Runs the load generator in ``procs`` processes (streams and requests split among them, all
+    starting at the same instant) and merges their samples; ``loadgen_cpu_percent`` is their CPU time
+    over the run's wall time (100 = one core busy), so a saturated generator shows."""
     code = "from greenserve.router.bench import _loadgen_entry; _loadgen_entry()"
+    procs = max(1, min(procs, cfg["concurrency"]))
     with tempfile.TemporaryDirectory(prefix="gs-loadgen-") as tmp:
-        out = Path(tmp) / "result.json"
-        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps({**cfg, "out": str(out)}),
-                              capture_output=True, text=True, timeout=timeout_s, env=_env(), check=False)
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"load generator failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return json.loads(out.read_text())
+        running = []
+        start_at = time.time() + 1.0 + 0.3 * procs  # after every process has imported aiohttp/grpc
+        for k in range(procs):
+            share = {
+                **cfg, "out": str(Path(tmp) / f"result-{k}.json"), "start_at": start_at,
+                "concurrency": cfg["concurrency"] // procs + (1 if k < cfg["concurrency"] % procs else 0),
+                "requests": cfg["requests"] // procs + (1 if k < cfg["requests"] % procs else 0),
+                "index_offset": k * (cfg["requests"] + 1),
+            }
+            cfg_file = Path(tmp) / f"config-{k}.json"
+            cfg_file.write_text(json.dumps(share))
+            proc = subprocess.Popen(_pinned([sys.executable, "-c", code, str(cfg_file)], cpus),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+            running.append((proc, Path(share["out"])))
+        merged: dict[str, Any] = {"ttfts": [], "e2es": [], "errors": 0, "elapsed_s": 0.0, "cpu_s": 0.0}
+        for proc, out in running:
+            try:
+                _, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise RuntimeError("load generator timed out") from None
+            if proc.returncode != 0 or not out.exists():
+                raise RuntimeError(f"load generator failed ({proc.returncode}): {(err or '')[-2000:]}")
+            res = json.loads(out.read_text())
+            merged["ttfts"] += res["ttfts"]
+            merged["e2es"] += res["e2es"]
+            merged["errors"] += res["errors"]
+            merged["elapsed_s"] = max(merged["elapsed_s"], res["elapsed_s"])
+            merged["cpu_s"] += res["cpu_s"]
+        return merged
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _summary(res: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +286,8 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
         "ttft_p50_ms": round(_pct(ttft, 50), 3), "ttft_p99_ms": round(_pct(ttft, 99), 3),
         "e2e_p50_ms": round(_pct(e2e, 50), 3), "e2e_p99_ms": round(_pct(e2e, 99), 3),
         "rps": round(len(ttft) / res["elapsed_s"], 1) if res["elapsed_s"] > 0 else 0.0,
+        "_ttft_mean_ms": round(sum(ttft) / len(ttft), 3) if ttft else None,
+        "loadgen_cpu_percent": round(100.0 * res["cpu_s"] / res["elapsed_s"], 1) if res["elapsed_s"] > 0 else None,
     }
 
 
@@ -208,6 +306,28 @@ def _overhead_buckets(router_http: str) -> dict[float, float]:
                 if sample.name.endswith("_bucket"):
                     out[float(sample.labels["le"])] = sample.value
     return out
+
+
+def _engine_ttft_totals(engines: list[str]) -> tuple[float, float]:
+    """(sum of seconds, count) of the engines' own ``vllm:time_to_first_token_seconds`` histograms: the
+    TTFT the engines measure themselves (arrival at the engine to first token), to tell queueing in
+    the engines from time spent in the router."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total_s, count = 0.0, 0.0
+    for url in engines:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            if family.name == "vllm:time_to_first_token_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith("_sum"):
+                        total_s += sample.value
+                    elif sample.name.endswith("_count"):
+                        count += sample.value
+    return total_s, count
 
 
 def _bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
@@ -253,12 +373,13 @@ class _Procs:
                 p.kill()
 
 
-def _start_engine(procs: _Procs, args: argparse.Namespace) -> str:
+def _start_engine(procs: _Procs, args: argparse.Namespace, cpus: list[int] | None) -> str:
     cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--port", "0", "--time-scale", str(args.time_scale),
            "--max-num-seqs", str(args.max_num_seqs)]
     if args.model:
         cmd += ["--model", args.model]
-    proc = procs.add(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
+    proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      env=_env()))
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
@@ -284,16 +405,25 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None 
     raise RuntimeError(f"{url} not ready after {timeout_s:g}s ({last})")
 
 
-def _start_router(procs: _Procs, engines: list[str], data_dir: str) -> tuple[str, str]:
+_PROFILED_ROUTER = (
+    "import cProfile, sys; from greenserve.router.__main__ import main; prof = cProfile.Profile(); "
+    "prof.enable(); rc = main(sys.argv[2:]); prof.disable(); prof.dump_stats(sys.argv[1]); raise SystemExit(rc)"
+)
+
+
+def _start_router(procs: _Procs, engines: list[str], data_dir: str, cpus: list[int] | None,
+                  profile: str | None = None) -> tuple[str, str, subprocess.Popen[bytes]]:
+    """The router in a process of its own; with ``profile``, under cProfile (stats written at exit)."""
     grpc_port, http_port = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "greenserve.router", "--host", "127.0.0.1", "--port", str(grpc_port),
+    entry = ["-c", _PROFILED_ROUTER, profile] if profile else ["-m", "greenserve.router"]
+    cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(grpc_port),
            "--http-port", str(http_port), "--engines", ",".join(engines), "--data-dir", data_dir,
            "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000"]
     log_file = open(Path(data_dir) / "router.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = procs.add(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
+    proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
     url = f"http://127.0.0.1:{http_port}"
     _wait_http(url + "/health", 60, proc)
-    return url, f"127.0.0.1:{grpc_port}"
+    return url, f"127.0.0.1:{grpc_port}", proc
 
 
 def _vllm_router_bin(install: bool) -> tuple[Path | None, str]:
@@ -315,20 +445,32 @@ def _vllm_router_bin(install: bool) -> tuple[Path | None, str]:
     return (exe, "") if exe.exists() else (None, "vllm-router installed but its executable is missing")
 
 
-def _start_vllm_router(procs: _Procs, exe: Path, engines: list[str], data_dir: str) -> str:
+def _start_vllm_router(procs: _Procs, exe: Path, engines: list[str], data_dir: str,
+                       cpus: list[int] | None) -> tuple[str, subprocess.Popen[bytes]]:
     port = _free_port()
     cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
            "--policy", "round_robin", "--log-level", "warning", "--disable-retries"]
     log_file = open(Path(data_dir) / "vllm-router.log", "wb")  # noqa: SIM115
-    proc = procs.add(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
+    proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
     url = f"http://127.0.0.1:{port}"
     _wait_http(url + "/health", 60, proc)
-    return url
+    return url, proc
 
 
 # ------------------------------------------------------------------------------------------------------
 # main
 # ------------------------------------------------------------------------------------------------------
+
+
+def _cpu_plan(pin: bool) -> dict[str, Any]:
+    """Which CPUs each part runs on. Pinned: the router (and, in its turn, vllm-router) alone on the
+    last CPU; engines and load generator on the others, the same in direct and routed runs, so that the
+    system under test neither steals from nor is slowed by the engines it is compared with."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return {"enabled": False, "reason": "--no-pin" if not pin else "fewer than 2 CPUs", "cpus": cpus}
+    return {"enabled": True, "router": cpus[-1:], "vllm_router": cpus[-1:], "engines": cpus[:-1],
+            "loadgen": cpus[:-1]}
 
 
 def main(argv: list[str], prog: str = "greenserve bench router") -> int:
@@ -338,6 +480,9 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--levels", default=None, help="concurrency levels, comma-separated (default 1,16,64,256,1000)")
     p.add_argument("--requests-per-stream", type=int, default=4, help="requests each stream sends per run")
     p.add_argument("--min-requests", type=int, default=None, help="at least this many requests per run (default 200)")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="time-bounded runs: each (level, target) runs this long (closed loop) instead of a "
+                        "request count")
     p.add_argument("--engines", type=int, default=2, help="emulated engines (processes)")
     p.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1 = modelled real time)")
     p.add_argument("--max-num-seqs", type=int, default=1024, help="emulated engines' --max-num-seqs")
@@ -347,6 +492,15 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--protocols", default="http,grpc", help="router protocols to measure")
     p.add_argument("--no-peer", action="store_true", help="skip vllm-router")
     p.add_argument("--no-install-peer", action="store_true", help="use .venv-vllm-router only if it exists")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin processes to CPUs (default: router alone on the last CPU, the rest elsewhere)")
+    p.add_argument("--loadgen-procs", type=int, default=0,
+                   help="load-generator processes per run (0: one per 128 streams, at most the CPUs it has)")
+    p.add_argument("--nice", type=int, default=0,
+                   help="niceness of every process the bench starts (negative needs root: shields the run "
+                        "from other jobs on a shared machine; reported)")
+    p.add_argument("--profile-router", default=None, metavar="PATH",
+                   help="run the router under cProfile and write its stats to PATH (distorts timings)")
     args = p.parse_args(argv)
     if args.quick:
         args.requests_per_stream, args.no_peer = 2, True
@@ -356,6 +510,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         args.min_requests = 20 if args.quick else 200
     if args.min_requests < 1:
         p.error("--min-requests: must be >= 1")
+    if args.duration_s is not None and not args.duration_s > 0:
+        p.error("--duration-s: must be > 0")
+    if args.loadgen_procs < 0:
+        p.error("--loadgen-procs: must be >= 0")
     try:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
@@ -365,27 +523,34 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     protocols = [x.strip() for x in args.protocols.split(",") if x.strip()]
     if set(protocols) - {"http", "grpc"}:
         p.error("--protocols: http and/or grpc")
+    pinning = _cpu_plan(not args.no_pin)
+    global _NICE
+    _NICE = args.nice
+    host_before = _host_load()
+    side = pinning.get("engines")  # None when not pinned
+    router_cpus = pinning.get("router")
 
     procs = _Procs()
     data_dir = tempfile.mkdtemp(prefix="gs-bench-router-")
     result: dict[str, Any] = {}
     try:
-        _log(f"starting {args.engines} emulated engine(s)")
-        engines = [_start_engine(procs, args) for _ in range(args.engines)]
+        _log(f"starting {args.engines} emulated engine(s); CPU pinning: {json.dumps(pinning)}")
+        engines = [_start_engine(procs, args, side) for _ in range(args.engines)]
         for url in engines:
             _wait_http(url + "/health", 30)
         import urllib.request
 
         with urllib.request.urlopen(engines[0] + "/v1/models", timeout=5) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
-        _log("starting the router")
-        router_http, router_grpc = _start_router(procs, engines, data_dir)
-        peer_url, peer_reason = None, ""
+        _log("starting the router" + (" under cProfile" if args.profile_router else ""))
+        router_http, router_grpc, router_proc = _start_router(procs, engines, data_dir, router_cpus,
+                                                              args.profile_router)
+        peer_url, peer_reason, peer_proc = None, "", None
         if not args.no_peer:
             exe, peer_reason = _vllm_router_bin(not args.no_install_peer)
             if exe is not None:
                 try:
-                    peer_url = _start_vllm_router(procs, exe, engines, data_dir)
+                    peer_url, peer_proc = _start_vllm_router(procs, exe, engines, data_dir, pinning.get("vllm_router"))
                 except (RuntimeError, OSError) as exc:
                     peer_reason = f"vllm-router did not start: {exc}"
         else:
@@ -400,20 +565,45 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             targets.append(("router", "grpc", {"targets": [router_grpc]}))
         if peer_url:
             targets.append(("vllm-router", "http", {"targets": [peer_url]}))
-        # warm-up: connections, JIT-free but caches and pools
+        pid_of = {"router": router_proc.pid, "vllm-router": peer_proc.pid if peer_proc else None}
+        loadgen_cpus = len(side) if side else len(os.sched_getaffinity(0))
+        # warm-up: connections, caches and pools
         for name, proto, t in targets:
-            _run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16}, 120)
+            _run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16}, 120, 1, side)
         rows: list[dict[str, Any]] = []
         for level in levels:
             n = max(args.min_requests, level * args.requests_per_stream)
+            if args.duration_s:
+                n = 10**9
+            nprocs = args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
             direct: dict[str, Any] | None = None
             for name, proto, t in targets:
-                _log(f"level {level}: {name} over {proto} ({n} requests)")
+                what = f"{args.duration_s:g} s" if args.duration_s else f"{n} requests"
+                _log(f"level {level}: {name} over {proto} ({what}, {nprocs} load process(es))")
                 own = name == "router" and proto == "http"
                 before = _overhead_buckets(router_http) if own else {}
-                summary = _summary(_run_load({**base, **t, "protocol": proto, "concurrency": level, "requests": n},
-                                             600))
+                pid = pid_of.get(name)
+                cpu0 = _proc_cpu_s(pid) if pid else 0.0
+                wait0 = _runqueue_wait_s(pid) if pid else 0.0
+                eng0 = _engine_ttft_totals(engines)
+                load = {**base, **t, "protocol": proto, "concurrency": level, "requests": n}
+                if args.duration_s:
+                    load["duration_s"] = args.duration_s
+                summary = _summary(_run_load(load, 600, nprocs, side))
                 row = {"target": name, "protocol": proto, "concurrency": level, **summary}
+                eng1 = _engine_ttft_totals(engines)
+                if eng1[1] > eng0[1]:
+                    row["engine_ttft_mean_ms"] = round(1000.0 * (eng1[0] - eng0[0]) / (eng1[1] - eng0[1]), 3)
+                    row["ttft_mean_ms"] = summary.pop("_ttft_mean_ms")
+                summary.pop("_ttft_mean_ms", None)
+                row.pop("_ttft_mean_ms", None)
+                if pid and summary["requests"]:
+                    cpu_s = _proc_cpu_s(pid) - cpu0
+                    # CPU the router process spent per request served (all threads; includes idle
+                    # background work such as scrapes, which is small at these rates)
+                    row["router_cpu_ms_per_request"] = round(1000.0 * cpu_s / summary["requests"], 3)
+                    row["router_runqueue_wait_ms_per_request"] = round(
+                        1000.0 * (_runqueue_wait_s(pid) - wait0) / summary["requests"], 3)
                 if own:
                     after = _overhead_buckets(router_http)
                     row["router_overhead_p50_ms_le"] = _bucket_quantile(before, after, 50)
@@ -439,16 +629,24 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             "max_rps": max((r["rps"] for r in ours), default=None),
             "router_overhead_p50_ms_le": head.get("router_overhead_p50_ms_le") if head else None,
             "router_overhead_p99_ms_le": head.get("router_overhead_p99_ms_le") if head else None,
+            "router_cpu_ms_per_request": head.get("router_cpu_ms_per_request") if head else None,
             "direct_max_rps": max((r["rps"] for r in rows if r["target"] == "direct"), default=None),
+            "cpu_pinning": pinning,
+            "nice": args.nice,
+            "host_load": {"before": host_before, "after": _host_load()},
             "levels": rows,
             "peers": {"vllm-router": (
                 {"version": VLLM_ROUTER_VERSION, "policy": "round_robin",
                  "added_ttft_p50_ms": peer_head["added_ttft_p50_ms"], "added_ttft_p99_ms": peer_head["added_ttft_p99_ms"],
-                 "concurrency": peer_head["concurrency"], "max_rps": max(r["rps"] for r in peer_rows)}
+                 "concurrency": peer_head["concurrency"], "max_rps": max(r["rps"] for r in peer_rows),
+                 "cpu_ms_per_request": peer_head.get("router_cpu_ms_per_request"),
+                 "e2e_p50_ms": peer_head["e2e_p50_ms"], "rps_at_concurrency": peer_head["rps"]}
                 if peer_head else {"skipped": peer_reason or "not run"})},
             "setup": {"engines": args.engines, "time_scale": args.time_scale, "max_tokens": args.max_tokens,
                       "prompt_chars": args.prompt_chars, "cpu_count": os.cpu_count(), "model": model,
-                      "quick": args.quick},
+                      "quick": args.quick, "duration_s": args.duration_s,
+                      "loadgen_procs": args.loadgen_procs or "auto",
+                      "profiled": bool(args.profile_router)},
         }
     except Exception as exc:  # noqa: BLE001 - the bench reports its failure as JSON too
         _log(f"failed: {exc}")

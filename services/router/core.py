@@ -115,6 +115,7 @@ class RouterCore:
         self.prom = CollectorRegistry()
         self._prom_requests = Counter("greenserve_router_requests", "requests finished", ["protocol", "outcome"],
                                       registry=self.prom)
+        self._prom_ok: dict[str, Any] = {}
         self._prom_ttft = Histogram("greenserve_router_ttft_seconds", "time to first token through the router",
                                     buckets=(.005, .01, .025, .05, .1, .2, .5, 1, 2, 5, 10, 30), registry=self.prom)
         self.prom_overhead = Histogram(
@@ -170,6 +171,7 @@ class RouterCore:
                                      first_token_timeout_s=self.config.first_token_timeout_s,
                                      saturation_requests=self.saturation_requests)
         self.monitor.start()
+        self.receipt_metrics.start()
         await self._discover_models()
         self.ci.start()
         if self.config.feeds:
@@ -182,6 +184,7 @@ class RouterCore:
         if self.watcher is not None:
             await self.watcher.stop()
         await self.monitor.stop()
+        await self.receipt_metrics.stop()
         await self.ci.stop()
         await self.load_feed.stop()
         await self.access_feed.stop()
@@ -316,7 +319,10 @@ class RouterCore:
             ci_g_per_kwh=self.ci.get(region), plan_version=call.decision.plan_version)
         receipt = compute_receipt(m, self.carbon_settings, self.plans.pool_slo.get(engine.pool))
         self.receipt_metrics.record(receipt, protocol)
-        self._prom_requests.labels(protocol, "ok").inc()
+        ok = self._prom_ok.get(protocol)
+        if ok is None:
+            ok = self._prom_ok[protocol] = self._prom_requests.labels(protocol, "ok")
+        ok.inc()
         self._prom_ttft.observe(m.ttft_s)
         self._prom_carbon.inc(receipt.total_g)
         if self.config.feeds:

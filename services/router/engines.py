@@ -75,6 +75,7 @@ class EngineState:
     # health
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic; 0 = not ejected
+    ejected_at: float = 0.0  # monotonic time of the (latest) ejection
     eject_count: int = 0
     probe_in_flight: bool = False
     # energy accounting: integral of power/n and of n over time (see receipt.py)
@@ -230,7 +231,13 @@ class EngineRegistry:
 
     # -- health -------------------------------------------------------------------------------------
 
-    def record_success(self, engine: EngineState) -> None:
+    def record_success(self, engine: EngineState, started_at: float | None = None) -> None:
+        """A request or probe succeeded. ``started_at``: when it was sent. A success sent before the
+        engine's latest ejection is stale evidence (its reply was already on the way when the failures
+        that ejected the engine happened, e.g. a first token buffered just before a crash): it leaves
+        the circuit open; only a trial sent after the ejection closes it."""
+        if engine.ejected_until and started_at is not None and started_at < engine.ejected_at:
+            return
         if engine.consecutive_failures or engine.ejected_until:
             if engine.ejected_until:
                 log.info("engine recovered", extra={"engine_id": engine.id})
@@ -247,5 +254,6 @@ class EngineRegistry:
             backoff = min(self.policy.eject_max_s, self.policy.eject_base_s * (2 ** engine.eject_count))
             engine.eject_count += 1
             engine.ejected_until = now + backoff
+            engine.ejected_at = now
             self.ejections += 1
             log.warning("engine ejected", extra={"engine_id": engine.id, "reason": reason, "for_s": backoff})

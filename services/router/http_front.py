@@ -17,12 +17,14 @@ the engine, plan version and CI in force). Limits: 429 with ``Retry-After`` at `
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
 import time
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from greenserve.router.core import RouterCore
 from greenserve.router.prefix_index import chain_hashes, render_chat
@@ -33,6 +35,7 @@ from greenserve.router.upstream import (
     UpstreamClientError,
     UpstreamUnavailable,
     event_data,
+    split_events,
 )
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -40,6 +43,8 @@ log = logging.getLogger("greenserve.router.http")
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 _DONE_EVENT = b"data: [DONE]\n\n"
+_FINISH_KEY = b'"finish_reason"'
+_USAGE_NULL = b'"usage":null'
 
 
 def _error(status: int, message: str, param: str | None = None, err_type: str = "invalid_request_error",
@@ -101,8 +106,10 @@ class HttpFront:
         self.host = host
         self.port = port
         app = web.Application(client_max_size=max_body_bytes)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        # the generation handlers are _generate itself (no wrapper coroutine frame to resume per token)
+        app.router.add_post("/v1/completions", functools.partial(self._generate, path="/v1/completions", chat=False))
+        app.router.add_post("/v1/chat/completions",
+                            functools.partial(self._generate, path="/v1/chat/completions", chat=True))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -150,17 +157,12 @@ class HttpFront:
 
     # -- generation ---------------------------------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/completions", chat=False)
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/chat/completions", chat=True)
-
     async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
         core = self.core
         t_arrival = time.monotonic()
+        raw: bytes | None = await request.read()
         try:
-            body = json.loads(await request.read())
+            body = json.loads(raw)  # type: ignore[arg-type]
         except ValueError as exc:
             return _error(400, f"request body is not JSON: {exc}")
         if not isinstance(body, dict):
@@ -183,6 +185,12 @@ class HttpFront:
         want_usage = False
         if stream:
             options = body.get("stream_options")
+            if options is None and raw is not None:
+                # forward the caller's bytes with the usage request spliced in (no re-encoding)
+                raw = raw.rstrip()
+                raw = raw[:-1] + b',"stream_options":{"include_usage":true}}' if raw.endswith(b"}") else None
+            elif not (isinstance(options, dict) and options.get("include_usage") is True):
+                raw = None  # re-encoded from ``body``
             options = dict(options) if isinstance(options, dict) else {}
             want_usage = bool(options.get("include_usage"))
             options["include_usage"] = True
@@ -195,7 +203,8 @@ class HttpFront:
         try:
             assert core.dispatcher is not None
             try:
-                call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream))
+                call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream,
+                                                           raw=raw))
             except UpstreamUnavailable as exc:
                 core.count_failure("http", "unavailable")
                 return _error(503, str(exc), err_type="service_unavailable", headers={"Retry-After": "1"})
@@ -222,57 +231,70 @@ class HttpFront:
 
     async def _stream(self, request: web.Request, call: Call, want_usage: bool, prompt_chars: int,
                       t_arrival: float) -> web.StreamResponse:
+        """Forwards the engine's SSE bytes. Hot path: per upstream read, the complete events are checked
+        with a few byte searches (C speed) and, when none of them is a final one (finish reason, usage,
+        [DONE], error), forwarded in one write without being split or decoded; only the final events
+        are held, decoded and rewritten with the receipt."""
         core = self.core
         dispatcher = core.dispatcher
         assert dispatcher is not None
         engine = call.engine
+        region = core.plans.pool_region.get(engine.pool) or core.config.region
         resp = web.StreamResponse(headers={
             **_SSE_HEADERS, "x-greenserve-engine": engine.id,
             "x-greenserve-plan-version": str(call.decision.plan_version),
-            "x-greenserve-ci-g-per-kwh": f"{core.ci.get(core.plans.pool_region.get(engine.pool) or core.config.region):.6g}",
+            "x-greenserve-ci-g-per-kwh": f"{core.ci.get(region):.6g}",
         })
         held: list[tuple[bytes, dict[str, Any] | None]] = []
         finished = False
         try:
             await resp.prepare(request)
-            out = []
-            for ev in call.head_events:
-                kind, obj = _classify(ev)
-                if kind == 0:
-                    out.append(ev)
-                elif kind == 1:
-                    held.append((ev, obj))
+            out = _pass_events(call.head_events, held, call, counted=True)
             if out:
-                out.append(b"")
-                await resp.write(b"\n\n".join(out))
+                await resp.write(out)  # also flushes the headers aiohttp holds back until the first bytes
+            send = _direct_sender(request, resp) if out else None
             if call.attempts == 1:
                 core.prom_overhead.observe((time.monotonic() - t_arrival) - (call.t_first - call.t_sent))
             if not call.done:
-                async for batch in dispatcher.events(call):
-                    out = []
-                    for ev in batch:
-                        if _RUNNING in ev:
-                            call.events += 1
-                            out.append(ev)
-                            continue
-                        kind, obj = _classify(ev)
-                        if kind == 2:
-                            call.done = True
-                            break
-                        if kind == 1:
-                            assert obj is not None
-                            if obj.get("usage"):
-                                call.usage = obj["usage"]
-                            if obj.get("choices"):
-                                call.events += 1
-                            held.append((ev, obj))
-                        else:
-                            if obj is not None and obj.get("choices"):
-                                call.events += 1
-                            out.append(ev)
+                buf = call.tail
+                call.tail = b""
+                content = call.response.content
+                write = resp.write
+                while True:
+                    try:
+                        chunk = await content.readany()
+                    except (aiohttp.ClientError, OSError):
+                        break  # the engine went away mid-stream
+                    if not chunk:
+                        if buf.strip():  # a last event without its blank line
+                            out = _pass_events(split_events(buf + b"\n\n")[0], held, call)
+                            if out:
+                                await write(out)
+                        break
+                    if buf:
+                        chunk = buf + chunk
+                    if b"\r" in chunk:
+                        chunk = chunk.replace(b"\r\n", b"\n")
+                    end = chunk.rfind(b"\n\n")
+                    if end < 0:
+                        buf = chunk
+                        continue
+                    end += 2
+                    whole, buf = (chunk, b"") if end == len(chunk) else (chunk[:end], chunk[end:])
+                    running = whole.count(_RUNNING)
+                    if running == whole.count(_FINISH_KEY) and b"[DONE]" not in whole and b'"error"' not in whole \
+                            and whole.count(b'"usage"') == whole.count(_USAGE_NULL):
+                        call.events += running  # only running token chunks: forward as they are
+                        if send is None:
+                            await write(whole)
+                        elif send(whole):
+                            await _until_writable(request)
+                        continue
+                    out = _pass_events(whole[:-2].split(b"\n\n"), held, call)
                     if out:
-                        out.append(b"")
-                        await resp.write(b"\n\n".join(out))
+                        await write(out)
+                    if call.done:
+                        break
             if not call.done:
                 # The engine went away after the first token: end with an error, never replay.
                 core.registry.record_failure(engine, time.monotonic(), "stream cut after first token")
@@ -295,6 +317,73 @@ class HttpFront:
         finally:
             if not finished:
                 dispatcher.finish(call, aborted=True)
+
+
+_CHUNK_END = b"\r\n"
+_DIRECT_WRITE_MAX_BUFFERED = 64 * 1024
+
+
+def _direct_sender(request: web.Request, resp: web.StreamResponse) -> Any:
+    """A function writing one chunk of a chunked response straight to the socket transport, or None
+    when the response is not chunked (the caller then uses ``resp.write``). Per token this saves
+    aiohttp's coroutine chain (write, payload writer, chunk framing); used only once the headers are
+    out. It returns True when the transport buffers ``_DIRECT_WRITE_MAX_BUFFERED`` bytes or more
+    after the write: the caller then waits for a slow reader (``_until_writable``), which is the
+    backpressure that reaches the engine (the router stops reading its stream)."""
+    transport = request.transport
+    if transport is None or resp.headers.get("Transfer-Encoding", "").lower() != "chunked":
+        return None
+    writelines = transport.writelines
+    buffered = transport.get_write_buffer_size
+
+    def send(data: bytes) -> bool:
+        if transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        writelines((b"%x\r\n" % len(data), data, _CHUNK_END))
+        return buffered() >= _DIRECT_WRITE_MAX_BUFFERED
+
+    return send
+
+
+async def _until_writable(request: web.Request) -> None:
+    """Waits until a slow client has taken most of what is buffered for it (or has gone away)."""
+    transport = request.transport
+    while transport is not None and not transport.is_closing() and \
+            transport.get_write_buffer_size() >= _DIRECT_WRITE_MAX_BUFFERED // 2:
+        await asyncio.sleep(0.005)
+
+
+def _pass_events(events: list[bytes], held: list[tuple[bytes, dict[str, Any] | None]], call: Call,
+                 counted: bool = False) -> bytes:
+    """Events to forward now, joined (each with its blank line); final chunks go to ``held``, [DONE]
+    marks the call done. ``counted``: the events were already counted by the dispatcher (read before
+    the commit)."""
+    out = []
+    for ev in events:
+        if _RUNNING in ev:
+            if not counted:
+                call.events += 1
+            out.append(ev)
+            continue
+        kind, obj = _classify(ev)
+        if kind == 2:
+            call.done = True
+            break
+        if kind == 1:
+            assert obj is not None
+            if obj.get("usage"):
+                call.usage = obj["usage"]
+            if obj.get("choices") and not counted:
+                call.events += 1
+            held.append((ev, obj))
+        else:
+            if obj is not None and obj.get("choices") and not counted:
+                call.events += 1
+            out.append(ev)
+    if not out:
+        return b""
+    out.append(b"")
+    return b"\n\n".join(out)
 
 
 def _classify(ev: bytes) -> tuple[int, dict[str, Any] | None]:
@@ -325,11 +414,15 @@ def _final_events(held: list[tuple[bytes, dict[str, Any] | None]], receipt: dict
     """The held final chunks, with the receipt on the last one the client will see, then [DONE]."""
     keep = [(ev, obj) for ev, obj in held if want_usage or not (obj and obj.get("usage") and not obj.get("choices"))]
     if keep:
-        _, obj = keep[-1]
+        ev, obj = keep[-1]
         assert obj is not None
-        obj = dict(obj)
-        obj["greenserve"] = receipt
-        keep[-1] = (b"data: " + json.dumps(obj, separators=(",", ":")).encode(), obj)
+        tail = b',"greenserve":' + json.dumps(receipt, separators=(",", ":")).encode() + b"}"
+        if ev.startswith(b"data: {") and ev.endswith(b"}") and b"\n" not in ev and "greenserve" not in obj:
+            keep[-1] = (ev[:-1] + tail, obj)  # splice the receipt in: no re-encoding of the chunk
+        else:
+            obj = dict(obj)
+            obj["greenserve"] = receipt
+            keep[-1] = (b"data: " + json.dumps(obj, separators=(",", ":")).encode(), obj)
     else:
         extra = {"id": "", "object": "greenserve.receipt", "choices": [], "greenserve": receipt}
         keep = [(b"data: " + json.dumps(extra, separators=(",", ":")).encode(), extra)]

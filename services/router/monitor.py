@@ -90,6 +90,7 @@ class EngineMonitor:
 
     async def probe(self, engine: EngineState) -> bool:
         assert self._session is not None
+        started = time.monotonic()
         try:
             async with self._session.get(engine.url + "/health",
                                          timeout=aiohttp.ClientTimeout(total=self.probe_timeout_s)) as resp:
@@ -102,7 +103,7 @@ class EngineMonitor:
             # Only closes an open circuit; on a healthy engine it leaves the count of failed requests alone
             # (an engine that errors on requests but answers /health must still be ejected).
             if engine.ejected_until and now >= engine.ejected_until:
-                self.registry.record_success(engine)
+                self.registry.record_success(engine, started)
         else:
             self.probe_failures += 1
             if not engine.ejected_until or now >= engine.ejected_until:

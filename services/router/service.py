@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlparse
 
+import aiohttp
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.common.app import ServiceContext
@@ -44,6 +45,7 @@ from greenserve.router.upstream import (
     UpstreamUnavailable,
     chunk_text,
     event_data,
+    split_events,
 )
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 from pydantic import Field, model_validator
@@ -231,13 +233,29 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     yield router_pb2.GenerateResponse(request_id=request_id, text_delta=text,
                                                       engine_id=engine_id if first else "")
                     first = False
-            done = call.done
-            if not done:
-                async for batch in dispatcher.events(call):
-                    for ev in batch:
+            if not call.done:
+                # One message per upstream read: the text of every token event that arrived together
+                # is sent as one delta (fewer messages when the engine batches; per-message cost of
+                # grpc.aio dominates). Events are split on blank lines; only their JSON is decoded.
+                buf = call.tail
+                call.tail = b""
+                content = call.response.content
+                Response = router_pb2.GenerateResponse
+                while not call.done:
+                    try:
+                        chunk = await content.readany()
+                    except (aiohttp.ClientError, OSError):
+                        break
+                    if not chunk:
+                        if not buf.strip():
+                            break
+                        chunk, buf = buf + b"\n\n", b""
+                    events, buf = split_events(buf + chunk)
+                    texts = []
+                    for ev in events:
                         data = event_data(ev)
                         if data == b"[DONE]":
-                            call.done = done = True
+                            call.done = True
                             break
                         text, r, u = _parse_event(ev)
                         if u:
@@ -247,9 +265,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                         if text or r:
                             call.events += 1
                         if text:
-                            yield router_pb2.GenerateResponse(request_id=request_id, text_delta=text,
-                                                              engine_id=engine_id if first else "")
-                            first = False
+                            texts.append(text)
+                    if texts:
+                        yield Response(request_id=request_id, text_delta="".join(texts),
+                                       engine_id=engine_id if first else "")
+                        first = False
             if not call.done:
                 core.registry.record_failure(call.engine, time.monotonic(), "stream cut after first token")
                 core.count_failure("grpc", "upstream_cut")

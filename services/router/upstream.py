@@ -13,7 +13,9 @@ error, never a replay (tokens would be duplicated).
 The SSE body is scanned at the byte level: events are split on blank lines and only the events needed
 are JSON-decoded (until the first token, and the final finish/usage events; a running chunk carries
 ``"finish_reason":null`` and is passed through untouched), so the HTTP front forwards engine bytes
-without re-encoding them.
+without re-encoding them. After the commit, each front reads the rest of the stream itself from
+``call.response.content`` (``call.tail`` holds bytes read past the last complete event), without an
+async-generator layer between the socket and its write: that layer cost a coroutine resume per token.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
 
 _RUNNING = b'"finish_reason":null'
+_JSON_HEADERS = {"Content-Type": "application/json"}
 _DONE = b"[DONE]"
 
 
@@ -108,6 +110,7 @@ class RouteRequest:
     hashes: list[int]
     stream: bool
     deadline: float | None = None  # time.monotonic()
+    raw: bytes | None = None  # ``body`` as the bytes to send, when the front has them (else JSON-encoded)
 
 
 @dataclass
@@ -159,12 +162,13 @@ class Dispatcher:
         self.saturation_requests = saturation_requests
         self.retries = 0
         self.upstream_failures = 0
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
 
     async def open(self, req: RouteRequest) -> Call:
         """Picks an engine and reads up to the first token, retrying on other engines before it."""
         tried: set[str] = set()
         last_error = "no attempt made"
-        body = json.dumps(req.body, separators=(",", ":")).encode()
+        body = req.raw if req.raw is not None else json.dumps(req.body, separators=(",", ":")).encode()
         t0 = time.monotonic()
         for attempt in range(self.max_attempts):
             try:
@@ -181,12 +185,13 @@ class Dispatcher:
             payload = body
             if not req.body.get("model") and engine.model:  # vLLM needs the served name; fill it in
                 payload = json.dumps({**req.body, "model": engine.model}, separators=(",", ":")).encode()
-            acc = engine.start_request(time.monotonic(), self.saturation_requests)
+            started = time.monotonic()
+            acc = engine.start_request(started, self.saturation_requests)
             try:
                 call = await self._attempt(req, payload, decision, engine, acc, t0)
                 call.attempts = attempt + 1
                 call.hashes = req.hashes
-                self.registry.record_success(engine)
+                self.registry.record_success(engine, started)
                 return call
             except UpstreamClientError:
                 engine.end_request(time.monotonic(), self.saturation_requests)
@@ -215,9 +220,8 @@ class Dispatcher:
         try:
             async with asyncio.timeout(timeout):
                 t_sent = time.monotonic()
-                resp = await self.session.post(
-                    engine.url + req.path, data=body, headers={"Content-Type": "application/json"},
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s))
+                resp = await self.session.post(engine.url + req.path, data=body, headers=_JSON_HEADERS,
+                                               timeout=self._timeout)
                 try:
                     call = await self._until_first_token(req, resp, decision, engine, acc, t0)
                     call.t_sent = t_sent
@@ -320,26 +324,6 @@ class Dispatcher:
     def _scan_final(self, call: Call, events: list[bytes]) -> None:
         for ev in events:
             self._note(call, ev)
-
-    async def events(self, call: Call) -> AsyncIterator[list[bytes]]:
-        """Batches of events after those read before commit, as they arrive (raw bytes)."""
-        buf = call.tail
-        call.tail = b""
-        content = call.response.content
-        while not call.done:
-            try:
-                chunk = await content.readany()
-            except (aiohttp.ClientError, OSError):
-                return  # the engine went away mid-stream; the caller sees call.done False
-            if not chunk:
-                break
-            events, buf = split_events(buf + chunk)
-            if events:
-                yield events
-        if buf.strip():
-            events, _ = split_events(buf + b"\n\n")
-            if events:
-                yield events
 
     def finish(self, call: Call, *, aborted: bool) -> tuple[float, float]:
         """Ends the request: releases or closes the upstream connection; returns the end accumulators."""

@@ -48,3 +48,21 @@ def test_bench_quick_prints_json_with_the_figures() -> None:
     assert targets == {("direct", "http"), ("router", "http"), ("router", "grpc")}
     assert all(row["errors"] == 0 and row["requests"] == 10 for row in result["levels"])
     assert result["max_rps"] > 0 and "skipped" in result["peers"]["vllm-router"]
+    pinning = result["cpu_pinning"]
+    if pinning["enabled"]:  # router alone on its CPU, engines and load generator elsewhere
+        assert not set(pinning["router"]) & set(pinning["engines"]) and pinning["loadgen"] == pinning["engines"]
+    router_rows = [row for row in result["levels"] if row["target"] == "router"]
+    assert all(row["router_cpu_ms_per_request"] > 0 for row in router_rows)
+    assert all(row["loadgen_cpu_percent"] is not None for row in result["levels"])
+
+
+@pytest.mark.slow
+def test_bench_duration_mode_unpinned_with_two_load_processes() -> None:
+    proc = subprocess.run([sys.executable, "-m", "greenserve_client.cli", "bench", "router", "--quick", "--json",
+                           "--levels", "4", "--duration-s", "1", "--no-pin", "--loadgen-procs", "2",
+                           "--protocols", "http"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["cpu_pinning"]["enabled"] is False and result["setup"]["duration_s"] == 1.0
+    assert all(row["requests"] > 0 and row["errors"] == 0 for row in result["levels"])

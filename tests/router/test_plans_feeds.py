@@ -183,3 +183,43 @@ async def test_receipt_uses_forecaster_ci_for_the_pool_region(peers, emulators, 
             await asyncio.sleep(0.1)
     assert receipt["ci_g_per_kwh"] == 42.0
     assert receipt["carbon"]["operational_g"] == pytest.approx(receipt["energy_kwh"] * 42.0)
+
+
+async def test_receipt_metrics_are_batched_off_the_request_path_and_all_recorded() -> None:
+    """record() only queues; the background task hands every value to OTel (in slices), stop()
+    flushes the rest: counts and sums match what was recorded, per engine and protocol."""
+    from greenserve.router.receipt import Measurement, Receipt, ReceiptMetrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics = ReceiptMetrics(MeterProvider(metric_readers=[reader]).get_meter("t"), interval_s=0.05)
+
+    def receipt(engine: str) -> Receipt:
+        m = Measurement(engine_id=engine, pool="p", ttft_s=0.1, e2e_s=1.0, prompt_tokens=10,
+                        cached_prompt_tokens=0, completion_tokens=5, energy_j=1.0, busy_slot_s=1.0,
+                        ci_g_per_kwh=100.0, plan_version=3)
+        return Receipt(m, tpot_s=0.2, energy_kwh=1e-6, operational_g=0.5, embodied_g=0.25, slo_met=True)
+
+    metrics.start()
+    for i in range(100):
+        metrics.record(receipt("a" if i % 4 else "b"), "http")
+    assert len(metrics._pending) == 100  # nothing recorded on the request path
+    await asyncio.sleep(0.3)
+    assert not metrics._pending
+    metrics.record(receipt("a"), "grpc")
+    await metrics.stop()
+
+    points = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in metric.data.data_points:
+                    attrs = dict(point.attributes or {})
+                    points[(metric.name, attrs.get("engine"), attrs.get("protocol"))] = point
+    assert points[("greenserve.router.requests", "a", "http")].value == 75
+    assert points[("greenserve.router.requests", "b", "http")].value == 25
+    assert points[("greenserve.router.requests", "a", "grpc")].value == 1
+    assert points[("greenserve.router.ttft", "a", "http")].count == 75
+    assert points[("greenserve.router.carbon", "b", "http")].value == pytest.approx(25 * 0.75)
+    assert points[("greenserve.router.plan_version", None, None)].value == 3

@@ -130,3 +130,18 @@ def test_stale_metrics_fall_back_to_own_in_flight() -> None:
     assert e.load(100.5, 2.0) == 2 + 13  # others' requests seen in fresh metrics
     assert e.load(103.0, 2.0) == 2  # stale: only what the router knows
     assert e.state(103.0, 2.0) == common_pb2.ENGINE_STATE_STALE
+
+
+def test_success_sent_before_the_ejection_does_not_close_the_circuit() -> None:
+    """A reply already on the wire when the engine failed (a buffered first token) is stale: only a
+    trial sent after the ejection closes the circuit."""
+    registry, _, _ = _setup(1)
+    e = registry.engines["e0"]
+    now = 1000.0
+    registry.record_failure(e, now, "x")
+    registry.record_failure(e, now + 0.1, "x")
+    assert e.ejected_until == now + 0.1 + 1.0
+    registry.record_success(e, started_at=now - 0.5)  # sent before the failures
+    assert e.ejected_until == now + 0.1 + 1.0 and e.eject_count == 1
+    registry.record_success(e, started_at=now + 1.2)  # the half-open trial
+    assert not e.ejected_until and e.consecutive_failures == 0
