@@ -24,6 +24,7 @@ from greenserve.cache_manager.index import CacheIndex
 from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
 from greenserve.cache_manager.resize import resize_server
+from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import InvalidArgument, NotFound, Unavailable
@@ -418,8 +419,7 @@ def build(ctx: ServiceContext) -> list[Registration]:
         task = asyncio.get_event_loop().create_task(loop())
 
     async def stop() -> None:
-        if task is not None:
-            task.cancel()
+        await cancel_and_wait(task)  # no TTL round runs while the index is saved
         await asyncio.to_thread(servicer.save_indexes)
 
     ctx.on_stop.append(stop)

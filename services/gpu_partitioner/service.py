@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.app import ServiceContext
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.config import DependencyAddresses, ServiceSettings
@@ -416,10 +417,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         sampler = asyncio.get_running_loop().create_task(sample_forever())
 
     async def stop() -> None:
-        if sampler is not None:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+        await cancel_and_wait(sampler)
         await router.close()
         await asyncio.to_thread(backend.close)
 

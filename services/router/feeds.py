@@ -9,6 +9,8 @@ routing never waits: losing telemetry must not slow requests.
 from __future__ import annotations
 
 import asyncio
+
+from greenserve.common.tasks import cancel_and_wait
 import logging
 import time
 from collections import deque
@@ -58,13 +60,8 @@ class _BoundedFeed:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"{self.name}-sender")
 
     async def stop(self, flush: bool = True) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if flush:
             try:
                 await asyncio.wait_for(self.flush(), 2.0)

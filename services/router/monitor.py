@@ -10,6 +10,8 @@ request on it). Scrape failures only age the metrics (the engine turns STALE).
 from __future__ import annotations
 
 import asyncio
+
+from greenserve.common.tasks import cancel_and_wait
 import logging
 import time
 
@@ -43,9 +45,7 @@ class EngineMonitor:
                        loop.create_task(self._loop(self.probe_all, self.health_interval_s), name="health")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
         if self._session is not None:
             await self._session.close()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import grpc
+from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.persistence import Database, utcnow
 from greenserve.router.models import LAST_PLAN_ID, LastPlan
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
@@ -173,12 +174,8 @@ class PlanWatcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="plan-watcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         backoff = 0.2

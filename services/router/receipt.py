@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any
 
 import grpc
+from greenserve.common.tasks import cancel_and_wait
 from greenserve.common import carbon
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, router_pb2
 
@@ -207,15 +208,8 @@ class ReceiptMetrics:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="receipt-metrics")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                log.exception("receipt metrics task failed")
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.flush()
 
     async def _run(self) -> None:
@@ -259,12 +253,8 @@ class CarbonIntensityCache:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ci-refresh")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def refresh_once(self) -> None:
         assert self._stub is not None

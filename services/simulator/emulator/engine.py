@@ -20,6 +20,8 @@ are on this clock, so they do not depend on the host's speed as long as the host
 from __future__ import annotations
 
 import asyncio
+
+from greenserve.common.tasks import cancel_and_wait
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -162,13 +164,8 @@ class EmulatedEngine:
 
     async def stop(self) -> None:
         """Stop the loop and drop every request."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.abort_all("engine stopped")
 
     # -- clock ------------------------------------------------------------------------------
