@@ -11,7 +11,12 @@ so memory per entry is small and fixed and scores are computed in vectorised pas
 Definitions (each choice is measured by `greenserve bench cache-policy`, see docs/cache_manager.md):
 
 - `#Hit` counts the entry's hits plus its store (hits + 1), so a freshly stored entry is not scored 0 and
-  evicted before it had any chance to be reused. `#Token` (`token_term="entry"`, default) is the entry's
+  evicted before it had any chance to be reused. With `hit_decay` (default `"online"`) the hits count
+  `1 + hits x exp(-Age / tau)`: past hits predict reuse only while the conversation goes on (on the
+  Mooncake trace, up to ~10-15 minutes idle; docs/cache_manager.md). tau is estimated online from the
+  stream (`estimated_tau_s`: the 90 % quantile of re-access gaps of a hash-sampled subset of all keys,
+  so it does not depend on the cache size) and changes only in a full pass; a number fixes tau, `"none"`
+  turns the decay off. Turn and document entries (Eq. 8, 9) do not decay. `#Token` (`token_term="entry"`, default) is the entry's
   own tokens; `"accumulated"` uses the accumulated hit tokens (+ own tokens) as the paper words it, which for
   fixed-size blocks makes the score grow with hits squared. `#AccuToken` / `AccuDocLen` likewise include the
   entry's own tokens.
@@ -23,13 +28,15 @@ Definitions (each choice is measured by `greenserve bench cache-policy`, see doc
 - Prefix chains (optional `parent`): a chained-prefix block is only useful while its parent is cached, so
   only *leaves* (entries with no cached child) can be evicted -- children go before their parents, the
   way vLLM frees a request's blocks tail first. When an entry's last cached child is evicted the entry
-  has been truncated to a shorter prefix; with `truncation_reset` (default) its #Hit / #Token restart as
+  has been truncated to a shorter prefix; with `truncation_reset` (off by default) its #Hit / #Token restart as
   for a new entry, because the reuses it counted came through a continuation that is no longer cached
   (on the Mooncake trace, blocks idle for 15+ minutes are reused no more often the more hits they had:
-  see docs/cache_manager.md for the measurement).
+  see docs/cache_manager.md for the measurement). The hit decay handles those stale hits directly and
+  keeps more of what frequent blocks earn at small capacities, so the reset is off by default.
 
-Eviction choice (exact, incremental). Each score is `value / age` where `value` changes only on an access
-and `age = now - t_ref`; the ranking changes with time, so a heap keyed at insertion would go stale. A
+Eviction choice (exact, incremental). Each score is `(base + extra x exp(-age / tau)) / age` where `base`
+and `extra` change only on an access, tau only in a full pass, and `age = now - t_ref`: a non-increasing
+function of age between full passes; the ranking changes with time, so a heap keyed at insertion would go stale. A
 *refresh* scores every eligible entry in one vectorised pass and keeps a pool of the M lowest by their
 score at `T0 + H` (H a short horizon) and the bound `theta`, the lowest such score outside the pool. Any
 entry outside the pool that has not been touched since T0 still scores >= theta at any time up to T0 + H
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +74,19 @@ MAX_POOL_SIZE = 8192
 NEAR_SIZE = 8192  # entries past the pool whose scores give the exact per-Delta bounds
 DIRTY_MAX = 1 << 16  # touched entries tracked between refreshes; more forces a refresh
 THETA_STEPS = 8  # bounds kept per refresh, for Delta = H/8, 2H/8, ..., H after it
+HIT_DECAYS = ("none", "online")
+# Online hit-decay time constant: the TAU_QUANTILE of the re-access gaps observed so far (histogram of
+# log2(gap) in quarter-octave bins from 1 s to 2^32 s); used from TAU_MIN_GAPS gaps on.
+TAU_QUANTILE = 0.9
+TAU_MIN_GAPS = 256
+_GAP_BINS_PER_OCTAVE = 4
+_GAP_BINS = 32 * _GAP_BINS_PER_OCTAVE + 1
+# Gaps are measured on a hash-sampled subset of ALL accessed keys, cached or not (spatial sampling as in
+# SHARDS, Waldspurger et al. FAST'15), so tau does not depend on the cache size: 1 key in GAP_SAMPLE_MOD,
+# last access kept for at most GAP_GHOST_MAX sampled keys (oldest dropped first).
+GAP_SAMPLE_MOD = 16
+GAP_GHOST_MAX = 1 << 15
+_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 def key_hash(entry_key: str) -> int:
@@ -119,8 +140,8 @@ class CacheIndex:
     _ARRAYS = ("key_hash", "key_raw", "key_len", "key_meta", "tokens", "hits", "hit_tokens", "size_bytes",
                "stored_s", "last_access_s", "turn", "doc", "group", "parent", "nchild", "value")
 
-    def __init__(self, *, age_basis: str = "access", token_term: str = "entry", truncation_reset: bool = True,
-                 initial_capacity: int = 1024) -> None:
+    def __init__(self, *, age_basis: str = "access", token_term: str = "entry", truncation_reset: bool = False,
+                 hit_decay: str | float = "online", initial_capacity: int = 1024) -> None:
         if age_basis not in AGE_BASES:
             raise ValueError(f"age_basis must be one of {AGE_BASES}, got {age_basis!r}")
         if token_term not in TOKEN_TERMS:
@@ -128,6 +149,16 @@ class CacheIndex:
         self.age_basis = age_basis
         self.token_term = token_term
         self.truncation_reset = truncation_reset
+        if isinstance(hit_decay, str):
+            if hit_decay not in HIT_DECAYS:
+                raise ValueError(f"hit_decay must be one of {HIT_DECAYS} or a time constant in s, got {hit_decay!r}")
+        elif not hit_decay > 0:
+            raise ValueError(f"hit_decay time constant must be > 0 s, got {hit_decay!r}")
+        self.hit_decay = hit_decay
+        # Time constant of the hit decay in force (changes only in a full pass, see `_refresh`).
+        self.tau_s = float(hit_decay) if not isinstance(hit_decay, str) else np.inf
+        self._gap_hist = np.zeros(_GAP_BINS, dtype=np.int64)  # re-access gaps seen (online tau)
+        self._gap_ghost: dict[int, float] = {}  # sampled key id -> last access time
         self._cap = 0
         self._n = 0  # slots used (high-water mark)
         self._live = 0
@@ -351,6 +382,15 @@ class CacheIndex:
         turn = int(self.turn[s])
         return float(max(turn, 1) * int(self.tokens[s])) / max(float(self.size_bytes[s]), 1.0)
 
+    def _truncated_score(self, s: int, now_s: float) -> float:
+        """Score at now_s of slot s once its last cached child is gone (`_truncated_value`, decayed)."""
+        age = max(now_s - float(self._ref_times()[s]), MIN_AGE_S)
+        v = np.array([self._truncated_value(s)])
+        if self.tau_s == np.inf:
+            return float(v[0]) / age
+        base = self._base_value(np.array([s]), v)
+        return float(self._score_parts(base, v - base, np.array([age]))[0])
+
     def _refresh_values(self, slots: np.ndarray) -> None:
         self.value[slots] = self._numerator(slots) / np.maximum(self.size_bytes[slots], 1.0)
 
@@ -369,14 +409,71 @@ class CacheIndex:
                 value[m] = (self._doc_hits[d] + 1.0) * (self._doc_accu[d] + self.tokens[slots][m]) / size
         return value
 
+    def _base_value(self, slots: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """The part of `value` that does not come from hits (what decays is value - base): tokens / size
+        for Eq. 7 entries; turn and document entries (Eq. 8, 9) do not decay (base = value)."""
+        plain = (self.turn[slots] == 0) & (self.doc[slots] < 0)
+        base = self.tokens[slots] / np.maximum(self.size_bytes[slots], 1.0)
+        return np.where(plain, np.minimum(base, value), value)
+
+    def _score_parts(self, base: np.ndarray, extra: np.ndarray, age: np.ndarray) -> np.ndarray:
+        """(base + extra x exp(-age / tau)) / age: non-increasing in age (base, extra >= 0)."""
+        if self.tau_s == np.inf:
+            return (base + extra) / age
+        return (base + extra * np.exp(-age / self.tau_s)) / age
+
     def scores(self, now_s: float, slots: np.ndarray | None = None) -> np.ndarray:
-        """LCS scores at `now_s` of all used slots (inf for dead ones) or of the given slots."""
+        """LCS scores at `now_s` of all used slots (inf for dead ones) or of the given slots.
+
+        With a hit decay the hit part of the numerator is weighted by exp(-Age / tau): a block's past hits
+        predict reuse only while its conversation goes on (docs/cache_manager.md, measured table).
+        """
         if slots is None:
             slots = np.arange(self._n)
         slots = np.asarray(slots, dtype=np.int64)
         age = np.subtract(now_s, self._ref_times()[slots])
         np.maximum(age, MIN_AGE_S, out=age)
-        return np.divide(self._value_of(slots), age, out=age)
+        value = self._value_of(slots)
+        if self.tau_s == np.inf:
+            return np.divide(value, age, out=age)
+        with np.errstate(invalid="ignore"):
+            base = self._base_value(slots, value)
+            out = self._score_parts(base, value - base, age)
+        out[~np.isfinite(value)] = np.inf
+        return out
+
+    def observe_accesses(self, ids: np.ndarray, now_s: float) -> None:
+        """Feed every access (hit or miss, cached or not) for the online tau; `ids` identify keys (key
+        hashes, or the caller's stable slot numbers in keyless use). Keyed `store` / `hit` call it."""
+        if self.hit_decay != "online":
+            return
+        ids = np.asarray(ids).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            sampled = ids[((ids + np.uint64(1)) * _MIX >> np.uint64(32)) % np.uint64(GAP_SAMPLE_MOD) == 0]
+        if not len(sampled):
+            return
+        ghost = self._gap_ghost
+        gaps = []
+        for i in sampled.tolist():
+            last = ghost.pop(i, None)
+            if last is not None and now_s > last:
+                gaps.append(now_s - last)
+            ghost[i] = now_s
+        while len(ghost) > GAP_GHOST_MAX:
+            del ghost[next(iter(ghost))]
+        if gaps:
+            gap = np.asarray(gaps)
+            b = np.clip(np.ceil(np.log2(np.maximum(gap, 1.0)) * _GAP_BINS_PER_OCTAVE), 0, _GAP_BINS - 1)
+            self._gap_hist += np.bincount(b.astype(np.int64), minlength=_GAP_BINS)
+
+    def estimated_tau_s(self) -> float:
+        """The TAU_QUANTILE of the re-access gaps seen so far (upper edge of its bin), inf before
+        TAU_MIN_GAPS gaps; the online hit-decay time constant."""
+        total = int(self._gap_hist.sum())
+        if total < TAU_MIN_GAPS:
+            return np.inf
+        k = int(np.searchsorted(np.cumsum(self._gap_hist), TAU_QUANTILE * total))
+        return float(2.0 ** (k / _GAP_BINS_PER_OCTAVE))
 
     def _mark(self, slots: np.ndarray | int) -> None:
         """Record that slots changed (score or eligibility) since the last refresh."""
@@ -492,6 +589,7 @@ class CacheIndex:
               document_id: str = "", group: int | None = None, parent_key: str | None = None) -> int:
         """Record that an entry was stored (or re-stored: its age restarts); returns its slot."""
         h = key_hash(entry_key)
+        self.observe_accesses(np.array([h], dtype=np.uint64), now_s)
         s = self._find(h)
         if s >= 0:
             self._bytes_live += int(size_bytes) - int(self.size_bytes[s])
@@ -544,8 +642,11 @@ class CacheIndex:
         return slots
 
     def hit(self, entry_key: str, *, hit_tokens: int, now_s: float, turn: int = 0, document_id: str = "") -> bool:
-        """Record a hit; returns False when the key is not indexed (the hit is then ignored)."""
-        s = self._find(key_hash(entry_key))
+        """Record a hit; returns False when the key is not indexed (the hit is then ignored, but its
+        re-access gap still feeds the online tau)."""
+        h = key_hash(entry_key)
+        self.observe_accesses(np.array([h], dtype=np.uint64), now_s)
+        s = self._find(h)
         if s < 0:
             return False
         self.hit_slots(np.array([s]), hit_tokens=np.array([float(hit_tokens)]), now_s=now_s, turn=turn)
@@ -601,6 +702,10 @@ class CacheIndex:
         entry outside the pool scores at least theta_j at any time up to then (scores fall with age).
         """
         self.refreshes += 1
+        if self.hit_decay == "online":
+            # tau changes only here: between full passes every score is a fixed non-increasing function
+            # of age, which is what the pool bounds need.
+            self.tau_s = self.estimated_tau_s()
         # Adapt the pool size: a pool that lasted few choices was too small, one that lasted long too big.
         if self.refreshes > 1 and self._pool_uses < 4:
             self._pool_size = min(self._pool_size * 2, MAX_POOL_SIZE)
@@ -612,20 +717,24 @@ class CacheIndex:
         age = np.subtract(now_s, self._ref_times()[cand])
         np.maximum(age, MIN_AGE_S, out=age)
         value = self._value_of(cand)
+        base = self._base_value(cand, value) if self.tau_s != np.inf else value
+        extra = value - base if self.tau_s != np.inf else np.zeros(len(cand))
         h = self._pool_h
         m = min(self._pool_size, len(cand))
-        future = value / (age + 0.5 * h)
+        future = self._score_parts(base, extra, age + 0.5 * h)
         if m < len(cand):
             # theta_j exactly over the next NEAR_SIZE entries past the pool; every entry beyond scores at
             # least their cut at now + H, a valid (looser) bound for every Delta <= H.
             m2 = min(m + NEAR_SIZE, len(cand) - 1)
             part = np.argpartition(future, [m, m2] if m2 > m else [m])
             pool, near = part[:m], part[m:m2 + 1]
-            v_near, a_near = value[near], age[near]
-            beyond = float(np.min(value[part[m2:]] / (age[part[m2:]] + h))) if m2 + 1 < len(cand) else np.inf
+            b_near, e_near, a_near = base[near], extra[near], age[near]
+            far = part[m2:]
+            beyond = float(np.min(self._score_parts(base[far], extra[far], age[far] + h))) \
+                if m2 + 1 < len(cand) else np.inf
             steps = h * np.arange(1, THETA_STEPS + 1) / THETA_STEPS
-            self._pool_theta = np.minimum(np.min(v_near[None, :] / (a_near[None, :] + steps[:, None]), axis=1),
-                                          beyond)
+            near_sc = self._score_parts(b_near[None, :], e_near[None, :], a_near[None, :] + steps[:, None])
+            self._pool_theta = np.minimum(np.min(near_sc, axis=1), beyond)
         else:
             pool = np.arange(len(cand))
             self._pool_theta = np.full(THETA_STEPS, np.inf)
@@ -706,6 +815,8 @@ class CacheIndex:
         parent, nchild, key_hash, ref = self.parent, self.nchild, self.key_hash, self._ref_times()
         tokens, turns, sizes = self.tokens, self.turn, self.size_bytes
         fast_truncate = self.truncation_reset and not self._n_doc_entries and type(self) is CacheIndex
+        fast_keep = not self.truncation_reset and not self._n_doc_entries and type(self) is CacheIndex
+        values, tau = self.value, self.tau_s
         chosen: list[int] = []
         chosen_set: set[int] = set()
         removed_children: dict[int, int] = {}
@@ -735,9 +846,18 @@ class CacheIndex:
                         turn = int(turns[p])
                         size = float(sizes[p])
                         v = (turn if turn > 1 else 1) * float(tokens[p]) / (size if size > 1.0 else 1.0)
+                        sc_p = v / (age if age > MIN_AGE_S else MIN_AGE_S)
+                    elif fast_keep:  # inline _truncated_score without reset: the value is unchanged
+                        age = age if age > MIN_AGE_S else MIN_AGE_S
+                        v = float(values[p])
+                        if tau != np.inf and int(turns[p]) == 0:
+                            size = float(sizes[p])
+                            base = min(float(tokens[p]) / (size if size > 1.0 else 1.0), v)
+                            v = base + (v - base) * math.exp(-age / tau)
+                        sc_p = v / age
                     else:
-                        v = self._truncated_value(p)
-                    heapq.heappush(side, (v / (age if age > MIN_AGE_S else MIN_AGE_S), p, int(parent[p])))
+                        sc_p = self._truncated_score(p, now_s)
+                    heapq.heappush(side, (sc_p, p, int(parent[p])))
         return chosen, True
 
     def lowest(self, limit: int, now_s: float) -> list[EntryView]:
@@ -793,7 +913,8 @@ class CacheIndex:
                 long_keys=np.array([self._long_keys[int(s)] for s in long_slots], dtype=str),
                 docs=np.array(docs, dtype=str),
                 doc_hits=self._doc_hits[: len(docs)], doc_accu=self._doc_accu[: len(docs)],
-                meta=np.array([self.age_basis, self.token_term, str(int(self.truncation_reset))]),
+                meta=np.array([self.age_basis, self.token_term, str(int(self.truncation_reset)), str(self.hit_decay)]),
+                gap_hist=self._gap_hist, tau_s=np.array([self.tau_s]),
             )
         tmp.replace(path)
 
@@ -803,8 +924,14 @@ class CacheIndex:
         with np.load(path, allow_pickle=False) as data:
             meta = [str(x) for x in data["meta"]]
             n = len(data["key_hash"])
+            decay: str | float = "none"
+            if len(meta) > 3:
+                decay = meta[3] if meta[3] in HIT_DECAYS else float(meta[3])
             index = cls(age_basis=meta[0], token_term=meta[1], truncation_reset=meta[2] == "1",
-                        initial_capacity=max(16, n))
+                        hit_decay=decay, initial_capacity=max(16, n))
+            if "gap_hist" in data:
+                index._gap_hist[:] = data["gap_hist"]
+                index.tau_s = float(data["tau_s"][0])
             for name in cls._ARRAYS:
                 getattr(index, name)[:n] = data[name]
             index._metas = [str(m) for m in data["metas"]]

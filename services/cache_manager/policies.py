@@ -8,8 +8,9 @@ then touched or stored. Capacity counts blocks; every block takes one block of t
 partial last block too), so LCS gives every entry Size = 512 tokens' worth and #Token = its real tokens.
 
 - FIFO / LRU: one ordered dict; LRU touches a request's blocks in prompt order (what LMCache's LRU does).
-- LCS: `CacheIndex` (GreenCache Eq. 7, see index.py for the definitions) with the prefix chain of each
-  block, so only leaves are evicted, through the index's exact incremental choice.
+- LCS: `CacheIndex` (GreenCache Eq. 7, see index.py for the definitions; hits decaying with idle time,
+  tau estimated online from the stream, every request's blocks fed to `observe_accesses`) with the prefix
+  chain of each block, so only leaves are evicted, through the index's exact incremental choice.
 - LCS+TTL: LCS plus Kareto group TTLs (group_ttl.py): every `ttl_period_s` the TTLs are recomputed from
   the accesses of the last `ttl_window_s` with a budget of capacity x window block-seconds, and every
   `ttl_sweep_s` entries idle past their group's TTL are deleted (leaves first), as the service does.
@@ -30,7 +31,7 @@ from greenserve.cache_manager.index import CacheIndex
 
 BLOCK_TOKENS = 512
 POLICIES = ("FIFO", "LRU", "LCS", "LCS+TTL")
-ABLATIONS = ("LCS-no-reset", "LCS-no-chain", "LRU-chain")
+ABLATIONS = ("LCS-no-decay", "LCS-no-decay-no-reset", "LCS-reset", "LCS-no-chain", "LRU-chain")
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,10 @@ def replay(trace: list[Request] | Compiled, policy: str, capacity_blocks: int, *
         return _replay_ordered(ct, capacity_blocks, lru=policy == "LRU")
     if policy == "LRU-chain":
         return _replay_lcs(ct, capacity_blocks, recency_only=True)
-    if policy in ("LCS", "LCS+TTL", "LCS-no-reset", "LCS-no-chain"):
-        return _replay_lcs(ct, capacity_blocks, ttl=policy == "LCS+TTL", reset=policy != "LCS-no-reset",
+    if policy in ("LCS", "LCS+TTL", "LCS-no-decay", "LCS-no-decay-no-reset", "LCS-reset", "LCS-no-chain"):
+        return _replay_lcs(ct, capacity_blocks, ttl=policy == "LCS+TTL",
+                           reset=policy in ("LCS-no-decay", "LCS-reset"),
+                           hit_decay="none" if policy.startswith("LCS-no-decay") else "online",
                            chain=policy != "LCS-no-chain", ttl_period_s=ttl_period_s, ttl_window_s=ttl_window_s,
                            ttl_sweep_s=ttl_sweep_s, top_k=top_k)
     raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES + ABLATIONS}")
@@ -175,11 +178,14 @@ class _Recency(CacheIndex):
         return 1.0
 
 
-def _replay_lcs(ct: Compiled, capacity: int, *, ttl: bool = False, reset: bool = True, chain: bool = True,
+def _replay_lcs(ct: Compiled, capacity: int, *, ttl: bool = False, reset: bool = False, chain: bool = True,
+                hit_decay: str | float = "online",
                 recency_only: bool = False, ttl_period_s: float = 600.0, ttl_window_s: float = 1800.0,
                 ttl_sweep_s: float = 10.0, top_k: int = 16) -> float:
     cls = _Recency if recency_only else CacheIndex
-    index = cls(truncation_reset=reset, initial_capacity=max(ct.n_blocks, 16))
+    if recency_only:
+        reset, hit_decay = True, "none"
+    index = cls(truncation_reset=reset, hit_decay=hit_decay, initial_capacity=max(ct.n_blocks, 16))
     index.ensure_capacity(ct.n_blocks)
     live = index.key_hash  # non-zero = cached (slot = dense block id)
     offsets, blocks, tokens, parents = ct.offsets, ct.blocks, ct.tokens, ct.parents
@@ -196,6 +202,7 @@ def _replay_lcs(ct: Compiled, capacity: int, *, ttl: bool = False, reset: bool =
         if a == b:
             continue
         ids = blocks[a:b]
+        index.observe_accesses(ids, now)
         if ttl:
             if now >= next_ttl_s:
                 ttl_by_group, residual = _compute_ttls(ct.window_stats(r, ttl_window_s, top_k), capacity,

@@ -20,7 +20,7 @@ def test_cache_policy_smoke(capsys) -> None:
     out = _last_json(capsys)
     assert out["capacities"] == [0.05, 1.0]
     assert set(out["hit_rate"]) == {"FIFO", "LRU", "LCS", "LCS+TTL"}
-    assert set(out["ablations"]) == {"LCS-no-reset", "LCS-no-chain", "LRU-chain"}
+    assert set(out["ablations"]) == {"LCS-no-decay", "LCS-no-decay-no-reset", "LCS-reset", "LCS-no-chain", "LRU-chain"}
     assert out["seconds"]["total"] > 0
     for rates in list(out["hit_rate"].values()) + list(out["ablations"].values()):
         assert len(rates) == 2 and all(0.0 <= r <= 1.0 for r in rates)

@@ -81,11 +81,15 @@ def _brute_victims(index: CacheIndex, count: int, now: float, exclude: set[int])
         for s in live:
             if children[s] or s in exclude:
                 continue
-            if s in reset:
+            if s in reset and index.truncation_reset:
                 num = max(int(index.turn[s]), 1) * float(index.tokens[s])
             else:
                 num = float(index._numerator(np.array([s]))[0])
-            sc = num / max(float(index.size_bytes[s]), 1.0) / max(now - float(index.last_access_s[s]), 1e-3)
+            age = max(now - float(index.last_access_s[s]), 1e-3)
+            if index.tau_s != np.inf and int(index.turn[s]) == 0:  # hit part decays with Age
+                base = float(index.tokens[s])
+                num = base + (num - base) * float(np.exp(-age / index.tau_s))
+            sc = num / max(float(index.size_bytes[s]), 1.0) / age
             if best is None or sc < best[0]:
                 best = (sc, s)
         if best is None:
@@ -100,12 +104,14 @@ def _brute_victims(index: CacheIndex, count: int, now: float, exclude: set[int])
     return out
 
 
+@pytest.mark.parametrize(("hit_decay", "reset"), [("none", True), (20.0, False), (20.0, True)])
 @pytest.mark.parametrize("seed", range(6))
-def test_incremental_choice_is_exact(seed: int) -> None:
+def test_incremental_choice_is_exact(seed: int, hit_decay: str | float, reset: bool) -> None:
     """The pool + dirty + bound choice equals one-by-one eviction with a full rescoring, over random
-    stores (with prefix chains), hits, touches and evictions as time moves on."""
+    stores (with prefix chains), hits, touches and evictions as time moves on (with and without hit
+    decay and truncation reset)."""
     rng = np.random.default_rng(seed)
-    index = CacheIndex(initial_capacity=16)
+    index = CacheIndex(initial_capacity=16, hit_decay=hit_decay, truncation_reset=reset)
     cap = 300
     index.ensure_capacity(cap)
     chains: list[list[int]] = []
@@ -160,7 +166,7 @@ def test_incremental_choice_matches_full_pass_scores() -> None:
 
 
 def test_prefix_chain_evicts_leaves_first_and_truncation_resets_hits() -> None:
-    index = CacheIndex()
+    index = CacheIndex(truncation_reset=True)
     index.store("a", tokens=512, size_bytes=512, now_s=0.0)
     index.store("b", tokens=512, size_bytes=512, now_s=0.0, parent_key="a")
     index.store("c", tokens=512, size_bytes=512, now_s=1.0)
@@ -230,3 +236,48 @@ def test_bad_options_rejected() -> None:
         CacheIndex(age_basis="never")
     with pytest.raises(ValueError):
         CacheIndex(token_term="x")
+
+
+def test_hit_decay_weights_hits_by_idle_time() -> None:
+    index = CacheIndex(hit_decay=100.0)
+    index.store("a", tokens=100, size_bytes=1000, now_s=0.0)
+    index.hit("a", hit_tokens=100, now_s=10.0)
+    index.hit("a", hit_tokens=100, now_s=10.0)
+    # (tokens + hits x tokens x exp(-Age / tau)) / (size x Age)
+    assert index.scores(60.0)[index.slot("a")] == pytest.approx((100 + 2 * 100 * np.exp(-0.5)) / (1000 * 50.0))
+
+
+def test_online_tau_is_a_high_quantile_of_sampled_regaps() -> None:
+    index = CacheIndex(hit_decay="online")
+    assert index.estimated_tau_s() == np.inf
+    ids = np.arange(20000)
+    index.observe_accesses(ids, 0.0)
+    index.observe_accesses(ids[:10000], 100.0)  # gap 100 s for half the keys
+    index.observe_accesses(ids[10000:], 1000.0)  # gap 1000 s for the other half
+    tau = index.estimated_tau_s()
+    assert 1000.0 <= tau <= 1000.0 * 2 ** 0.25  # the 90 % quantile bin: the 1000 s gaps
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_choice_is_exact_with_hit_decay(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    index = CacheIndex(hit_decay=30.0)
+    n = 3000
+    index.ensure_capacity(n)
+    live = 0
+    for step in range(60):
+        now = float(step * 5)
+        new = np.arange(live, min(live + 50, n))
+        index.store_slots(new, tokens=rng.integers(1, 512, len(new)).astype(float),
+                          size_bytes=np.full(len(new), 512.0), now_s=now - rng.uniform(0, 100, len(new)).min())
+        live += len(new)
+        alive = np.flatnonzero(index.key_hash[:n] != 0)
+        hit = rng.choice(alive, size=min(40, len(alive)), replace=False)
+        index.hit_slots(hit, hit_tokens=np.full(len(hit), 512.0), now_s=now)
+        victims = index.choose_victims(20, now + 1.0)
+        sc_all = index.scores(now + 1.0)
+        # The first victim is the global minimum of every live leaf's score (no chain here).
+        assert sc_all[victims[0]] == pytest.approx(float(np.min(sc_all[index.key_hash[:n] != 0])))
+        # Victims come in non-decreasing score order.
+        assert np.all(np.diff(sc_all[victims]) >= -1e-12)
+        index.remove_slots(victims)
