@@ -130,7 +130,8 @@ def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: 
         history = values[start - history_hours:start]
         truth = values[start:start + horizon_hours]
         t0 = time.perf_counter()
-        fitted = make_model(model).fit(history)
+        history_start_s = series.start_s + (start - history_hours) * HOUR_S  # the calendar, not the values
+        fitted = make_model(model).fit(history, start_s=history_start_s)
         prediction = fitted.predict(horizon_hours)
         fit_s = time.perf_counter() - t0
         ape = _ape(prediction.mean, truth)

@@ -22,7 +22,7 @@ from greenserve.forecaster.csv_sources import GridSeries
 from greenserve.forecaster.forecast_models import Model, make_model
 
 #: Layout of pickled models: bump when a model class changes its attributes.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @dataclass
@@ -34,10 +34,11 @@ class FitOutcome:
     fit_s: float
 
 
-def fit_blob(model: str, values: np.ndarray, period: int) -> FitOutcome:
-    """Fit ``model`` on ``values`` (NaN = missing) and pickle it. Runs in a worker process."""
+def fit_blob(model: str, values: np.ndarray, period: int, start_s: int | None = None) -> FitOutcome:
+    """Fit ``model`` on ``values`` (NaN = missing; ``values[0]`` at Unix time ``start_s``) and pickle it. Runs in a
+    worker process."""
     t0 = time.perf_counter()
-    fitted = make_model(model, period).fit(values)
+    fitted = make_model(model, period).fit(values, start_s=start_s)
     fitted.predict(period)  # a fit that cannot forecast fails here, in the worker
     return FitOutcome(pickle.dumps(fitted, protocol=pickle.HIGHEST_PROTOCOL), fitted.name, time.perf_counter() - t0)
 
@@ -61,9 +62,9 @@ class FitPool:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process running gRPC threads
         self._executor = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init)
 
-    async def fit(self, model: str, values: np.ndarray, period: int) -> FitOutcome:
+    async def fit(self, model: str, values: np.ndarray, period: int, start_s: int | None = None) -> FitOutcome:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fit_blob, model, values, period)
+        return await loop.run_in_executor(self._executor, fit_blob, model, values, period, start_s)
 
     async def backtest(self, series: GridSeries, history_hours: int, horizon_hours: int, days: int,
                        model: str) -> BacktestResult:

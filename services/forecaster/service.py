@@ -166,7 +166,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             if np.isfinite(grid).sum() < MIN_FIT_POINTS:
                 return
             period = max(1, 86_400 // res)
-            outcome = await self.pool.fit(self.settings.forecast_model, grid, period)
+            outcome = await self.pool.fit(self.settings.forecast_model, grid, period, first)
             model = fitting.load_blob(outcome.blob)
             history_end = first + (len(grid) - 1) * res
             async with self._lock:  # no ingest between the swap and the replay of points that came meanwhile
@@ -402,7 +402,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
                                        last - (4 * period - 1) * state.resolution_s, None)
         if np.isfinite(grid).sum() < period:
             raise FailedPrecondition(f"series has {int(np.isfinite(grid).sum())} points; a forecast needs {period}")
-        return SeasonalNaive(period).fit(grid).predict(steps, coverage), last
+        return SeasonalNaive(period).fit(grid, start_s=first).predict(steps, coverage), last
 
     # ---------------------------------------------------------------- backtest
     async def Backtest(self, request: forecaster_pb2.BacktestRequest,

@@ -3,13 +3,14 @@
 
 Names:
 
-* ``auto`` (the service default): :class:`Combination` of seasonal naive, damped naive, the 2- and 7-day
-  profiles, a 14-day profile weighted toward recent days, ETS, Fourier-term SARIMA and seasonal SARIMA, each
-  weighted by 1/MAPE^2 on a backtest over the last days of history, with the log-normal MAPE shift.
+* ``auto`` (the service default): :class:`Combination` of seasonal naive, damped naive (decay fitted), the two
+  calendar members (same day type, weekend shift), the 2- and 7-day profiles, a 14-day profile weighted toward
+  recent days, ETS, Fourier-term SARIMA and seasonal SARIMA, each weighted by 1/MAPE^2 on a backtest over the
+  last days of history; on short histories with a clear weekend effect, the weekend offset is taken out first.
 * ``best_subset``: the same idea, the best subset of up to three members (plain mean) instead of weights.
 * ``sarima``: seasonal SARIMA (1,0,0)(0,1,1)[24]; ``sarima_fourier``: ARMA(2,0,1) + 4 daily Fourier pairs;
   ``auto_arima``: pmdarima's order search with m=24 (GreenCache §5.3, slow); ``ets``; ``seasonal_naive``;
-  ``daily_profile``; ``damped_naive``.
+  ``daily_profile``; ``damped_naive``; ``day_type_naive``, ``day_type_shift`` (calendar-aware).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import partial
 
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model, Prediction
 from greenserve.forecaster.forecast_models.combination import Combination
+from greenserve.forecaster.forecast_models.day_type import DayTypeNaive, DayTypeShift
 from greenserve.forecaster.forecast_models.ets import Ets
 from greenserve.forecaster.forecast_models.sarima import AutoSarima, Sarima, SarimaFourier
 from greenserve.forecaster.forecast_models.simple import DailyProfile, DampedNaive, SeasonalNaive
@@ -30,7 +32,9 @@ def _auto(period: int) -> Model:
     return Combination(
         members=[
             partial(SeasonalNaive, period),
-            partial(DampedNaive, period, phi=0.8),
+            partial(DampedNaive, period, phi=None),
+            partial(DayTypeNaive, period),
+            partial(DayTypeShift, period),
             partial(DailyProfile, period, days=2),
             partial(DailyProfile, period, days=7),
             partial(DailyProfile, period, days=14, decay=0.6),
@@ -42,6 +46,7 @@ def _auto(period: int) -> Model:
         validation_days=12,
         weighting="inverse_mape",
         shift_scale=0.0,
+        calendar_adjust=True,
     )
 
 
@@ -72,6 +77,8 @@ MODELS: dict[str, Callable[[int], Model]] = {
     "seasonal_naive": lambda period: SeasonalNaive(period),
     "daily_profile": lambda period: DailyProfile(period),
     "damped_naive": lambda period: DampedNaive(period),
+    "day_type_naive": lambda period: DayTypeNaive(period),
+    "day_type_shift": lambda period: DayTypeShift(period),
 }
 
 

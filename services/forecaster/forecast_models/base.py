@@ -68,6 +68,15 @@ def fill_gaps(z: np.ndarray, period: int = HOURLY_PERIOD) -> np.ndarray:
     return out
 
 
+#: Unix time 0 (1970-01-01) was a Thursday: weekday index 3 with Monday = 0.
+_EPOCH_WEEKDAY = 3
+
+
+def weekday_of(times_s: np.ndarray) -> np.ndarray:
+    """UTC weekday (Monday = 0 ... Sunday = 6) of each Unix time."""
+    return (np.floor_divide(np.asarray(times_s, dtype=np.int64), 86_400) + _EPOCH_WEEKDAY) % 7
+
+
 def z_of(coverage_fraction: float) -> float:
     return float(norm.ppf(0.5 + coverage_fraction / 2.0))
 
@@ -78,18 +87,47 @@ class Model(abc.ABC):
     #: Short family name used in the registry (``seasonal_naive``, ``sarima``, ...).
     family: str = ""
 
+    #: Unix time of ``z[0]`` when the caller gave the history's calendar (``fit(y, start_s=...)``), else None.
+    #: Calendar-aware members read weekdays from it; the others ignore it.
+    start_s: int | None = None
+
     def __init__(self, period: int = HOURLY_PERIOD) -> None:
         self.period = period
         self.z: np.ndarray = np.empty(0)
         self.transform: LogTransform | None = None
+        self.start_s = None
+
+    @property
+    def step_s(self) -> int:
+        """Seconds per step (the period is one day)."""
+        return 86_400 // self.period
+
+    def times_of(self, first: int, count: int) -> np.ndarray | None:
+        """Unix times of positions ``first .. first+count-1`` (0 = ``z[0]``; positions past the history are the
+        forecast steps), or None when the calendar is unknown."""
+        if self.start_s is None:
+            return None
+        return self.start_s + self.step_s * np.arange(first, first + count, dtype=np.int64)
+
+    def _append_z(self, new_z: np.ndarray) -> None:
+        """Append to the kept history, dropping the oldest steps past :data:`MAX_KEPT_STEPS` (and moving
+        ``start_s`` with them)."""
+        z = np.concatenate([self.z, new_z])
+        dropped = max(0, len(z) - MAX_KEPT_STEPS)
+        if dropped and self.start_s is not None:
+            self.start_s += dropped * self.step_s
+        self.z = z[dropped:]
 
     @property
     def name(self) -> str:
         """Full description of the fitted model (orders, members), reported with every forecast."""
         return self.family
 
-    def fit(self, y: np.ndarray) -> Model:
+    def fit(self, y: np.ndarray, start_s: int | None = None) -> Model:
+        """Estimate on ``y`` (NaN = missing). ``start_s``: Unix time of ``y[0]`` (the calendar of the history;
+        the weekday of the days to forecast follows from it, which is known in advance, not peeked)."""
         y = np.asarray(y, dtype=np.float64)
+        self.start_s = None if start_s is None else int(start_s)
         self.transform = LogTransform(y)
         self.z = self.transform.forward(y)
         self._fit()
@@ -101,7 +139,7 @@ class Model(abc.ABC):
         new_z = self.transform.forward(np.asarray(new_values, dtype=np.float64))
         if len(new_z) == 0:
             return
-        self.z = np.concatenate([self.z, new_z])[-MAX_KEPT_STEPS:]
+        self._append_z(new_z)
         self._update(new_z)
 
     def predict(self, steps: int, coverage_fraction: float = 0.9) -> Prediction:

@@ -115,6 +115,8 @@ class _StateSpaceModel(Model):
         state = self.__dict__.copy()
         state["results"] = None
         state["z"] = self.z[-self.max_fit_steps:]
+        if state.get("start_s") is not None:  # z[0] moved: so does its time
+            state["start_s"] += (len(self.z) - len(state["z"])) * self.step_s
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
