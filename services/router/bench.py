@@ -234,39 +234,55 @@ def _run_load(cfg: dict[str, Any], timeout_s: float, procs: int = 1, cpus: list[
     """Runs the load generator in ``procs`` processes (streams and requests split among them, all
     starting at the same instant) and merges their samples; ``loadgen_cpu_percent`` is their CPU time
     over the run's wall time (100 = one core busy), so a saturated generator shows."""
+    return _run_loads([(cfg, procs)], timeout_s, cpus)[0]
+
+
+def _run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
+               cpus: list[int] | None = None) -> list[dict[str, Any]]:
+    """Runs several load groups at once (each ``(config, processes)``): every process of every group
+    starts at the same wall-clock instant, so the groups share the same engines at the same time (the
+    paired design: routed streams and their direct control group). One merged result per group."""
     code = "from greenserve.router.bench import _loadgen_entry; _loadgen_entry()"
-    procs = max(1, min(procs, cfg["concurrency"]))
+    nprocs = [max(1, min(procs, cfg["concurrency"])) for cfg, procs in groups]
     with tempfile.TemporaryDirectory(prefix="gs-loadgen-") as tmp:
-        running = []
-        start_at = time.time() + 1.0 + 0.3 * procs  # after every process has imported aiohttp/grpc
-        for k in range(procs):
-            share = {
-                **cfg, "out": str(Path(tmp) / f"result-{k}.json"), "start_at": start_at,
-                "concurrency": cfg["concurrency"] // procs + (1 if k < cfg["concurrency"] % procs else 0),
-                "requests": cfg["requests"] // procs + (1 if k < cfg["requests"] % procs else 0),
-                "index_offset": k * (cfg["requests"] + 1),
-            }
-            cfg_file = Path(tmp) / f"config-{k}.json"
-            cfg_file.write_text(json.dumps(share))
-            proc = subprocess.Popen(_pinned([sys.executable, "-c", code, str(cfg_file)], cpus),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
-            running.append((proc, Path(share["out"])))
-        merged: dict[str, Any] = {"ttfts": [], "e2es": [], "errors": 0, "elapsed_s": 0.0, "cpu_s": 0.0}
-        for proc, out in running:
-            try:
-                _, err = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise RuntimeError("load generator timed out") from None
-            if proc.returncode != 0 or not out.exists():
-                raise RuntimeError(f"load generator failed ({proc.returncode}): {(err or '')[-2000:]}")
-            res = json.loads(out.read_text())
-            merged["ttfts"] += res["ttfts"]
-            merged["e2es"] += res["e2es"]
-            merged["errors"] += res["errors"]
-            merged["elapsed_s"] = max(merged["elapsed_s"], res["elapsed_s"])
-            merged["cpu_s"] += res["cpu_s"]
-        return merged
+        running: list[list[tuple[subprocess.Popen[str], Path]]] = []
+        start_at = time.time() + 1.0 + 0.3 * sum(nprocs)  # after every process has imported aiohttp/grpc
+        for g, ((cfg, _), procs) in enumerate(zip(groups, nprocs)):
+            mine = []
+            for k in range(procs):
+                share = {
+                    **cfg, "out": str(Path(tmp) / f"result-{g}-{k}.json"), "start_at": start_at,
+                    "concurrency": cfg["concurrency"] // procs + (1 if k < cfg["concurrency"] % procs else 0),
+                    "requests": cfg["requests"] // procs + (1 if k < cfg["requests"] % procs else 0),
+                    "index_offset": cfg.get("index_offset", 0) + k * (cfg["requests"] + 1),
+                }
+                cfg_file = Path(tmp) / f"config-{g}-{k}.json"
+                cfg_file.write_text(json.dumps(share))
+                proc = subprocess.Popen(_pinned([sys.executable, "-c", code, str(cfg_file)], cpus),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+                mine.append((proc, Path(share["out"])))
+            running.append(mine)
+        results = []
+        for mine in running:
+            merged: dict[str, Any] = {"ttfts": [], "e2es": [], "errors": 0, "elapsed_s": 0.0, "cpu_s": 0.0}
+            for proc, out in mine:
+                try:
+                    _, err = proc.communicate(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    for other in (q for group in running for q, _ in group):
+                        if other.poll() is None:
+                            other.kill()
+                    raise RuntimeError("load generator timed out") from None
+                if proc.returncode != 0 or not out.exists():
+                    raise RuntimeError(f"load generator failed ({proc.returncode}): {(err or '')[-2000:]}")
+                res = json.loads(out.read_text())
+                merged["ttfts"] += res["ttfts"]
+                merged["e2es"] += res["e2es"]
+                merged["errors"] += res["errors"]
+                merged["elapsed_s"] = max(merged["elapsed_s"], res["elapsed_s"])
+                merged["cpu_s"] += res["cpu_s"]
+            results.append(merged)
+        return results
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -491,6 +507,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--model", default=None, help="served model name of the emulated engines")
     p.add_argument("--protocols", default="http,grpc", help="router protocols to measure")
     p.add_argument("--no-peer", action="store_true", help="skip vllm-router")
+    p.add_argument("--paired-grpc", action="store_true",
+                   help="also run the paired phase for the router over gRPC (default: HTTP and vllm-router)")
     p.add_argument("--no-install-peer", action="store_true", help="use .venv-vllm-router only if it exists")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin processes to CPUs (default: router alone on the last CPU, the rest elsewhere)")
@@ -571,14 +589,18 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         for name, proto, t in targets:
             _run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16}, 120, 1, side)
         rows: list[dict[str, Any]] = []
+        paired_rows: list[dict[str, Any]] = []
+        paired_targets = {("router", "http"), ("vllm-router", "http")}
+        if args.paired_grpc or "http" not in protocols:
+            paired_targets.add(("router", "grpc"))
         for level in levels:
             n = max(args.min_requests, level * args.requests_per_stream)
             if args.duration_s:
                 n = 10**9
             nprocs = args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
             direct: dict[str, Any] | None = None
+            what = f"{args.duration_s:g} s" if args.duration_s else f"{n} requests"
             for name, proto, t in targets:
-                what = f"{args.duration_s:g} s" if args.duration_s else f"{n} requests"
                 _log(f"level {level}: {name} over {proto} ({what}, {nprocs} load process(es))")
                 own = name == "router" and proto == "http"
                 before = _overhead_buckets(router_http) if own else {}
@@ -616,32 +638,105 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                     row["added_e2e_p50_ms"] = round(summary["e2e_p50_ms"] - direct["e2e_p50_ms"], 3)
                 rows.append(row)
                 _log(json.dumps(row))
-        ours = [r for r in rows if r["target"] == "router" and r["protocol"] == "http"] or \
-            [r for r in rows if r["target"] == "router"]
-        head = next((r for r in ours if r["concurrency"] == 256), ours[-1] if ours else None)
-        peer_rows = [r for r in rows if r["target"] == "vllm-router"]
-        peer_head = next((r for r in peer_rows if r["concurrency"] == 256), peer_rows[-1] if peer_rows else None)
+            # paired phase: ``level`` streams through the router and ``level`` streams straight to the
+            # engines at the same time; the direct group is the control (same engines, same instant)
+            for name, proto, t in targets:
+                if name == "direct" or (name, proto) not in paired_targets:
+                    continue
+                _log(f"level {level}: paired {name} over {proto} + direct ({what} each, {nprocs} load "
+                     "process(es) each)")
+                own = name == "router" and proto == "http"
+                before = _overhead_buckets(router_http) if own else {}
+                pid = pid_of.get(name)
+                cpu0 = _proc_cpu_s(pid) if pid else 0.0
+                wait0 = _runqueue_wait_s(pid) if pid else 0.0
+                eng0 = _engine_ttft_totals(engines)
+                routed_cfg = {**base, **t, "protocol": proto, "concurrency": level, "requests": n}
+                # the control group's prompts come from another index range: no identical prompt in both
+                direct_cfg = {**base, "targets": engines, "protocol": "http", "concurrency": level, "requests": n,
+                              "index_offset": 10**12}
+                if args.duration_s:
+                    routed_cfg["duration_s"] = direct_cfg["duration_s"] = args.duration_s
+                routed_res, direct_res = _run_loads([(routed_cfg, nprocs), (direct_cfg, nprocs)], 600, side)
+                rs, ds = _summary(routed_res), _summary(direct_res)
+                rs.pop("_ttft_mean_ms", None)
+                ds.pop("_ttft_mean_ms", None)
+                prow: dict[str, Any] = {
+                    "target": name, "protocol": proto, "concurrency": level, **rs,
+                    "added_ttft_p50_ms": round(rs["ttft_p50_ms"] - ds["ttft_p50_ms"], 3),
+                    "added_ttft_p99_ms": round(rs["ttft_p99_ms"] - ds["ttft_p99_ms"], 3),
+                    "added_e2e_p50_ms": round(rs["e2e_p50_ms"] - ds["e2e_p50_ms"], 3),
+                    "routed_rps": rs["rps"], "direct_rps": ds["rps"], "direct": ds,
+                }
+                eng1 = _engine_ttft_totals(engines)
+                if eng1[1] > eng0[1]:  # both groups together: the engines cannot tell them apart
+                    prow["engine_ttft_mean_ms"] = round(1000.0 * (eng1[0] - eng0[0]) / (eng1[1] - eng0[1]), 3)
+                if pid and rs["requests"]:
+                    prow["router_cpu_ms_per_request"] = round(1000.0 * (_proc_cpu_s(pid) - cpu0) / rs["requests"], 3)
+                    prow["router_runqueue_wait_ms_per_request"] = round(
+                        1000.0 * (_runqueue_wait_s(pid) - wait0) / rs["requests"], 3)
+                if own:
+                    after = _overhead_buckets(router_http)
+                    prow["router_overhead_p50_ms_le"] = _bucket_quantile(before, after, 50)
+                    prow["router_overhead_p99_ms_le"] = _bucket_quantile(before, after, 99)
+                paired_rows.append(prow)
+                _log("paired " + json.dumps(prow))
+        def at_256(of: list[dict[str, Any]]) -> dict[str, Any] | None:
+            return next((r for r in of if r["concurrency"] == 256), of[-1] if of else None)
+
+        def router_rows(of: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [r for r in of if r["target"] == "router" and r["protocol"] == "http"] or \
+                [r for r in of if r["target"] == "router"]
+
+        seq_ours = router_rows(rows)
+        seq_head = at_256(seq_ours)
+        ours = router_rows(paired_rows)
+        head = at_256(ours)
+        seq_peer_rows = [r for r in rows if r["target"] == "vllm-router"]
+        seq_peer_head = at_256(seq_peer_rows)
+        peer_rows = [r for r in paired_rows if r["target"] == "vllm-router"]
+        peer_head = at_256(peer_rows)
         result = {
+            "design": "paired",
+            "design_note": "added TTFT = routed TTFT percentile - direct TTFT percentile of N streams through "
+                           "the router and N streams straight to the same engines run at the same time "
+                           "(the control group); max_rps is from the sequential phase, where the router has "
+                           "the engines alone; the sequential phases' differences are under 'sequential'",
             "added_ttft_p50_ms": head["added_ttft_p50_ms"] if head else None,
             "added_ttft_p99_ms": head["added_ttft_p99_ms"] if head else None,
             "concurrency": head["concurrency"] if head else None,
             "protocol": head["protocol"] if head else None,
-            "max_rps": max((r["rps"] for r in ours), default=None),
+            "routed_rps": head["routed_rps"] if head else None,
+            "direct_rps": head["direct_rps"] if head else None,
+            "max_rps": max((r["rps"] for r in seq_ours), default=None),
             "router_overhead_p50_ms_le": head.get("router_overhead_p50_ms_le") if head else None,
             "router_overhead_p99_ms_le": head.get("router_overhead_p99_ms_le") if head else None,
             "router_cpu_ms_per_request": head.get("router_cpu_ms_per_request") if head else None,
             "direct_max_rps": max((r["rps"] for r in rows if r["target"] == "direct"), default=None),
+            "levels": paired_rows,
+            "sequential": {
+                "note": "direct, then each router, one after another at each level: the engines' queueing "
+                        "differs between the runs and shows in these differences",
+                "added_ttft_p50_ms": seq_head.get("added_ttft_p50_ms") if seq_head else None,
+                "added_ttft_p99_ms": seq_head.get("added_ttft_p99_ms") if seq_head else None,
+                "concurrency": seq_head["concurrency"] if seq_head else None,
+                "levels": rows,
+            },
+            "peers": {"vllm-router": (
+                {"version": VLLM_ROUTER_VERSION, "policy": "round_robin", "design": "paired",
+                 "added_ttft_p50_ms": peer_head["added_ttft_p50_ms"], "added_ttft_p99_ms": peer_head["added_ttft_p99_ms"],
+                 "concurrency": peer_head["concurrency"], "routed_rps": peer_head["routed_rps"],
+                 "direct_rps": peer_head["direct_rps"],
+                 "max_rps": max((r["rps"] for r in seq_peer_rows), default=None),
+                 "cpu_ms_per_request": peer_head.get("router_cpu_ms_per_request"),
+                 "e2e_p50_ms": peer_head["e2e_p50_ms"],
+                 "sequential": ({"added_ttft_p50_ms": seq_peer_head.get("added_ttft_p50_ms"),
+                                 "added_ttft_p99_ms": seq_peer_head.get("added_ttft_p99_ms"),
+                                 "rps_at_concurrency": seq_peer_head["rps"]} if seq_peer_head else None)}
+                if peer_head else {"skipped": peer_reason or "not run"})},
             "cpu_pinning": pinning,
             "nice": args.nice,
             "host_load": {"before": host_before, "after": _host_load()},
-            "levels": rows,
-            "peers": {"vllm-router": (
-                {"version": VLLM_ROUTER_VERSION, "policy": "round_robin",
-                 "added_ttft_p50_ms": peer_head["added_ttft_p50_ms"], "added_ttft_p99_ms": peer_head["added_ttft_p99_ms"],
-                 "concurrency": peer_head["concurrency"], "max_rps": max(r["rps"] for r in peer_rows),
-                 "cpu_ms_per_request": peer_head.get("router_cpu_ms_per_request"),
-                 "e2e_p50_ms": peer_head["e2e_p50_ms"], "rps_at_concurrency": peer_head["rps"]}
-                if peer_head else {"skipped": peer_reason or "not run"})},
             "setup": {"engines": args.engines, "time_scale": args.time_scale, "max_tokens": args.max_tokens,
                       "prompt_chars": args.prompt_chars, "cpu_count": os.cpu_count(), "model": model,
                       "quick": args.quick, "duration_s": args.duration_s,

@@ -42,18 +42,30 @@ def test_bench_quick_prints_json_with_the_figures() -> None:
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("added_ttft_p50_ms", "added_ttft_p99_ms", "concurrency", "max_rps", "levels", "peers"):
+    for key in ("added_ttft_p50_ms", "added_ttft_p99_ms", "concurrency", "max_rps", "levels", "peers",
+                "routed_rps", "direct_rps", "sequential"):
         assert key in result
-    targets = {(row["target"], row["protocol"]) for row in result["levels"]}
+    assert result["design"] == "paired" and result["concurrency"] == 2 and result["protocol"] == "http"
+    # paired rows: the routed group and its direct control group ran together, each with its own samples
+    (paired,) = result["levels"]
+    assert (paired["target"], paired["protocol"]) == ("router", "http")
+    assert paired["requests"] == 10 and paired["direct"]["requests"] == 10
+    assert paired["errors"] == 0 and paired["direct"]["errors"] == 0
+    assert paired["added_ttft_p50_ms"] == round(paired["ttft_p50_ms"] - paired["direct"]["ttft_p50_ms"], 3)
+    assert result["added_ttft_p99_ms"] == paired["added_ttft_p99_ms"]
+    assert result["routed_rps"] > 0 and result["direct_rps"] > 0
+    sequential = result["sequential"]["levels"]
+    targets = {(row["target"], row["protocol"]) for row in sequential}
     assert targets == {("direct", "http"), ("router", "http"), ("router", "grpc")}
-    assert all(row["errors"] == 0 and row["requests"] == 10 for row in result["levels"])
+    assert all(row["errors"] == 0 and row["requests"] == 10 for row in sequential)
+    assert result["sequential"]["added_ttft_p50_ms"] is not None
     assert result["max_rps"] > 0 and "skipped" in result["peers"]["vllm-router"]
     pinning = result["cpu_pinning"]
     if pinning["enabled"]:  # router alone on its CPU, engines and load generator elsewhere
         assert not set(pinning["router"]) & set(pinning["engines"]) and pinning["loadgen"] == pinning["engines"]
-    router_rows = [row for row in result["levels"] if row["target"] == "router"]
+    router_rows = [row for row in sequential + result["levels"] if row["target"] == "router"]
     assert all(row["router_cpu_ms_per_request"] > 0 for row in router_rows)
-    assert all(row["loadgen_cpu_percent"] is not None for row in result["levels"])
+    assert all(row["loadgen_cpu_percent"] is not None for row in sequential)
 
 
 @pytest.mark.slow
@@ -65,4 +77,7 @@ def test_bench_duration_mode_unpinned_with_two_load_processes() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["cpu_pinning"]["enabled"] is False and result["setup"]["duration_s"] == 1.0
-    assert all(row["requests"] > 0 and row["errors"] == 0 for row in result["levels"])
+    assert all(row["requests"] > 0 and row["errors"] == 0 for row in result["sequential"]["levels"])
+    # time-bounded paired phase: both groups ran for the same second, each served requests
+    (paired,) = result["levels"]
+    assert paired["requests"] > 0 and paired["direct"]["requests"] > 0 and paired["direct"]["errors"] == 0
