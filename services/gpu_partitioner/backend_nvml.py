@@ -148,6 +148,17 @@ class NvmlBackend:
             ))
         return profiles
 
+    def _mig_identity(self, mig: Any, profile: Profile) -> tuple[str, int]:
+        """UUID and memory of a MIG device handle; without a handle (not enumerated yet) an empty UUID and
+        the profile's nominal memory. Memory falls back to the profile when NVML cannot report it."""
+        if mig is None:
+            return "", profile.memory_mib * MIB
+        uuid = _text(self.N.nvmlDeviceGetUUID(mig))
+        try:
+            return uuid, int(self.N.nvmlDeviceGetMemoryInfo(mig).total)
+        except self.N.NVMLError:
+            return uuid, profile.memory_mib * MIB
+
     def _gpu_instances(self, handle: Any, profile: Profile) -> list[Any]:
         N = self.N
         count = ctypes.c_uint(0)
@@ -201,13 +212,7 @@ class NvmlBackend:
                 cis = self._compute_instances(gi)
                 ci_id = int(N.nvmlComputeInstanceGetInfo(cis[0]).id) if cis else -1
                 mig = migs.get((int(info.id), ci_id))
-                uuid = _text(N.nvmlDeviceGetUUID(mig)) if mig is not None else ""
-                memory = profile.memory_mib * MIB
-                if mig is not None:
-                    try:
-                        memory = int(N.nvmlDeviceGetMemoryInfo(mig).total)
-                    except N.NVMLError:
-                        pass
+                uuid, memory = self._mig_identity(mig, profile)
                 out.append(InstanceState(
                     profile=profile.name, start=int(info.placement.start), size=int(info.placement.size),
                     gpu_instance_id=int(info.id), compute_instance_id=max(ci_id, 0), uuid=uuid, memory_bytes=memory))
@@ -350,13 +355,7 @@ class NvmlBackend:
                 raise NotSupportedError(f"no full-size compute instance for {profile.compute_slices} slices") from exc
             raise self._translate(exc, f"create compute instance on {placement}") from exc
         mig = self._mig_handles(handle).get((gi_id, ci_id))
-        uuid = _text(N.nvmlDeviceGetUUID(mig)) if mig is not None else ""
-        memory = profile.memory_mib * MIB
-        if mig is not None:
-            try:
-                memory = int(N.nvmlDeviceGetMemoryInfo(mig).total)
-            except N.NVMLError:
-                pass
+        uuid, memory = self._mig_identity(mig, profile)
         return InstanceState(profile=profile.name, start=placement.start, size=placement.size, gpu_instance_id=gi_id,
                              compute_instance_id=ci_id, uuid=uuid, memory_bytes=memory)
 

@@ -98,6 +98,20 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
         counter["next"] = i + 1
         return i + offset
 
+    def record(t0: float, first: float | None) -> None:
+        """One finished request: a stream that never produced a first chunk counts as an error."""
+        nonlocal errors
+        if first is None:
+            errors += 1
+            return
+        ttfts.append(first - t0)
+        e2es.append(time.perf_counter() - t0)
+
+    async def run_workers(worker: Any) -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        return time.perf_counter() - start
+
     if cfg["protocol"] == "grpc":
         import grpc
         from greenserve.v1 import router_pb2, router_pb2_grpc
@@ -123,16 +137,9 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
                 except grpc.aio.AioRpcError:
                     errors += 1
                     continue
-                end = time.perf_counter()
-                if first is None:
-                    errors += 1
-                    continue
-                ttfts.append(first - t0)
-                e2es.append(end - t0)
+                record(t0, first)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        elapsed = time.perf_counter() - start
+        elapsed = await run_workers(worker)
         for c in channels:
             await c.close()
     else:
@@ -159,16 +166,9 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
                     except (TimeoutError, aiohttp.ClientError, OSError):
                         errors += 1
                         continue
-                    end = time.perf_counter()
-                    if first is None:
-                        errors += 1
-                        continue
-                    ttfts.append(first - t0)
-                    e2es.append(end - t0)
+                    record(t0, first)
 
-            start = time.perf_counter()
-            await asyncio.gather(*(worker(w) for w in range(concurrency)))
-            elapsed = time.perf_counter() - start
+            elapsed = await run_workers(worker)
     return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
 
 
