@@ -123,3 +123,8 @@ def test_cli_rejects_bad_flags() -> None:
     assert result.returncode == 2 and "--router-port" in result.stderr
     result = subprocess.run([*CLI, "status", "--timeout-s", "0"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "--timeout-s" in result.stderr
+    for flag, value in (("--engines", "-1"), ("--engine-time-scale", "0"), ("--router-http-port", "70000")):
+        result = subprocess.run([*CLI, "up", f"{flag}={value}"], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and flag in result.stderr, (flag, result.stderr)
+    result = subprocess.run([*CLI, "bench", "no-such-bench"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "no-such-bench" in result.stderr
