@@ -17,6 +17,19 @@ worker sends its next request when the previous one ends) against, in turn: the 
 vllm-router over HTTP. TTFT is the time from sending a request to its first body bytes (completions
 send no bytes before the first token, through any of these paths); E2E is to the end of the stream.
 
+Streams are desynchronised, as real traffic is: each asks for ``--max-tokens`` x (1 +/-
+``--max-tokens-spread``) tokens (uniform, seeded, the same sequence for every target), each stream's
+first request starts at a random instant of the ``--stagger-s`` ramp, and requests sent during the ramp
+are not measured. Without this (``--synchronized``), N identical streams that start together finish
+together and restart together, round after round: every proxy then has to take N requests in the same
+millisecond, and the percentiles measure that thundering herd (at 256 streams each hop queues the
+whole burst behind itself: +100 ms of TTFT for the router, and the engines' own burst for direct),
+not the per-request latency that a router adds. The default output (128 tokens, 64..192) keeps the
+emulated engines' CPU below saturation at 256 streams, as the GPUs of real engines would be; short
+outputs go to the throughput phase (``--throughput-max-tokens``, 16), run after the levels at the
+highest level for direct, the router and vllm-router over HTTP, where per-request work bounds the rate
+and ``max_rps`` is taken.
+
 Added TTFT = TTFT percentile through a router - the same percentile direct, at the same level. It is a
 difference of two runs, so the emulated engines' own TTFT variance shows in it (it can come out
 negative). The router also measures itself: ``router_overhead_p50_ms_le``/``_p99_ms_le`` are the upper
@@ -33,6 +46,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -40,6 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +84,14 @@ def _pct(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------------------------------------------
 
 
+def _token_counts(seed: int, stream: int, lo: int, hi: int) -> Iterator[int]:
+    """max_tokens of one stream's successive requests, uniform in [lo, hi]: seeded by (seed, stream),
+    so every target of a run gets the same sequence."""
+    rng = random.Random(seed * 1_000_003 + stream)
+    while True:
+        yield rng.randint(lo, hi)
+
+
 async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
@@ -76,10 +99,19 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
     total = cfg["requests"]
     ttfts: list[float] = []
     e2es: list[float] = []
+    ends: list[float] = []
     errors = 0
     counter = {"next": 0}
     prompt_base = cfg["prompt"]
-    body_tpl = {"model": cfg["model"], "max_tokens": cfg["max_tokens"], "stream": True}
+    body_tpl = {"model": cfg["model"], "stream": True}
+    # Desynchronised streams (see the module docstring): each stream's first request waits a random
+    # fraction of ``stagger_s``, every request asks for a random number of tokens in max_tokens x
+    # (1 +/- spread), and requests sent before ``stagger_s`` has passed are the ramp, not measured.
+    stagger_s = float(cfg.get("stagger_s", 0.0))
+    spread = float(cfg.get("max_tokens_spread", 0.0))
+    lo_tokens = max(1, round(cfg["max_tokens"] * (1.0 - spread)))
+    hi_tokens = max(lo_tokens, round(cfg["max_tokens"] * (1.0 + spread)))
+    seed = int(cfg.get("seed", 0))
 
     # Time-bounded runs (``duration_s``): no new request starts after the deadline; every process of a
     # run starts at the same wall-clock instant (``start_at``) so that their loads overlap.
@@ -87,7 +119,10 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
     start_at = cfg.get("start_at")
     if start_at:
         await asyncio.sleep(max(0.0, start_at - time.time()))
-    stop_at = time.perf_counter() + duration_s if duration_s else None
+    begin = time.perf_counter()
+    measure_from = begin + stagger_s
+    stop_at = measure_from + duration_s if duration_s else None
+    last_start = {"t": begin}
     cpu0 = time.process_time()
     offset = cfg.get("index_offset", 0)
 
@@ -96,21 +131,40 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
         if i >= total or (stop_at is not None and time.perf_counter() >= stop_at):
             return None
         counter["next"] = i + 1
+        last_start["t"] = time.perf_counter()
         return i + offset
 
     def record(t0: float, first: float | None) -> None:
-        """One finished request: a stream that never produced a first chunk counts as an error."""
+        """One finished request: a stream that never produced a first chunk counts as an error;
+        requests of the ramp (sent before ``measure_from``) are not measured."""
         nonlocal errors
         if first is None:
             errors += 1
             return
+        if t0 < measure_from:
+            return
+        now = time.perf_counter()
         ttfts.append(first - t0)
-        e2es.append(time.perf_counter() - t0)
+        e2es.append(now - t0)
+        ends.append(now)
+
+    def token_counts(w: int) -> Iterator[int]:
+        return _token_counts(seed, offset + w, lo_tokens, hi_tokens)
 
     async def run_workers(worker: Any) -> float:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        return time.perf_counter() - start
+        async def delayed(w: int) -> None:
+            if stagger_s > 0:
+                await asyncio.sleep(random.Random(seed * 7919 + offset + w).uniform(0.0, stagger_s))
+            await worker(w)
+
+        await asyncio.gather(*(delayed(w) for w in range(concurrency)))
+        # steady-state throughput: requests completed between the end of the ramp and the last
+        # request sent (after it, streams only drain)
+        done = [t for t in ends if t <= last_start["t"]]
+        window = last_start["t"] - measure_from
+        if len(done) >= 10 and window > 0:
+            return window * len(ttfts) / len(done)
+        return max(1e-9, (max(ends) if ends else time.perf_counter()) - measure_from)
 
     if cfg["protocol"] == "grpc":
         import grpc
@@ -123,11 +177,12 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
         async def worker(w: int) -> None:
             nonlocal errors
             stub = stubs[w % len(stubs)]
+            tokens = token_counts(w)
             while (i := next_index()) is not None:
                 req = router_pb2.GenerateRequest(
                     request=router_pb2.RequestDescriptor(model=cfg["model"], completion=router_pb2.CompletionInput(
                         prompt=f"{prompt_base} #{i}")),
-                    sampling=router_pb2.SamplingParams(max_tokens=cfg["max_tokens"]))
+                    sampling=router_pb2.SamplingParams(max_tokens=next(tokens)))
                 t0 = time.perf_counter()
                 first = None
                 try:
@@ -149,9 +204,10 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
 
             async def worker(w: int) -> None:
                 nonlocal errors
+                tokens = token_counts(w)
                 while (i := next_index()) is not None:
                     url = targets[i % len(targets)] + "/v1/completions"
-                    body = dict(body_tpl, prompt=f"{prompt_base} #{i}")
+                    body = dict(body_tpl, prompt=f"{prompt_base} #{i}", max_tokens=next(tokens))
                     t0 = time.perf_counter()
                     first = None
                     try:
@@ -169,7 +225,8 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
                     record(t0, first)
 
             elapsed = await run_workers(worker)
-    return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
+    return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0,
+            "wall_s": time.perf_counter() - begin}
 
 
 def _loadgen_entry() -> None:
@@ -264,7 +321,8 @@ def _run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
             running.append(mine)
         results = []
         for mine in running:
-            merged: dict[str, Any] = {"ttfts": [], "e2es": [], "errors": 0, "elapsed_s": 0.0, "cpu_s": 0.0}
+            merged: dict[str, Any] = {"ttfts": [], "e2es": [], "errors": 0, "elapsed_s": 0.0, "cpu_s": 0.0,
+                                      "wall_s": 0.0}
             for proc, out in mine:
                 try:
                     _, err = proc.communicate(timeout=timeout_s)
@@ -281,6 +339,7 @@ def _run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
                 merged["errors"] += res["errors"]
                 merged["elapsed_s"] = max(merged["elapsed_s"], res["elapsed_s"])
                 merged["cpu_s"] += res["cpu_s"]
+                merged["wall_s"] = max(merged["wall_s"], res["wall_s"])
             results.append(merged)
         return results
 
@@ -303,7 +362,7 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
         "e2e_p50_ms": round(_pct(e2e, 50), 3), "e2e_p99_ms": round(_pct(e2e, 99), 3),
         "rps": round(len(ttft) / res["elapsed_s"], 1) if res["elapsed_s"] > 0 else 0.0,
         "_ttft_mean_ms": round(sum(ttft) / len(ttft), 3) if ttft else None,
-        "loadgen_cpu_percent": round(100.0 * res["cpu_s"] / res["elapsed_s"], 1) if res["elapsed_s"] > 0 else None,
+        "loadgen_cpu_percent": round(100.0 * res["cpu_s"] / res["wall_s"], 1) if res["wall_s"] > 0 else None,
     }
 
 
@@ -502,7 +561,19 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--engines", type=int, default=2, help="emulated engines (processes)")
     p.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1 = modelled real time)")
     p.add_argument("--max-num-seqs", type=int, default=1024, help="emulated engines' --max-num-seqs")
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
+    p.add_argument("--max-tokens", type=int, default=128,
+                   help="mean tokens generated per request (each asks for max_tokens x (1 +/- spread))")
+    p.add_argument("--max-tokens-spread", type=float, default=0.5,
+                   help="relative spread of max_tokens between requests, 0..1 (0: all the same)")
+    p.add_argument("--stagger-s", type=float, default=2.0,
+                   help="ramp: each stream's first request starts at a random instant in [0, stagger); "
+                        "requests sent during the ramp are not measured")
+    p.add_argument("--throughput-max-tokens", type=int, default=16,
+                   help="after the levels, a throughput phase at the highest level with this many tokens per "
+                        "request (short outputs: the routers' per-request work bounds the rate); 0 skips it")
+    p.add_argument("--synchronized", action="store_true",
+                   help="the thundering-herd variant: no stagger, identical max_tokens (every stream restarts "
+                        "at the same instant, round after round)")
     p.add_argument("--prompt-chars", type=int, default=1024, help="prompt length in characters")
     p.add_argument("--model", default=None, help="served model name of the emulated engines")
     p.add_argument("--protocols", default="http,grpc", help="router protocols to measure")
@@ -522,12 +593,26 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.requests_per_stream, args.no_peer = 2, True
+        if "--max-tokens" not in " ".join(argv):
+            args.max_tokens = 16
+        if "--throughput-max-tokens" not in " ".join(argv):
+            args.throughput_max_tokens = 0
+    if args.synchronized or args.quick:
+        args.stagger_s, args.max_tokens_spread = 0.0, 0.0
     if args.levels is None:
         args.levels = "1,8" if args.quick else "1,16,64,256,1000"
     if args.min_requests is None:
-        args.min_requests = 20 if args.quick else 200
+        args.min_requests = 20 if args.quick else 12
     if args.min_requests < 1:
         p.error("--min-requests: must be >= 1")
+    if args.max_tokens < 1:
+        p.error("--max-tokens: must be >= 1")
+    if not 0.0 <= args.max_tokens_spread <= 1.0:
+        p.error("--max-tokens-spread: must be in [0, 1]")
+    if args.throughput_max_tokens < 0:
+        p.error("--throughput-max-tokens: must be >= 0")
+    if args.stagger_s < 0:
+        p.error("--stagger-s: must be >= 0")
     if args.duration_s is not None and not args.duration_s > 0:
         p.error("--duration-s: must be > 0")
     if args.loadgen_procs < 0:
@@ -575,7 +660,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             peer_reason = "skipped (--no-peer or --quick)"
         prompt = ("You are a helpful assistant answering questions about carbon-aware serving. " * 64)[
             : args.prompt_chars]
-        base = {"model": model, "max_tokens": args.max_tokens, "prompt": prompt}
+        base = {"model": model, "max_tokens": args.max_tokens, "prompt": prompt, "stagger_s": args.stagger_s,
+                "max_tokens_spread": args.max_tokens_spread}
         targets: list[tuple[str, str, dict[str, Any]]] = [("direct", "http", {"targets": engines})]
         if "http" in protocols:
             targets.append(("router", "http", {"targets": [router_http]}))
@@ -587,7 +673,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         loadgen_cpus = len(side) if side else len(os.sched_getaffinity(0))
         # warm-up: connections, caches and pools
         for name, proto, t in targets:
-            _run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16}, 120, 1, side)
+            _run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16, "stagger_s": 0.0}, 120, 1,
+                      side)
         rows: list[dict[str, Any]] = []
         paired_rows: list[dict[str, Any]] = []
         paired_targets = {("router", "http"), ("vllm-router", "http")}
@@ -595,6 +682,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             paired_targets.add(("router", "grpc"))
         for level in levels:
             n = max(args.min_requests, level * args.requests_per_stream)
+            if args.stagger_s > 0:
+                n += level  # about one request per stream falls in the ramp and is not measured
             if args.duration_s:
                 n = 10**9
             nprocs = args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
@@ -681,6 +770,33 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                     prow["router_overhead_p99_ms_le"] = _bucket_quantile(before, after, 99)
                 paired_rows.append(prow)
                 _log("paired " + json.dumps(prow))
+        # throughput phase: short outputs at the highest level, where per-request work (not streaming)
+        # bounds the rate, so the routers themselves are the bottleneck
+        tp_rows: list[dict[str, Any]] = []
+        if args.throughput_max_tokens > 0:
+            level = max(levels)
+            n = max(args.min_requests, level * args.requests_per_stream) + (level if args.stagger_s > 0 else 0)
+            nprocs = args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
+            for name, proto, t in targets:
+                if proto != "http":
+                    continue
+                _log(f"throughput: {name} over http, {level} streams, max_tokens {args.throughput_max_tokens}")
+                pid = pid_of.get(name)
+                cpu0 = _proc_cpu_s(pid) if pid else 0.0
+                load = {**base, **t, "protocol": "http", "concurrency": level, "requests": n,
+                        "max_tokens": args.throughput_max_tokens, "stagger_s": min(args.stagger_s, 1.0)}
+                summary = _summary(_run_load(load, 600, nprocs, side))
+                summary.pop("_ttft_mean_ms", None)
+                row = {"target": name, "protocol": "http", "concurrency": level,
+                       "max_tokens": args.throughput_max_tokens, **summary}
+                if pid and summary["requests"]:
+                    row["router_cpu_ms_per_request"] = round(1000.0 * (_proc_cpu_s(pid) - cpu0) / summary["requests"], 3)
+                tp_rows.append(row)
+                _log("throughput " + json.dumps(row))
+
+        def tp_rps(target: str) -> float | None:
+            return next((r["rps"] for r in tp_rows if r["target"] == target), None)
+
         def at_256(of: list[dict[str, Any]]) -> dict[str, Any] | None:
             return next((r for r in of if r["concurrency"] == 256), of[-1] if of else None)
 
@@ -708,11 +824,14 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             "protocol": head["protocol"] if head else None,
             "routed_rps": head["routed_rps"] if head else None,
             "direct_rps": head["direct_rps"] if head else None,
-            "max_rps": max((r["rps"] for r in seq_ours), default=None),
+            "max_rps": max([r["rps"] for r in seq_ours] + [x for x in [tp_rps("router")] if x is not None],
+                           default=None),
+            "throughput": tp_rows,
             "router_overhead_p50_ms_le": head.get("router_overhead_p50_ms_le") if head else None,
             "router_overhead_p99_ms_le": head.get("router_overhead_p99_ms_le") if head else None,
             "router_cpu_ms_per_request": head.get("router_cpu_ms_per_request") if head else None,
-            "direct_max_rps": max((r["rps"] for r in rows if r["target"] == "direct"), default=None),
+            "direct_max_rps": max([r["rps"] for r in rows if r["target"] == "direct"]
+                                  + [x for x in [tp_rps("direct")] if x is not None], default=None),
             "levels": paired_rows,
             "sequential": {
                 "note": "direct, then each router, one after another at each level: the engines' queueing "
@@ -727,7 +846,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                  "added_ttft_p50_ms": peer_head["added_ttft_p50_ms"], "added_ttft_p99_ms": peer_head["added_ttft_p99_ms"],
                  "concurrency": peer_head["concurrency"], "routed_rps": peer_head["routed_rps"],
                  "direct_rps": peer_head["direct_rps"],
-                 "max_rps": max((r["rps"] for r in seq_peer_rows), default=None),
+                 "max_rps": max([r["rps"] for r in seq_peer_rows]
+                                + [x for x in [tp_rps("vllm-router")] if x is not None], default=None),
                  "cpu_ms_per_request": peer_head.get("router_cpu_ms_per_request"),
                  "e2e_p50_ms": peer_head["e2e_p50_ms"],
                  "sequential": ({"added_ttft_p50_ms": seq_peer_head.get("added_ttft_p50_ms"),
@@ -738,6 +858,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             "nice": args.nice,
             "host_load": {"before": host_before, "after": _host_load()},
             "setup": {"engines": args.engines, "time_scale": args.time_scale, "max_tokens": args.max_tokens,
+                      "max_tokens_spread": args.max_tokens_spread, "stagger_s": args.stagger_s,
                       "prompt_chars": args.prompt_chars, "cpu_count": os.cpu_count(), "model": model,
                       "quick": args.quick, "duration_s": args.duration_s,
                       "loadgen_procs": args.loadgen_procs or "auto",

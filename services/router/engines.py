@@ -66,6 +66,7 @@ class EngineState:
     draining: bool = False
     # live load
     in_flight: int = 0
+    prefilling: int = 0  # of in_flight: sent, no first token yet (queued or in prefill on the engine)
     running: float = 0.0
     waiting: float = 0.0
     in_flight_at_scrape: int = 0
@@ -93,6 +94,18 @@ class EngineState:
             if others > 0:
                 return self.in_flight + others
         return float(self.in_flight)
+
+    def queue_load(self, now: float, stale_after_s: float, decode_weight: float) -> float:
+        """What delays a new request's first token here: requests still waiting for theirs (each
+        ahead of it in the prefill queue) count 1, requests already decoding count ``decode_weight``
+        (they only lengthen each step a little). Requests other routers sent (from metrics) count as
+        decoding: their phase is unknown."""
+        decoding = self.in_flight - self.prefilling
+        if self.metrics_at and now - self.metrics_at <= stale_after_s:
+            others = self.running + self.waiting - self.in_flight_at_scrape
+            if others > 0:
+                decoding += others
+        return self.prefilling + decode_weight * decoding
 
     def apply_metrics(self, metrics: EngineMetrics, now: float) -> None:
         self.running = metrics.running or 0.0

@@ -14,7 +14,14 @@ kv-cache 2, prefix 3):
 
 * plan: the engine's plan weight over the largest in its pool (1 for all when there is no plan; an
   engine the plan does not name counts as the pool's mean weight);
-* load: ``(min_load + 1) / (load + 1)``;
+* load: ``(min_q + 1) / (q + 1)`` with q the engine's queue load (engines.EngineState.queue_load): the
+  requests sent to it that still wait for their first token, plus ``decode_load_weight`` (default 0)
+  per decoding one. What delays a new request's first token is the prefill work queued ahead of it.
+  Counting every in-flight request alike (join the shortest queue) sends each new request to the
+  engine where others just finished, i.e. bursts of prefills onto one engine: on the router bench
+  (256 desynchronised streams, 2 engines) that cost +6.5 ms of TTFT p50 against round robin, the
+  queue count +0.8..2 ms (the bench's run-to-run noise is about 1.5 ms). Decoding requests stay
+  balanced through the bounded-load filter, which counts every request in flight; ties in q rotate;
 * prefix: leading prompt blocks the engine is believed to hold over the prompt's blocks;
 * session: 1 for the engine the session key is stuck to (kept while it passes the filters).
 
@@ -48,6 +55,7 @@ class PolicyConfig:
     bounded_load_factor: float = 1.25
     bounded_load_slack: float = 8.0
     max_sessions: int = 100_000
+    decode_load_weight: float = 0.0
 
 
 @dataclass
@@ -121,11 +129,14 @@ class RoutingPolicy:
                 else:
                     fallbacks.append("all_over_load_bound")
 
+        # the load scorer ranks by queue load; the bounded-load filter above caps total in-flight
+        queue = [e.queue_load(now, stale, self.config.decode_load_weight) for e in live]
         matches = self.index.match(hashes) if hashes else {}
         total_blocks = len(hashes)
         sticky = self.sessions.get(session_key) if session_key else None
         cfg = self.config
         min_load = min(loads)
+        min_queue = min(queue)
         max_w = max((weights.get(e.id, unnamed_w) for e in live), default=1.0) if weights else 1.0
         n = len(live)
         start = self._rotate % n
@@ -135,7 +146,7 @@ class RoutingPolicy:
         for k in range(n):
             i = (start + k) % n
             e = live[i]
-            score = cfg.load_weight * (min_load + 1.0) / (loads[i] + 1.0)
+            score = cfg.load_weight * (min_queue + 1.0) / (queue[i] + 1.0)
             if weights and max_w > 0:
                 score += cfg.plan_weight * weights.get(e.id, unnamed_w) / max_w
             else:
@@ -158,7 +169,7 @@ class RoutingPolicy:
         reason = ""
         if explain:
             i = best_i
-            parts = [f"load={loads[i]:g} (min {min_load:g})"]
+            parts = [f"queue_load={queue[i]:g} (min {min_queue:g})", f"in_flight_load={loads[i]:g}"]
             if weights:
                 parts.append(f"plan_weight={weights.get(engine.id, unnamed_w):g}/{max_w:g} v{plan_version}")
             if total_blocks:

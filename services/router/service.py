@@ -82,6 +82,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     session_weight: float = Field(10.0, ge=0, description="weight of session stickiness")
     bounded_load_factor: float = Field(1.25, ge=1.0, description="c of the bounded-load filter (load <= c x mean)")
     bounded_load_slack: float = Field(8.0, ge=0, description="absolute slack of the bounded-load filter, requests")
+    decode_load_weight: float = Field(0.0, ge=0, le=1,
+                                      description="load of a decoding request relative to one awaiting its first token")
     max_sessions: int = Field(100_000, ge=1, description="session keys remembered (LRU)")
     region: str = Field("", description="grid region of the engines when the fleet inventory names none")
     fallback_ci_g_per_kwh: float | None = Field(None, ge=0, description="CI until the forecaster answers (default: data file)")
@@ -117,7 +119,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             first_token_timeout_s=self.first_token_timeout_s, prefix_block_chars=self.prefix_block_chars,
             prefix_index_max_bytes=self.prefix_index_max_bytes,
             policy=PolicyConfig(self.plan_weight, self.load_weight, self.prefix_weight, self.session_weight,
-                                self.bounded_load_factor, self.bounded_load_slack, self.max_sessions),
+                                self.bounded_load_factor, self.bounded_load_slack, self.max_sessions,
+                                self.decode_load_weight),
             default_pool=self.default_pool, region=self.region, fallback_ci_g_per_kwh=self.fallback_ci_g_per_kwh,
             ci_refresh_s=self.ci_refresh_s, default_busy_power_w=self.default_busy_power_w,
             default_idle_power_w=self.default_idle_power_w, watch_plans=self.watch_plans, feeds=self.feeds,

@@ -187,8 +187,12 @@ class Dispatcher:
                 payload = json.dumps({**req.body, "model": engine.model}, separators=(",", ":")).encode()
             started = time.monotonic()
             acc = engine.start_request(started, self.saturation_requests)
+            engine.prefilling += 1
             try:
-                call = await self._attempt(req, payload, decision, engine, acc, t0)
+                try:
+                    call = await self._attempt(req, payload, decision, engine, acc, t0)
+                finally:
+                    engine.prefilling -= 1
                 call.attempts = attempt + 1
                 call.hashes = req.hashes
                 self.registry.record_success(engine, started)

@@ -29,13 +29,27 @@ def _plan(version: int, weights: dict[str, float]) -> common_pb2.Plan:
     return common_pb2.Plan(version=version, intervals=[interval])
 
 
-def test_least_loaded_wins_and_ties_rotate() -> None:
+def test_fewest_awaiting_first_token_wins_and_ties_rotate() -> None:
     registry, policy, _ = _setup()
-    registry.engines["e0"].in_flight = 5
-    registry.engines["e1"].in_flight = 5
-    assert policy.choose("p", "", []).engine.id == "e2"
-    registry.engines["e2"].in_flight = 5
-    assert {policy.choose("p", "", []).engine.id for _ in range(6)} == {"e0", "e1", "e2"}
+    for e, (in_flight, prefilling) in {"e0": (5, 2), "e1": (5, 1), "e2": (9, 0)}.items():
+        registry.engines[e].in_flight, registry.engines[e].prefilling = in_flight, prefilling
+    # e2 has the most requests in flight but none queued for prefill: a new one starts soonest there
+    d = policy.choose("p", "", [], explain=True)
+    assert d.engine.id == "e2" and "queue_load=0" in d.reason
+    registry.engines["e2"].prefilling = 1
+    # decoding requests do not count by default: e1 and e2 tie on one queued prefill each and rotate
+    assert {policy.choose("p", "", []).engine.id for _ in range(6)} == {"e1", "e2"}
+
+
+def test_decoding_requests_count_with_their_weight_and_the_load_bound() -> None:
+    registry, policy, _ = _setup(decode_load_weight=0.5)
+    registry.engines["e0"].in_flight = 4  # 4 decoding x 0.5 = 2 > e1's one queued prefill
+    registry.engines["e1"].in_flight, registry.engines["e1"].prefilling = 1, 1
+    registry.engines["e2"].in_flight = 3  # 1.5
+    assert policy.choose("p", "", []).engine.id == "e1"
+    registry, policy, _ = _setup()
+    registry.engines["e0"].in_flight = 40  # nothing queued, but far above max(1.25 x mean, mean + 8)
+    assert "e0" not in {policy.choose("p", "", []).engine.id for _ in range(6)}
 
 
 def test_prefix_affinity_until_the_load_bound() -> None:
