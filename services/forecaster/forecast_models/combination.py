@@ -6,8 +6,13 @@ re-filtered on the shorter history: nothing after the origin is seen). Every sub
 members is scored by the MAPE of its mean forecast over those days and the best subset is kept. The
 prediction interval comes from the empirical quantiles of the chosen combination's log errors on those days.
 
-With ``weighting="inverse_mape"`` every member is kept instead, weighted by 1 / (its validation MAPE)^2
-(a weighted geometric mean: the combination runs in log space). Optionally (``shift_scale`` > 0) the result is
+With ``weighting="inverse_mape"`` every member is kept instead, weighted by 1 / (its validation MAPE)^p
+(a weighted geometric mean: the combination runs in log space; p = ``power``, 2 by default). ``power=None`` is the
+evidence rule of ``auto``: p = 3 once the backtest has at least ``evidence_min_days`` validation days (their MAPEs
+then rank the members reliably), else 2 (one day's MAPE is mostly noise). With that many days, ``trim_fraction``
+> 0 also replaces the weighted mean of the members' log forecasts by a weighted trimmed mean per step
+(:func:`weighted_trimmed_mean`): a member that scored well in the history but goes wrong on the target day lies
+in a tail and is cut instead of pulling the combination. Optionally (``shift_scale`` > 0) the result is
 multiplied by exp(-shift_scale * s^2), s the robust (MAD) spread of the combination's log errors on the
 validation days. With shift_scale = 1 that factor is the
 MAPE-optimal point of a log-normal forecast distribution: MAPE weighs each outcome by 1/y, and a log-normal
@@ -40,6 +45,20 @@ from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, LogTransfo
 MemberFactory = Callable[[], Model]
 
 
+def weighted_trimmed_mean(values: np.ndarray, weights: np.ndarray, trim_fraction: float) -> np.ndarray:
+    """Per column of ``values`` (members x steps): the weighted mean of the values that remain once the lowest and
+    the highest ``trim_fraction`` of the weight mass are cut off (a member straddling a cut counts with the part of
+    its weight inside). ``trim_fraction`` 0 is the weighted mean; near 0.5 it tends to the weighted median."""
+    w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    order = np.argsort(values, axis=0, kind="stable")
+    sorted_values = np.take_along_axis(values, order, axis=0)
+    sorted_w = w[order]
+    upper = np.cumsum(sorted_w, axis=0)
+    lower = upper - sorted_w
+    kept = np.clip(np.minimum(upper, 1.0 - trim_fraction) - np.maximum(lower, trim_fraction), 0.0, None)
+    return (sorted_values * kept).sum(axis=0) / kept.sum(axis=0)
+
+
 class Combination(Model):
     """Mean of the member subset that scored best on the last days of the history."""
 
@@ -49,8 +68,19 @@ class Combination(Model):
                  max_members: int = 3, weighting: str = "best_subset", shift_scale: float = 1.0,
                  calendar_adjust: bool = False, calendar_t_min: float = 3.0,
                  calendar_per_hour: bool = True, calendar_min_gap: float = 0.25,
-                 calendar_max_days: int = 6) -> None:
+                 calendar_max_days: int = 6, power: float | None = 2.0, trim_fraction: float = 0.0,
+                 evidence_min_days: int = 7) -> None:
         super().__init__(period)
+        if not 0.0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction}")
+        #: exponent of 1/MAPE in the weights; None: 2 with fewer than ``evidence_min_days`` validation days, else 3
+        self.power = power
+        #: weight mass cut off each side of the members' log forecasts at every step (weighted trimmed mean),
+        #: applied with at least ``evidence_min_days`` validation days
+        self.trim_fraction = trim_fraction
+        self.evidence_min_days = evidence_min_days
+        self.power_used = 2.0 if power is None else power
+        self.trim_used = 0.0
         if weighting not in ("best_subset", "inverse_mape"):
             raise ValueError(f"weighting must be best_subset or inverse_mape, got {weighting!r}")
         self.weighting = weighting
@@ -79,6 +109,8 @@ class Combination(Model):
         if self.weights is not None:
             return "weighted[" + "+".join(f"{self.members[i].name}:{w:.2f}"
                                           for i, w in zip(self.chosen, self.weights)) + f"]x{np.exp(self.log_shift):.3f}" \
+                + (f"~p{self.power_used:g}" if self.power_used != 2 else "") \
+                + (f"~trim{self.trim_used:g}" if self.trim_used > 0 else "") \
                 + ("+weekend_offset" if self.weekend_offset is not None else "")
         return "combination[" + "+".join(self.members[i].name for i in self.chosen) + "]"
 
@@ -88,6 +120,8 @@ class Combination(Model):
             return forecasts.mean(axis=0)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(np.maximum(forecasts, 1e-12))
+        if self.trim_used > 0:
+            return np.exp(weighted_trimmed_mean(logs, self.weights, self.trim_used) + self.log_shift)
         return np.exp((self.weights[:, None] * logs).sum(axis=0) + self.log_shift)
 
     def _weekend_shift(self, first: int, count: int) -> np.ndarray:
@@ -228,7 +262,11 @@ class Combination(Model):
             self.chosen = (0,)
             self.log_error_quantiles = None
             return
-        w = 1.0 / np.square(np.asarray(mapes))
+        days = len(truth) // self.period
+        evidence = days >= self.evidence_min_days
+        self.power_used = float(self.power) if self.power is not None else (3.0 if evidence else 2.0)
+        self.trim_used = self.trim_fraction if evidence and len(usable) >= 3 else 0.0
+        w = 1.0 / np.asarray(mapes) ** self.power_used
         self.chosen = tuple(usable)
         self.weights = w / w.sum()
         combined = self._combine(forecasts[list(self.chosen)])  # before the shift (log_shift is 0 here)

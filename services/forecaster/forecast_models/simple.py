@@ -135,3 +135,29 @@ class DampedNaive(Model):
         clone = copy.copy(self)
         clone.z = z_history
         return clone
+
+
+class DriftNaive(SeasonalNaive):
+    """Seasonal naive plus the recent trend of the daily level (log space): f[t+h] = z[t+h-24] + d, d the mean
+    day-over-day change of the daily mean log level over the last ``days`` whole periods. A level that has been
+    rising (or falling) for days keeps doing so for one more day: a holiday ramp, a cold spell building up, a
+    service gaining users. The combination weighs it by its in-history backtest like every member, so where
+    levels only wander (most days of most grids) it gets little weight."""
+
+    family = "drift_naive"
+
+    def __init__(self, period: int = HOURLY_PERIOD, days: int = 3) -> None:
+        super().__init__(period)
+        self.days = days
+
+    @property
+    def name(self) -> str:
+        return f"drift_naive({self.days}d)"
+
+    def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:  # fit, update, refilter: SeasonalNaive's
+        p = self.period
+        k = min(self.days, len(self.z) // p - 1)
+        z = fill_gaps(self.z[-(max(k, 0) + 1) * p:], p)
+        drift = float(np.mean(np.diff(z[-(k + 1) * p:].reshape(k + 1, p).mean(axis=1)))) if k >= 1 else 0.0
+        reps = int(np.ceil(steps / p))
+        return np.tile(z[-p:], reps)[:steps] + drift, _residual_sd(self.z, p, steps)
