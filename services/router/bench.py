@@ -53,8 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
@@ -418,6 +418,32 @@ def _bucket_quantile(before: dict[float, float], after: dict[float, float], q: f
     return None
 
 
+class _RunMeter:
+    """What one run cost a router process and what its own histogram saw: readings taken at the start
+    of the run (``pid`` None: a direct run, nothing to read; ``router_http`` None: no histogram)."""
+
+    def __init__(self, pid: int | None, router_http: str | None = None) -> None:
+        self.pid = pid
+        self.router_http = router_http
+        self.cpu0 = _proc_cpu_s(pid) if pid else 0.0
+        self.wait0 = _runqueue_wait_s(pid) if pid else 0.0
+        self.buckets0 = _overhead_buckets(router_http) if router_http else {}
+
+    def figures(self, requests: int) -> dict[str, Any]:
+        """Per request served: the process's CPU (all threads; includes idle background work such as
+        scrapes, small at these rates) and run-queue wait; the overhead histogram's p50/p99 buckets."""
+        out: dict[str, Any] = {}
+        if self.pid and requests:
+            out["router_cpu_ms_per_request"] = round(1000.0 * (_proc_cpu_s(self.pid) - self.cpu0) / requests, 3)
+            out["router_runqueue_wait_ms_per_request"] = round(
+                1000.0 * (_runqueue_wait_s(self.pid) - self.wait0) / requests, 3)
+        if self.router_http:
+            after = _overhead_buckets(self.router_http)
+            out["router_overhead_p50_ms_le"] = _bucket_quantile(self.buckets0, after, 50)
+            out["router_overhead_p99_ms_le"] = _bucket_quantile(self.buckets0, after, 99)
+        return out
+
+
 # ------------------------------------------------------------------------------------------------------
 # processes under test
 # ------------------------------------------------------------------------------------------------------
@@ -691,11 +717,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             what = f"{args.duration_s:g} s" if args.duration_s else f"{n} requests"
             for name, proto, t in targets:
                 _log(f"level {level}: {name} over {proto} ({what}, {nprocs} load process(es))")
-                own = name == "router" and proto == "http"
-                before = _overhead_buckets(router_http) if own else {}
-                pid = pid_of.get(name)
-                cpu0 = _proc_cpu_s(pid) if pid else 0.0
-                wait0 = _runqueue_wait_s(pid) if pid else 0.0
+                meter = _RunMeter(pid_of.get(name), router_http if (name, proto) == ("router", "http") else None)
                 eng0 = _engine_ttft_totals(engines)
                 load = {**base, **t, "protocol": proto, "concurrency": level, "requests": n}
                 if args.duration_s:
@@ -708,17 +730,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                     row["ttft_mean_ms"] = summary.pop("_ttft_mean_ms")
                 summary.pop("_ttft_mean_ms", None)
                 row.pop("_ttft_mean_ms", None)
-                if pid and summary["requests"]:
-                    cpu_s = _proc_cpu_s(pid) - cpu0
-                    # CPU the router process spent per request served (all threads; includes idle
-                    # background work such as scrapes, which is small at these rates)
-                    row["router_cpu_ms_per_request"] = round(1000.0 * cpu_s / summary["requests"], 3)
-                    row["router_runqueue_wait_ms_per_request"] = round(
-                        1000.0 * (_runqueue_wait_s(pid) - wait0) / summary["requests"], 3)
-                if own:
-                    after = _overhead_buckets(router_http)
-                    row["router_overhead_p50_ms_le"] = _bucket_quantile(before, after, 50)
-                    row["router_overhead_p99_ms_le"] = _bucket_quantile(before, after, 99)
+                row.update(meter.figures(summary["requests"]))
                 if name == "direct":
                     direct = summary
                 elif direct is not None:
@@ -734,11 +746,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                     continue
                 _log(f"level {level}: paired {name} over {proto} + direct ({what} each, {nprocs} load "
                      "process(es) each)")
-                own = name == "router" and proto == "http"
-                before = _overhead_buckets(router_http) if own else {}
-                pid = pid_of.get(name)
-                cpu0 = _proc_cpu_s(pid) if pid else 0.0
-                wait0 = _runqueue_wait_s(pid) if pid else 0.0
+                meter = _RunMeter(pid_of.get(name), router_http if (name, proto) == ("router", "http") else None)
                 eng0 = _engine_ttft_totals(engines)
                 routed_cfg = {**base, **t, "protocol": proto, "concurrency": level, "requests": n}
                 # the control group's prompts come from another index range: no identical prompt in both
@@ -760,14 +768,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                 eng1 = _engine_ttft_totals(engines)
                 if eng1[1] > eng0[1]:  # both groups together: the engines cannot tell them apart
                     prow["engine_ttft_mean_ms"] = round(1000.0 * (eng1[0] - eng0[0]) / (eng1[1] - eng0[1]), 3)
-                if pid and rs["requests"]:
-                    prow["router_cpu_ms_per_request"] = round(1000.0 * (_proc_cpu_s(pid) - cpu0) / rs["requests"], 3)
-                    prow["router_runqueue_wait_ms_per_request"] = round(
-                        1000.0 * (_runqueue_wait_s(pid) - wait0) / rs["requests"], 3)
-                if own:
-                    after = _overhead_buckets(router_http)
-                    prow["router_overhead_p50_ms_le"] = _bucket_quantile(before, after, 50)
-                    prow["router_overhead_p99_ms_le"] = _bucket_quantile(before, after, 99)
+                prow.update(meter.figures(rs["requests"]))
                 paired_rows.append(prow)
                 _log("paired " + json.dumps(prow))
         # throughput phase: short outputs at the highest level, where per-request work (not streaming)
@@ -781,16 +782,14 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                 if proto != "http":
                     continue
                 _log(f"throughput: {name} over http, {level} streams, max_tokens {args.throughput_max_tokens}")
-                pid = pid_of.get(name)
-                cpu0 = _proc_cpu_s(pid) if pid else 0.0
+                meter = _RunMeter(pid_of.get(name))
                 load = {**base, **t, "protocol": "http", "concurrency": level, "requests": n,
                         "max_tokens": args.throughput_max_tokens, "stagger_s": min(args.stagger_s, 1.0)}
                 summary = _summary(_run_load(load, 600, nprocs, side))
                 summary.pop("_ttft_mean_ms", None)
                 row = {"target": name, "protocol": "http", "concurrency": level,
                        "max_tokens": args.throughput_max_tokens, **summary}
-                if pid and summary["requests"]:
-                    row["router_cpu_ms_per_request"] = round(1000.0 * (_proc_cpu_s(pid) - cpu0) / summary["requests"], 3)
+                row.update(meter.figures(summary["requests"]))
                 tp_rows.append(row)
                 _log("throughput " + json.dumps(row))
 

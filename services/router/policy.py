@@ -135,7 +135,6 @@ class RoutingPolicy:
         total_blocks = len(hashes)
         sticky = self.sessions.get(session_key) if session_key else None
         cfg = self.config
-        min_load = min(loads)
         min_queue = min(queue)
         max_w = max((weights.get(e.id, unnamed_w) for e in live), default=1.0) if weights else 1.0
         n = len(live)
