@@ -87,24 +87,23 @@ class EngineState:
 
     # -- load -------------------------------------------------------------------------------------
 
+    def others(self, now: float, stale_after_s: float) -> float:
+        """Requests on the engine that other clients sent: what fresh metrics count beyond the router's
+        own in flight at the scrape (0 when the metrics are stale or show nothing more)."""
+        if self.metrics_at and now - self.metrics_at <= stale_after_s:
+            return max(0.0, self.running + self.waiting - self.in_flight_at_scrape)
+        return 0.0
+
     def load(self, now: float, stale_after_s: float) -> float:
         """Requests on the engine: the router's own in flight plus what others sent (from metrics)."""
-        if self.metrics_at and now - self.metrics_at <= stale_after_s:
-            others = self.running + self.waiting - self.in_flight_at_scrape
-            if others > 0:
-                return self.in_flight + others
-        return float(self.in_flight)
+        return self.in_flight + self.others(now, stale_after_s)
 
     def queue_load(self, now: float, stale_after_s: float, decode_weight: float) -> float:
         """What delays a new request's first token here: requests still waiting for theirs (each
         ahead of it in the prefill queue) count 1, requests already decoding count ``decode_weight``
         (they only lengthen each step a little). Requests other routers sent (from metrics) count as
         decoding: their phase is unknown."""
-        decoding = self.in_flight - self.prefilling
-        if self.metrics_at and now - self.metrics_at <= stale_after_s:
-            others = self.running + self.waiting - self.in_flight_at_scrape
-            if others > 0:
-                decoding += others
+        decoding = self.in_flight - self.prefilling + self.others(now, stale_after_s)
         return self.prefilling + decode_weight * decoding
 
     def apply_metrics(self, metrics: EngineMetrics, now: float) -> None:
