@@ -587,16 +587,18 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--engines", type=int, default=2, help="emulated engines (processes)")
     p.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1 = modelled real time)")
     p.add_argument("--max-num-seqs", type=int, default=1024, help="emulated engines' --max-num-seqs")
-    p.add_argument("--max-tokens", type=int, default=128,
-                   help="mean tokens generated per request (each asks for max_tokens x (1 +/- spread))")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="mean tokens generated per request (each asks for max_tokens x (1 +/- spread)); "
+                        "default 128, 16 with --quick")
     p.add_argument("--max-tokens-spread", type=float, default=0.5,
                    help="relative spread of max_tokens between requests, 0..1 (0: all the same)")
     p.add_argument("--stagger-s", type=float, default=2.0,
                    help="ramp: each stream's first request starts at a random instant in [0, stagger); "
                         "requests sent during the ramp are not measured")
-    p.add_argument("--throughput-max-tokens", type=int, default=16,
+    p.add_argument("--throughput-max-tokens", type=int, default=None,
                    help="after the levels, a throughput phase at the highest level with this many tokens per "
-                        "request (short outputs: the routers' per-request work bounds the rate); 0 skips it")
+                        "request (short outputs: the routers' per-request work bounds the rate); 0 skips it; "
+                        "default 16, 0 with --quick")
     p.add_argument("--synchronized", action="store_true",
                    help="the thundering-herd variant: no stagger, identical max_tokens (every stream restarts "
                         "at the same instant, round after round)")
@@ -619,10 +621,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.requests_per_stream, args.no_peer = 2, True
-        if "--max-tokens" not in " ".join(argv):
-            args.max_tokens = 16
-        if "--throughput-max-tokens" not in " ".join(argv):
-            args.throughput_max_tokens = 0
+    if args.max_tokens is None:
+        args.max_tokens = 16 if args.quick else 128
+    if args.throughput_max_tokens is None:
+        args.throughput_max_tokens = 0 if args.quick else 16
     if args.synchronized or args.quick:
         args.stagger_s, args.max_tokens_spread = 0.0, 0.0
     if args.levels is None:
@@ -706,13 +708,16 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         paired_targets = {("router", "http"), ("vllm-router", "http")}
         if args.paired_grpc or "http" not in protocols:
             paired_targets.add(("router", "grpc"))
+        def requests_at(level: int) -> int:
+            """Requests of a count-bounded run; about one per stream falls in the ramp, unmeasured."""
+            return max(args.min_requests, level * args.requests_per_stream) + (level if args.stagger_s > 0 else 0)
+
+        def procs_at(level: int) -> int:
+            return args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
+
         for level in levels:
-            n = max(args.min_requests, level * args.requests_per_stream)
-            if args.stagger_s > 0:
-                n += level  # about one request per stream falls in the ramp and is not measured
-            if args.duration_s:
-                n = 10**9
-            nprocs = args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
+            n = 10**9 if args.duration_s else requests_at(level)
+            nprocs = procs_at(level)
             direct: dict[str, Any] | None = None
             what = f"{args.duration_s:g} s" if args.duration_s else f"{n} requests"
             for name, proto, t in targets:
@@ -776,8 +781,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         tp_rows: list[dict[str, Any]] = []
         if args.throughput_max_tokens > 0:
             level = max(levels)
-            n = max(args.min_requests, level * args.requests_per_stream) + (level if args.stagger_s > 0 else 0)
-            nprocs = args.loadgen_procs or max(1, min(loadgen_cpus, (level + 127) // 128))
+            n, nprocs = requests_at(level), procs_at(level)
             for name, proto, t in targets:
                 if proto != "http":
                     continue

@@ -108,3 +108,24 @@ async def test_loadgen_ramp_requests_are_not_measured(emulators: Any) -> None:
     assert res["elapsed_s"] > 0 and res["wall_s"] > 0.2
     flat = await _loadgen({**cfg, "stagger_s": 0.0, "max_tokens_spread": 0.0})
     assert len(flat["ttfts"]) == 40
+
+
+@pytest.mark.parametrize("flag, value", [("--max-tokens-spread", "2"), ("--max-tokens", "0"), ("--stagger-s", "-1"),
+                                         ("--throughput-max-tokens", "-1")])
+def test_bench_rejects_bad_stream_flags_naming_them(flag: str, value: str, capsys: Any) -> None:
+    from greenserve.router.bench import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([flag, value])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_quick_keeps_its_short_outputs_when_only_the_spread_is_given() -> None:
+    """--max-tokens-spread must not count as --max-tokens (a prefix of its name)."""
+    proc = subprocess.run([sys.executable, "-m", "greenserve_client.cli", "bench", "router", "--quick", "--json",
+                           "--levels", "2", "--min-requests", "4", "--protocols", "http",
+                           "--max-tokens-spread", "0.5"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    setup = json.loads(proc.stdout.strip().splitlines()[-1])["setup"]
+    assert setup["max_tokens"] == 16 and setup["quick"] is True
