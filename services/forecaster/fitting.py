@@ -22,7 +22,7 @@ from greenserve.forecaster.csv_sources import GridSeries
 from greenserve.forecaster.forecast_models import Model, make_model
 
 #: Layout of pickled models: bump when a model class changes its attributes.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""The drift member and the evidence rule of ``auto``: sharper weights and a trimmed mean once the in-history
-backtest has enough days, plain 1/MAPE^2 weights on short histories."""
+"""The drift and recent-level members and the evidence rules of ``auto``: sharper weights and a trimmed mean once
+the in-history backtest has enough days; flat 1/MAPE weights, and no untested calendar members, on short
+histories."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 
 from greenserve.forecaster.forecast_models import make_model
 from greenserve.forecaster.forecast_models.combination import Combination, weighted_trimmed_mean
-from greenserve.forecaster.forecast_models.simple import DailyProfile, DriftNaive, SeasonalNaive
+from greenserve.forecaster.forecast_models.simple import DailyProfile, DriftNaive, RecentLevel, SeasonalNaive
 
 from .conftest import DAY0_S, daily_series
+from .test_calendar import FRIDAY_S, office_load
 
 
 def test_drift_naive_recovers_a_steady_level_trend() -> None:
@@ -55,8 +57,10 @@ def test_evidence_rule_sharpens_and_trims_only_with_enough_validation_days() -> 
     assert np.allclose(long.weights, mapes**-3 / np.sum(mapes**-3))
     short = Combination(members, validation_days=12, weighting="inverse_mape", shift_scale=0.0, power=None,
                         trim_fraction=0.2).fit(y[-72:])  # 72 h: one validation day
-    assert (short.power_used, short.trim_used) == (2.0, 0.0)
-    assert "trim" not in short.name
+    assert (short.power_used, short.trim_used) == (1.0, 0.0)
+    assert "trim" not in short.name and "~p1" in short.name
+    mapes = np.array([short.validation_mape_percent[short.members[i].name] for i in short.chosen])
+    assert np.allclose(short.weights, mapes**-1 / np.sum(mapes**-1))
     with pytest.raises(ValueError, match="trim_fraction"):
         Combination(members, trim_fraction=0.5)
 
@@ -71,3 +75,53 @@ def test_auto_on_two_weeks_uses_the_drift_member_and_the_trimmed_combination() -
     # the steady 3 %/day rise: the drift member is among the best scored in the history
     ranked = sorted(model.validation_mape_percent, key=model.validation_mape_percent.get)
     assert "drift_naive(3d)" in ranked[:3]
+
+
+def test_recent_level_holds_the_median_of_the_last_hours() -> None:
+    y = daily_series(3)
+    y[-3:] = [500.0, 520.0, 5000.0]  # a step up in the last hours, and one odd hour
+    pred = make_model("recent_level").fit(y).predict(24)
+    assert pred.model == "recent_level(3h)"
+    assert np.allclose(pred.mean, 520.0)  # the median: the odd hour does not set the level
+    assert np.all(pred.lower <= pred.mean) and np.all(pred.mean <= pred.upper)
+    y[-1] = np.nan  # a missing last hour takes the value a day earlier, as in seasonal naive
+    assert np.allclose(RecentLevel(hours=3).fit(y).predict(5).mean, np.median([500.0, 520.0, y[-25]]))
+    assert np.allclose(RecentLevel(hours=1).fit(y[:-1]).predict(2).mean, 520.0)
+    with pytest.raises(ValueError, match="hours"):
+        RecentLevel(hours=0)
+
+
+def day_type_members_weighted(model: Combination) -> list[str]:
+    return [model.members[i].name for i in model.chosen if model.members[i].day_type_aware]
+
+
+def test_short_history_without_a_weekend_effect_leaves_the_calendar_members_out() -> None:
+    # Fri, Sat, Sun with the same level every day (a trace without a weekly cycle, e.g. made-up dates): the one
+    # validation day (Sun after Sat) never crosses a day-type change, so nothing ranks the calendar members, and
+    # they would carry Friday into Monday at seasonal naive's weight
+    flat = office_load(4, weekend_level=30.0, noise=0.05, seed=4)
+    short = make_model("auto").fit(flat[:72], start_s=FRIDAY_S)
+    assert short.weekend_offset is None
+    assert day_type_members_weighted(short) == []
+    assert any(m.day_type_aware for m in short.members)  # fitted, only not weighted
+    assert "day_type" not in short.name
+    # a clear weekend effect in the same 72 h: they stay, with the weekend adjustment
+    office = make_model("auto").fit(office_load(4, seed=3)[:72], start_s=FRIDAY_S)
+    assert office.weekend_offset is not None and len(day_type_members_weighted(office)) == 2
+    # two weeks: the 12 validation days cross day-type changes and rank them
+    long = make_model("auto").fit(office_load(14, weekend_level=30.0, seed=5)[:13 * 24], start_s=FRIDAY_S)
+    assert len(day_type_members_weighted(long)) == 2
+
+
+def test_auto_follows_a_level_step_that_persists() -> None:
+    # flat load with no daily pattern whose level doubled six hours before the end of the history and stays:
+    # seasonal naive repeats yesterday (half the level most of the day), the recent level does not
+    rng = np.random.default_rng(2)
+    y = 1000.0 * np.exp(rng.normal(0, 0.03, 96))
+    y[66:] *= 2.0
+    history, truth = y[:72], y[72:]
+    model = make_model("auto").fit(history, start_s=DAY0_S)
+    assert any(model.members[i].name == "recent_level(3h)" for i in model.chosen)
+    ape = np.mean(np.abs(model.predict(24).mean - truth) / truth)
+    naive_ape = np.mean(np.abs(make_model("seasonal_naive").fit(history).predict(24).mean - truth) / truth)
+    assert ape < 0.8 * naive_ape

@@ -4,15 +4,17 @@
 Names:
 
 * ``auto`` (the service default): :class:`Combination` of seasonal naive, damped naive (decay fitted), drift
-  naive (3-day level trend), the two calendar members (same day type, weekend shift), the 2- and 7-day profiles, a
-  14-day profile weighted toward recent days, ETS, Fourier-term SARIMA and seasonal SARIMA, each weighted by
-  1/MAPE^p on a backtest over the last days of history (p = 2, or 3 with at least 7 validation days, where the
-  log forecasts are also combined by a 20 % weighted trimmed mean); on short histories with a clear weekend
-  effect, the weekend offset is taken out first.
+  naive (3-day level trend), the recent level (median of the last 3 h, flat), the two calendar members (same day
+  type, weekend shift), the 2- and 7-day profiles, a 14-day profile weighted toward recent days, ETS,
+  Fourier-term SARIMA and seasonal SARIMA, each weighted by 1/MAPE^p on a backtest over the last days of history
+  (p = 1, or 3 with at least 7 validation days, where the log forecasts are also combined by a 20 % weighted
+  trimmed mean); on short histories with a clear weekend effect, the weekend offset is taken out first, and
+  without one the calendar members are left out (a 1-day validation cannot rank them).
 * ``best_subset``: the same idea, the best subset of up to three members (plain mean) instead of weights.
 * ``sarima``: seasonal SARIMA (1,0,0)(0,1,1)[24]; ``sarima_fourier``: ARMA(2,0,1) + 4 daily Fourier pairs;
   ``auto_arima``: pmdarima's order search with m=24 (GreenCache §5.3, slow); ``ets``; ``seasonal_naive``;
-  ``daily_profile``; ``damped_naive``; ``drift_naive``; ``day_type_naive``, ``day_type_shift`` (calendar-aware).
+  ``daily_profile``; ``damped_naive``; ``drift_naive``; ``recent_level``; ``day_type_naive``, ``day_type_shift``
+  (calendar-aware).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from greenserve.forecaster.forecast_models.combination import Combination
 from greenserve.forecaster.forecast_models.day_type import DayTypeNaive, DayTypeShift
 from greenserve.forecaster.forecast_models.ets import Ets
 from greenserve.forecaster.forecast_models.sarima import AutoSarima, Sarima, SarimaFourier
-from greenserve.forecaster.forecast_models.simple import DailyProfile, DampedNaive, DriftNaive, SeasonalNaive
+from greenserve.forecaster.forecast_models.simple import (
+    DailyProfile,
+    DampedNaive,
+    DriftNaive,
+    RecentLevel,
+    SeasonalNaive,
+)
 
 DEFAULT_MODEL = "auto"
 
@@ -36,6 +44,7 @@ def _auto(period: int) -> Model:
             partial(SeasonalNaive, period),
             partial(DampedNaive, period, phi=None),
             partial(DriftNaive, period, days=3),
+            partial(RecentLevel, period, hours=3),
             partial(DayTypeNaive, period),
             partial(DayTypeShift, period),
             partial(DailyProfile, period, days=2),
@@ -83,6 +92,7 @@ MODELS: dict[str, Callable[[int], Model]] = {
     "daily_profile": lambda period: DailyProfile(period),
     "damped_naive": lambda period: DampedNaive(period),
     "drift_naive": lambda period: DriftNaive(period),
+    "recent_level": lambda period: RecentLevel(period),
     "day_type_naive": lambda period: DayTypeNaive(period),
     "day_type_shift": lambda period: DayTypeShift(period),
 }

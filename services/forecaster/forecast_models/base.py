@@ -87,6 +87,10 @@ class Model(abc.ABC):
     #: Short family name used in the registry (``seasonal_naive``, ``sarima``, ...).
     family: str = ""
 
+    #: True for members whose forecast differs from seasonal naive only where the day type (weekday/weekend)
+    #: changes: a combination can rank them only on validation days that include such a change.
+    day_type_aware: bool = False
+
     #: Unix time of ``z[0]`` when the caller gave the history's calendar (``fit(y, start_s=...)``), else None.
     #: Calendar-aware members read weekdays from it; the others ignore it.
     start_s: int | None = None

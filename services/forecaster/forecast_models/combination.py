@@ -9,7 +9,7 @@ prediction interval comes from the empirical quantiles of the chosen combination
 With ``weighting="inverse_mape"`` every member is kept instead, weighted by 1 / (its validation MAPE)^p
 (a weighted geometric mean: the combination runs in log space; p = ``power``, 2 by default). ``power=None`` is the
 evidence rule of ``auto``: p = 3 once the backtest has at least ``evidence_min_days`` validation days (their MAPEs
-then rank the members reliably), else 2 (one day's MAPE is mostly noise). With that many days, ``trim_fraction``
+then rank the members reliably), else 1 (one day's MAPE is mostly noise: flatter weights). With that many days, ``trim_fraction``
 > 0 also replaces the weighted mean of the members' log forecasts by a weighted trimmed mean per step
 (:func:`weighted_trimmed_mean`): a member that scored well in the history but goes wrong on the target day lies
 in a tail and is cut instead of pulling the combination. Optionally (``shift_scale`` > 0) the result is
@@ -73,13 +73,13 @@ class Combination(Model):
         super().__init__(period)
         if not 0.0 <= trim_fraction < 0.5:
             raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction}")
-        #: exponent of 1/MAPE in the weights; None: 2 with fewer than ``evidence_min_days`` validation days, else 3
+        #: exponent of 1/MAPE in the weights; None: 1 with fewer than ``evidence_min_days`` validation days, else 3
         self.power = power
         #: weight mass cut off each side of the members' log forecasts at every step (weighted trimmed mean),
         #: applied with at least ``evidence_min_days`` validation days
         self.trim_fraction = trim_fraction
         self.evidence_min_days = evidence_min_days
-        self.power_used = 2.0 if power is None else power
+        self.power_used = 1.0 if power is None else power
         self.trim_used = 0.0
         if weighting not in ("best_subset", "inverse_mape"):
             raise ValueError(f"weighting must be best_subset or inverse_mape, got {weighting!r}")
@@ -211,7 +211,15 @@ class Combination(Model):
         truth = np.concatenate([y[o:o + p] for o in origins])
         ok = np.isfinite(truth) & (truth != 0)
         forecasts = np.full((len(self.members), len(truth)), np.nan)
+        # A short validation (fewer than evidence_min_days days) may never cross a weekday/weekend change, so
+        # it cannot rank the day-type members, which differ from seasonal naive only there; unless the history
+        # shows a clear weekend effect (the weekend adjustment is on) they are left out rather than trusted
+        # untested. A trace with no weekly cycle (or made-up dates: ServeGen publishes none) would otherwise get
+        # Friday's level carried into Monday at the weight seasonal naive earned.
+        untestable = days < self.evidence_min_days and self.weekend_offset is None
         for m, member in enumerate(self.members):
+            if untestable and member.day_type_aware:
+                continue  # its row stays NaN: no weight
             try:
                 parts = [member.transform.inverse(member.forecast_z_from(member.z[:o], p)) for o in origins]
                 forecasts[m] = np.concatenate(parts)
@@ -264,7 +272,7 @@ class Combination(Model):
             return
         days = len(truth) // self.period
         evidence = days >= self.evidence_min_days
-        self.power_used = float(self.power) if self.power is not None else (3.0 if evidence else 2.0)
+        self.power_used = float(self.power) if self.power is not None else (3.0 if evidence else 1.0)
         self.trim_used = self.trim_fraction if evidence and len(usable) >= 3 else 0.0
         w = 1.0 / np.asarray(mapes) ** self.power_used
         self.chosen = tuple(usable)

@@ -30,6 +30,7 @@ class DayTypeNaive(SeasonalNaive):
     """Value of the most recent same-day-type step at the same hour (else yesterday's)."""
 
     family = "day_type_naive"
+    day_type_aware = True
 
     def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         p, n = self.period, len(self.z)
@@ -52,6 +53,7 @@ class DayTypeShift(SeasonalNaive):
     """Yesterday's value + (mean profile of the step's day type - mean profile of yesterday's day type)."""
 
     family = "day_type_shift"
+    day_type_aware = True
 
     def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         p, n = self.period, len(self.z)
