@@ -5,7 +5,9 @@ before that day's 00:00 and forecasts ``horizon_hours`` hours from 00:00. It see
 
 * ``mape``: mean of |f - y| / |y| x 100 over all scored points (missing or zero truths are not scored);
 * ``naive_mape``: the same for the seasonal-naive forecast, the last 24 h of the history repeated;
-* ``fit_seconds_median``: median wall time of fit + predict per day.
+* ``fit_seconds_median``: median wall time of fit + predict per day;
+* ``interval_coverage_fraction``: the share of scored points inside the forecast's 90 % prediction interval (a
+  calibrated interval covers about 0.9; much less means the interval is too narrow to plan against).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, make_model
-from greenserve.forecaster.forecast_models.base import fill_gaps
+from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION, fill_gaps
 
 DAY_S = 86_400
 MAX_HISTORY_HOURS = 720
@@ -48,6 +50,8 @@ class DayResult:
     fit_s: float
     points: int
     model: str
+    #: share of that day's scored truths inside the forecast's interval
+    interval_coverage_fraction: float = float("nan")
 
 
 @dataclass
@@ -62,6 +66,9 @@ class BacktestResult:
     history_hours: int = 0
     horizon_hours: int = 0
     models_used: dict[str, int] = field(default_factory=dict)
+    #: share of all scored truths inside the forecasts' ``interval_nominal_fraction`` interval (0.9 asks 90 %)
+    interval_coverage_fraction: float = float("nan")
+    interval_nominal_fraction: float = DEFAULT_COVERAGE_FRACTION
 
     @property
     def ratio(self) -> float:
@@ -110,6 +117,12 @@ def naive_forecast(history: np.ndarray, horizon_hours: int) -> np.ndarray:
     return np.tile(last, -(-horizon_hours // 24))[:horizon_hours]
 
 
+def _inside(lower: np.ndarray, upper: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per scored truth (finite, non-zero: the points MAPE scores): inside [lower, upper]?"""
+    ok = np.isfinite(truth) & (truth != 0)
+    return (truth[ok] >= lower[ok]) & (truth[ok] <= upper[ok])
+
+
 def _ape(forecast: np.ndarray, truth: np.ndarray) -> np.ndarray:
     ok = np.isfinite(truth) & (truth != 0)
     return np.abs(forecast[ok] - truth[ok]) / np.abs(truth[ok]) * 100.0
@@ -124,6 +137,7 @@ def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: 
     values = series.values
     all_ape: list[np.ndarray] = []
     all_naive: list[np.ndarray] = []
+    all_inside: list[np.ndarray] = []
     day_results: list[DayResult] = []
     used: dict[str, int] = {}
     for start in starts:
@@ -132,18 +146,21 @@ def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: 
         t0 = time.perf_counter()
         history_start_s = series.start_s + (start - history_hours) * HOUR_S  # the calendar, not the values
         fitted = make_model(model).fit(history, start_s=history_start_s)
-        prediction = fitted.predict(horizon_hours)
+        prediction = fitted.predict(horizon_hours, DEFAULT_COVERAGE_FRACTION)
         fit_s = time.perf_counter() - t0
         ape = _ape(prediction.mean, truth)
         naive_ape = _ape(naive_forecast(history, horizon_hours), truth)
         all_ape.append(ape)
         all_naive.append(naive_ape)
+        inside = _inside(prediction.lower, prediction.upper, truth)
+        all_inside.append(inside)
         used[prediction.model] = used.get(prediction.model, 0) + 1
         day_results.append(DayResult(
             day_s=series.start_s + start * HOUR_S,
             mape_percent=float(ape.mean()) if len(ape) else float("nan"),
             naive_mape_percent=float(naive_ape.mean()) if len(naive_ape) else float("nan"),
             fit_s=fit_s, points=len(ape), model=prediction.model,
+            interval_coverage_fraction=float(inside.mean()) if len(inside) else float("nan"),
         ))
     ape_all = np.concatenate(all_ape)
     naive_all = np.concatenate(all_naive)
@@ -154,4 +171,5 @@ def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: 
         series=series.name, mape=float(ape_all.mean()), naive_mape=float(naive_all.mean()), points=len(ape_all),
         fit_seconds_median=float(statistics.median(d.fit_s for d in day_results)), model=model_label,
         days=day_results, history_hours=history_hours, horizon_hours=horizon_hours, models_used=used,
+        interval_coverage_fraction=float(np.concatenate(all_inside).mean()),
     )

@@ -43,6 +43,7 @@ def _run_one(entry: CatalogEntry, data_dir: str, model: str, days: int | None) -
         "history_hours": hist, "fit_seconds_median": result.fit_seconds_median,
         "fit_seconds_max": max(d.fit_s for d in result.days), "model": result.model,
         "models_used": result.models_used, "wall_s": time.perf_counter() - t0,
+        "interval_coverage_fraction": result.interval_coverage_fraction,
     }
 
 
@@ -59,6 +60,9 @@ def _summary(rows: list[dict[str, object]], kind: str) -> dict[str, object]:
         "series_at_or_below_0_95": sum(1 for x in ratios if x <= 0.95),
         "fit_seconds_median": statistics.median(float(r["fit_seconds_median"]) for r in sel),  # type: ignore[arg-type]
         "fit_seconds_max": max(float(r["fit_seconds_max"]) for r in sel),  # type: ignore[arg-type]
+        # share of scored points inside the 90 % interval, mean over series and the lowest series
+        "interval_coverage_mean": statistics.fmean(float(r["interval_coverage_fraction"]) for r in sel),  # type: ignore[arg-type]
+        "interval_coverage_min": min(float(r["interval_coverage_fraction"]) for r in sel),  # type: ignore[arg-type]
     }
 
 
@@ -163,6 +167,7 @@ def main(argv: list[str], prog: str = "greenserve bench forecaster") -> int:
             rows.append(row)
             print(f"{row['series']:42s} mape {row['mape']:7.2f}  naive {row['naive_mape']:7.2f}  "
                   f"ratio {row['ratio_to_naive']:.3f}  fit {row['fit_seconds_median']:.2f}s  "
+                  f"in 90% interval {row['interval_coverage_fraction']:.2f}  "
                   f"[{len(rows)}/{len(entries)}]", file=sys.stderr, flush=True)
     rows.sort(key=lambda r: str(r["series"]))
     rpc: dict[str, object] = {}

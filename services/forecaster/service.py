@@ -32,6 +32,7 @@ from greenserve.forecaster import fitting, ingest
 from greenserve.forecaster.backtest import check_windows
 from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, MODELS, Model, Prediction
+from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION
 from greenserve.forecaster.forecast_models.simple import SeasonalNaive
 from greenserve.forecaster.models import FittedModel, Series
 from greenserve.forecaster.stream_load import LoadAccumulator
@@ -41,7 +42,6 @@ log = logging.getLogger("greenserve.forecaster")
 
 MAX_HORIZON_STEPS = 168
 DEFAULT_HORIZON_STEPS = 24
-DEFAULT_COVERAGE = 0.9
 #: Points a series needs before it is fitted (two days of hourly data: one to learn, one to check).
 MIN_FIT_POINTS = 48
 
@@ -346,7 +346,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             steps = (step_now - state.history_end_s) // state.resolution_s
             if steps > MAX_HORIZON_STEPS:
                 raise FailedPrecondition(f"latest point of {region} is {steps} steps old; nothing current to give")
-            pred = self._prediction(state, int(steps), DEFAULT_COVERAGE)
+            pred = self._prediction(state, int(steps), DEFAULT_COVERAGE_FRACTION)
             value, at, forecast = float(pred.mean[-1]), step_now, True
         return forecaster_pb2.GetCurrentCarbonIntensityResponse(carbon_intensity=common_pb2.CarbonIntensity(
             region=region, carbon_signal=signal, ci_g_per_kwh=value, time=ts_proto(at), forecast=forecast))
@@ -370,7 +370,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         steps = request.horizon_steps or DEFAULT_HORIZON_STEPS
         if not 1 <= steps <= MAX_HORIZON_STEPS:
             raise InvalidArgument("horizon_steps", f"must be in 1..{MAX_HORIZON_STEPS}")
-        coverage = request.interval_coverage_fraction or DEFAULT_COVERAGE
+        coverage = request.interval_coverage_fraction or DEFAULT_COVERAGE_FRACTION
         if not 0.0 < coverage < 1.0:
             raise InvalidArgument("interval_coverage_fraction", "must be in (0, 1)")
         state = self._state_for(key)
@@ -436,8 +436,10 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         return forecaster_pb2.BacktestResponse(
             mape_percent=result.mape, naive_mape_percent=result.naive_mape, points=result.points,
             median_fit_s=result.fit_seconds_median, model=result.model,
+            interval_coverage_fraction=result.interval_coverage_fraction,
             days=[forecaster_pb2.BacktestDay(day=ts_proto(d.day_s), mape_percent=d.mape_percent,
-                                             naive_mape_percent=d.naive_mape_percent, fit_s=d.fit_s)
+                                             naive_mape_percent=d.naive_mape_percent, fit_s=d.fit_s,
+                                             interval_coverage_fraction=d.interval_coverage_fraction)
                   for d in result.days])
 
 

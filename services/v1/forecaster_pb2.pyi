@@ -163,29 +163,33 @@ class InlineSeries(_message.Message):
     def __init__(self, points: _Optional[_Iterable[_Union[_common_pb2.TimeSeriesPoint, _Mapping]]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class BacktestDay(_message.Message):
-    __slots__ = ("day", "mape_percent", "naive_mape_percent", "fit_s")
+    __slots__ = ("day", "mape_percent", "naive_mape_percent", "fit_s", "interval_coverage_fraction")
     DAY_FIELD_NUMBER: _ClassVar[int]
     MAPE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     NAIVE_MAPE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     FIT_S_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_COVERAGE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     day: _timestamp_pb2.Timestamp
     mape_percent: float
     naive_mape_percent: float
     fit_s: float
-    def __init__(self, day: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., fit_s: _Optional[float] = ...) -> None: ...
+    interval_coverage_fraction: float
+    def __init__(self, day: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., fit_s: _Optional[float] = ..., interval_coverage_fraction: _Optional[float] = ...) -> None: ...
 
 class BacktestResponse(_message.Message):
-    __slots__ = ("mape_percent", "naive_mape_percent", "points", "median_fit_s", "model", "days")
+    __slots__ = ("mape_percent", "naive_mape_percent", "points", "median_fit_s", "model", "days", "interval_coverage_fraction")
     MAPE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     NAIVE_MAPE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_FIT_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DAYS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_COVERAGE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     mape_percent: float
     naive_mape_percent: float
     points: int
     median_fit_s: float
     model: str
     days: _containers.RepeatedCompositeFieldContainer[BacktestDay]
-    def __init__(self, mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., points: _Optional[int] = ..., median_fit_s: _Optional[float] = ..., model: _Optional[str] = ..., days: _Optional[_Iterable[_Union[BacktestDay, _Mapping]]] = ...) -> None: ...
+    interval_coverage_fraction: float
+    def __init__(self, mape_percent: _Optional[float] = ..., naive_mape_percent: _Optional[float] = ..., points: _Optional[int] = ..., median_fit_s: _Optional[float] = ..., model: _Optional[str] = ..., days: _Optional[_Iterable[_Union[BacktestDay, _Mapping]]] = ..., interval_coverage_fraction: _Optional[float] = ...) -> None: ...

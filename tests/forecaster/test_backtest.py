@@ -42,6 +42,19 @@ def test_the_model_never_sees_the_day_it_forecasts() -> None:
     result = run_backtest(series(values), history_hours=72, horizon_hours=24, days=1, model="daily_profile")
     assert result.mape == pytest.approx(90.0, rel=1e-6)  # |y/10 - y| / y
     assert result.naive_mape == pytest.approx(90.0, rel=1e-6)
+    assert result.interval_coverage_fraction == 0.0  # 10x is outside any interval the history gives
+
+
+def test_interval_coverage_counts_scored_truths_inside_the_interval() -> None:
+    values = daily_series(8)
+    values[-24:-12] *= 3.0  # the first half of the last day far above anything in the history
+    values[-3:] = np.nan  # not scored, so not counted either
+    result = run_backtest(series(values), history_hours=72, horizon_hours=24, days=2, model="seasonal_naive")
+    assert result.interval_nominal_fraction == 0.9
+    first, last = result.days
+    assert first.interval_coverage_fraction == 1.0  # the clean cycle repeats: every truth on the forecast
+    assert last.points == 21 and last.interval_coverage_fraction == pytest.approx(9 / 21)  # 12 tripled outside
+    assert result.interval_coverage_fraction == pytest.approx((24 + 9) / 45)
 
 
 def test_history_window_is_exactly_history_hours() -> None:

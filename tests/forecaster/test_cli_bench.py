@@ -16,6 +16,7 @@ def test_cli_backtest_prints_one_json_object(data_dir, capsys) -> None:
     assert code == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"mape", "naive_mape", "points", "fit_seconds_median", "model"} <= set(out)
+    assert 0.0 <= out["interval_coverage_fraction"] <= 1.0 and out["interval_nominal_fraction"] == 0.9
     assert out["points"] == 48 and out["model"].startswith("sarima_fourier") and out["mape"] > 0
 
 
@@ -34,3 +35,5 @@ def test_bench_smoke(capsys) -> None:
     row = out["series"][0]
     assert {"mape", "naive_mape", "ratio_to_naive", "fit_seconds_median", "model", "points"} <= set(row)
     assert row["points"] == 24 and row["history_hours"] == 72
+    assert out["load"]["interval_coverage_mean"] == out["load"]["interval_coverage_min"] == \
+        row["interval_coverage_fraction"]

@@ -192,6 +192,8 @@ async def test_backtest_rpc_on_inline_points(start_inprocess) -> None:
             inline=forecaster_pb2.InlineSeries(points=points(values), name="clean"), history_hours=72,
             horizon_hours=24, days=2, model="seasonal_naive"))
         assert reply.points == 48 and reply.mape_percent == pytest.approx(0.0, abs=1e-9)
+        assert reply.interval_coverage_fraction == 1.0  # a clean cycle: every truth on the forecast
+        assert [d.interval_coverage_fraction for d in reply.days] == [1.0, 1.0]
         assert [d.day.seconds for d in reply.days] == [DAY0_S + 4 * 86400, DAY0_S + 5 * 86400]
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Backtest(forecaster_pb2.BacktestRequest(

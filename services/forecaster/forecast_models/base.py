@@ -81,6 +81,10 @@ def z_of(coverage_fraction: float) -> float:
     return float(norm.ppf(0.5 + coverage_fraction / 2.0))
 
 
+#: Coverage of the prediction interval when the caller asks for none (GetForecast, the backtest).
+DEFAULT_COVERAGE_FRACTION = 0.9
+
+
 class Model(abc.ABC):
     """A forecasting model. ``fit`` then any number of ``predict``/``update`` calls; picklable."""
 
@@ -146,7 +150,7 @@ class Model(abc.ABC):
         self._append_z(new_z)
         self._update(new_z)
 
-    def predict(self, steps: int, coverage_fraction: float = 0.9) -> Prediction:
+    def predict(self, steps: int, coverage_fraction: float = DEFAULT_COVERAGE_FRACTION) -> Prediction:
         assert self.transform is not None
         mean_z, sd_z = self._predict_z(steps)
         q = z_of(coverage_fraction)

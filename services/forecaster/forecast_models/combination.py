@@ -40,7 +40,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, LogTransform, Model, Prediction, weekday_of
+from greenserve.forecaster.forecast_models.base import (
+    DEFAULT_COVERAGE_FRACTION,
+    HOURLY_PERIOD,
+    LogTransform,
+    Model,
+    Prediction,
+    weekday_of,
+)
 
 MemberFactory = Callable[[], Model]
 
@@ -308,7 +315,7 @@ class Combination(Model):
     def _refiltered(self, z_history: np.ndarray) -> Model:
         raise NotImplementedError
 
-    def predict(self, steps: int, coverage_fraction: float = 0.9) -> Prediction:
+    def predict(self, steps: int, coverage_fraction: float = DEFAULT_COVERAGE_FRACTION) -> Prediction:
         preds = [self.members[i].predict(steps, coverage_fraction) for i in self.chosen]
         mean = self._combine(np.array([p.mean for p in preds]))
         assert self.transform is not None

@@ -115,6 +115,8 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
         "ratio_to_naive": result.ratio, "points": result.points, "days": len(result.days),
         "fit_seconds_median": result.fit_seconds_median, "model": result.model,
         "models_used": result.models_used, "history_hours": ns.history_hours, "horizon_hours": ns.horizon_hours,
+        "interval_coverage_fraction": result.interval_coverage_fraction,
+        "interval_nominal_fraction": result.interval_nominal_fraction,
     }
     if not ns.json:
         from datetime import datetime, timezone
@@ -122,7 +124,7 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
         for d in result.days:
             day = datetime.fromtimestamp(d.day_s, tz=timezone.utc).date().isoformat()
             print(f"{day}  mape {d.mape_percent:6.2f}%  naive {d.naive_mape_percent:6.2f}%  fit {d.fit_s:5.2f}s  "
-                  f"{d.model}")
+                  f"in 90% interval {d.interval_coverage_fraction:4.0%}  {d.model}")
     print(json.dumps(out))
     return 0
 
