@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from greenserve.forecaster.forecast_models import make_model
-from greenserve.forecaster.forecast_models.combination import Combination, weighted_trimmed_mean
+from greenserve.forecaster.forecast_models.combination import Combination, conformal_bounds, weighted_trimmed_mean
 from greenserve.forecaster.forecast_models.simple import DailyProfile, DriftNaive, RecentLevel, SeasonalNaive
 
 from .conftest import DAY0_S, daily_series
@@ -125,3 +125,19 @@ def test_auto_follows_a_level_step_that_persists() -> None:
     ape = np.mean(np.abs(model.predict(24).mean - truth) / truth)
     naive_ape = np.mean(np.abs(make_model("seasonal_naive").fit(history).predict(24).mean - truth) / truth)
     assert ape < 0.8 * naive_ape
+
+
+def test_conformal_bounds_use_order_statistics_that_cover_on_small_samples() -> None:
+    errors = np.arange(1.0, 25.0)  # 24 errors: one validation day
+    assert conformal_bounds(errors, 0.9) == (1.0, 24.0)  # ranks floor(25 x 0.05) = 1 and min(24, ceil(25 x 0.95))
+    assert np.quantile(errors, 0.95) < 24.0  # what interpolation gave: inside the sample's tail
+    many = np.arange(1.0, 289.0)  # 12 days
+    assert conformal_bounds(many, 0.9) == (14.0, 275.0)
+    assert conformal_bounds(many, 0.5) == (72.0, 217.0)
+    # the combination's interval on one validation day spans the extreme validation errors
+    model = make_model("auto").fit(daily_series(3, noise=5.0, seed=2), start_s=DAY0_S)
+    pred = model.predict(24, 0.9)
+    z = np.log(pred.mean)
+    assert model.log_error_quantiles is not None
+    assert np.all(np.log(pred.upper) >= z + model.log_error_quantiles[-1] - 1e-9)
+    assert np.all(np.log(pred.lower) <= z + model.log_error_quantiles[0] + 1e-9)
