@@ -22,6 +22,7 @@ import numpy as np
 from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, make_model
 from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION, fill_gaps
+from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
 DAY_S = 86_400
 MAX_HISTORY_HOURS = 720
@@ -129,8 +130,9 @@ def _ape(forecast: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: int = 24, days: int = 7,
-                 model: str = DEFAULT_MODEL) -> BacktestResult:
-    """Backtest ``model`` on ``series`` with the issue's windows."""
+                 model: str = DEFAULT_MODEL, holidays: Holidays | None = None) -> BacktestResult:
+    """Backtest ``model`` on ``series`` with the issue's windows (``holidays``: the region's public holidays, off
+    days for the calendar-aware members; known in advance, so no peeking)."""
     check_windows(history_hours, horizon_hours, days)
     make_model(model)  # unknown name -> KeyError before any work
     starts = backtest_days(series, history_hours, horizon_hours, days)
@@ -145,7 +147,7 @@ def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: 
         truth = values[start:start + horizon_hours]
         t0 = time.perf_counter()
         history_start_s = series.start_s + (start - history_hours) * HOUR_S  # the calendar, not the values
-        fitted = make_model(model).fit(history, start_s=history_start_s)
+        fitted = make_model(model).fit(history, start_s=history_start_s, holidays=holidays)
         prediction = fitted.predict(horizon_hours, DEFAULT_COVERAGE_FRACTION)
         fit_s = time.perf_counter() - t0
         ape = _ape(prediction.mean, truth)

@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from greenserve.forecaster.backtest import limit_native_threads, run_backtest
+from greenserve.forecaster.forecast_models.holiday_calendar import holidays_for_region
 from greenserve.forecaster.csv_sources import CatalogEntry, catalog, load_entry, shared_data_dir
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, MODELS
 
@@ -36,7 +37,8 @@ def _run_one(entry: CatalogEntry, data_dir: str, model: str, days: int | None) -
         hist, n_days = CI_HISTORY_HOURS, days or CI_DAYS
     else:
         hist, n_days = LOAD_HISTORY_HOURS, days or LOAD_DAYS
-    result = run_backtest(series, history_hours=hist, horizon_hours=24, days=n_days, model=model)
+    holidays = holidays_for_region(series.region) if entry.kind == "ci" else None  # load: region unknown
+    result = run_backtest(series, history_hours=hist, horizon_hours=24, days=n_days, model=model, holidays=holidays)
     return {
         "series": entry.name, "kind": entry.kind, "mape": result.mape, "naive_mape": result.naive_mape,
         "ratio_to_naive": result.ratio, "points": result.points, "days": len(result.days),
@@ -44,6 +46,7 @@ def _run_one(entry: CatalogEntry, data_dir: str, model: str, days: int | None) -
         "fit_seconds_max": max(d.fit_s for d in result.days), "model": result.model,
         "models_used": result.models_used, "wall_s": time.perf_counter() - t0,
         "interval_coverage_fraction": result.interval_coverage_fraction,
+        "holidays": holidays.name if holidays else None,
     }
 
 

@@ -20,9 +20,10 @@ import numpy as np
 from greenserve.forecaster.backtest import BacktestResult, limit_native_threads, run_backtest
 from greenserve.forecaster.csv_sources import GridSeries
 from greenserve.forecaster.forecast_models import Model, make_model
+from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
 #: Layout of pickled models: bump when a model class changes its attributes.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 
 @dataclass
@@ -34,11 +35,12 @@ class FitOutcome:
     fit_s: float
 
 
-def fit_blob(model: str, values: np.ndarray, period: int, start_s: int | None = None) -> FitOutcome:
-    """Fit ``model`` on ``values`` (NaN = missing; ``values[0]`` at Unix time ``start_s``) and pickle it. Runs in a
-    worker process."""
+def fit_blob(model: str, values: np.ndarray, period: int, start_s: int | None = None,
+             holidays: Holidays | None = None) -> FitOutcome:
+    """Fit ``model`` on ``values`` (NaN = missing; ``values[0]`` at Unix time ``start_s``; ``holidays``: the
+    region's public holidays) and pickle it. Runs in a worker process."""
     t0 = time.perf_counter()
-    fitted = make_model(model, period).fit(values, start_s=start_s)
+    fitted = make_model(model, period).fit(values, start_s=start_s, holidays=holidays)
     fitted.predict(period)  # a fit that cannot forecast fails here, in the worker
     return FitOutcome(pickle.dumps(fitted, protocol=pickle.HIGHEST_PROTOCOL), fitted.name, time.perf_counter() - t0)
 
@@ -51,8 +53,10 @@ def _worker_init() -> None:
     limit_native_threads(1)
 
 
-def _backtest(series: GridSeries, history_hours: int, horizon_hours: int, days: int, model: str) -> BacktestResult:
-    return run_backtest(series, history_hours=history_hours, horizon_hours=horizon_hours, days=days, model=model)
+def _backtest(series: GridSeries, history_hours: int, horizon_hours: int, days: int, model: str,
+              holidays: Holidays | None) -> BacktestResult:
+    return run_backtest(series, history_hours=history_hours, horizon_hours=horizon_hours, days=days, model=model,
+                        holidays=holidays)
 
 
 class FitPool:
@@ -62,15 +66,16 @@ class FitPool:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process running gRPC threads
         self._executor = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init)
 
-    async def fit(self, model: str, values: np.ndarray, period: int, start_s: int | None = None) -> FitOutcome:
+    async def fit(self, model: str, values: np.ndarray, period: int, start_s: int | None = None,
+                  holidays: Holidays | None = None) -> FitOutcome:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fit_blob, model, values, period, start_s)
+        return await loop.run_in_executor(self._executor, fit_blob, model, values, period, start_s, holidays)
 
     async def backtest(self, series: GridSeries, history_hours: int, horizon_hours: int, days: int,
-                       model: str) -> BacktestResult:
+                       model: str, holidays: Holidays | None = None) -> BacktestResult:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, _backtest, series, history_hours, horizon_hours, days,
-                                          model)
+                                          model, holidays)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

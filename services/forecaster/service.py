@@ -33,6 +33,7 @@ from greenserve.forecaster.backtest import check_windows
 from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, MODELS, Model, Prediction
 from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION
+from greenserve.forecaster.forecast_models.holiday_calendar import Holidays, holidays_for_region
 from greenserve.forecaster.forecast_models.simple import SeasonalNaive
 from greenserve.forecaster.models import FittedModel, Series
 from greenserve.forecaster.stream_load import LoadAccumulator
@@ -59,6 +60,9 @@ class ForecasterSettings(ServiceSettings, DependencyAddresses):
     electricitymaps_token: str | None = Field(None, description="auth-token header value for that API")
     electricitymaps_zones: list[str] = Field(default_factory=list, description="zones to poll, e.g. DE,FR")
     electricitymaps_poll_s: float = Field(900.0, ge=1.0, description="poll interval of the CI API")
+    load_holidays: str | None = Field(
+        None, description="public holidays of the load series' users, e.g. US or DE (off days like weekends for "
+        "the calendar members); CI series take them from their region (US-CAL-CISO: US-CA)")
 
 
 def ts_proto(seconds: int) -> Timestamp:
@@ -97,6 +101,12 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         self.load = LoadAccumulator()
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        self.load_holidays = Holidays.parse(self.settings.load_holidays) if self.settings.load_holidays else None
+
+    def holidays_of(self, key: ingest.SeriesKey) -> Holidays | None:
+        """Public holidays of a series: its region's for CI, the configured ones for load (pool names say
+        nothing of where the users are)."""
+        return holidays_for_region(key.key) if key.kind == "ci" else self.load_holidays
 
     # ---------------------------------------------------------------- state and persistence
     def restore(self) -> None:
@@ -166,7 +176,8 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             if np.isfinite(grid).sum() < MIN_FIT_POINTS:
                 return
             period = max(1, 86_400 // res)
-            outcome = await self.pool.fit(self.settings.forecast_model, grid, period, first)
+            outcome = await self.pool.fit(self.settings.forecast_model, grid, period, first,
+                                          self.holidays_of(state.key))
             model = fitting.load_blob(outcome.blob)
             history_end = first + (len(grid) - 1) * res
             async with self._lock:  # no ingest between the swap and the replay of points that came meanwhile
@@ -425,12 +436,14 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
                 raise FailedPrecondition("backtests run on hourly series")
             first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, HOUR_S)
             series = GridSeries(f"{state.key.kind}/{state.key.key}/{state.key.signal}", first, HOUR_S, grid)
+            holidays = self.holidays_of(state.key)
         elif which == "inline":
             series = _inline_series(request.inline)
+            holidays = None
         else:
             raise InvalidArgument("data", "give a stored series or inline points")
         try:
-            result = await self.pool.backtest(series, history, horizon, days, model)
+            result = await self.pool.backtest(series, history, horizon, days, model, holidays)
         except ValueError as exc:
             raise FailedPrecondition(str(exc)) from None
         return forecaster_pb2.BacktestResponse(
@@ -465,6 +478,8 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     settings: ForecasterSettings = ctx.settings  # type: ignore[assignment]
     if settings.forecast_model not in MODELS:
         raise ValueError(f"--forecast-model must be one of {', '.join(MODELS)}, got {settings.forecast_model!r}")
+    if settings.load_holidays:
+        Holidays.parse(settings.load_holidays)  # ValueError naming the unknown country before anything starts
     pool = fitting.FitPool(settings.fit_workers)
     servicer = ForecasterServicer(ctx, pool)
     await asyncio.to_thread(servicer.restore)

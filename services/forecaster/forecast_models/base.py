@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.stats import norm
+
+if TYPE_CHECKING:
+    from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
 #: Daily seasonality of hourly data (GreenCache section 5.3: SARIMA with m=24).
 HOURLY_PERIOD = 24
@@ -99,11 +103,16 @@ class Model(abc.ABC):
     #: Calendar-aware members read weekdays from it; the others ignore it.
     start_s: int | None = None
 
+    #: Public holidays of the series' region (``fit(y, start_s=..., holidays=...)``): calendar-aware members
+    #: treat them as off days like Saturdays and Sundays. None: weekends only.
+    holidays: Holidays | None = None
+
     def __init__(self, period: int = HOURLY_PERIOD) -> None:
         self.period = period
         self.z: np.ndarray = np.empty(0)
         self.transform: LogTransform | None = None
         self.start_s = None
+        self.holidays = None
 
     @property
     def step_s(self) -> int:
@@ -116,6 +125,12 @@ class Model(abc.ABC):
         if self.start_s is None:
             return None
         return self.start_s + self.step_s * np.arange(first, first + count, dtype=np.int64)
+
+    def off_day(self, times_s: np.ndarray) -> np.ndarray:
+        """Per Unix time: a Saturday, Sunday or (with a holiday calendar) public holiday?"""
+        from greenserve.forecaster.forecast_models.holiday_calendar import off_days
+
+        return off_days(times_s, self.holidays)
 
     def _append_z(self, new_z: np.ndarray) -> None:
         """Append to the kept history, dropping the oldest steps past :data:`MAX_KEPT_STEPS` (and moving
@@ -131,11 +146,13 @@ class Model(abc.ABC):
         """Full description of the fitted model (orders, members), reported with every forecast."""
         return self.family
 
-    def fit(self, y: np.ndarray, start_s: int | None = None) -> Model:
+    def fit(self, y: np.ndarray, start_s: int | None = None, holidays: Holidays | None = None) -> Model:
         """Estimate on ``y`` (NaN = missing). ``start_s``: Unix time of ``y[0]`` (the calendar of the history;
-        the weekday of the days to forecast follows from it, which is known in advance, not peeked)."""
+        the weekday of the days to forecast follows from it, which is known in advance, not peeked).
+        ``holidays``: the region's public holidays, off days for the calendar-aware members."""
         y = np.asarray(y, dtype=np.float64)
         self.start_s = None if start_s is None else int(start_s)
+        self.holidays = holidays
         self.transform = LogTransform(y)
         self.z = self.transform.forward(y)
         self._fit()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,8 +47,10 @@ from greenserve.forecaster.forecast_models.base import (
     LogTransform,
     Model,
     Prediction,
-    weekday_of,
 )
+
+if TYPE_CHECKING:
+    from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
 MemberFactory = Callable[[], Model]
 
@@ -150,14 +153,14 @@ class Combination(Model):
         if self.weekend_offset is None or times is None:
             return np.zeros(count)
         hour = (times % 86_400) // self.step_s
-        return np.where(weekday_of(times) >= 5, self.weekend_offset[hour], 0.0)
+        return np.where(self.off_day(times), self.weekend_offset[hour], 0.0)
 
     def _estimate_weekend_offset(self) -> None:
         self.weekend_offset = None
         times = self.times_of(0, len(self.z))
         if not self.calendar_adjust or times is None or len(self.z) > self.calendar_max_days * self.period:
             return
-        weekend = weekday_of(times) >= 5
+        weekend = self.off_day(times)
         hour = (times % 86_400) // self.step_s
         ok = np.isfinite(self.z)
         t, gap = self._weekend_t(times, weekend, ok)
@@ -200,9 +203,10 @@ class Combination(Model):
         assert self.transform is not None
         return self.transform.inverse(self.transform.forward(y) - self._weekend_shift(first, len(y)))
 
-    def fit(self, y: np.ndarray, start_s: int | None = None) -> Combination:
+    def fit(self, y: np.ndarray, start_s: int | None = None, holidays: Holidays | None = None) -> Combination:
         y = np.asarray(y, dtype=np.float64)
         self.start_s = None if start_s is None else int(start_s)
+        self.holidays = holidays
         self.transform = LogTransform(y)
         self.z = self.transform.forward(y)
         self._estimate_weekend_offset()
@@ -211,7 +215,7 @@ class Combination(Model):
         for factory in self.factories:
             member = factory()
             try:
-                member.fit(y, start_s=start_s)
+                member.fit(y, start_s=start_s, holidays=holidays)
             except Exception:  # a member that cannot fit this history (too short, singular) is left out
                 continue
             self.members.append(member)

@@ -2,8 +2,9 @@
 coding traffic drops on Saturday and Sunday; grid CI follows demand, lower at weekends).
 
 Both members need the history's calendar (``fit(y, start_s=...)``); without it they are the seasonal naive.
-A step's day type is that of its UTC date (Saturday and Sunday = weekend). The target day's weekday is known
-before the day starts, so using it peeks at nothing.
+A step's day type is that of its UTC date: an off day (Saturday, Sunday and, when fitted with
+``holidays=``, the region's public holidays: Christmas on a Tuesday is a Sunday for the grid) or a working day.
+The target day's type is known before the day starts, so using it peeks at nothing.
 
 * :class:`DayTypeNaive`: each forecast step takes the value of the most recent history step at the same hour
   whose day has the same type (Monday after a weekend takes Friday); when the history holds no day of that type
@@ -18,12 +19,8 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from greenserve.forecaster.forecast_models.base import Model, fill_gaps, weekday_of
+from greenserve.forecaster.forecast_models.base import Model, fill_gaps
 from greenserve.forecaster.forecast_models.simple import SeasonalNaive, _residual_sd
-
-
-def _is_weekend(times_s: np.ndarray) -> np.ndarray:
-    return weekday_of(times_s) >= 5
 
 
 class DayTypeNaive(SeasonalNaive):
@@ -37,7 +34,7 @@ class DayTypeNaive(SeasonalNaive):
         times = self.times_of(0, n + steps)
         if times is None or n < p:
             return super()._predict_z(steps)
-        weekend = _is_weekend(times)
+        weekend = self.off_day(times)
         z = fill_gaps(self.z, p)
         out = np.empty(steps)
         for h in range(steps):
@@ -61,7 +58,7 @@ class DayTypeShift(SeasonalNaive):
         times = self.times_of(0, n + steps)
         if times is None or n < p:
             return base, sd
-        weekend = _is_weekend(times)
+        weekend = self.off_day(times)
         z = fill_gaps(self.z, p)
         hour = np.arange(n + steps) % p
         profiles: dict[bool, np.ndarray] = {}

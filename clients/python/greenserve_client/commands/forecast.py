@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--horizon-hours", type=int, default=24, help="hours forecast per day (1..48, default 24)")
     bt.add_argument("--days", type=int, default=7, help="last N whole UTC days backtested (default 7)")
     bt.add_argument("--model", default="auto", help="model name (default auto)")
+    bt.add_argument("--holidays", default=None,
+                    help="public holidays of the series' region, off days like weekends: a country (DE) or "
+                         "country-subdivision (US-CA); default: weekends only")
     bt.add_argument("--json", action="store_true", help="print only the JSON object")
 
     ing = sub.add_parser("ingest", help="send a CSV column to a running forecaster (hourly)")
@@ -98,15 +101,17 @@ def _read_series(ns: argparse.Namespace, kind: str = "ci"):  # noqa: ANN202 - Gr
 def cmd_backtest(ns: argparse.Namespace) -> int:
     from greenserve.forecaster.backtest import limit_native_threads, run_backtest
     from greenserve.forecaster.forecast_models import MODELS
+    from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
     limit_native_threads(1)
     if ns.model not in MODELS:
         print(f"greenserve forecast backtest: error: --model must be one of {', '.join(MODELS)}", file=sys.stderr)
         return 2
     try:
+        holidays = Holidays.parse(ns.holidays) if ns.holidays else None
         series = _read_series(ns)
         result = run_backtest(series, history_hours=ns.history_hours, horizon_hours=ns.horizon_hours,
-                              days=ns.days, model=ns.model)
+                              days=ns.days, model=ns.model, holidays=holidays)
     except (OSError, ValueError, KeyError) as exc:
         print(f"greenserve forecast backtest: error: {exc}", file=sys.stderr)
         return 2
@@ -117,6 +122,7 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
         "models_used": result.models_used, "history_hours": ns.history_hours, "horizon_hours": ns.horizon_hours,
         "interval_coverage_fraction": result.interval_coverage_fraction,
         "interval_nominal_fraction": result.interval_nominal_fraction,
+        "holidays": holidays.name if holidays else None,
     }
     if not ns.json:
         from datetime import datetime, timezone
