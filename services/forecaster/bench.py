@@ -55,6 +55,7 @@ def _summary(rows: list[dict[str, object]], kind: str) -> dict[str, object]:
     if not sel:
         return {}
     ratios = [float(r["ratio_to_naive"]) for r in sel]  # type: ignore[arg-type]
+    coverage = [float(r["interval_coverage_fraction"]) for r in sel]  # type: ignore[arg-type]
     worst = max(sel, key=lambda r: float(r["ratio_to_naive"]))  # type: ignore[arg-type]
     return {
         "series": len(sel), "ratio_max": max(ratios), "ratio_mean": statistics.fmean(ratios),
@@ -64,8 +65,7 @@ def _summary(rows: list[dict[str, object]], kind: str) -> dict[str, object]:
         "fit_seconds_median": statistics.median(float(r["fit_seconds_median"]) for r in sel),  # type: ignore[arg-type]
         "fit_seconds_max": max(float(r["fit_seconds_max"]) for r in sel),  # type: ignore[arg-type]
         # share of scored points inside the 90 % interval, mean over series and the lowest series
-        "interval_coverage_mean": statistics.fmean(float(r["interval_coverage_fraction"]) for r in sel),  # type: ignore[arg-type]
-        "interval_coverage_min": min(float(r["interval_coverage_fraction"]) for r in sel),  # type: ignore[arg-type]
+        "interval_coverage_mean": statistics.fmean(coverage), "interval_coverage_min": min(coverage),
     }
 
 

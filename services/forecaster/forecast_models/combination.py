@@ -4,13 +4,14 @@ At fit time every member is estimated on the history. Then, for each of the last
 of that same history, each member forecasts the period from the data before it (its estimated parameters,
 re-filtered on the shorter history: nothing after the origin is seen). Every subset of up to ``max_members``
 members is scored by the MAPE of its mean forecast over those days and the best subset is kept. The
-prediction interval comes from the empirical quantiles of the chosen combination's log errors on those days.
+prediction interval comes from the chosen combination's log errors on those days (split-conformal order statistics,
+:func:`conformal_bounds`).
 
 With ``weighting="inverse_mape"`` every member is kept instead, weighted by 1 / (its validation MAPE)^p
 (a weighted geometric mean: the combination runs in log space; p = ``power``, 2 by default). ``power=None`` is the
 evidence rule of ``auto``: p = 3 once the backtest has at least ``evidence_min_days`` validation days (their MAPEs
-then rank the members reliably), else 1 (one day's MAPE is mostly noise: flatter weights). With that many days, ``trim_fraction``
-> 0 also replaces the weighted mean of the members' log forecasts by a weighted trimmed mean per step
+then rank the members reliably), else 1 (one day's MAPE is mostly noise: flatter weights). With that many days,
+``trim_fraction`` > 0 also replaces the weighted mean of the members' log forecasts by a weighted trimmed mean per step
 (:func:`weighted_trimmed_mean`): a member that scored well in the history but goes wrong on the target day lies
 in a tail and is cut instead of pulling the combination. Optionally (``shift_scale`` > 0) the result is
 multiplied by exp(-shift_scale * s^2), s the robust (MAD) spread of the combination's log errors on the

@@ -169,8 +169,8 @@ class RecentLevel(SeasonalNaive):
     For load whose level moves in steps (a large client switching on or off, a regime that lasts for hours) and
     that has little daily pattern, yesterday's shape (seasonal naive) carries yesterday's steps and dips into a day
     that will not have them; the level of the last hours is the better guess. The median keeps a single odd hour
-    from setting it (a missing hour takes the value a day earlier, as in seasonal naive). Where the series has a clear daily pattern its in-history backtest is poor and the combination
-    gives it little weight."""
+    from setting it (a missing hour takes the value a day earlier, as in seasonal naive). Where the series has a
+    clear daily pattern its in-history backtest is poor and the combination gives it little weight."""
 
     family = "recent_level"
 
