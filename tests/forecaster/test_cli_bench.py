@@ -37,3 +37,10 @@ def test_bench_smoke(capsys) -> None:
     assert row["points"] == 24 and row["history_hours"] == 72
     assert out["load"]["interval_coverage_mean"] == out["load"]["interval_coverage_min"] == \
         row["interval_coverage_fraction"]
+
+
+def test_cli_backtest_unknown_holiday_country_exits_2(data_dir, capsys) -> None:
+    path = data_dir / "ci_electricitymaps_es" / "ES_2023_hourly.csv"
+    code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)", "--value-column",
+                          "Carbon Intensity gCO₂eq/kWh (LCA)", "--days", "1", "--holidays", "XX", "--json"])
+    assert code == 2 and "unknown country 'XX'" in capsys.readouterr().err
