@@ -118,14 +118,19 @@ def naive_forecast(history: np.ndarray, horizon_hours: int) -> np.ndarray:
     return np.tile(last, -(-horizon_hours // 24))[:horizon_hours]
 
 
+def _scored(truth: np.ndarray) -> np.ndarray:
+    """The truths a backtest scores: finite and non-zero (MAPE divides by them)."""
+    return np.isfinite(truth) & (truth != 0)
+
+
 def _inside(lower: np.ndarray, upper: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """Per scored truth (finite, non-zero: the points MAPE scores): inside [lower, upper]?"""
-    ok = np.isfinite(truth) & (truth != 0)
+    """Per scored truth: inside [lower, upper]?"""
+    ok = _scored(truth)
     return (truth[ok] >= lower[ok]) & (truth[ok] <= upper[ok])
 
 
 def _ape(forecast: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    ok = np.isfinite(truth) & (truth != 0)
+    ok = _scored(truth)
     return np.abs(forecast[ok] - truth[ok]) / np.abs(truth[ok]) * 100.0
 
 

@@ -101,6 +101,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         self.load = LoadAccumulator()
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        # an unknown country fails the start here (ValueError naming it), before any series is touched
         self.load_holidays = Holidays.parse(self.settings.load_holidays) if self.settings.load_holidays else None
 
     def holidays_of(self, key: ingest.SeriesKey) -> Holidays | None:
@@ -478,8 +479,6 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     settings: ForecasterSettings = ctx.settings  # type: ignore[assignment]
     if settings.forecast_model not in MODELS:
         raise ValueError(f"--forecast-model must be one of {', '.join(MODELS)}, got {settings.forecast_model!r}")
-    if settings.load_holidays:
-        Holidays.parse(settings.load_holidays)  # ValueError naming the unknown country before anything starts
     pool = fitting.FitPool(settings.fit_workers)
     servicer = ForecasterServicer(ctx, pool)
     await asyncio.to_thread(servicer.restore)
