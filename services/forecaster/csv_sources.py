@@ -231,9 +231,12 @@ def read_csv_series(
 #: First day (00:00 UTC) of each service of the Azure 2024 per-minute file (its SOURCE.md).
 AZURE_2024_START = {"code": "2024-05-10T00:00:00Z", "conv": "2024-05-12T00:00:00Z"}
 
-#: ServeGen has relative times only; t=0 is 00:00 local on day 0 (SOURCE.md). It is placed at this nominal
-#: midnight so that whole days of the trace are whole days of the series.
-SERVEGEN_EPOCH = "2025-01-06T00:00:00Z"
+#: ServeGen has relative times only: t=0 is 00:00 *local* time on day 0, presumably China Standard Time (UTC+8)
+#: for an Alibaba Cloud service (SOURCE.md); no date is published. It is placed at a nominal local midnight,
+#: 2025-01-06 00:00 UTC+8 = 2025-01-05 16:00 UTC, so that the trace sits on UTC like every other series (the
+#: backtest's days are UTC days, as the optimizer's are; WorldCup98 and Azure are stored in UTC too).
+SERVEGEN_LOCAL_DAY0 = "2025-01-06"
+SERVEGEN_UTC_OFFSET_S = 8 * 3600
 #: A ServeGen window below this fraction of the median total rate is a partly collected window (a gap).
 SERVEGEN_PARTIAL_FRACTION = 0.05
 
@@ -277,7 +280,8 @@ def read_servegen_rates(path: str | Path, model: str) -> RawSeries:
     zero = frame[f"{model}_all_clients_zero"].to_numpy() == 1
     rate = np.where(zero, np.nan, rate)
     rate = np.where(rate < SERVEGEN_PARTIAL_FRACTION * np.nanmedian(rate), np.nan, rate)
-    times = _epoch(SERVEGEN_EPOCH) + frame["t_s"].to_numpy(dtype=np.int64)
+    t0_s = _epoch(f"{SERVEGEN_LOCAL_DAY0}T00:00:00Z") - SERVEGEN_UTC_OFFSET_S  # local midnight, in UTC
+    times = t0_s + frame["t_s"].to_numpy(dtype=np.int64)
     return RawSeries(
         name=f"servegen-{model}", times_s=times, values=rate, kind="load", signal="requests_per_s",
         region=f"servegen-{model.replace('_', '-')}", source="servegen-csv", resolution_s=600,

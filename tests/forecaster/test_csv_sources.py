@@ -78,6 +78,15 @@ def test_servegen_all_zero_windows_are_missing(data_dir) -> None:
     assert np.nanmin(grid.values) > 100  # no hour read as (near) zero load
 
 
+def test_servegen_local_midnight_sits_on_utc(data_dir) -> None:
+    # t=0 is 00:00 local (UTC+8, SOURCE.md): the series starts at 16:00 UTC, and the trace's local day 1 starts
+    # 8 h before a UTC midnight, as the Chinese service's day did
+    raw = cs.read_servegen_rates(data_dir / "servegen_bailian_language" / "servegen_language_total_rate_10min.csv",
+                                 "m_large")
+    assert (int(raw.times_s[0]) + cs.SERVEGEN_UTC_OFFSET_S) % 86_400 == 0
+    assert int(raw.times_s[0]) % 86_400 == 16 * 3600
+
+
 def test_worldcup_absent_minutes_are_not_zero(data_dir) -> None:
     raw = cs.read_count_per_minute(data_dir / "worldcup98_http" / "invocation_count.csv")
     grid = cs.to_grid(raw)
