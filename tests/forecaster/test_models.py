@@ -29,6 +29,31 @@ def test_fit_predict_interval_pickle_update(name: str) -> None:
     assert np.mean(np.abs(moved - y[-12:]) / y[-12:]) < 0.1
 
 
+def test_fourier_sarima_recovers_from_an_estimate_on_the_stationarity_boundary(data_dir) -> None:
+    # A real window (CISO 2022 life-cycle, the 336 h before 2022-12-22): from statsmodels' default start L-BFGS
+    # stopped at AR roots of modulus 1 and a constant of 5e6, and the forecasts alternated between inf and 0.
+    from greenserve.forecaster.csv_sources import catalog, load_entry
+
+    entry = next(e for e in catalog(data_dir) if e.name == "em/US-CAL-CISO_2022/lifecycle")
+    values = load_entry(entry, data_dir).values
+    history = values[8520 - 336:8520]
+    model = make_model("sarima_fourier").fit(history)
+    mean = model.predict(24).mean
+    assert np.all(np.isfinite(mean))
+    assert np.nanmin(history) / 2 < mean.min() and mean.max() < np.nanmax(history) * 2
+    assert np.all(np.isfinite(model.forecast_z_from(model.z[:48], 24)))  # the combination's validation too
+
+
+def test_a_sarima_estimate_that_stays_diverged_is_refused(monkeypatch) -> None:
+    from greenserve.forecaster.forecast_models import sarima
+
+    monkeypatch.setattr(sarima._StateSpaceModel, "_diverged", lambda self, results, endog, n: True)
+    with pytest.raises(ValueError, match="diverged"):
+        make_model("sarima_fourier").fit(daily_series(5, noise=2.0, seed=3))
+    combined = make_model("auto").fit(daily_series(5, noise=2.0, seed=3))  # the combination leaves it out
+    assert "sarima" not in combined.name and np.all(np.isfinite(combined.predict(24).mean))
+
+
 def test_sarima_update_uses_new_observations() -> None:
     y = daily_series(5, noise=2.0, seed=2)
     model = make_model("sarima").fit(y[:-24])

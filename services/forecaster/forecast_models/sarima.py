@@ -61,9 +61,39 @@ class _StateSpaceModel(Model):
             warnings.simplefilter("ignore")
             model = self._build(endog, self._exog(start, len(endog)))
             self.results = model.fit(disp=False, method="lbfgs", maxiter=self.maxiter)
+            if self._diverged(self.results, endog, n):
+                # statsmodels' default start puts every ARMA coefficient at 0; from there L-BFGS can run onto the
+                # stationarity boundary (AR roots of modulus 1, a constant in the millions) and stop with a zero
+                # gradient: its forecasts explode. Once more from a mildly persistent AR(1) start.
+                self.results = model.fit(start_params=self._persistent_start(model), disp=False, method="lbfgs",
+                                         maxiter=self.maxiter)
+                if self._diverged(self.results, endog, n):
+                    raise ValueError(f"{self.name}: estimation diverged (forecasts leave the history's range)")
         self.params = np.asarray(self.results.params)
         self.n = n
         self.fit_start = start
+
+    def _diverged(self, results: Any, endog: np.ndarray, next_position: int) -> bool:
+        """A failed estimate: parameters not finite, or a one-period forecast (from ``next_position``, the step
+        after ``endog``) outside the history's (log) range widened by that range on each side (a stationary or
+        seasonally differenced model stays near it)."""
+        if not np.isfinite(results.params).all():
+            return True
+        finite = endog[np.isfinite(endog)]
+        span = max(float(finite.max() - finite.min()), 1e-3)
+        forecast = np.asarray(results.get_forecast(self.period, exog=self._exog(next_position, self.period))
+                              .predicted_mean, dtype=np.float64)
+        return not (np.isfinite(forecast).all() and forecast.min() >= finite.min() - span
+                    and forecast.max() <= finite.max() + span)
+
+    @staticmethod
+    def _persistent_start(model: Any) -> np.ndarray:
+        """statsmodels' start parameters with the ARMA part reset to AR(1) = 0.5 (other AR/MA terms 0)."""
+        start = np.asarray(model.start_params, dtype=np.float64).copy()
+        for i, name in enumerate(model.param_names):
+            if name.startswith(("ar.", "ma.")):
+                start[i] = 0.5 if name == "ar.L1" else 0.0
+        return start
 
     def forecast_z_from(self, z_history: np.ndarray, steps: int) -> np.ndarray:
         """From the fit's own filter pass when ``z_history`` is a prefix of the fitted data: a dynamic
