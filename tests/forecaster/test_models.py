@@ -54,6 +54,18 @@ def test_a_sarima_estimate_that_stays_diverged_is_refused(monkeypatch) -> None:
     assert "sarima" not in combined.name and np.all(np.isfinite(combined.predict(24).mean))
 
 
+def test_an_often_idle_series_gets_an_interval_on_its_own_scale() -> None:
+    # 90 % of hours idle (0 req/s), bursts otherwise: the median is 0, yet the log offset must stay on the data's
+    # scale and the interval must cover the zeros, not put its upper end millions of times above the bursts
+    rng = np.random.default_rng(0)
+    y = np.where(rng.random(360) < 0.9, 0.0, rng.exponential(1.0, 360))
+    model = make_model("auto").fit(y[:336], start_s=0)
+    assert model.transform.offset >= 0.1 * y[:336].mean()
+    pred = model.predict(24)
+    assert np.all(np.isfinite(pred.upper)) and pred.upper.max() < 10 * y[:336].max()
+    assert np.all(pred.lower >= 0) and np.mean((y[336:] >= pred.lower) & (y[336:] <= pred.upper)) >= 0.75
+
+
 def test_sarima_update_uses_new_observations() -> None:
     y = daily_series(5, noise=2.0, seed=2)
     model = make_model("sarima").fit(y[:-24])

@@ -36,7 +36,10 @@ class Prediction:
 
 
 class LogTransform:
-    """z = log(y + offset); the offset is 0 for strictly positive data, else 1 % of the median level."""
+    """z = log(y + offset); the offset is 0 for strictly positive data, else the larger of 1 % of the median and
+    10 % of the mean level. The mean keeps it on the data's scale when most values are 0 (a pool idle most hours:
+    the median is 0, and an offset of 1e-6 would put an idle hour 14 log units below a busy one, blowing every
+    log-space interval up to millions of times the data)."""
 
     def __init__(self, y: np.ndarray) -> None:
         finite = y[np.isfinite(y)]
@@ -45,7 +48,8 @@ class LogTransform:
         if finite.min() > 0:
             self.offset = 0.0
         else:
-            self.offset = max(1e-9, 0.01 * float(np.median(np.abs(finite))) or 1e-6)
+            level = np.abs(finite)
+            self.offset = max(1e-9, 0.01 * float(np.median(level)), 0.1 * float(level.mean())) or 1e-6
 
     def forward(self, y: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -268,7 +268,7 @@ class Combination(Model):
         self.chosen = best[1]
         self.validation_mape_percent = scores
         f = forecasts[list(self.chosen)].mean(axis=0)
-        good = ok & np.isfinite(f) & (f > 0)
+        good = np.isfinite(truth) & np.isfinite(f)  # the interval covers zeros too (MAPE cannot score them)
         if good.sum() >= 12:
             errors = self.transform.forward(truth[good]) - self.transform.forward(f[good])
             self.log_error_quantiles = np.sort(errors)
@@ -302,8 +302,11 @@ class Combination(Model):
         self.chosen = tuple(usable)
         self.weights = w / w.sum()
         combined = self._combine(forecasts[list(self.chosen)])  # before the shift (log_shift is 0 here)
-        good = ok & (truth > 0)
-        errors = np.log(truth[good]) - np.log(combined[good])
+        # errors in the model's own (log + offset) space over every finite truth: the interval must cover the
+        # zeros of an often idle series too, which MAPE cannot score (scoring only the busy hours put every
+        # error far above the combination, and the interval's upper end millions of times above the data)
+        good = np.isfinite(truth) & np.isfinite(combined)
+        errors = self.transform.forward(truth[good]) - self.transform.forward(combined[good])
         if len(errors) >= 12:
             mad_sd = 1.4826 * float(np.median(np.abs(errors - np.median(errors))))
             self.log_shift = -self.shift_scale * mad_sd**2
