@@ -10,7 +10,6 @@ JSON object with per-series results and a summary (max and mean MAPE ratio to na
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -18,6 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from greenserve.common import strict_json
 from greenserve.forecaster.backtest import limit_native_threads, run_backtest
 from greenserve.forecaster.forecast_models.holiday_calendar import holidays_for_region
 from greenserve.forecaster.csv_sources import CatalogEntry, catalog, load_entry, shared_data_dir
@@ -190,7 +190,7 @@ def main(argv: list[str], prog: str = "greenserve bench forecaster") -> int:
         "ci": _summary(rows, "ci"), "load": _summary(rows, "load"), "forecast_rpc": rpc, "series": rows,
         "errors": errors,
     }
-    print(json.dumps(out))
+    print(strict_json.dumps(out))
     return 0 if not errors else 1
 
 

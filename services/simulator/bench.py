@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from greenserve.common import strict_json
 from greenserve.simulator.perf_model import list_profiles
 from greenserve.simulator.replay import FleetConfig, replay
 from greenserve.simulator.workloads import (
@@ -27,17 +28,6 @@ from greenserve.simulator.workloads import (
 
 MOONCAKE_PATH = "data/mooncake_fast25/conversation_trace.jsonl"
 AZURE_PATH = "data/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
-
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN: turn non-finite floats into None, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -144,7 +134,7 @@ def main(argv: list[str], prog: str = "greenserve bench simulator") -> int:
         "per_trace": per_trace,
         "data_version": next(iter(per_trace.values()))["data_version"] if per_trace else "",
     }
-    print(json.dumps(_clean(out)))
+    print(strict_json.dumps(out))
     return 0
 
 

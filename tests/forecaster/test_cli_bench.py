@@ -44,3 +44,23 @@ def test_cli_backtest_unknown_holiday_country_exits_2(data_dir, capsys) -> None:
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)", "--value-column",
                           "Carbon Intensity gCO₂eq/kWh (LCA)", "--days", "1", "--holidays", "XX", "--json"])
     assert code == 2 and "unknown country 'XX'" in capsys.readouterr().err
+
+
+def test_cli_backtest_of_a_constant_series_prints_standard_json(tmp_path, capsys) -> None:
+    # naive MAPE 0: the ratio is undefined and must come out as null, not as a NaN token jq or Go would refuse
+    path = tmp_path / "flat.csv"
+    path.write_text("time,value\n" + "".join(f"2024-01-{1 + h // 24:02d} {h % 24:02d}:00:00,5\n" for h in range(24 * 5)))
+    code = forecast.main(["backtest", "--csv", str(path), "--time-column", "time", "--value-column", "value",
+                          "--history-hours", "72", "--days", "2", "--json"])
+    assert code == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    out = json.loads(line, parse_constant=lambda token: (_ for _ in ()).throw(ValueError(token)))
+    assert out["naive_mape"] == 0 and out["ratio_to_naive"] is None and out["points"] == 48
+
+
+def test_cli_backtest_sarima_on_a_constant_series_exits_2_naming_the_model(tmp_path, capsys) -> None:
+    path = tmp_path / "flat.csv"
+    path.write_text("time,value\n" + "".join(f"2024-01-{1 + h // 24:02d} {h % 24:02d}:00:00,5\n" for h in range(24 * 5)))
+    code = forecast.main(["backtest", "--csv", str(path), "--time-column", "time", "--value-column", "value",
+                          "--history-hours", "72", "--days", "1", "--model", "sarima", "--json"])
+    assert code == 2 and "sarima(1,0,0)(0,1,1)[24]: cannot be estimated" in capsys.readouterr().err

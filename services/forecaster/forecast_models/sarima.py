@@ -60,7 +60,10 @@ class _StateSpaceModel(Model):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = self._build(endog, self._exog(start, len(endog)))
-            self.results = model.fit(disp=False, method="lbfgs", maxiter=self.maxiter)
+            try:
+                self.results = model.fit(disp=False, method="lbfgs", maxiter=self.maxiter)
+            except np.linalg.LinAlgError as exc:  # a constant or too short history: no covariance to factor
+                raise ValueError(f"{self.name}: cannot be estimated on this history ({exc})") from exc
             if self._diverged(self.results, endog, n):
                 # statsmodels' default start puts every ARMA coefficient at 0; from there L-BFGS can run onto the
                 # stationarity boundary (AR roots of modulus 1, a constant in the millions) and stop with a zero

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from greenserve.common import strict_json
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -131,7 +132,7 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
             day = datetime.fromtimestamp(d.day_s, tz=timezone.utc).date().isoformat()
             print(f"{day}  mape {d.mape_percent:6.2f}%  naive {d.naive_mape_percent:6.2f}%  fit {d.fit_s:5.2f}s  "
                   f"in 90% interval {d.interval_coverage_fraction:4.0%}  {d.model}")
-    print(json.dumps(out))
+    print(strict_json.dumps(out))
     return 0
 
 
@@ -222,7 +223,7 @@ def _remote(ns: argparse.Namespace) -> int:
         print(f"greenserve forecast {ns.action}: error: {exc}", file=sys.stderr)
         return 2
     if ns.json or ns.action == "list":
-        print(json.dumps(out))
+        print(strict_json.dumps(out))
     elif ns.action == "get":
         print(f"model {out['model']}  ({out['interval_coverage_fraction']:.0%} interval)")
         for p in out["points"]:  # type: ignore[union-attr]
