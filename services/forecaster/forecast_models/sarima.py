@@ -60,21 +60,23 @@ class _StateSpaceModel(Model):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = self._build(endog, self._exog(start, len(endog)))
-            try:
-                self.results = model.fit(disp=False, method="lbfgs", maxiter=self.maxiter)
-            except np.linalg.LinAlgError as exc:  # a constant or too short history: no covariance to factor
-                raise ValueError(f"{self.name}: cannot be estimated on this history ({exc})") from exc
+            self.results = self._estimate(model)
             if self._diverged(self.results, endog, n):
                 # statsmodels' default start puts every ARMA coefficient at 0; from there L-BFGS can run onto the
                 # stationarity boundary (AR roots of modulus 1, a constant in the millions) and stop with a zero
                 # gradient: its forecasts explode. Once more from a mildly persistent AR(1) start.
-                self.results = model.fit(start_params=self._persistent_start(model), disp=False, method="lbfgs",
-                                         maxiter=self.maxiter)
+                self.results = self._estimate(model, self._persistent_start(model))
                 if self._diverged(self.results, endog, n):
                     raise ValueError(f"{self.name}: estimation diverged (forecasts leave the history's range)")
         self.params = np.asarray(self.results.params)
         self.n = n
         self.fit_start = start
+
+    def _estimate(self, model: Any, start_params: np.ndarray | None = None) -> Any:
+        try:
+            return model.fit(start_params=start_params, disp=False, method="lbfgs", maxiter=self.maxiter)
+        except np.linalg.LinAlgError as exc:  # a constant or too short history: no covariance to factor
+            raise ValueError(f"{self.name}: cannot be estimated on this history ({exc})") from exc
 
     def _diverged(self, results: Any, endog: np.ndarray, next_position: int) -> bool:
         """A failed estimate: parameters not finite, or a one-period forecast (from ``next_position``, the step
