@@ -5,7 +5,8 @@ Names:
 
 * ``auto`` (the service default): :class:`Combination` of seasonal naive, damped naive (decay fitted), drift
   naive (3-day level trend), the recent level (median of the last 3 h, flat), the two calendar members (same day
-  type, weekend shift), the 2- and 7-day profiles, a 14-day profile weighted toward recent days, ETS,
+  type, weekend shift), the 2- and 7-day profiles, a 14-day profile weighted toward recent days, analog days
+  (the days that followed the 4 past moments most like the last 12 h), ETS,
   Fourier-term SARIMA and seasonal SARIMA, each weighted by 1/MAPE^p on a backtest over the last days of history
   (p = 1, or 3 with at least 7 validation days, where the log forecasts are also combined by a 20 % weighted
   trimmed mean); on short histories with a clear weekend effect, the weekend offset is taken out first, and
@@ -13,8 +14,8 @@ Names:
 * ``best_subset``: the same idea, the best subset of up to three members (plain mean) instead of weights.
 * ``sarima``: seasonal SARIMA (1,0,0)(0,1,1)[24]; ``sarima_fourier``: ARMA(2,0,1) + 4 daily Fourier pairs;
   ``auto_arima``: pmdarima's order search with m=24 (GreenCache §5.3, slow); ``ets``; ``seasonal_naive``;
-  ``daily_profile``; ``damped_naive``; ``drift_naive``; ``recent_level``; ``day_type_naive``, ``day_type_shift``
-  (calendar-aware).
+  ``daily_profile``; ``damped_naive``; ``drift_naive``; ``recent_level``; ``analog_days``; ``day_type_naive``,
+  ``day_type_shift`` (calendar-aware).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from greenserve.forecaster.forecast_models.analog import AnalogDays
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model, Prediction
 from greenserve.forecaster.forecast_models.combination import Combination
 from greenserve.forecaster.forecast_models.day_type import DayTypeNaive, DayTypeShift
@@ -50,6 +52,7 @@ def _auto(period: int) -> Model:
             partial(DailyProfile, period, days=2),
             partial(DailyProfile, period, days=7),
             partial(DailyProfile, period, days=14, decay=0.6),
+            partial(AnalogDays, period, window_steps=12, analogs=4),
             partial(Ets, period),
             partial(SarimaFourier, period),
             partial(Sarima, period),
@@ -93,6 +96,7 @@ MODELS: dict[str, Callable[[int], Model]] = {
     "damped_naive": lambda period: DampedNaive(period),
     "drift_naive": lambda period: DriftNaive(period),
     "recent_level": lambda period: RecentLevel(period),
+    "analog_days": lambda period: AnalogDays(period),
     "day_type_naive": lambda period: DayTypeNaive(period),
     "day_type_shift": lambda period: DayTypeShift(period),
 }
