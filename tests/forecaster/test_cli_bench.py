@@ -46,10 +46,16 @@ def test_cli_backtest_unknown_holiday_country_exits_2(data_dir, capsys) -> None:
     assert code == 2 and "unknown country 'XX'" in capsys.readouterr().err
 
 
+def _flat_csv(folder):
+    """Five days of hourly points, all 5."""
+    path = folder / "flat.csv"
+    path.write_text("time,value\n" + "".join(f"2024-01-{1 + h // 24:02d} {h % 24:02d}:00:00,5\n" for h in range(24 * 5)))
+    return path
+
+
 def test_cli_backtest_of_a_constant_series_prints_standard_json(tmp_path, capsys) -> None:
     # naive MAPE 0: the ratio is undefined and must come out as null, not as a NaN token jq or Go would refuse
-    path = tmp_path / "flat.csv"
-    path.write_text("time,value\n" + "".join(f"2024-01-{1 + h // 24:02d} {h % 24:02d}:00:00,5\n" for h in range(24 * 5)))
+    path = _flat_csv(tmp_path)
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "time", "--value-column", "value",
                           "--history-hours", "72", "--days", "2", "--json"])
     assert code == 0
@@ -59,8 +65,7 @@ def test_cli_backtest_of_a_constant_series_prints_standard_json(tmp_path, capsys
 
 
 def test_cli_backtest_sarima_on_a_constant_series_exits_2_naming_the_model(tmp_path, capsys) -> None:
-    path = tmp_path / "flat.csv"
-    path.write_text("time,value\n" + "".join(f"2024-01-{1 + h // 24:02d} {h % 24:02d}:00:00,5\n" for h in range(24 * 5)))
+    path = _flat_csv(tmp_path)
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "time", "--value-column", "value",
                           "--history-hours", "72", "--days", "1", "--model", "sarima", "--json"])
     assert code == 2 and "sarima(1,0,0)(0,1,1)[24]: cannot be estimated" in capsys.readouterr().err

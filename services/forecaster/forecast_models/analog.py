@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, fill_gaps
-from greenserve.forecaster.forecast_models.simple import SeasonalNaive, _residual_sd
+from greenserve.forecaster.forecast_models.simple import SeasonalNaive, residual_sd
 
 
 class AnalogDays(SeasonalNaive):
@@ -55,4 +55,4 @@ class AnalogDays(SeasonalNaive):
         followers = np.stack([z[ends[i]:ends[i] + p] + gaps[i] for i in best])
         profile = followers.mean(axis=0)
         reps = int(np.ceil(steps / p))
-        return np.tile(profile, reps)[:steps], _residual_sd(self.z, p, steps)
+        return np.tile(profile, reps)[:steps], residual_sd(self.z, p, steps)

@@ -20,7 +20,7 @@ import copy
 
 import numpy as np
 from greenserve.forecaster.forecast_models.base import Model, fill_gaps
-from greenserve.forecaster.forecast_models.simple import SeasonalNaive, _residual_sd
+from greenserve.forecaster.forecast_models.simple import SeasonalNaive, residual_sd
 
 
 class DayTypeNaive(SeasonalNaive):
@@ -43,7 +43,7 @@ class DayTypeNaive(SeasonalNaive):
             lags = lags[lags < n]  # inside the history (steps beyond a day use the forecast's own first day)
             same = lags[weekend[lags] == weekend[t]]
             out[h] = z[same[0]] if len(same) else z[lags[0]]
-        return out, _residual_sd(self.z, p, steps)
+        return out, residual_sd(self.z, p, steps)
 
 
 class DayTypeShift(SeasonalNaive):

@@ -9,7 +9,7 @@ import numpy as np
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model, fill_gaps
 
 
-def _residual_sd(z: np.ndarray, lag: int, steps: int) -> np.ndarray:
+def residual_sd(z: np.ndarray, lag: int, steps: int) -> np.ndarray:
     """Spread of the lag-``lag`` changes in history, as the standard deviation of every forecast step."""
     diffs = z[lag:] - z[:-lag] if len(z) > lag else np.array([0.0])
     diffs = diffs[np.isfinite(diffs)]
@@ -32,7 +32,7 @@ class SeasonalNaive(Model):
         p = self.period
         last = fill_gaps(self.z[-2 * p:] if len(self.z) >= 2 * p else self.z, p)[-p:]
         reps = int(np.ceil(steps / p))
-        return np.tile(last, reps)[:steps], _residual_sd(self.z, p, steps)
+        return np.tile(last, reps)[:steps], residual_sd(self.z, p, steps)
 
     def _refiltered(self, z_history: np.ndarray) -> Model:
         clone = copy.copy(self)
@@ -68,7 +68,7 @@ class DailyProfile(Model):
         weights = self.decay ** np.arange(k - 1, -1, -1, dtype=np.float64)
         profile = (block * weights[:, None]).sum(axis=0) / weights.sum()
         reps = int(np.ceil(steps / p))
-        return np.tile(profile, reps)[:steps], _residual_sd(self.z, p, steps)
+        return np.tile(profile, reps)[:steps], residual_sd(self.z, p, steps)
 
     def _refiltered(self, z_history: np.ndarray) -> Model:
         clone = copy.copy(self)
@@ -129,7 +129,7 @@ class DampedNaive(Model):
         change = float(z[-1] - z[-1 - p]) if len(z) > p else 0.0
         h = np.arange(1, steps + 1)
         reps = int(np.ceil(steps / p))
-        return np.tile(last, reps)[:steps] + change * self.phi ** h, _residual_sd(self.z, p, steps)
+        return np.tile(last, reps)[:steps] + change * self.phi ** h, residual_sd(self.z, p, steps)
 
     def _refiltered(self, z_history: np.ndarray) -> Model:
         clone = copy.copy(self)
@@ -160,7 +160,7 @@ class DriftNaive(SeasonalNaive):
         z = fill_gaps(self.z[-(max(k, 0) + 1) * p:], p)
         drift = float(np.mean(np.diff(z[-(k + 1) * p:].reshape(k + 1, p).mean(axis=1)))) if k >= 1 else 0.0
         reps = int(np.ceil(steps / p))
-        return np.tile(z[-p:], reps)[:steps] + drift, _residual_sd(self.z, p, steps)
+        return np.tile(z[-p:], reps)[:steps] + drift, residual_sd(self.z, p, steps)
 
 
 class RecentLevel(SeasonalNaive):
@@ -187,4 +187,4 @@ class RecentLevel(SeasonalNaive):
     def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:  # fit, update, refilter: SeasonalNaive's
         p = self.period
         z = fill_gaps(self.z[-2 * p:] if len(self.z) >= 2 * p else self.z, p)
-        return np.full(steps, float(np.median(z[-self.hours:]))), _residual_sd(self.z, p, steps)
+        return np.full(steps, float(np.median(z[-self.hours:]))), residual_sd(self.z, p, steps)
