@@ -24,7 +24,7 @@ from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
 #: Layout of pickled models: bump when a model class changes its attributes (or `auto` its members: 7 adds
 #: analog days and the log offset of often-idle series, so stored fits are redone on restart).
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 
 @dataclass

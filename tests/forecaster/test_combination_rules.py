@@ -127,6 +127,29 @@ def test_auto_follows_a_level_step_that_persists() -> None:
     assert ape < 0.8 * naive_ape
 
 
+def test_day_level_member_for_load_without_a_daily_shape() -> None:
+    # load that wanders around a level with no daily pattern: yesterday's hourly shape is noise, and seasonal
+    # naive carries it into today (error variance 2 s^2); the median of the last 24 h held flat does not
+    def ape(forecast: np.ndarray, truth: np.ndarray) -> np.ndarray:
+        return np.abs(forecast - truth) / truth
+
+    naive, day_level, auto = [], [], []
+    for seed in range(12):  # one day of noise decides little: pool the errors of 12 series
+        y = 1500.0 * np.exp(np.random.default_rng(seed).normal(0, 0.25, 96))
+        history, truth = y[:72], y[72:]
+        flat = RecentLevel(hours=24).fit(history).predict(24)
+        assert flat.model == "recent_level(24h)"
+        assert np.allclose(flat.mean, np.exp(np.median(np.log(history[-24:]))))  # the median in log space
+        model = make_model("auto").fit(history, start_s=DAY0_S)
+        assert "recent_level(24h)" in [model.members[i].name for i in model.chosen]
+        naive.append(ape(SeasonalNaive().fit(history).predict(24).mean, truth))
+        day_level.append(ape(flat.mean, truth))
+        auto.append(ape(model.predict(24).mean, truth))
+    naive_mape = np.concatenate(naive).mean()
+    assert np.concatenate(day_level).mean() < 0.85 * naive_mape
+    assert np.concatenate(auto).mean() < 0.9 * naive_mape
+
+
 def test_conformal_bounds_use_order_statistics_that_cover_on_small_samples() -> None:
     errors = np.arange(1.0, 25.0)  # 24 errors: one validation day
     assert conformal_bounds(errors, 0.9) == (1.0, 24.0)  # ranks floor(25 x 0.05) = 1 and min(24, ceil(25 x 0.95))

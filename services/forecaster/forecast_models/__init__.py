@@ -4,7 +4,8 @@
 Names:
 
 * ``auto`` (the service default): :class:`Combination` of seasonal naive, damped naive (decay fitted), drift
-  naive (3-day level trend), the recent level (median of the last 3 h, flat), the two calendar members (same day
+  naive (3-day level trend), the recent level (median of the last 3 h, flat), the day level (median of the last
+  24 h, flat: the level without yesterday's hourly shape), the two calendar members (same day
   type, weekend shift), the 2- and 7-day profiles, a 14-day profile weighted toward recent days, analog days
   (the days that followed the 4 past moments most like the last 12 h), ETS,
   Fourier-term SARIMA and seasonal SARIMA, each weighted by 1/MAPE^p on a backtest over the last days of history
@@ -47,6 +48,7 @@ def _auto(period: int) -> Model:
             partial(DampedNaive, period, phi=None),
             partial(DriftNaive, period, days=3),
             partial(RecentLevel, period, hours=3),
+            partial(RecentLevel, period, hours=period),
             partial(DayTypeNaive, period),
             partial(DayTypeShift, period),
             partial(DailyProfile, period, days=2),

@@ -170,7 +170,12 @@ class RecentLevel(SeasonalNaive):
     that has little daily pattern, yesterday's shape (seasonal naive) carries yesterday's steps and dips into a day
     that will not have them; the level of the last hours is the better guess. The median keeps a single odd hour
     from setting it (a missing hour takes the value a day earlier, as in seasonal naive). Where the series has a
-    clear daily pattern its in-history backtest is poor and the combination gives it little weight."""
+    clear daily pattern its in-history backtest is poor and the combination gives it little weight.
+
+    With ``hours`` = one period (``auto``'s second instance, ``recent_level(24h)``) it is the day's level without its
+    shape (the "average method" over the last day): where the hourly shape does not repeat from day to day (load
+    that wanders between levels, ServeGen m-mid) seasonal naive carries yesterday's hour-to-hour noise into today,
+    doubling its error variance, while the flat level of the last day does not."""
 
     family = "recent_level"
 
