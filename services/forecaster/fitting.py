@@ -22,8 +22,8 @@ from greenserve.forecaster.csv_sources import GridSeries
 from greenserve.forecaster.forecast_models import Model, make_model
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
-#: Layout of pickled models: bump when a model class changes its attributes (or `auto` its members: 7 adds
-#: analog days and the log offset of often-idle series, so stored fits are redone on restart).
+#: Layout of pickled models: bump when a model class changes its attributes (or `auto` its members: 7 added
+#: analog days and the log offset of often-idle series, 8 the day-level member; stored fits are redone on restart).
 FORMAT_VERSION = 8
 
 
