@@ -12,6 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from greenserve.common.clock import set_clock
 from greenserve.common.config import ServiceSettings, load_settings
 from greenserve.common.persistence import Database
 from greenserve.common.server import Registration, ServiceServer
@@ -38,6 +39,7 @@ async def start_service(
 ) -> ServiceServer:
     """Open the database (migrating it), build the servicers and start serving; returns the server."""
     name = settings.service_name
+    set_clock(settings.make_clock())
     telemetry = telemetry or setup_telemetry(name)
     db = await asyncio.to_thread(Database.open, settings.database_url, name)
     ctx = ServiceContext(settings=settings, db=db, telemetry=telemetry)

@@ -14,6 +14,8 @@ from typing import ClassVar, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsConfigDict
 
+from greenserve.common.clock import Clock, make_clock
+
 ENV_PREFIX = "GREENSERVE_"
 
 # Default gRPC ports, one per service, in the order of DESIGN.md.
@@ -65,6 +67,16 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(10.0, ge=0, le=600, description="seconds in-flight RPCs get to finish on SIGTERM")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
     log_json: bool = Field(True, description="log one JSON object per line (false: plain text)")
+    clock_start: str | None = Field(
+        None, description="virtual clock: the instant it starts at (ISO-8601 or Unix seconds); default: wall clock"
+    )
+    clock_speed: float | None = Field(
+        None, gt=0, le=100_000, description="virtual clock: clock seconds per real second (default 1)"
+    )
+    clock_anchor_s: float | None = Field(
+        None, description="virtual clock: real Unix instant at which it reads --clock-start (default: process start); "
+        "give every process of a fleet the same one"
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -84,6 +96,10 @@ class ServiceSettings(BaseSettings):
         if self.db_url:
             return self.db_url
         return f"sqlite:///{(self.data_dir / f'{self.service_name}.db').as_posix()}"
+
+    def make_clock(self) -> Clock:
+        """The clock these settings describe (the wall clock unless a virtual one is configured)."""
+        return make_clock(self.clock_start, self.clock_speed, self.clock_anchor_s)
 
     def token(self) -> str | None:
         """The bearer token in force: the file's content (stripped) when a file is given."""

@@ -84,6 +84,12 @@ class ProfileSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROFILE_SOURCE_SIMULATED: _ClassVar[ProfileSource]
     PROFILE_SOURCE_PUBLISHED: _ClassVar[ProfileSource]
 
+class LadderStopRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LADDER_STOP_RULE_UNSPECIFIED: _ClassVar[LadderStopRule]
+    LADDER_STOP_RULE_STOP_BELOW_TARGET: _ClassVar[LadderStopRule]
+    LADDER_STOP_RULE_FULL_LADDER: _ClassVar[LadderStopRule]
+
 class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PLAN_STATE_UNSPECIFIED: _ClassVar[PlanState]
@@ -143,6 +149,9 @@ PROFILE_SOURCE_UNSPECIFIED: ProfileSource
 PROFILE_SOURCE_MEASURED: ProfileSource
 PROFILE_SOURCE_SIMULATED: ProfileSource
 PROFILE_SOURCE_PUBLISHED: ProfileSource
+LADDER_STOP_RULE_UNSPECIFIED: LadderStopRule
+LADDER_STOP_RULE_STOP_BELOW_TARGET: LadderStopRule
+LADDER_STOP_RULE_FULL_LADDER: LadderStopRule
 PLAN_STATE_UNSPECIFIED: PlanState
 PLAN_STATE_PROPOSED: PlanState
 PLAN_STATE_ACTIVE: PlanState
@@ -291,7 +300,7 @@ class MigInstance(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., engine_id: _Optional[str] = ..., kubernetes_resource: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("uuid", "index", "model", "name", "memory_bytes", "mig_enabled", "instances", "node")
+    __slots__ = ("uuid", "index", "model", "name", "memory_bytes", "mig_enabled", "instances", "node", "pool", "hardware", "reported_by")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +309,9 @@ class Gpu(_message.Message):
     MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_BY_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     model: GpuModel
@@ -308,10 +320,13 @@ class Gpu(_message.Message):
     mig_enabled: bool
     instances: _containers.RepeatedCompositeFieldContainer[MigInstance]
     node: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[_Union[GpuModel, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., instances: _Optional[_Iterable[_Union[MigInstance, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
+    pool: str
+    hardware: str
+    reported_by: str
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[_Union[GpuModel, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., instances: _Optional[_Iterable[_Union[MigInstance, _Mapping]]] = ..., node: _Optional[str] = ..., pool: _Optional[str] = ..., hardware: _Optional[str] = ..., reported_by: _Optional[str] = ...) -> None: ...
 
 class Engine(_message.Message):
-    __slots__ = ("id", "url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "state", "idle_power_w", "busy_power_w")
+    __slots__ = ("id", "url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "state", "idle_power_w", "busy_power_w", "hardware", "model_variant")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +337,8 @@ class Engine(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     IDLE_POWER_W_FIELD_NUMBER: _ClassVar[int]
     BUSY_POWER_W_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VARIANT_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     pool: str
@@ -332,21 +349,53 @@ class Engine(_message.Message):
     state: EngineState
     idle_power_w: float
     busy_power_w: float
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[EngineKind, str]] = ..., gpu_uuid: _Optional[str] = ..., mig_uuid: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., idle_power_w: _Optional[float] = ..., busy_power_w: _Optional[float] = ...) -> None: ...
+    hardware: str
+    model_variant: str
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[EngineKind, str]] = ..., gpu_uuid: _Optional[str] = ..., mig_uuid: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., idle_power_w: _Optional[float] = ..., busy_power_w: _Optional[float] = ..., hardware: _Optional[str] = ..., model_variant: _Optional[str] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("name", "model", "slo", "engines", "region")
+    __slots__ = ("name", "model", "slo", "engines", "region", "variants", "load_series_key", "max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes", "mean_prompt_tokens", "mean_output_tokens")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SLO_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SERIES_KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_CACHE_DRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CACHE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_STEP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     slo: Slo
     engines: _containers.RepeatedCompositeFieldContainer[Engine]
     region: str
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ..., region: _Optional[str] = ...) -> None: ...
+    variants: _containers.RepeatedCompositeFieldContainer[ModelVariant]
+    load_series_key: str
+    max_cache_dram_bytes: int
+    max_cache_disk_bytes: int
+    cache_step_bytes: int
+    mean_prompt_tokens: int
+    mean_output_tokens: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ..., region: _Optional[str] = ..., variants: _Optional[_Iterable[_Union[ModelVariant, _Mapping]]] = ..., load_series_key: _Optional[str] = ..., max_cache_dram_bytes: _Optional[int] = ..., max_cache_disk_bytes: _Optional[int] = ..., cache_step_bytes: _Optional[int] = ..., mean_prompt_tokens: _Optional[int] = ..., mean_output_tokens: _Optional[int] = ...) -> None: ...
+
+class ModelVariant(_message.Message):
+    __slots__ = ("name", "model", "quality_fraction", "quality_source", "simulator_model", "vllm_args")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SIMULATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    VLLM_ARGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    quality_fraction: float
+    quality_source: str
+    simulator_model: str
+    vllm_args: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., quality_fraction: _Optional[float] = ..., quality_source: _Optional[str] = ..., simulator_model: _Optional[str] = ..., vllm_args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FleetInventory(_message.Message):
     __slots__ = ("pools", "gpus", "max_cache_storage_bytes")
@@ -379,7 +428,7 @@ class ProfileConfig(_message.Message):
     def __init__(self, model: _Optional[str] = ..., model_variant: _Optional[str] = ..., hardware: _Optional[str] = ..., mig_profile: _Optional[str] = ..., cache_dram_bytes: _Optional[int] = ..., cache_disk_bytes: _Optional[int] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class ProfilePoint(_message.Message):
-    __slots__ = ("request_rate_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "slo_attainment_fraction", "throughput_requests_per_s", "cache_hit_fraction", "power_w", "energy_per_request_kwh", "mean_batch_size", "requests")
+    __slots__ = ("request_rate_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "slo_attainment_fraction", "throughput_requests_per_s", "cache_hit_fraction", "power_w", "energy_per_request_kwh", "mean_batch_size", "requests", "ttft_slo_attainment_fraction", "tpot_slo_attainment_fraction", "ttft_mean_s", "tpot_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s", "throughput_output_tokens_per_s", "energy_per_output_token_j", "carbon_per_output_token_g", "power_source", "failed_requests", "duration_s", "below_slo_target")
     REQUEST_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_P50_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_P90_S_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +443,20 @@ class ProfilePoint(_message.Message):
     ENERGY_PER_REQUEST_KWH_FIELD_NUMBER: _ClassVar[int]
     MEAN_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    TPOT_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_P50_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_P95_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_P99_S_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_OUTPUT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_PER_OUTPUT_TOKEN_J_FIELD_NUMBER: _ClassVar[int]
+    CARBON_PER_OUTPUT_TOKEN_G_FIELD_NUMBER: _ClassVar[int]
+    POWER_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    BELOW_SLO_TARGET_FIELD_NUMBER: _ClassVar[int]
     request_rate_per_s: float
     ttft_p50_s: float
     ttft_p90_s: float
@@ -408,10 +471,54 @@ class ProfilePoint(_message.Message):
     energy_per_request_kwh: float
     mean_batch_size: float
     requests: int
-    def __init__(self, request_rate_per_s: _Optional[float] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tpot_p50_s: _Optional[float] = ..., tpot_p90_s: _Optional[float] = ..., tpot_p99_s: _Optional[float] = ..., slo_attainment_fraction: _Optional[float] = ..., throughput_requests_per_s: _Optional[float] = ..., cache_hit_fraction: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_per_request_kwh: _Optional[float] = ..., mean_batch_size: _Optional[float] = ..., requests: _Optional[int] = ...) -> None: ...
+    ttft_slo_attainment_fraction: float
+    tpot_slo_attainment_fraction: float
+    ttft_mean_s: float
+    tpot_mean_s: float
+    e2e_p50_s: float
+    e2e_p95_s: float
+    e2e_p99_s: float
+    throughput_output_tokens_per_s: float
+    energy_per_output_token_j: float
+    carbon_per_output_token_g: float
+    power_source: str
+    failed_requests: int
+    duration_s: float
+    below_slo_target: bool
+    def __init__(self, request_rate_per_s: _Optional[float] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tpot_p50_s: _Optional[float] = ..., tpot_p90_s: _Optional[float] = ..., tpot_p99_s: _Optional[float] = ..., slo_attainment_fraction: _Optional[float] = ..., throughput_requests_per_s: _Optional[float] = ..., cache_hit_fraction: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_per_request_kwh: _Optional[float] = ..., mean_batch_size: _Optional[float] = ..., requests: _Optional[int] = ..., ttft_slo_attainment_fraction: _Optional[float] = ..., tpot_slo_attainment_fraction: _Optional[float] = ..., ttft_mean_s: _Optional[float] = ..., tpot_mean_s: _Optional[float] = ..., e2e_p50_s: _Optional[float] = ..., e2e_p95_s: _Optional[float] = ..., e2e_p99_s: _Optional[float] = ..., throughput_output_tokens_per_s: _Optional[float] = ..., energy_per_output_token_j: _Optional[float] = ..., carbon_per_output_token_g: _Optional[float] = ..., power_source: _Optional[str] = ..., failed_requests: _Optional[int] = ..., duration_s: _Optional[float] = ..., below_slo_target: _Optional[bool] = ...) -> None: ...
+
+class ProfileMethod(_message.Message):
+    __slots__ = ("warmup_s", "requests_per_point", "power_interval_s", "stop_rule", "cache_prefill_requests", "carbon_intensity_g_per_kwh", "arrival", "request_timeout_s")
+    WARMUP_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_POINT_FIELD_NUMBER: _ClassVar[int]
+    POWER_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_RULE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_PREFILL_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CARBON_INTENSITY_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    warmup_s: float
+    requests_per_point: int
+    power_interval_s: float
+    stop_rule: LadderStopRule
+    cache_prefill_requests: int
+    carbon_intensity_g_per_kwh: float
+    arrival: str
+    request_timeout_s: float
+    def __init__(self, warmup_s: _Optional[float] = ..., requests_per_point: _Optional[int] = ..., power_interval_s: _Optional[float] = ..., stop_rule: _Optional[_Union[LadderStopRule, str]] = ..., cache_prefill_requests: _Optional[int] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., arrival: _Optional[str] = ..., request_timeout_s: _Optional[float] = ...) -> None: ...
+
+class ProfileFact(_message.Message):
+    __slots__ = ("name", "value", "citation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CITATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    citation: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., citation: _Optional[str] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("config_key", "version", "config", "slo", "points", "source", "note", "created_at")
+    __slots__ = ("config_key", "version", "config", "slo", "points", "source", "note", "created_at", "method", "sweep_id", "ladder_note", "skipped_rates_per_s", "variant_quality_fraction", "facts", "model_version")
     CONFIG_KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +527,13 @@ class Profile(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    LADDER_NOTE_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_RATES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_QUALITY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FACTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     config_key: str
     version: int
     config: ProfileConfig
@@ -428,7 +542,14 @@ class Profile(_message.Message):
     source: ProfileSource
     note: str
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, config_key: _Optional[str] = ..., version: _Optional[int] = ..., config: _Optional[_Union[ProfileConfig, _Mapping]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., points: _Optional[_Iterable[_Union[ProfilePoint, _Mapping]]] = ..., source: _Optional[_Union[ProfileSource, str]] = ..., note: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    method: ProfileMethod
+    sweep_id: str
+    ladder_note: str
+    skipped_rates_per_s: _containers.RepeatedScalarFieldContainer[float]
+    variant_quality_fraction: float
+    facts: _containers.RepeatedCompositeFieldContainer[ProfileFact]
+    model_version: str
+    def __init__(self, config_key: _Optional[str] = ..., version: _Optional[int] = ..., config: _Optional[_Union[ProfileConfig, _Mapping]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., points: _Optional[_Iterable[_Union[ProfilePoint, _Mapping]]] = ..., source: _Optional[_Union[ProfileSource, str]] = ..., note: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., method: _Optional[_Union[ProfileMethod, _Mapping]] = ..., sweep_id: _Optional[str] = ..., ladder_note: _Optional[str] = ..., skipped_rates_per_s: _Optional[_Iterable[float]] = ..., variant_quality_fraction: _Optional[float] = ..., facts: _Optional[_Iterable[_Union[ProfileFact, _Mapping]]] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class CacheTarget(_message.Message):
     __slots__ = ("pool", "dram_bytes", "disk_bytes", "ttl_s")
@@ -443,16 +564,18 @@ class CacheTarget(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., dram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ...) -> None: ...
 
 class MigPlacement(_message.Message):
-    __slots__ = ("profile", "start", "size", "model_variant")
+    __slots__ = ("profile", "start", "size", "model_variant", "pool")
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VARIANT_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     profile: str
     start: int
     size: int
     model_variant: str
-    def __init__(self, profile: _Optional[str] = ..., start: _Optional[int] = ..., size: _Optional[int] = ..., model_variant: _Optional[str] = ...) -> None: ...
+    pool: str
+    def __init__(self, profile: _Optional[str] = ..., start: _Optional[int] = ..., size: _Optional[int] = ..., model_variant: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class MigLayout(_message.Message):
     __slots__ = ("gpu_uuid", "placements")
@@ -481,7 +604,7 @@ class ServingModeTarget(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ...) -> None: ...
 
 class PlanInterval(_message.Message):
-    __slots__ = ("start", "end", "ci_g_per_kwh", "load_requests_per_s", "cache_targets", "mig_layouts", "serving_modes", "routing_weights", "expected_carbon", "expected_slo_attainment_fraction")
+    __slots__ = ("start", "end", "ci_g_per_kwh", "load_requests_per_s", "cache_targets", "mig_layouts", "serving_modes", "routing_weights", "expected_carbon", "expected_slo_attainment_fraction", "pools")
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     CI_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
@@ -492,6 +615,7 @@ class PlanInterval(_message.Message):
     ROUTING_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_CARBON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
     start: _timestamp_pb2.Timestamp
     end: _timestamp_pb2.Timestamp
     ci_g_per_kwh: float
@@ -502,10 +626,43 @@ class PlanInterval(_message.Message):
     routing_weights: _containers.RepeatedCompositeFieldContainer[RoutingWeight]
     expected_carbon: CarbonBreakdown
     expected_slo_attainment_fraction: float
-    def __init__(self, start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., cache_targets: _Optional[_Iterable[_Union[CacheTarget, _Mapping]]] = ..., mig_layouts: _Optional[_Iterable[_Union[MigLayout, _Mapping]]] = ..., serving_modes: _Optional[_Iterable[_Union[ServingModeTarget, _Mapping]]] = ..., routing_weights: _Optional[_Iterable[_Union[RoutingWeight, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ...) -> None: ...
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInterval]
+    def __init__(self, start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., cache_targets: _Optional[_Iterable[_Union[CacheTarget, _Mapping]]] = ..., mig_layouts: _Optional[_Iterable[_Union[MigLayout, _Mapping]]] = ..., serving_modes: _Optional[_Iterable[_Union[ServingModeTarget, _Mapping]]] = ..., routing_weights: _Optional[_Iterable[_Union[RoutingWeight, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., pools: _Optional[_Iterable[_Union[PoolInterval, _Mapping]]] = ...) -> None: ...
+
+class PoolInterval(_message.Message):
+    __slots__ = ("pool", "ci_g_per_kwh", "load_requests_per_s", "load_upper_requests_per_s", "capacity_requests_per_s", "expected_carbon", "expected_slo_attainment_fraction")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    CI_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
+    LOAD_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOAD_UPPER_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CARBON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    ci_g_per_kwh: float
+    load_requests_per_s: float
+    load_upper_requests_per_s: float
+    capacity_requests_per_s: float
+    expected_carbon: CarbonBreakdown
+    expected_slo_attainment_fraction: float
+    def __init__(self, pool: _Optional[str] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., load_upper_requests_per_s: _Optional[float] = ..., capacity_requests_per_s: _Optional[float] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ...) -> None: ...
+
+class SolverOutcome(_message.Message):
+    __slots__ = ("knob", "solver", "status", "detail", "solve_s")
+    KNOB_FIELD_NUMBER: _ClassVar[int]
+    SOLVER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SOLVE_S_FIELD_NUMBER: _ClassVar[int]
+    knob: str
+    solver: str
+    status: str
+    detail: str
+    solve_s: float
+    def __init__(self, knob: _Optional[str] = ..., solver: _Optional[str] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., solve_s: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "state", "created_at", "valid_from", "valid_until", "intervals", "expected_carbon", "expected_slo_attainment_fraction", "explanation", "trigger")
+    __slots__ = ("version", "state", "created_at", "valid_from", "valid_until", "intervals", "expected_carbon", "expected_slo_attainment_fraction", "explanation", "trigger", "solver_outcomes", "input_notes", "previous_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -516,6 +673,9 @@ class Plan(_message.Message):
     EXPECTED_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    SOLVER_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_NOTES_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     state: PlanState
     created_at: _timestamp_pb2.Timestamp
@@ -526,7 +686,10 @@ class Plan(_message.Message):
     expected_slo_attainment_fraction: float
     explanation: str
     trigger: str
-    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[PlanInterval, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., explanation: _Optional[str] = ..., trigger: _Optional[str] = ...) -> None: ...
+    solver_outcomes: _containers.RepeatedCompositeFieldContainer[SolverOutcome]
+    input_notes: _containers.RepeatedScalarFieldContainer[str]
+    previous_version: int
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[PlanInterval, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., explanation: _Optional[str] = ..., trigger: _Optional[str] = ..., solver_outcomes: _Optional[_Iterable[_Union[SolverOutcome, _Mapping]]] = ..., input_notes: _Optional[_Iterable[str]] = ..., previous_version: _Optional[int] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason", "field", "message", "service")

@@ -26,45 +26,61 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from greenserve.v1 import common_pb2 as greenserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgreenserve/v1/optimizer.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"\xc1\x01\n\x12\x43omputePlanRequest\x12\x15\n\rhorizon_hours\x18\x01 \x01(\r\x12#\n\x16\x63\x61rbon_weight_fraction\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x32\n\rcarbon_params\x18\x03 \x01(\x0b\x32\x1b.greenserve.v1.CarbonParams\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\x0f\n\x07trigger\x18\x05 \x01(\tB\x19\n\x17_carbon_weight_fraction\"I\n\x13\x43omputePlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\x12\x0f\n\x07solve_s\x18\x02 \x01(\x01\"!\n\x0eGetPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"4\n\x0fGetPlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\"9\n\x10ListPlansRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"P\n\x11ListPlansResponse\x12\"\n\x05plans\x18\x01 \x03(\x0b\x32\x13.greenserve.v1.Plan\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x13\x41\x63tivatePlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"9\n\x14\x41\x63tivatePlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\"*\n\x11WatchPlansRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\"7\n\x12WatchPlansResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\"?\n\x0fSetFleetRequest\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\"@\n\x10SetFleetResponse\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\"\x11\n\x0fGetFleetRequest\"p\n\x10GetFleetResponse\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\x12.\n\nupdated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x01\n\x15\x45stimateCarbonRequest\x12\x12\n\nenergy_kwh\x18\x01 \x01(\x01\x12\x14\n\x0c\x63i_g_per_kwh\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x17\n\x0fmean_batch_size\x18\x04 \x01(\x01\x12\x1d\n\x15\x63\x61\x63he_allocated_bytes\x18\x05 \x01(\x04\x12\x32\n\rcarbon_params\x18\x06 \x01(\x0b\x32\x1b.greenserve.v1.CarbonParams\"|\n\x16\x45stimateCarbonResponse\x12.\n\x06\x63\x61rbon\x18\x01 \x01(\x0b\x32\x1e.greenserve.v1.CarbonBreakdown\x12\x32\n\rcarbon_params\x18\x02 \x01(\x0b\x32\x1b.greenserve.v1.CarbonParams2\xa9\x05\n\x10OptimizerService\x12T\n\x0b\x43omputePlan\x12!.greenserve.v1.ComputePlanRequest\x1a\".greenserve.v1.ComputePlanResponse\x12H\n\x07GetPlan\x12\x1d.greenserve.v1.GetPlanRequest\x1a\x1e.greenserve.v1.GetPlanResponse\x12N\n\tListPlans\x12\x1f.greenserve.v1.ListPlansRequest\x1a .greenserve.v1.ListPlansResponse\x12W\n\x0c\x41\x63tivatePlan\x12\".greenserve.v1.ActivatePlanRequest\x1a#.greenserve.v1.ActivatePlanResponse\x12S\n\nWatchPlans\x12 .greenserve.v1.WatchPlansRequest\x1a!.greenserve.v1.WatchPlansResponse0\x01\x12K\n\x08SetFleet\x12\x1e.greenserve.v1.SetFleetRequest\x1a\x1f.greenserve.v1.SetFleetResponse\x12K\n\x08GetFleet\x12\x1e.greenserve.v1.GetFleetRequest\x1a\x1f.greenserve.v1.GetFleetResponse\x12]\n\x0e\x45stimateCarbon\x12$.greenserve.v1.EstimateCarbonRequest\x1a%.greenserve.v1.EstimateCarbonResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgreenserve/v1/optimizer.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"\xf3\x01\n\x11\x45nforcementReport\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x14\n\x0cplan_version\x18\x03 \x01(\x04\x12\x32\n\x0einterval_start\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.greenserve.v1.EnforcementState\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12/\n\x0breported_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"L\n\x18ReportEnforcementRequest\x12\x30\n\x06report\x18\x01 \x01(\x0b\x32 .greenserve.v1.EnforcementReport\"\x1b\n\x19ReportEnforcementResponse\"\'\n\x14GetPlanStatusRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\xa5\x01\n\x15GetPlanStatusResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\x12\x31\n\x07reports\x18\x02 \x03(\x0b\x32 .greenserve.v1.EnforcementReport\x12\x1a\n\x12\x66leet_matches_plan\x18\x03 \x01(\x08\x12\x1a\n\x12pending_components\x18\x04 \x03(\t\"C\n\x11ReportGpusRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12 \n\x04gpus\x18\x02 \x03(\x0b\x32\x12.greenserve.v1.Gpu\"B\n\x12ReportGpusResponse\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\"\xdc\x01\n\x12\x43omputePlanRequest\x12\x15\n\rhorizon_hours\x18\x01 \x01(\r\x12#\n\x16\x63\x61rbon_weight_fraction\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x32\n\rcarbon_params\x18\x03 \x01(\x0b\x32\x1b.greenserve.v1.CarbonParams\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\x0f\n\x07trigger\x18\x05 \x01(\t\x12\x19\n\x11hold_for_approval\x18\x06 \x01(\x08\x42\x19\n\x17_carbon_weight_fraction\"I\n\x13\x43omputePlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\x12\x0f\n\x07solve_s\x18\x02 \x01(\x01\"!\n\x0eGetPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"4\n\x0fGetPlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\"9\n\x10ListPlansRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"P\n\x11ListPlansResponse\x12\"\n\x05plans\x18\x01 \x03(\x0b\x32\x13.greenserve.v1.Plan\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x13\x41\x63tivatePlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"9\n\x14\x41\x63tivatePlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\"*\n\x11WatchPlansRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\"7\n\x12WatchPlansResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.greenserve.v1.Plan\"?\n\x0fSetFleetRequest\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\"@\n\x10SetFleetResponse\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\"\x11\n\x0fGetFleetRequest\"p\n\x10GetFleetResponse\x12,\n\x05\x66leet\x18\x01 \x01(\x0b\x32\x1d.greenserve.v1.FleetInventory\x12.\n\nupdated_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x01\n\x15\x45stimateCarbonRequest\x12\x12\n\nenergy_kwh\x18\x01 \x01(\x01\x12\x14\n\x0c\x63i_g_per_kwh\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x17\n\x0fmean_batch_size\x18\x04 \x01(\x01\x12\x1d\n\x15\x63\x61\x63he_allocated_bytes\x18\x05 \x01(\x04\x12\x32\n\rcarbon_params\x18\x06 \x01(\x0b\x32\x1b.greenserve.v1.CarbonParams\"|\n\x16\x45stimateCarbonResponse\x12.\n\x06\x63\x61rbon\x18\x01 \x01(\x0b\x32\x1e.greenserve.v1.CarbonBreakdown\x12\x32\n\rcarbon_params\x18\x02 \x01(\x0b\x32\x1b.greenserve.v1.CarbonParams*\xd4\x01\n\x10\x45nforcementState\x12!\n\x1d\x45NFORCEMENT_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45NFORCEMENT_STATE_APPLYING\x10\x01\x12\x1d\n\x19\x45NFORCEMENT_STATE_APPLIED\x10\x02\x12\x1c\n\x18\x45NFORCEMENT_STATE_FAILED\x10\x03\x12!\n\x1d\x45NFORCEMENT_STATE_ROLLED_BACK\x10\x04\x12\x1d\n\x19\x45NFORCEMENT_STATE_REFUSED\x10\x05\x32\xc0\x07\n\x10OptimizerService\x12T\n\x0b\x43omputePlan\x12!.greenserve.v1.ComputePlanRequest\x1a\".greenserve.v1.ComputePlanResponse\x12H\n\x07GetPlan\x12\x1d.greenserve.v1.GetPlanRequest\x1a\x1e.greenserve.v1.GetPlanResponse\x12N\n\tListPlans\x12\x1f.greenserve.v1.ListPlansRequest\x1a .greenserve.v1.ListPlansResponse\x12W\n\x0c\x41\x63tivatePlan\x12\".greenserve.v1.ActivatePlanRequest\x1a#.greenserve.v1.ActivatePlanResponse\x12S\n\nWatchPlans\x12 .greenserve.v1.WatchPlansRequest\x1a!.greenserve.v1.WatchPlansResponse0\x01\x12K\n\x08SetFleet\x12\x1e.greenserve.v1.SetFleetRequest\x1a\x1f.greenserve.v1.SetFleetResponse\x12K\n\x08GetFleet\x12\x1e.greenserve.v1.GetFleetRequest\x1a\x1f.greenserve.v1.GetFleetResponse\x12]\n\x0e\x45stimateCarbon\x12$.greenserve.v1.EstimateCarbonRequest\x1a%.greenserve.v1.EstimateCarbonResponse\x12\x66\n\x11ReportEnforcement\x12\'.greenserve.v1.ReportEnforcementRequest\x1a(.greenserve.v1.ReportEnforcementResponse\x12Z\n\rGetPlanStatus\x12#.greenserve.v1.GetPlanStatusRequest\x1a$.greenserve.v1.GetPlanStatusResponse\x12Q\n\nReportGpus\x12 .greenserve.v1.ReportGpusRequest\x1a!.greenserve.v1.ReportGpusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'greenserve.v1.optimizer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMPUTEPLANREQUEST']._serialized_start=110
-  _globals['_COMPUTEPLANREQUEST']._serialized_end=303
-  _globals['_COMPUTEPLANRESPONSE']._serialized_start=305
-  _globals['_COMPUTEPLANRESPONSE']._serialized_end=378
-  _globals['_GETPLANREQUEST']._serialized_start=380
-  _globals['_GETPLANREQUEST']._serialized_end=413
-  _globals['_GETPLANRESPONSE']._serialized_start=415
-  _globals['_GETPLANRESPONSE']._serialized_end=467
-  _globals['_LISTPLANSREQUEST']._serialized_start=469
-  _globals['_LISTPLANSREQUEST']._serialized_end=526
-  _globals['_LISTPLANSRESPONSE']._serialized_start=528
-  _globals['_LISTPLANSRESPONSE']._serialized_end=608
-  _globals['_ACTIVATEPLANREQUEST']._serialized_start=610
-  _globals['_ACTIVATEPLANREQUEST']._serialized_end=648
-  _globals['_ACTIVATEPLANRESPONSE']._serialized_start=650
-  _globals['_ACTIVATEPLANRESPONSE']._serialized_end=707
-  _globals['_WATCHPLANSREQUEST']._serialized_start=709
-  _globals['_WATCHPLANSREQUEST']._serialized_end=751
-  _globals['_WATCHPLANSRESPONSE']._serialized_start=753
-  _globals['_WATCHPLANSRESPONSE']._serialized_end=808
-  _globals['_SETFLEETREQUEST']._serialized_start=810
-  _globals['_SETFLEETREQUEST']._serialized_end=873
-  _globals['_SETFLEETRESPONSE']._serialized_start=875
-  _globals['_SETFLEETRESPONSE']._serialized_end=939
-  _globals['_GETFLEETREQUEST']._serialized_start=941
-  _globals['_GETFLEETREQUEST']._serialized_end=958
-  _globals['_GETFLEETRESPONSE']._serialized_start=960
-  _globals['_GETFLEETRESPONSE']._serialized_end=1072
-  _globals['_ESTIMATECARBONREQUEST']._serialized_start=1075
-  _globals['_ESTIMATECARBONREQUEST']._serialized_end=1268
-  _globals['_ESTIMATECARBONRESPONSE']._serialized_start=1270
-  _globals['_ESTIMATECARBONRESPONSE']._serialized_end=1394
-  _globals['_OPTIMIZERSERVICE']._serialized_start=1397
-  _globals['_OPTIMIZERSERVICE']._serialized_end=2078
+  _globals['_ENFORCEMENTSTATE']._serialized_start=2123
+  _globals['_ENFORCEMENTSTATE']._serialized_end=2335
+  _globals['_ENFORCEMENTREPORT']._serialized_start=110
+  _globals['_ENFORCEMENTREPORT']._serialized_end=353
+  _globals['_REPORTENFORCEMENTREQUEST']._serialized_start=355
+  _globals['_REPORTENFORCEMENTREQUEST']._serialized_end=431
+  _globals['_REPORTENFORCEMENTRESPONSE']._serialized_start=433
+  _globals['_REPORTENFORCEMENTRESPONSE']._serialized_end=460
+  _globals['_GETPLANSTATUSREQUEST']._serialized_start=462
+  _globals['_GETPLANSTATUSREQUEST']._serialized_end=501
+  _globals['_GETPLANSTATUSRESPONSE']._serialized_start=504
+  _globals['_GETPLANSTATUSRESPONSE']._serialized_end=669
+  _globals['_REPORTGPUSREQUEST']._serialized_start=671
+  _globals['_REPORTGPUSREQUEST']._serialized_end=738
+  _globals['_REPORTGPUSRESPONSE']._serialized_start=740
+  _globals['_REPORTGPUSRESPONSE']._serialized_end=806
+  _globals['_COMPUTEPLANREQUEST']._serialized_start=809
+  _globals['_COMPUTEPLANREQUEST']._serialized_end=1029
+  _globals['_COMPUTEPLANRESPONSE']._serialized_start=1031
+  _globals['_COMPUTEPLANRESPONSE']._serialized_end=1104
+  _globals['_GETPLANREQUEST']._serialized_start=1106
+  _globals['_GETPLANREQUEST']._serialized_end=1139
+  _globals['_GETPLANRESPONSE']._serialized_start=1141
+  _globals['_GETPLANRESPONSE']._serialized_end=1193
+  _globals['_LISTPLANSREQUEST']._serialized_start=1195
+  _globals['_LISTPLANSREQUEST']._serialized_end=1252
+  _globals['_LISTPLANSRESPONSE']._serialized_start=1254
+  _globals['_LISTPLANSRESPONSE']._serialized_end=1334
+  _globals['_ACTIVATEPLANREQUEST']._serialized_start=1336
+  _globals['_ACTIVATEPLANREQUEST']._serialized_end=1374
+  _globals['_ACTIVATEPLANRESPONSE']._serialized_start=1376
+  _globals['_ACTIVATEPLANRESPONSE']._serialized_end=1433
+  _globals['_WATCHPLANSREQUEST']._serialized_start=1435
+  _globals['_WATCHPLANSREQUEST']._serialized_end=1477
+  _globals['_WATCHPLANSRESPONSE']._serialized_start=1479
+  _globals['_WATCHPLANSRESPONSE']._serialized_end=1534
+  _globals['_SETFLEETREQUEST']._serialized_start=1536
+  _globals['_SETFLEETREQUEST']._serialized_end=1599
+  _globals['_SETFLEETRESPONSE']._serialized_start=1601
+  _globals['_SETFLEETRESPONSE']._serialized_end=1665
+  _globals['_GETFLEETREQUEST']._serialized_start=1667
+  _globals['_GETFLEETREQUEST']._serialized_end=1684
+  _globals['_GETFLEETRESPONSE']._serialized_start=1686
+  _globals['_GETFLEETRESPONSE']._serialized_end=1798
+  _globals['_ESTIMATECARBONREQUEST']._serialized_start=1801
+  _globals['_ESTIMATECARBONREQUEST']._serialized_end=1994
+  _globals['_ESTIMATECARBONRESPONSE']._serialized_start=1996
+  _globals['_ESTIMATECARBONRESPONSE']._serialized_end=2120
+  _globals['_OPTIMIZERSERVICE']._serialized_start=2338
+  _globals['_OPTIMIZERSERVICE']._serialized_end=3298
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from greenserve.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -10,19 +11,96 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EnforcementState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENFORCEMENT_STATE_UNSPECIFIED: _ClassVar[EnforcementState]
+    ENFORCEMENT_STATE_APPLYING: _ClassVar[EnforcementState]
+    ENFORCEMENT_STATE_APPLIED: _ClassVar[EnforcementState]
+    ENFORCEMENT_STATE_FAILED: _ClassVar[EnforcementState]
+    ENFORCEMENT_STATE_ROLLED_BACK: _ClassVar[EnforcementState]
+    ENFORCEMENT_STATE_REFUSED: _ClassVar[EnforcementState]
+ENFORCEMENT_STATE_UNSPECIFIED: EnforcementState
+ENFORCEMENT_STATE_APPLYING: EnforcementState
+ENFORCEMENT_STATE_APPLIED: EnforcementState
+ENFORCEMENT_STATE_FAILED: EnforcementState
+ENFORCEMENT_STATE_ROLLED_BACK: EnforcementState
+ENFORCEMENT_STATE_REFUSED: EnforcementState
+
+class EnforcementReport(_message.Message):
+    __slots__ = ("component", "instance", "plan_version", "interval_start", "state", "detail", "reported_at")
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_START_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    component: str
+    instance: str
+    plan_version: int
+    interval_start: _timestamp_pb2.Timestamp
+    state: EnforcementState
+    detail: str
+    reported_at: _timestamp_pb2.Timestamp
+    def __init__(self, component: _Optional[str] = ..., instance: _Optional[str] = ..., plan_version: _Optional[int] = ..., interval_start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[EnforcementState, str]] = ..., detail: _Optional[str] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ReportEnforcementRequest(_message.Message):
+    __slots__ = ("report",)
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    report: EnforcementReport
+    def __init__(self, report: _Optional[_Union[EnforcementReport, _Mapping]] = ...) -> None: ...
+
+class ReportEnforcementResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPlanStatusRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class GetPlanStatusResponse(_message.Message):
+    __slots__ = ("plan", "reports", "fleet_matches_plan", "pending_components")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    FLEET_MATCHES_PLAN_FIELD_NUMBER: _ClassVar[int]
+    PENDING_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    plan: _common_pb2.Plan
+    reports: _containers.RepeatedCompositeFieldContainer[EnforcementReport]
+    fleet_matches_plan: bool
+    pending_components: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[EnforcementReport, _Mapping]]] = ..., fleet_matches_plan: _Optional[bool] = ..., pending_components: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportGpusRequest(_message.Message):
+    __slots__ = ("node", "gpus")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.Gpu]
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.Gpu, _Mapping]]] = ...) -> None: ...
+
+class ReportGpusResponse(_message.Message):
+    __slots__ = ("fleet",)
+    FLEET_FIELD_NUMBER: _ClassVar[int]
+    fleet: _common_pb2.FleetInventory
+    def __init__(self, fleet: _Optional[_Union[_common_pb2.FleetInventory, _Mapping]] = ...) -> None: ...
+
 class ComputePlanRequest(_message.Message):
-    __slots__ = ("horizon_hours", "carbon_weight_fraction", "carbon_params", "dry_run", "trigger")
+    __slots__ = ("horizon_hours", "carbon_weight_fraction", "carbon_params", "dry_run", "trigger", "hold_for_approval")
     HORIZON_HOURS_FIELD_NUMBER: _ClassVar[int]
     CARBON_WEIGHT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     CARBON_PARAMS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FOR_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     horizon_hours: int
     carbon_weight_fraction: float
     carbon_params: _common_pb2.CarbonParams
     dry_run: bool
     trigger: str
-    def __init__(self, horizon_hours: _Optional[int] = ..., carbon_weight_fraction: _Optional[float] = ..., carbon_params: _Optional[_Union[_common_pb2.CarbonParams, _Mapping]] = ..., dry_run: _Optional[bool] = ..., trigger: _Optional[str] = ...) -> None: ...
+    hold_for_approval: bool
+    def __init__(self, horizon_hours: _Optional[int] = ..., carbon_weight_fraction: _Optional[float] = ..., carbon_params: _Optional[_Union[_common_pb2.CarbonParams, _Mapping]] = ..., dry_run: _Optional[bool] = ..., trigger: _Optional[str] = ..., hold_for_approval: _Optional[bool] = ...) -> None: ...
 
 class ComputePlanResponse(_message.Message):
     __slots__ = ("plan", "solve_s")

@@ -75,6 +75,21 @@ class OptimizerServiceStub:
                 request_serializer=greenserve_dot_v1_dot_optimizer__pb2.EstimateCarbonRequest.SerializeToString,
                 response_deserializer=greenserve_dot_v1_dot_optimizer__pb2.EstimateCarbonResponse.FromString,
                 _registered_method=True)
+        self.ReportEnforcement = channel.unary_unary(
+                '/greenserve.v1.OptimizerService/ReportEnforcement',
+                request_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportEnforcementRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportEnforcementResponse.FromString,
+                _registered_method=True)
+        self.GetPlanStatus = channel.unary_unary(
+                '/greenserve.v1.OptimizerService/GetPlanStatus',
+                request_serializer=greenserve_dot_v1_dot_optimizer__pb2.GetPlanStatusRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_optimizer__pb2.GetPlanStatusResponse.FromString,
+                _registered_method=True)
+        self.ReportGpus = channel.unary_unary(
+                '/greenserve.v1.OptimizerService/ReportGpus',
+                request_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusResponse.FromString,
+                _registered_method=True)
 
 
 class OptimizerServiceServicer:
@@ -137,6 +152,27 @@ class OptimizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEnforcement(self, request, context):
+        """An enforcer (router, cache-manager, gpu-partitioner) reports what it did with a plan.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPlanStatus(self, request, context):
+        """Returns, per enforcing component, whether its part of the fleet matches a plan.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportGpus(self, request, context):
+        """A gpu-partitioner reports the GPUs of its node (merged into the fleet inventory).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OptimizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +215,21 @@ def add_OptimizerServiceServicer_to_server(servicer, server):
                     servicer.EstimateCarbon,
                     request_deserializer=greenserve_dot_v1_dot_optimizer__pb2.EstimateCarbonRequest.FromString,
                     response_serializer=greenserve_dot_v1_dot_optimizer__pb2.EstimateCarbonResponse.SerializeToString,
+            ),
+            'ReportEnforcement': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEnforcement,
+                    request_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportEnforcementRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportEnforcementResponse.SerializeToString,
+            ),
+            'GetPlanStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlanStatus,
+                    request_deserializer=greenserve_dot_v1_dot_optimizer__pb2.GetPlanStatusRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_optimizer__pb2.GetPlanStatusResponse.SerializeToString,
+            ),
+            'ReportGpus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportGpus,
+                    request_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +449,87 @@ class OptimizerService:
             '/greenserve.v1.OptimizerService/EstimateCarbon',
             greenserve_dot_v1_dot_optimizer__pb2.EstimateCarbonRequest.SerializeToString,
             greenserve_dot_v1_dot_optimizer__pb2.EstimateCarbonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEnforcement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.OptimizerService/ReportEnforcement',
+            greenserve_dot_v1_dot_optimizer__pb2.ReportEnforcementRequest.SerializeToString,
+            greenserve_dot_v1_dot_optimizer__pb2.ReportEnforcementResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlanStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.OptimizerService/GetPlanStatus',
+            greenserve_dot_v1_dot_optimizer__pb2.GetPlanStatusRequest.SerializeToString,
+            greenserve_dot_v1_dot_optimizer__pb2.GetPlanStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportGpus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.OptimizerService/ReportGpus',
+            greenserve_dot_v1_dot_optimizer__pb2.ReportGpusRequest.SerializeToString,
+            greenserve_dot_v1_dot_optimizer__pb2.ReportGpusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,7 +36,7 @@ SWEEP_STATE_FAILED: SweepState
 SWEEP_STATE_CANCELLED: SweepState
 
 class SweepSpec(_message.Message):
-    __slots__ = ("configs", "request_rates_per_s", "workload", "slo", "backend", "engine_url", "point_duration_s", "seed")
+    __slots__ = ("configs", "request_rates_per_s", "workload", "slo", "backend", "engine_url", "point_duration_s", "seed", "method", "cache_server_id", "engine_time_scale")
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_RATES_PER_S_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,9 @@ class SweepSpec(_message.Message):
     ENGINE_URL_FIELD_NUMBER: _ClassVar[int]
     POINT_DURATION_S_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_TIME_SCALE_FIELD_NUMBER: _ClassVar[int]
     configs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ProfileConfig]
     request_rates_per_s: _containers.RepeatedScalarFieldContainer[float]
     workload: str
@@ -53,10 +56,13 @@ class SweepSpec(_message.Message):
     engine_url: str
     point_duration_s: float
     seed: int
-    def __init__(self, configs: _Optional[_Iterable[_Union[_common_pb2.ProfileConfig, _Mapping]]] = ..., request_rates_per_s: _Optional[_Iterable[float]] = ..., workload: _Optional[str] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., backend: _Optional[_Union[SweepBackend, str]] = ..., engine_url: _Optional[str] = ..., point_duration_s: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    method: _common_pb2.ProfileMethod
+    cache_server_id: str
+    engine_time_scale: float
+    def __init__(self, configs: _Optional[_Iterable[_Union[_common_pb2.ProfileConfig, _Mapping]]] = ..., request_rates_per_s: _Optional[_Iterable[float]] = ..., workload: _Optional[str] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., backend: _Optional[_Union[SweepBackend, str]] = ..., engine_url: _Optional[str] = ..., point_duration_s: _Optional[float] = ..., seed: _Optional[int] = ..., method: _Optional[_Union[_common_pb2.ProfileMethod, _Mapping]] = ..., cache_server_id: _Optional[str] = ..., engine_time_scale: _Optional[float] = ...) -> None: ...
 
 class Sweep(_message.Message):
-    __slots__ = ("id", "spec", "state", "done_points", "total_points", "error", "profile_ids", "created_at", "updated_at")
+    __slots__ = ("id", "spec", "state", "done_points", "total_points", "error", "profile_ids", "created_at", "updated_at", "eta_s", "skipped_points", "notes")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +72,9 @@ class Sweep(_message.Message):
     PROFILE_IDS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    ETA_S_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: SweepSpec
     state: SweepState
@@ -75,7 +84,10 @@ class Sweep(_message.Message):
     profile_ids: _containers.RepeatedScalarFieldContainer[str]
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SweepSpec, _Mapping]] = ..., state: _Optional[_Union[SweepState, str]] = ..., done_points: _Optional[int] = ..., total_points: _Optional[int] = ..., error: _Optional[str] = ..., profile_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    eta_s: float
+    skipped_points: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[SweepSpec, _Mapping]] = ..., state: _Optional[_Union[SweepState, str]] = ..., done_points: _Optional[int] = ..., total_points: _Optional[int] = ..., error: _Optional[str] = ..., profile_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_s: _Optional[float] = ..., skipped_points: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartSweepRequest(_message.Message):
     __slots__ = ("spec",)
@@ -158,14 +170,18 @@ class GetProfileResponse(_message.Message):
     def __init__(self, profile: _Optional[_Union[_common_pb2.Profile, _Mapping]] = ...) -> None: ...
 
 class ListProfilesRequest(_message.Message):
-    __slots__ = ("model", "hardware", "latest_only")
+    __slots__ = ("model", "hardware", "latest_only", "source", "workload")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     LATEST_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     model: str
     hardware: str
     latest_only: bool
-    def __init__(self, model: _Optional[str] = ..., hardware: _Optional[str] = ..., latest_only: _Optional[bool] = ...) -> None: ...
+    source: _common_pb2.ProfileSource
+    workload: str
+    def __init__(self, model: _Optional[str] = ..., hardware: _Optional[str] = ..., latest_only: _Optional[bool] = ..., source: _Optional[_Union[_common_pb2.ProfileSource, str]] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
     __slots__ = ("profiles",)
