@@ -57,8 +57,14 @@ class ServiceSettings(BaseSettings):
         description="SQLAlchemy URL of the service's database (sqlite:///FILE or postgresql+psycopg://...); "
         "default: a SQLite file in --data-dir",
     )
-    auth_token: str | None = Field(None, description="bearer token every call must carry (off when unset)")
-    auth_token_file: Path | None = Field(None, description="file holding the bearer token (wins over --auth-token)")
+    auth_token: str | None = Field(
+        None,
+        description="bearer token every call must carry (off when unset); a comma-separated list accepts each of "
+        "them (token rotation) and this process sends the first on its own calls",
+    )
+    auth_token_file: Path | None = Field(
+        None, description="file holding the bearer token(s), one per line or comma-separated (wins over --auth-token)"
+    )
     tls_cert: Path | None = Field(None, description="PEM server certificate; enables TLS with --tls-key")
     tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle; when set, clients must present a certificate (mTLS)")
@@ -101,14 +107,31 @@ class ServiceSettings(BaseSettings):
         """The clock these settings describe (the wall clock unless a virtual one is configured)."""
         return make_clock(self.clock_start, self.clock_speed, self.clock_anchor_s)
 
-    def token(self) -> str | None:
-        """The bearer token in force: the file's content (stripped) when a file is given."""
+    def tokens(self) -> list[str]:
+        """Every accepted bearer token, in order (empty: auth off). From the file when one is given, else from
+        --auth-token; both take several tokens, comma- or newline-separated, so a token can be rotated without
+        downtime (docs/security.md)."""
         if self.auth_token_file is not None:
-            text = self.auth_token_file.read_text().strip()
-            if not text:
+            found = split_tokens(self.auth_token_file.read_text())
+            if not found:
                 raise ValueError(f"auth_token_file {self.auth_token_file} is empty")
-            return text
-        return self.auth_token or None
+            return found
+        return split_tokens(self.auth_token or "")
+
+    def token(self) -> str | None:
+        """The bearer token this process sends on its own calls (the first accepted one), or None when auth is off."""
+        found = self.tokens()
+        return found[0] if found else None
+
+
+def split_tokens(text: str) -> list[str]:
+    """Tokens of a comma- or newline-separated list, stripped, empty entries and repeats dropped."""
+    out: list[str] = []
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if part and part not in out:
+            out.append(part)
+    return out
 
 
 class DependencyAddresses(BaseSettings):

@@ -12,6 +12,29 @@ from google.rpc import error_details_pb2, status_pb2
 
 from greenserve.v1 import common_pb2
 
+# Error messages echo the caller's values (a name, a URL): a 100 KB value must not come back whole (it pushed a
+# reply past the message limit). Every message is cut to MAX_ERROR_MESSAGE_CHARS and every field path to
+# MAX_ERROR_FIELD_CHARS, keeping the head and the tail (the field and the reason) around a marker; `shown()`
+# quotes one value cut to MAX_ECHO_CHARS. Documented in docs/security.md.
+MAX_ERROR_MESSAGE_CHARS = 1024
+MAX_ERROR_FIELD_CHARS = 256
+MAX_ECHO_CHARS = 128
+
+
+def truncate_middle(text: str, limit: int) -> str:
+    """`text` when it has at most `limit` characters, else its head and tail around a "[N chars cut]" marker."""
+    if len(text) <= limit:
+        return text
+    marker = f"...[{len(text) - limit} chars cut]..."
+    keep = max(limit - len(marker), 2)
+    head = keep - keep // 3
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
+def shown(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """repr() of a value echoed in an error message, cut to `limit` characters (control characters escaped)."""
+    return truncate_middle(repr(value), limit)
+
 
 class GreenserveError(Exception):
     """Base of errors that map to a specific gRPC status code."""
@@ -20,6 +43,8 @@ class GreenserveError(Exception):
     reason: int = common_pb2.ERROR_REASON_UNSPECIFIED
 
     def __init__(self, message: str, *, field: str = "") -> None:
+        message = truncate_middle(str(message), MAX_ERROR_MESSAGE_CHARS)
+        field = truncate_middle(str(field), MAX_ERROR_FIELD_CHARS)
         super().__init__(message)
         self.message = message
         self.field = field

@@ -27,7 +27,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from greenserve.common.config import ServiceSettings
-from greenserve.common.errors import GreenserveError
+from greenserve.common.errors import GreenserveError, InvalidArgument
 from greenserve.common.telemetry import Telemetry
 
 log = logging.getLogger("greenserve.server")
@@ -56,6 +56,64 @@ class Registration:
     full_name: str  # e.g. "greenserve.v1.OptimizerService"
 
 
+# Undecodable request bytes: at most one WARNING line per this many seconds (the count of the others rides on it).
+UNDECODABLE_LOG_INTERVAL_S = 10.0
+
+
+class _Undecodable:
+    """What the tolerant deserializer hands the handler instead of raising (grpc.aio would answer UNKNOWN and log
+    a traceback per call): the handler refuses it with INVALID_ARGUMENT."""
+
+    __slots__ = ("error", "type_name")
+
+    def __init__(self, type_name: str, error: str) -> None:
+        self.type_name = type_name
+        self.error = error
+
+
+def _message_type_name(deserializer: Callable[[bytes], Any]) -> str:
+    descriptor = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    return getattr(descriptor, "full_name", "") or "request message"
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer` that returns an _Undecodable instead of raising on bytes that do not parse."""
+    if deserializer is None:
+        return None
+    type_name = _message_type_name(deserializer)
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError (or any parse failure) is the caller's bad input
+            return _Undecodable(type_name, type(exc).__name__)
+
+    return deserialize
+
+
+def _skip_parse(data: bytes) -> None:
+    """Deserializer of a call refused before it runs (no token): its bytes are never parsed."""
+    return None
+
+
+class _RateLimitedWarning:
+    """One WARNING line per interval, carrying how many were suppressed since the last one."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float) -> None:
+        self._log, self._interval_s = logger, interval_s
+        self._last = -float("inf")
+        self.suppressed = 0
+
+    def warn(self, message: str, **extra: Any) -> bool:
+        now = time.monotonic()
+        if now - self._last < self._interval_s:
+            self.suppressed += 1
+            return False
+        self._log.warning(message, extra={**extra, "suppressed": self.suppressed})
+        self._last, self.suppressed = now, 0
+        return True
+
+
 def _code_name(code: grpc.StatusCode | None) -> str:
     return (code or grpc.StatusCode.OK).name
 
@@ -70,10 +128,13 @@ def _from_int_code(value: object) -> grpc.StatusCode:
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Auth, tracing, logging, metrics, deadlines and error mapping around every handler."""
 
-    def __init__(self, service_name: str, telemetry: Telemetry, token: str | None) -> None:
+    def __init__(self, service_name: str, telemetry: Telemetry, token: str | list[str] | tuple[str, ...] | None) -> None:
         self._service = service_name
         self._tracer = telemetry.tracer
-        self._expected_auth = f"Bearer {token}".encode() if token else None
+        tokens = [token] if isinstance(token, str) else list(token or ())
+        # Every accepted "Bearer <token>" (two during a token rotation); None: auth off.
+        self._expected_auth = [f"Bearer {t}".encode() for t in tokens if t] or None
+        self._undecodable_log = _RateLimitedWarning(log, UNDECODABLE_LOG_INTERVAL_S)
         meter = telemetry.meter
         self._requests = meter.create_counter("greenserve.rpc.server.requests", unit="{request}", description="RPCs served")
         self._duration = meter.create_histogram("greenserve.rpc.server.duration", unit="s", description="RPC duration")
@@ -91,10 +152,23 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if self._expected_auth is not None and not method.startswith(AUTH_EXEMPT_PREFIXES):
             given = metadata.get("authorization", "")
             given_bytes = given.encode() if isinstance(given, str) else given
-            if not hmac.compare_digest(given_bytes, self._expected_auth):
+            # Compare with every accepted token (no early exit: the time taken does not say which one was close).
+            matches = [hmac.compare_digest(given_bytes, expected) for expected in self._expected_auth]
+            if not any(matches):
                 reason = "missing bearer token" if not given else "invalid bearer token"
-                return _replace_behavior(handler, _rejecting(grpc.StatusCode.UNAUTHENTICATED, reason, handler))
-        return _replace_behavior(handler, self._observed(method, metadata, handler))
+                return _replace_behavior(
+                    handler, _rejecting(grpc.StatusCode.UNAUTHENTICATED, reason, handler), request_deserializer=_skip_parse
+                )
+        return _replace_behavior(
+            handler, self._observed(method, metadata, handler), request_deserializer=_tolerant(handler.request_deserializer)
+        )
+
+    def _refuse_undecodable(self, method: str, request: _Undecodable, peer: str) -> InvalidArgument:
+        """The error an undecodable request gets; logs one short, rate-limited line (never a traceback)."""
+        self._undecodable_log.warn(
+            "undecodable request", rpc_method=method, peer=peer, message_type=request.type_name, error=request.error
+        )
+        return InvalidArgument("", f"request bytes are not a valid {request.type_name} ({request.error})")
 
     def _observed(self, method: str, metadata: dict[str, Any], handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
         behavior = _behavior_of(handler)
@@ -170,12 +244,26 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:  # noqa: BLE001 - mapped to a status, never swallowed
                 await call.fail(exc)
 
+        async def checked_stream(call: _Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            """The request stream, refusing the first undecodable message (raised into the handler's loop)."""
+            async for item in requests:
+                if isinstance(item, _Undecodable):
+                    raise interceptor._refuse_undecodable(method, item, call.peer)
+                yield item
+
+        def checked(call: _Call, request: Any) -> Any:
+            if handler.request_streaming:
+                return checked_stream(call, request)
+            if isinstance(request, _Undecodable):
+                raise interceptor._refuse_undecodable(method, request, call.peer)
+            return request
+
         if handler.response_streaming:
 
             async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 call = _Call(context, attach=False)
                 try:
-                    result = behavior(request, context)
+                    result = behavior(checked(call, request), context)
                     if inspect.isawaitable(result) and not hasattr(result, "__aiter__"):
                         result = await result
                     if hasattr(result, "__aiter__"):
@@ -200,7 +288,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             call = _Call(context)
 
             async def body() -> Any:
-                result = behavior(request, context)
+                result = behavior(checked(call, request), context)
                 return await result if inspect.isawaitable(result) else result
 
             try:
@@ -221,8 +309,10 @@ def _behavior_of(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
     return handler.unary_unary
 
 
-def _replace_behavior(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
-    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+def _replace_behavior(
+    handler: grpc.RpcMethodHandler, behavior: Callable[..., Any], *, request_deserializer: Callable[[bytes], Any] | None
+) -> grpc.RpcMethodHandler:
+    kwargs = {"request_deserializer": request_deserializer, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(behavior, **kwargs)
     if handler.request_streaming:
@@ -293,7 +383,7 @@ class ServiceServer:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ]
-        interceptor = ServerInterceptor(self.service_name, self.telemetry, self.settings.token())
+        interceptor = ServerInterceptor(self.service_name, self.telemetry, self.settings.tokens())
         server = grpc.aio.server(interceptors=[interceptor], options=options)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
