@@ -22,6 +22,7 @@ import json
 import logging
 import socket
 import time
+from ssl import SSLContext
 from typing import Any
 
 import aiohttp
@@ -37,6 +38,7 @@ from greenserve.router.upstream import (
     event_data,
     split_events,
 )
+from greenserve.router.http_guard import CappedSite, ConnectionGuard, HttpLimits, auth_middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("greenserve.router.http")
@@ -51,6 +53,35 @@ def _error(status: int, message: str, param: str | None = None, err_type: str = 
            headers: dict[str, str] | None = None) -> web.Response:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return web.json_response(body, status=status, headers=headers)
+
+
+LINGER_S = 2.0
+"""Seconds the unread rest of a refused request's body is read and dropped before the connection closes."""
+
+MAX_JSON_DEPTH = 64
+"""Nesting levels a request body may have (OpenAI bodies, tool schemas included, need far fewer)."""
+
+
+def _too_large(limit: int, length: int | None) -> web.Response:
+    said = f" (Content-Length {length})" if length is not None else ""
+    resp = _error(413, f"request body larger than the limit of {limit} bytes{said} (--http-max-body-bytes)",
+                  err_type="invalid_request_error")
+    resp.force_close()  # the rest of the body is never read
+    return resp
+
+
+def json_too_deep(obj: Any, max_depth: int) -> bool:
+    """True when arrays/objects nest more than ``max_depth`` levels (iterative: no recursion to exhaust)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 class BadRequest(Exception):
@@ -99,13 +130,28 @@ def prompt_text(body: dict[str, Any], chat: bool) -> str:
 
 
 class HttpFront:
-    """The aiohttp server; ``start`` binds ``host:port`` (0 picks a free port) and sets ``port``."""
+    """The aiohttp server; ``start`` binds ``host:port`` (0 picks a free port) and sets ``port``.
 
-    def __init__(self, core: RouterCore, host: str, port: int, max_body_bytes: int = 64 * 1024 * 1024) -> None:
+    ``token``: the bearer token every route but ``/health`` needs (None: open); ``ssl``: the TLS context
+    (None: plaintext); ``limits``: connection, timeout and body limits (http_guard.py)."""
+
+    def __init__(self, core: RouterCore, host: str, port: int, *, limits: HttpLimits | None = None,
+                 token: str | None = None, ssl: SSLContext | None = None) -> None:
         self.core = core
         self.host = host
         self.port = port
-        app = web.Application(client_max_size=max_body_bytes)
+        self.limits = limits or HttpLimits()
+        self.ssl = ssl
+        self.scheme = "https" if ssl is not None else "http"
+        # keepalive_timeout: aiohttp's default (3630 s) let idle or silent connections pile up;
+        # lingering_time: after a refusal (413, 408) the unread rest of a body is read and dropped this long
+        # (so that the client sees the answer) before the connection closes (aiohttp's default: 10 s)
+        self._handler_kwargs: dict[str, Any] = {"access_log": None, "lingering_time": LINGER_S,
+                                                "keepalive_timeout": self.limits.keepalive_timeout_s}
+        self.guard = ConnectionGuard(self.limits, self._handler_kwargs)
+        app = web.Application(client_max_size=self.limits.max_body_bytes,
+                              middlewares=[self.guard.middleware(), auth_middleware(token)])
+        app.on_response_prepare.append(self.guard.on_response_prepare)
         # the generation handlers are _generate itself (no wrapper coroutine frame to resume per token)
         app.router.add_post("/v1/completions", functools.partial(self._generate, path="/v1/completions", chat=False))
         app.router.add_post("/v1/chat/completions",
@@ -119,7 +165,7 @@ class HttpFront:
     async def start(self) -> int:
         # handler_cancellation: a client that goes away cancels its handler at once, which closes the
         # upstream connection, which is how vLLM learns to abort the request.
-        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, **self._handler_kwargs)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -128,7 +174,7 @@ class HttpFront:
         except OSError as exc:
             sock.close()
             raise OSError(f"cannot bind HTTP front {self.host}:{self.port}: {exc}") from exc
-        site = web.SockSite(self._runner, sock, backlog=4096)
+        site = CappedSite(self._runner, sock, self.guard, ssl_context=self.ssl, backlog=4096)
         await site.start()
         self.port = sock.getsockname()[1]
         return self.port
@@ -160,51 +206,68 @@ class HttpFront:
     async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
         core = self.core
         t_arrival = time.monotonic()
-        raw: bytes | None = await request.read()
-        try:
-            body = json.loads(raw)  # type: ignore[arg-type]
-        except ValueError as exc:
-            return _error(400, f"request body is not JSON: {exc}")
-        if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object")
-        try:
-            model = body.get("model", "")
-            if not isinstance(model, str):
-                raise BadRequest("model", "must be a string")
-            text = prompt_text(body, chat)
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise BadRequest("stream", "must be a boolean")
-        except BadRequest as exc:
-            return _error(400, f"{exc.param}: {exc}", exc.param)
-        headers = request.headers
-        pool = headers.get("x-greenserve-pool", "")
-        user = body.get("user")
-        session_key = headers.get("x-greenserve-session") or headers.get("x-session-id") or \
-            (user if isinstance(user, str) else "")
-        want_usage = False
-        if stream:
-            options = body.get("stream_options")
-            if options is None and raw is not None:
-                # forward the caller's bytes with the usage request spliced in (no re-encoding)
-                raw = raw.rstrip()
-                raw = raw[:-1] + b',"stream_options":{"include_usage":true}}' if raw.endswith(b"}") else None
-            elif not (isinstance(options, dict) and options.get("include_usage") is True):
-                raw = None  # re-encoded from ``body``
-            options = dict(options) if isinstance(options, dict) else {}
-            want_usage = bool(options.get("include_usage"))
-            options["include_usage"] = True
-            body["stream_options"] = options
-        hashes = chain_hashes(text, core.config.prefix_block_chars)
+        # Size and admission come before the body is read: a refused request costs no buffer.
+        limit = self.limits.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            return _too_large(limit, length)
         if not core.admit():
             core.count_failure("http", "rejected")
             return _error(429, f"router at its in-flight limit ({core.config.max_in_flight}); retry later",
                           err_type="rate_limit_exceeded", headers={"Retry-After": "1"})
         try:
+            try:
+                raw: bytes | None = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
+            except web.HTTPRequestEntityTooLarge:
+                return _too_large(limit, None)
+            except asyncio.TimeoutError:
+                resp = _error(408, f"request body not received within {self.limits.body_timeout_s:g} s "
+                                   "(--http-body-timeout-s)", err_type="timeout")
+                resp.force_close()
+                return resp
+            try:
+                body = json.loads(raw)  # type: ignore[arg-type]
+            except RecursionError:
+                body = None  # deeper than the parser's own recursion limit
+            except ValueError as exc:
+                return _error(400, f"request body is not JSON: {exc}")
+            if body is None or json_too_deep(body, MAX_JSON_DEPTH):
+                return _error(400, f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+            if not isinstance(body, dict):
+                return _error(400, "request body must be a JSON object")
+            try:
+                model = body.get("model", "")
+                if not isinstance(model, str):
+                    raise BadRequest("model", "must be a string")
+                text = prompt_text(body, chat)
+                stream = body.get("stream", False)
+                if not isinstance(stream, bool):
+                    raise BadRequest("stream", "must be a boolean")
+            except BadRequest as exc:
+                return _error(400, f"{exc.param}: {exc}", exc.param)
+            headers = request.headers
+            pool = headers.get("x-greenserve-pool", "")
+            user = body.get("user")
+            session_key = headers.get("x-greenserve-session") or headers.get("x-session-id") or \
+                (user if isinstance(user, str) else "")
+            want_usage = False
+            if stream:
+                options = body.get("stream_options")
+                if options is None and raw is not None:
+                    # forward the caller's bytes with the usage request spliced in (no re-encoding)
+                    raw = raw.rstrip()
+                    raw = raw[:-1] + b',"stream_options":{"include_usage":true}}' if raw.endswith(b"}") else None
+                elif not (isinstance(options, dict) and options.get("include_usage") is True):
+                    raw = None  # re-encoded from ``body``
+                options = dict(options) if isinstance(options, dict) else {}
+                want_usage = bool(options.get("include_usage"))
+                options["include_usage"] = True
+                body["stream_options"] = options
+            hashes = chain_hashes(text, core.config.prefix_block_chars)
             assert core.dispatcher is not None
             try:
                 call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream,
-                                                           raw=raw))
+                                                               raw=raw))
             except UpstreamUnavailable as exc:
                 core.count_failure("http", "unavailable")
                 return _error(503, str(exc), err_type="service_unavailable", headers={"Retry-After": "1"})
@@ -311,8 +374,15 @@ class HttpFront:
             await resp.write(_final_events(held, receipt.to_json(), want_usage, call))
             await resp.write_eof()
             return resp
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
+            # The client went away while we wrote to it: an everyday event, not a server error (re-raised,
+            # aiohttp would log it at ERROR with a traceback). aiohttp ends the response quietly.
             core.count_failure("http", "cancelled")
+            log.info("client disconnected", extra={"engine_id": engine.id, "path": request.path})
+            return resp
+        except asyncio.CancelledError:  # the client went away while we waited (handler cancellation)
+            core.count_failure("http", "cancelled")
+            log.info("client disconnected", extra={"engine_id": engine.id, "path": request.path})
             raise
         finally:
             if not finished:

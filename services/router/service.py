@@ -37,6 +37,7 @@ from greenserve.common.server import Registration, registration
 from greenserve.router.core import CoreConfig, RouterCore
 from greenserve.router.engines import EngineState
 from greenserve.router.http_front import HttpFront
+from greenserve.router.http_guard import HttpLimits, default_max_connections, ssl_context
 from greenserve.router.policy import NoEngineError, PolicyConfig
 from greenserve.router.prefix_index import chain_hashes, render_chat
 from greenserve.router.upstream import (
@@ -61,6 +62,20 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     http_port: int = Field(DEFAULT_ROUTER_HTTP_PORT, ge=-1, le=65535,
                            description="port of the OpenAI-compatible HTTP front; 0 picks a free port, -1 disables it")
     http_host: str | None = Field(None, description="address of the HTTP front (default: --host)")
+    http_max_body_bytes: int = Field(16 * MIB, ge=1024, le=1024 * MIB,
+                                     description="largest HTTP request body; larger ones get 413 before being read")
+    http_max_connections: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="open HTTP connections above which new ones get 503 and are closed (default: half the file "
+        "descriptor limit less 64, at most 4096)")
+    http_header_timeout_s: float = Field(10.0, gt=0, le=3600,
+                                         description="seconds a new HTTP connection gets to send a complete request head")
+    http_body_timeout_s: float = Field(30.0, gt=0, le=3600,
+                                       description="seconds an HTTP request body gets to arrive in full (408 after)")
+    http_keepalive_timeout_s: float = Field(15.0, gt=0, le=3600,
+                                            description="seconds an idle HTTP keep-alive connection is kept open")
+    http_max_requests_per_connection: int = Field(1000, ge=1, le=10_000_000,
+                                                  description="requests one HTTP keep-alive connection may carry")
     scrape_interval_s: float = Field(0.5, gt=0, le=60, description="seconds between /metrics scrapes of each engine")
     stale_after_s: float = Field(2.0, gt=0, le=600, description="metrics older than this make an engine STALE")
     health_interval_s: float = Field(1.0, gt=0, le=60, description="seconds between /health probes of each engine")
@@ -126,6 +141,13 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             default_idle_power_w=self.default_idle_power_w, watch_plans=self.watch_plans, feeds=self.feeds,
             load_feed_interval_s=self.load_feed_interval_s, access_feed_interval_s=self.access_feed_interval_s,
         )
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_body_bytes=self.http_max_body_bytes, header_timeout_s=self.http_header_timeout_s,
+            body_timeout_s=self.http_body_timeout_s, keepalive_timeout_s=self.http_keepalive_timeout_s,
+            max_connections=self.http_max_connections or default_max_connections(),
+            max_requests_per_connection=self.http_max_requests_per_connection)
 
     def channel_config(self, address: str) -> ChannelConfig:
         return ChannelConfig(address=address, token=self.token(), tls_ca=self.tls_ca,
@@ -201,12 +223,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[router_pb2.GenerateResponse]:
         core = self.core
-        path, prompt, messages = describe(request.request)
-        body = _body(request, messages, prompt)
-        request_id = request.request_id or uuid.uuid4().hex
-        hashes = chain_hashes(prompt, core.config.prefix_block_chars)
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
+        # admission first: a refused request costs no work (the message itself is bounded by
+        # --max-message-bytes in the gRPC core, which answers RESOURCE_EXHAUSTED naming the limit)
         if not core.admit():
             core.count_failure("grpc", "rejected")
             raise ResourceExhausted(f"router at its in-flight limit ({core.config.max_in_flight}); retry later")
@@ -215,6 +233,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         call = None
         finished = False
         try:
+            path, prompt, messages = describe(request.request)
+            body = _body(request, messages, prompt)
+            request_id = request.request_id or uuid.uuid4().hex
+            hashes = chain_hashes(prompt, core.config.prefix_block_chars)
+            remaining = context.time_remaining()
+            deadline = None if remaining is None else time.monotonic() + remaining
             try:
                 call = await dispatcher.open(RouteRequest(path, body, request.request.pool, request.request.model,
                                                           request.request.session_key, hashes, True, deadline))
@@ -440,11 +464,13 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     servicer = RouterServicer(ctx, core)
     ctx.on_stop.append(core.stop)
     if settings.http_port >= 0:
-        front = HttpFront(core, settings.http_host or settings.host, settings.http_port,
-                          max_body_bytes=settings.max_message_bytes)
         try:
+            # the HTTP front takes the same credentials as the gRPC side: token, TLS, mTLS
+            front = HttpFront(core, settings.http_host or settings.host, settings.http_port,
+                              limits=settings.http_limits(), token=settings.token(),
+                              ssl=ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
             await front.start()
-        except OSError:
+        except (OSError, ValueError):
             await core.stop()
             raise
         servicer.http = front
