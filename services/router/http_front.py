@@ -22,6 +22,7 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Sequence
 from ssl import SSLContext
 from typing import Any
 
@@ -132,11 +133,11 @@ def prompt_text(body: dict[str, Any], chat: bool) -> str:
 class HttpFront:
     """The aiohttp server; ``start`` binds ``host:port`` (0 picks a free port) and sets ``port``.
 
-    ``token``: the bearer token every route but ``/health`` needs (None: open); ``ssl``: the TLS context
+    ``tokens``: the bearer tokens accepted on every route but ``/health`` (none: open); ``ssl``: the TLS context
     (None: plaintext); ``limits``: connection, timeout and body limits (http_guard.py)."""
 
     def __init__(self, core: RouterCore, host: str, port: int, *, limits: HttpLimits | None = None,
-                 token: str | None = None, ssl: SSLContext | None = None) -> None:
+                 tokens: Sequence[str] = (), ssl: SSLContext | None = None) -> None:
         self.core = core
         self.host = host
         self.port = port
@@ -150,7 +151,7 @@ class HttpFront:
                                                 "keepalive_timeout": self.limits.keepalive_timeout_s}
         self.guard = ConnectionGuard(self.limits, self._handler_kwargs)
         app = web.Application(client_max_size=self.limits.max_body_bytes,
-                              middlewares=[self.guard.middleware(), auth_middleware(token)])
+                              middlewares=[self.guard.middleware(), auth_middleware(tokens)])
         app.on_response_prepare.append(self.guard.on_response_prepare)
         # the generation handlers are _generate itself (no wrapper coroutine frame to resume per token)
         app.router.add_post("/v1/completions", functools.partial(self._generate, path="/v1/completions", chat=False))

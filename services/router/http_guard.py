@@ -3,7 +3,8 @@ header/body/keep-alive timeouts and the body-size limit.
 
 The same ``--auth-token`` / ``--auth-token-file`` and ``--tls-cert`` / ``--tls-key`` / ``--tls-client-ca``
 as the gRPC side (``greenserve.common.server``) protect the HTTP front: ``Authorization: Bearer <token>``
-(the scheme in any case, as OpenAI clients send it), compared in constant time; ``/health`` stays open
+(the scheme in any case, as OpenAI clients send it; every token of a rotation list is accepted),
+compared in constant time; ``/health`` stays open
 for probes, every other route (``/metrics`` included) needs the token when one is configured.
 
 Limits, against slow or greedy clients (a slowloris holding connections, a huge body):
@@ -28,7 +29,7 @@ import logging
 import resource
 import ssl
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,15 +67,20 @@ class HttpLimits:
     max_requests_per_connection: int = 1000
 
 
-def bearer_matches(header: str | None, token: str) -> bool:
-    """True when an ``Authorization`` header carries ``token`` as a bearer credential (scheme in any
-    case, surrounding blanks ignored), compared in constant time."""
+def bearer_matches(header: str | None, tokens: str | Sequence[str]) -> bool:
+    """True when an ``Authorization`` header carries one of ``tokens`` as a bearer credential (scheme in any
+    case, surrounding blanks ignored). Compared in constant time with every accepted token (two during a
+    rotation), without an early exit, so the time taken does not say which one was close."""
     if not header:
         return False
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(credentials.strip().encode(), token.encode())
+    given = credentials.strip().encode()
+    ok = False
+    for token in [tokens] if isinstance(tokens, str) else tokens:
+        ok |= hmac.compare_digest(given, token.encode())
+    return ok
 
 
 def ssl_context(cert: Path | None, key: Path | None, client_ca: Path | None) -> ssl.SSLContext | None:
@@ -102,14 +108,16 @@ def error_response(status: int, message: str, err_type: str, code: str | int | N
     return web.json_response(body, status=status, headers=headers)
 
 
-def auth_middleware(token: str | None) -> Callable[..., Any]:
-    """Refuses every route but the open ones without the bearer token (401, OpenAI's shape)."""
+def auth_middleware(tokens: Sequence[str]) -> Callable[..., Any]:
+    """Refuses every route but the open ones without an accepted bearer token (401, OpenAI's shape);
+    no tokens: auth off."""
+    accepted = [t for t in tokens if t]
 
     @web.middleware
     async def check(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
-        if token is not None and request.path not in OPEN_PATHS:
+        if accepted and request.path not in OPEN_PATHS:
             header = request.headers.get("Authorization")
-            if not bearer_matches(header, token):
+            if not bearer_matches(header, accepted):
                 reason = "missing bearer token" if not header else "invalid bearer token"
                 resp = error_response(401, f"{reason}: send 'Authorization: Bearer <token>'",
                                       "invalid_request_error", "invalid_api_key",

@@ -467,7 +467,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         try:
             # the HTTP front takes the same credentials as the gRPC side: token, TLS, mTLS
             front = HttpFront(core, settings.http_host or settings.host, settings.http_port,
-                              limits=settings.http_limits(), token=settings.token(),
+                              limits=settings.http_limits(), tokens=settings.tokens(),
                               ssl=ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
             await front.start()
         except (OSError, ValueError):

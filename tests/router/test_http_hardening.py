@@ -35,6 +35,9 @@ def test_bearer_matching_rules() -> None:
     assert not bearer_matches("Basic s3cret", "s3cret")
     assert not bearer_matches("s3cret", "s3cret")
     assert not bearer_matches("", "s3cret") and not bearer_matches(None, "s3cret")
+    # during a rotation both tokens are accepted
+    assert bearer_matches("Bearer old", ["new", "old"]) and bearer_matches("Bearer new", ["new", "old"])
+    assert not bearer_matches("Bearer other", ["new", "old"])
 
 
 async def test_http_front_requires_the_token_like_grpc(emulators, router) -> None:
@@ -70,13 +73,14 @@ async def test_http_front_requires_the_token_like_grpc(emulators, router) -> Non
 
 async def test_token_file_is_read_for_the_http_front(router, tmp_path) -> None:
     token_file = tmp_path / "token"
-    token_file.write_text("from-file\n")
+    token_file.write_text("from-file\nprevious\n")  # a rotation: both accepted
     r = await router([], auth_token="ignored", auth_token_file=str(token_file))
     async with aiohttp.ClientSession() as s:
         async with s.get(r.http + "/v1/models", headers={"Authorization": "Bearer ignored"}) as resp:
             assert resp.status == 401
-        async with s.get(r.http + "/v1/models", headers={"Authorization": "Bearer from-file"}) as resp:
-            assert resp.status == 200
+        for token in ("from-file", "previous"):
+            async with s.get(r.http + "/v1/models", headers={"Authorization": f"Bearer {token}"}) as resp:
+                assert resp.status == 200
 
 
 async def test_http_front_serves_tls_and_requires_client_certificates(router, tls_files) -> None:
