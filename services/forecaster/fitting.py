@@ -23,8 +23,9 @@ from greenserve.forecaster.forecast_models import Model, make_model
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
 #: Layout of pickled models: bump when a model class changes its attributes (or `auto` its members: 7 added
-#: analog days and the log offset of often-idle series, 8 the day-level member; stored fits are redone on restart).
-FORMAT_VERSION = 8
+#: analog days and the log offset of often-idle series, 8 the day-level member, 9 the SARIMA members' fixed scale and
+#: lean filter output; stored fits are redone on restart).
+FORMAT_VERSION = 9
 
 
 @dataclass

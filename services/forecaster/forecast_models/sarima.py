@@ -7,8 +7,16 @@
 * :class:`AutoSarima`: pmdarima ``auto_arima`` with m=24 (GreenCache §5.3), the order chosen by AIC, stepwise.
 
 All take ``max_fit_steps``: only the most recent steps are used to estimate (and to filter), which bounds fit
-time. ``update`` extends the Kalman filter with new observations (``SARIMAXResults.extend``) without
-re-estimating, as GreenCache's hourly online step does.
+time. ``update`` extends the Kalman filter with new observations without re-estimating, as GreenCache's hourly
+online step does.
+
+Memory (issue 21): statsmodels keeps the filter's output for every step it filtered (a k_states x k_states
+covariance per step and array: about 20 KB per step and array for the seasonal SARIMA, whose state has 49
+entries). A model that serves forecasts therefore keeps the output of one short filter pass only: updates (and
+the filter pass after loading a pickle) run in chunks of at most :data:`UPDATE_CHUNK_STEPS` steps, each started
+from the last chunk's predicted state, and without the filtered, gain and smoother arrays (:data:`LEAN_MEMORY`);
+only the last chunk's output is held. The scale (innovation variance) is the fit's, held fixed: re-estimating it
+from the few steps of an update gave NaN intervals after a one-step update.
 """
 
 from __future__ import annotations
@@ -18,8 +26,21 @@ import warnings
 from typing import Any
 
 import numpy as np
+from statsmodels.tsa.statespace.initialization import Initialization
+from statsmodels.tsa.statespace.kalman_filter import (
+    MEMORY_NO_FILTERED,
+    MEMORY_NO_GAIN,
+    MEMORY_NO_SMOOTHING,
+    MEMORY_NO_STD_FORECAST,
+)
 
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model
+
+#: Most steps one Kalman filter extension covers: the filter output held by a serving model is bounded by it.
+UPDATE_CHUNK_STEPS = 24
+#: What a serving model's filter passes do not store (they keep predicted states and forecasts, enough to go on
+#: filtering and to forecast).
+LEAN_MEMORY = MEMORY_NO_FILTERED | MEMORY_NO_GAIN | MEMORY_NO_SMOOTHING | MEMORY_NO_STD_FORECAST
 
 
 def fourier_terms(start: int, steps: int, period: int, harmonics: int) -> np.ndarray:
@@ -42,12 +63,17 @@ class _StateSpaceModel(Model):
         self.maxiter = maxiter
         self.results: Any = None
         self.params: np.ndarray | None = None
+        #: innovation variance of the fit (the models are estimated with it concentrated out of the likelihood)
+        self.scale: float = float("nan")
+        #: True once ``results`` holds a lean filter pass (after update() or unpickling), not the fit's own output
+        self.lean = False
 
     # exog of positions [start, start+steps)
     def _exog(self, start: int, steps: int) -> np.ndarray | None:
         return None
 
-    def _build(self, endog: np.ndarray, exog: np.ndarray | None) -> Any:
+    def _build(self, endog: np.ndarray, exog: np.ndarray | None, **kwargs: Any) -> Any:
+        """The statsmodels model of ``endog`` (``kwargs``: extra SARIMAX/Kalman filter options)."""
         raise NotImplementedError
 
     def _window(self, n: int) -> int:
@@ -69,6 +95,8 @@ class _StateSpaceModel(Model):
                 if self._diverged(self.results, endog, n):
                     raise ValueError(f"{self.name}: estimation diverged (forecasts leave the history's range)")
         self.params = np.asarray(self.results.params)
+        self.scale = float(self.results.scale)
+        self.lean = False
         self.n = n
         self.fit_start = start
 
@@ -106,7 +134,7 @@ class _StateSpaceModel(Model):
         instead of one re-filter per origin)."""
         o = len(z_history)
         res = self.results
-        fresh = res is not None and getattr(self, "fit_start", None) is not None and \
+        fresh = res is not None and not self.lean and getattr(self, "fit_start", None) is not None and \
             res.nobs == self.n - self.fit_start
         lo, hi = o - self.fit_start if fresh else -1, o - (self.fit_start or 0) + steps - 1
         if fresh and 1 <= lo and hi < res.nobs:
@@ -116,11 +144,38 @@ class _StateSpaceModel(Model):
             return np.asarray(pred.predicted_mean, dtype=np.float64)
         return super().forecast_z_from(z_history, steps)
 
+    def _full_params(self) -> np.ndarray:
+        """Estimated parameters with the fit's scale (sigma2) appended: the order of a SARIMAX whose scale is
+        not concentrated out."""
+        assert self.params is not None
+        return np.r_[self.params, self.scale]
+
+    def _extend(self, prev: Any, new_z: np.ndarray, position: int) -> Any:
+        """A lean filter pass over ``new_z`` (positions ``position``...) started from ``prev``'s last predicted
+        state, with the fit's parameters and scale (what ``SARIMAXResults.extend`` does, minus the per-step
+        arrays nothing reads and the scale re-estimated from the new steps alone)."""
+        cov = np.asarray(prev.predicted_state_cov[..., -1])
+        if getattr(prev.model, "concentrate_scale", False):  # the fit's own pass: covariances in units of scale
+            cov = cov * prev.scale
+        # as SARIMAXResults.extend: the trend goes on counting, and the constant-exog check is not re-run on
+        # the new steps alone (one step of Fourier terms looks constant)
+        mod = prev.model.clone(new_z, exog=self._exog(position, len(new_z)), concentrate_scale=False,
+                               conserve_memory=LEAN_MEMORY, trend_offset=prev.model.trend_offset + prev.nobs,
+                               validate_exog=False)
+        mod.ssm.initialization = Initialization(mod.k_states, "known", constant=prev.predicted_state[..., -1],
+                                                stationary_cov=cov)
+        return mod.filter(self._full_params(), cov_type="none")
+
+    def _extend_chunks(self, res: Any, new_z: np.ndarray, position: int) -> Any:
+        for i in range(0, len(new_z), UPDATE_CHUNK_STEPS):
+            res = self._extend(res, new_z[i:i + UPDATE_CHUNK_STEPS], position + i)
+        return res
+
     def _update(self, new_z: np.ndarray) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            exog = self._exog(self.n, len(new_z))
-            self.results = self.results.extend(new_z, exog=exog)
+            self.results = self._extend_chunks(self.results, new_z, self.n)
+        self.lean = True
         self.n += len(new_z)
 
     def _predict_z(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,11 +212,17 @@ class _StateSpaceModel(Model):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self.params is not None and len(self.z):
+            # the window in two passes: all but the last chunk (its output is dropped), then the last chunk,
+            # whose lean output is what this model keeps
             endog = self.z
             start = self.n - len(endog)
+            head = max(1, len(endog) - UPDATE_CHUNK_STEPS)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.results = self._build(endog, self._exog(start, len(endog))).filter(self.params)
+                res = self._build(endog[:head], self._exog(start, head), concentrate_scale=False,
+                                  conserve_memory=LEAN_MEMORY).filter(self._full_params(), cov_type="none")
+                self.results = self._extend_chunks(res, endog[head:], start + head)
+            self.lean = True
 
 
 class SarimaFourier(_StateSpaceModel):
@@ -183,11 +244,11 @@ class SarimaFourier(_StateSpaceModel):
     def _exog(self, start: int, steps: int) -> np.ndarray | None:
         return fourier_terms(start, steps, self.period, self.harmonics)
 
-    def _build(self, endog: np.ndarray, exog: np.ndarray | None) -> Any:
+    def _build(self, endog: np.ndarray, exog: np.ndarray | None, **kwargs: Any) -> Any:
         from statsmodels.tsa.statespace.sarimax import SARIMAX
 
         return SARIMAX(endog, exog=exog, order=self.order, trend="c" if self.order[1] == 0 else "n",
-                       concentrate_scale=True)
+                       **{"concentrate_scale": True, **kwargs})
 
 
 class Sarima(_StateSpaceModel):
@@ -208,11 +269,11 @@ class Sarima(_StateSpaceModel):
         sp, sd, sq = self.seasonal_order
         return f"sarima({p},{d},{q})({sp},{sd},{sq})[{self.period}]"
 
-    def _build(self, endog: np.ndarray, exog: np.ndarray | None) -> Any:
+    def _build(self, endog: np.ndarray, exog: np.ndarray | None, **kwargs: Any) -> Any:
         from statsmodels.tsa.statespace.sarimax import SARIMAX
 
         return SARIMAX(endog, order=self.order, seasonal_order=(*self.seasonal_order, self.period),
-                       concentrate_scale=True)
+                       **{"concentrate_scale": True, **kwargs})
 
 
 class AutoSarima(Sarima):
