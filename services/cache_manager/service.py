@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import socket
 import time
 from collections import deque
 from pathlib import Path
@@ -20,6 +21,7 @@ from pydantic import Field
 from sqlalchemy import select
 
 from greenserve.cache_manager import group_ttl, read_or_recompute
+from greenserve.cache_manager.enforcer import follow_plans
 from greenserve.cache_manager.index import CacheIndex
 from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
@@ -49,6 +51,13 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
     lmcache_timeout_s: float = Field(5.0, gt=0, le=300, description="timeout of one LMCache admin call")
     ttl_recompute_s: float = Field(0.0, ge=0, description="recompute and apply group TTLs of every pool this "
                                    "often (0: only on ComputeGroupTtls)")
+    follow_plans: bool = Field(True, description="follow the optimizer's plans (WatchPlans at --optimizer-addr) and "
+                               "apply their cache targets; off: only the RPCs change cache sizes")
+    instance: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253,
+                          description="name of this cache-manager in enforcement reports (default: the host name)")
+    lmcache_max_dram_bytes: int = Field(0, ge=0, le=2**50, description="largest L1 size a plan may give one LMCache "
+                                        "server, bytes (larger: refused); 0: this host's memory for servers on "
+                                        "this host, else no limit")
 
 
 def _now_s() -> float:
@@ -183,25 +192,29 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             raise InvalidArgument("plan_version", "must be >= 1")
         if request.plan_version > 2**31 - 1:
             raise InvalidArgument("plan_version", "must fit in 31 bits")
-        known_pools = {r.pool for r in self._servers()}
-        seen: set[str] = set()
-        for i, t in enumerate(request.targets):
-            if t.pool not in known_pools:
-                raise InvalidArgument(f"targets[{i}].pool", f"unknown pool {t.pool!r} (no registered server)")
-            if t.pool in seen:
-                raise InvalidArgument(f"targets[{i}].pool", f"pool {t.pool!r} appears twice")
-            seen.add(t.pool)
-            if not math.isfinite(t.ttl_s) or t.ttl_s < 0:
-                raise InvalidArgument(f"targets[{i}].ttl_s", "must be finite and >= 0")
-            if t.dram_bytes > 2**50 or t.disk_bytes > 2**53:
-                raise InvalidArgument(f"targets[{i}].dram_bytes", "implausibly large (negative sizes arrive "
-                                      "as huge uint64 values)")
+        self._check_targets(request.targets, {r.pool for r in self._servers()})
         results = []
         async with self._lock:
             for t in request.targets:
                 for row in self._servers(t.pool):
                     results.append(await self._apply_one(row, request.plan_version, t.dram_bytes, t.ttl_s))
         return cache_manager_pb2.ApplyCachePlanResponse(results=results)
+
+    @staticmethod
+    def _check_targets(targets, known_pools: set[str], field: str = "targets") -> None:
+        """InvalidArgument naming the first bad target (ApplyCachePlan and the plan follower, enforcer.py)."""
+        seen: set[str] = set()
+        for i, t in enumerate(targets):
+            if t.pool not in known_pools:
+                raise InvalidArgument(f"{field}[{i}].pool", f"unknown pool {t.pool!r} (no registered server)")
+            if t.pool in seen:
+                raise InvalidArgument(f"{field}[{i}].pool", f"pool {t.pool!r} appears twice")
+            seen.add(t.pool)
+            if not math.isfinite(t.ttl_s) or t.ttl_s < 0:
+                raise InvalidArgument(f"{field}[{i}].ttl_s", "must be finite and >= 0")
+            if t.dram_bytes > 2**50 or t.disk_bytes > 2**53:
+                raise InvalidArgument(f"{field}[{i}].dram_bytes", "implausibly large (negative sizes arrive "
+                                      "as huge uint64 values)")
 
     async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float):
         with self.ctx.db.session() as s:
@@ -409,6 +422,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
 
 def build(ctx: ServiceContext) -> list[Registration]:
     servicer = CacheManagerServicer(ctx)
+    follow_plans(ctx, servicer)  # stops first (its on_stop hook precedes the index save below)
     settings: CacheManagerSettings = ctx.settings  # type: ignore[assignment]
     task: asyncio.Task | None = None
     if settings.ttl_recompute_s > 0:

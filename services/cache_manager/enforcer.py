@@ -1,0 +1,247 @@
+"""The cache-manager's part of the control loop: follow the plan in force and size each pool's LMCache servers.
+
+``follow_plans`` runs one ``PlanFollower`` (component ``cache-manager``, instance ``--instance``) whose reconcile
+is ``CacheEnforcer.reconcile``: the ``cache_targets`` of the interval in force, applied to the registered LMCache
+servers of each pool with the same resize the ``ApplyCachePlan``/``ResizeCache`` RPCs use (service.py,
+resize.py), under the servicer's lock so no RPC resize interleaves. What it reports:
+
+* ``REFUSED``, nothing changed: a target the ``ApplyCachePlan`` checks reject (repeated pool, bad TTL, an
+  implausible size), a target for a pool that is neither in the interval's pool figures nor served by a
+  registered server, or a DRAM size beyond what a server can take (``--lmcache-max-dram-bytes``; by default
+  this host's physical memory for servers on this host).
+* ``FAILED``, nothing changed: a server of a target pool is unreachable before anything was resized, or the
+  first resize fails.
+* ``ROLLED_BACK``: a resize fails after others succeeded; those servers are resized back to their previous
+  sizes (entries evicted by a shrink stay evicted: LMCache cannot take them back). ``FAILED`` when a roll-back
+  itself fails, naming the servers left at the new size.
+* ``APPLIED``: every server of every target pool holds its target, e.g. ``pool chat: dram 1.0 GiB -> 2.0 GiB
+  (s1)``; a pool of the plan without a registered server and a disk (L2) target (LMCache 0.5.6 sizes L2 at
+  server start) are said in the detail, not failures. Re-applying the same interval changes nothing.
+
+The plan in force is kept in ``<data_dir>/cache_manager_plan.pb`` (``plan_file_store``), so a restart during an
+optimizer outage keeps following it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError
+from greenserve.cache_manager.models import LmcacheServer
+from greenserve.common.app import ServiceContext
+from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.errors import InvalidArgument
+from greenserve.common.plan_follow import (
+    APPLIED,
+    FAILED,
+    REFUSED,
+    ROLLED_BACK,
+    Outcome,
+    PlanFollower,
+    plan_file_store,
+)
+from greenserve.common.tasks import cancel_and_wait
+from greenserve.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from greenserve.cache_manager.service import CacheManagerServicer
+
+COMPONENT = "cache-manager"
+PLAN_FILE = "cache_manager_plan.pb"
+MAX_RECORDED_VERSION = 2**31 - 1  # cache_applications.plan_version is a 32-bit column
+
+
+def gib(size_bytes: int) -> str:
+    """A size in GiB for a detail line: 1.0 GiB, 0.25 GiB, 2.5 GiB."""
+    text = f"{size_bytes / GIB:.3f}".rstrip("0")
+    return (text + "0" if text.endswith(".") else text) + " GiB"
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host, bytes (0 when the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def on_this_host(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Step:
+    """One server to bring to its pool's target."""
+
+    row: LmcacheServer
+    before_bytes: int
+    target_bytes: int
+    evicted: int = 0
+
+
+class CacheEnforcer:
+    """Reconciles the cache targets of a plan interval with the registered LMCache servers (module docstring)."""
+
+    def __init__(self, servicer: CacheManagerServicer, max_dram_bytes: int = 0) -> None:
+        self.servicer = servicer
+        self.max_dram_bytes = max_dram_bytes
+
+    def dram_limit_bytes(self, row: LmcacheServer) -> int | None:
+        """Largest L1 size ``row`` can take: the flag, else this host's memory for a local server, else None."""
+        if self.max_dram_bytes > 0:
+            return self.max_dram_bytes
+        if on_this_host(row.url):
+            return host_memory_bytes() or None
+        return None
+
+    async def reconcile(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
+        if interval is None or not interval.cache_targets:
+            return Outcome(APPLIED, "no cache targets in this interval: cache sizes left as they are")
+        index = next((i for i, iv in enumerate(plan.intervals) if iv == interval), 0)
+        field = f"plan.intervals[{index}].cache_targets"
+        svc = self.servicer
+        async with svc._lock:  # noqa: SLF001 - the servicer's resize lock: no RPC resize interleaves
+            rows = svc._servers()  # noqa: SLF001
+            by_pool: dict[str, list[LmcacheServer]] = defaultdict(list)
+            for row in rows:
+                by_pool[row.pool].append(row)
+            plan_pools = {p.pool for p in interval.pools}
+            try:
+                svc._check_targets(interval.cache_targets, set(by_pool) | plan_pools, field)  # noqa: SLF001
+                for j, target in enumerate(interval.cache_targets):
+                    for row in by_pool.get(target.pool, ()):
+                        limit = self.dram_limit_bytes(row)
+                        if limit is not None and target.dram_bytes > limit:
+                            raise InvalidArgument(f"{field}[{j}].dram_bytes", (
+                                f"{gib(target.dram_bytes)} is more than server {row.id} of pool {target.pool} "
+                                f"can take ({gib(limit)})"))
+            except InvalidArgument as exc:
+                return Outcome(REFUSED, f"{exc}; nothing changed")
+            steps, notes, failure = await self._current_sizes(interval, by_pool)
+            if failure:
+                return Outcome(FAILED, f"{failure}; nothing changed")
+            return await self._apply(plan, interval, steps, notes)
+
+    async def _current_sizes(self, interval: common_pb2.PlanInterval, by_pool: dict[str, list[LmcacheServer]]
+                             ) -> tuple[dict[str, list[_Step]], list[str], str]:
+        """Each target pool's servers with their L1 size now; notes for pools without servers; a failure."""
+        steps: dict[str, list[_Step]] = {}
+        notes: list[str] = []
+        for target in interval.cache_targets:
+            servers = by_pool.get(target.pool, [])
+            if not servers:
+                notes.append(f"pool {target.pool}: no LMCache server registered, target dram "
+                             f"{gib(target.dram_bytes)} not applied")
+                continue
+            steps[target.pool] = []
+            for row in servers:
+                admin = self.servicer._admin(row.url)  # noqa: SLF001
+                try:
+                    state = await admin.state()
+                except LmcacheError as exc:
+                    return steps, notes, f"pool {target.pool}: server {row.id} unreachable: {exc}"
+                finally:
+                    await admin.aclose()
+                steps[target.pool].append(_Step(row, state.l1_total_bytes, target.dram_bytes))
+            if target.disk_bytes:
+                notes.append(f"pool {target.pool}: disk target {gib(target.disk_bytes)} not applied (LMCache 0.5.6 "
+                             "sizes its L2 at server start)")
+        return steps, notes, ""
+
+    async def _apply(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval,
+                     steps: dict[str, list[_Step]], notes: list[str]) -> Outcome:
+        svc = self.servicer
+        done: list[_Step] = []
+        for pool, pool_steps in steps.items():
+            for step in pool_steps:
+                if step.before_bytes == step.target_bytes:
+                    continue
+                outcome = await svc._resize(step.row, step.target_bytes)  # noqa: SLF001
+                if not outcome.applied:
+                    reason = (f"pool {pool}: resizing server {step.row.id} from {gib(step.before_bytes)} to "
+                              f"{gib(step.target_bytes)} failed: {outcome.detail}")
+                    self._record(plan, step, False, reason)
+                    return await self._roll_back(plan, done, reason)
+                step.evicted = outcome.evicted_entries
+                done.append(step)
+        lines = []
+        for target in interval.cache_targets:
+            if target.pool not in steps:
+                continue
+            pool_steps = steps[target.pool]
+            changed = [s for s in pool_steps if s.before_bytes != s.target_bytes]
+            ids = ", ".join(s.row.id for s in pool_steps)
+            if changed:
+                before = " / ".join(sorted({gib(s.before_bytes) for s in changed}))
+                evicted = sum(s.evicted for s in changed)
+                line = f"pool {target.pool}: dram {before} -> {gib(target.dram_bytes)} ({ids})"
+                if evicted:
+                    line += f", {evicted} lowest-LCS entries evicted first"
+            else:
+                line = f"pool {target.pool}: dram {gib(target.dram_bytes)} already in force ({ids})"
+            if target.ttl_s > 0:  # as ApplyCachePlan: the plan's pool-wide TTL
+                svc.ttls.setdefault(target.pool, {})["*"] = target.ttl_s
+                line += f", TTL {target.ttl_s:g} s"
+            lines.append(line)
+            for step in pool_steps:
+                self._record(plan, step, True, line)
+        return Outcome(APPLIED, "; ".join(lines + notes))
+
+    async def _roll_back(self, plan: common_pb2.Plan, done: list[_Step], reason: str) -> Outcome:
+        if not done:
+            return Outcome(FAILED, f"{reason}; nothing changed")
+        back, stuck = [], []
+        for step in reversed(done):
+            outcome = await self.servicer._resize(step.row, step.before_bytes)  # noqa: SLF001
+            if outcome.applied:
+                back.append(f"{step.row.id} to {gib(step.before_bytes)}")
+                self._record(plan, step, False, f"rolled back: {reason}")
+            else:
+                stuck.append(f"{step.row.id} stays at {gib(step.target_bytes)} ({outcome.detail})")
+        if stuck:
+            return Outcome(FAILED, f"{reason}; roll-back incomplete: {'; '.join(stuck)}"
+                           + (f"; rolled back {', '.join(back)}" if back else ""))
+        evicted = sum(s.evicted for s in done)
+        tail = f" ({evicted} entries evicted by a shrink stay evicted)" if evicted else ""
+        return Outcome(ROLLED_BACK, f"{reason}; rolled back {', '.join(back)}{tail}")
+
+    def _record(self, plan: common_pb2.Plan, step: _Step, applied: bool, detail: str) -> None:
+        if 1 <= plan.version <= MAX_RECORDED_VERSION:
+            self.servicer._record(step.row.id, plan.version, step.target_bytes, None, applied, detail)  # noqa: SLF001
+
+
+def follow_plans(ctx: ServiceContext, servicer: CacheManagerServicer) -> PlanFollower | None:
+    """Starts following the optimizer's plans (unless ``--no-follow-plans``); stops with the service."""
+    settings = ctx.settings
+    if not getattr(settings, "follow_plans", False):
+        return None
+    mtls = settings.tls_client_ca is not None
+    channel = create_channel(ChannelConfig(
+        address=settings.optimizer_addr, token=settings.token(), tls_ca=settings.tls_ca,  # type: ignore[attr-defined]
+        tls_cert=settings.tls_cert if mtls else None, tls_key=settings.tls_key if mtls else None))
+    save, load = plan_file_store(Path(settings.data_dir) / PLAN_FILE)
+    enforcer = CacheEnforcer(servicer, settings.lmcache_max_dram_bytes)  # type: ignore[attr-defined]
+    follower = PlanFollower(component=COMPONENT, instance=settings.instance,  # type: ignore[attr-defined]
+                            channel=channel, reconcile=enforcer.reconcile, save=save, load=load)
+    started = asyncio.get_running_loop().create_task(follower.start(), name="cache-manager-plan-follow")
+
+    async def stop() -> None:
+        await cancel_and_wait(started)
+        await follower.stop()
+        await channel.close()
+
+    ctx.on_stop.append(stop)
+    return follower
