@@ -40,6 +40,7 @@ from greenserve.gpu_partitioner.backend import MigBackend, NotFoundError
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
+from greenserve.gpu_partitioner.follow import PlanFollowSettings, inventory_of, start_following
 from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError, Placement
 from greenserve.v1 import (
     common_pb2,
@@ -74,7 +75,7 @@ KIND_TO_ENUM = {
 }
 
 
-class GpuPartitionerSettings(ServiceSettings, DependencyAddresses):
+class GpuPartitionerSettings(ServiceSettings, DependencyAddresses, PlanFollowSettings):
     """Flags and GREENSERVE_* env vars of greenserve-gpu-partitioner."""
 
     service_name: ClassVar[str] = "gpu_partitioner"
@@ -402,6 +403,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     if recovered:
         log.warning("recovered interrupted applies", extra={"apply_ids": recovered, "policy": settings.recovery_policy})
     servicer = GpuPartitionerServicer(ctx, backend, coordinator, energy, router, note)
+    following = await start_following(ctx, backend, coordinator, lambda: inventory_of(servicer))
 
     sampler: asyncio.Task[None] | None = None
     if settings.energy_sample_interval_s > 0:
@@ -417,6 +419,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         sampler = asyncio.get_running_loop().create_task(sample_forever())
 
     async def stop() -> None:
+        await following.stop()  # engines first: they run on this node's instances
         await cancel_and_wait(sampler)
         await router.close()
         await asyncio.to_thread(backend.close)

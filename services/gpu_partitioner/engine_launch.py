@@ -1,0 +1,375 @@
+"""Engines on MIG instances: how the gpu-partitioner starts, watches and stops them.
+
+Two launchers build the command of one engine behind one small interface (`EngineLauncher`):
+
+* `VllmLauncher`: ``vllm serve <variant model> --host H --port P --served-model-name <pool model>`` with
+  ``--gpu-memory-utilization``, optionally ``--max-model-len``, LMCache's multiprocess KV connector
+  (``--kv-transfer-config`` with ``LMCacheMPConnector``) when the pool has an LMCache server, then the
+  variant's own ``vllm_args`` (last, so a variant can override a default); environment
+  ``CUDA_VISIBLE_DEVICES=<MIG device UUID>``. Health is vLLM's ``GET /health`` (200 when the engine runs).
+* `EmulatorLauncher`: ``greenserve-engine-sim --port P --model <served name> --profile <sim model>@<hardware>
+  --time-scale X`` where the hardware is the MIG instance's (``A100-80GB-MIG-3g.40gb``); when the simulator
+  has no profile of that name, the closest one of the same model (same GPU, then same GPU family, then the
+  closest slice count) is used and the note says so.
+
+`EngineSupervisor` owns the processes: each engine is a child in its own session (process group), stopped
+with SIGTERM to the group and SIGKILL after a grace period; `stop_all` runs when the service stops, so a
+stopped gpu-partitioner leaves no engine behind. An engine that exited on its own is seen by `exited()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from greenserve.v1 import common_pb2
+
+log = logging.getLogger("greenserve.gpu_partitioner.engines")
+
+EMULATOR_SCRIPT = "greenserve-engine-sim"
+VLLM_HEALTH_PATH = "/health"
+LMCACHE_MP_CONNECTOR = "LMCacheMPConnector"
+LMCACHE_MP_MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to run on one MIG instance (everything a launcher needs, nothing about the process)."""
+
+    engine_id: str
+    pool: str
+    served_model: str  # the pool's model: what clients send and the router matches
+    variant: str  # variant name ("" for the pool's default)
+    model: str  # what `vllm serve` loads (the variant's model, else the pool's)
+    simulator_model: str  # the variant's performance-model name ("" when none)
+    vllm_args: tuple[str, ...]
+    gpu_uuid: str
+    mig_uuid: str
+    hardware: str  # "A100-80GB-MIG-3g.40gb"
+    host: str
+    port: int
+    lmcache_url: str = ""  # "tcp://host:port" of the pool's LMCache server (multiprocess mode), "" for none
+    idle_power_w: float = 0.0
+    busy_power_w: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def role(self) -> tuple[str, str]:
+        """(pool, variant): an engine is replaced when its role on the instance changes."""
+        return self.pool, self.variant
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """argv, the environment variables added to the service's, and the health path."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    health_path: str
+    note: str = ""  # e.g. the emulator profile fallback
+
+
+class EngineLauncher(Protocol):
+    """Builds the command of one engine."""
+
+    name: str  # "vllm" or "emulator"
+    kind: int  # common_pb2.EngineKind
+
+    def command(self, spec: EngineSpec) -> LaunchCommand:
+        """The command that runs `spec` (ValueError when it cannot be run)."""
+
+
+def mig_hardware(gpu_model: str, mig_profile: str) -> str:
+    """Hardware name of a MIG instance as profiles name it: "A100-80GB" + "3g.40gb" -> "A100-80GB-MIG-3g.40gb"."""
+    return f"{gpu_model}-MIG-{mig_profile}"
+
+
+def parse_lmcache_servers(text: str) -> dict[str, str]:
+    """"chat=tcp://10.0.0.5:5555,code=tcp://10.0.0.6:5555" -> {pool: url}; ValueError naming the bad entry."""
+    out: dict[str, str] = {}
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        pool, sep, url = item.partition("=")
+        if not sep or not pool.strip() or not re.fullmatch(r"tcp://[^:/\s]+:\d{1,5}", url.strip()):
+            raise ValueError(f"engine_lmcache_servers: {item!r} is not POOL=tcp://HOST:PORT")
+        out[pool.strip()] = url.strip()
+    return out
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """"8100-8199" -> (8100, 8199); ValueError when it is not LOW-HIGH within 1..65535."""
+    match = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", text)
+    if not match:
+        raise ValueError(f"engine_port_range: expected LOW-HIGH, got {text!r}")
+    low, high = int(match.group(1)), int(match.group(2))
+    if not 1 <= low <= high <= 65535:
+        raise ValueError(f"engine_port_range: need 1 <= LOW <= HIGH <= 65535, got {text!r}")
+    return low, high
+
+
+class VllmLauncher:
+    """``vllm serve`` on one MIG instance (flags per vLLM's engine and frontend arguments)."""
+
+    name = "vllm"
+    kind = common_pb2.ENGINE_KIND_VLLM
+
+    def __init__(self, *, executable: str = "vllm", gpu_memory_utilization: float = 0.9, max_model_len: int = 0) -> None:
+        self.executable = executable
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.max_model_len = max_model_len
+
+    def command(self, spec: EngineSpec) -> LaunchCommand:
+        if not spec.model:
+            raise ValueError(f"engine {spec.engine_id}: no model to serve (pool {spec.pool!r})")
+        argv = [self.executable, "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
+                "--served-model-name", spec.served_model,
+                "--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.max_model_len > 0:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        if spec.lmcache_url:
+            host, _, port = spec.lmcache_url.rpartition(":")
+            argv += ["--kv-transfer-config", json.dumps({
+                "kv_connector": LMCACHE_MP_CONNECTOR,
+                "kv_connector_module_path": LMCACHE_MP_MODULE,
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"lmcache.mp.host": host, "lmcache.mp.port": int(port)},
+            }, separators=(",", ":"))]
+        argv += list(spec.vllm_args)
+        return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
+                             health_path=VLLM_HEALTH_PATH)
+
+
+def _hardware_parts(hardware: str) -> tuple[str, int]:
+    """"A100-80GB-MIG-3g.40gb" -> ("A100-80GB", 3); "H100-80GB" -> ("H100-80GB", 7); "4xL40" -> ("4xL40", 7)."""
+    base, sep, mig = hardware.partition("-MIG-")
+    if not sep:
+        return hardware, 7
+    match = re.match(r"(\d+)g\.", mig)
+    return base, int(match.group(1)) if match else 7
+
+
+def closest_profile(simulator_model: str, hardware: str, known: Sequence[str]) -> tuple[str | None, str]:
+    """The simulator profile for `simulator_model` on `hardware`, or the closest known one, with a note.
+
+    Closest: same model, then the same GPU (A100-80GB), then the same family (A100), then the nearest number
+    of compute slices (a whole GPU counts 7). None when the simulator knows no profile of the model."""
+    wanted = f"{simulator_model}@{hardware}"
+    if wanted in known:
+        return wanted, ""
+    same_model = [k for k in known if k.partition("@")[0] == simulator_model]
+    if not simulator_model or not same_model:
+        return None, (f"no simulator profile for model {simulator_model!r}; the emulator's default profile is used"
+                      if simulator_model else "the variant names no simulator model; the emulator's default profile is used")
+    base, slices = _hardware_parts(hardware)
+    family = base.split("-")[0]
+
+    def score(name: str) -> tuple[int, int, int, str]:
+        cand_base, cand_slices = _hardware_parts(name.partition("@")[2])
+        return (0 if cand_base == base else 1, 0 if cand_base.split("-")[0] == family else 1,
+                abs(cand_slices - slices), name)
+
+    best = min(same_model, key=score)
+    return best, f"no simulator profile {wanted!r}; using the closest known one, {best!r}"
+
+
+def _emulator_argv0() -> list[str]:
+    """The emulator's console script beside this interpreter, else on PATH, else ``python -m``."""
+    beside = Path(sys.executable).parent / EMULATOR_SCRIPT
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which(EMULATOR_SCRIPT)
+    return [found] if found else [sys.executable, "-m", "greenserve.simulator.emulator"]
+
+
+class EmulatorLauncher:
+    """``greenserve-engine-sim`` with the variant's performance profile on the instance's hardware."""
+
+    name = "emulator"
+    kind = common_pb2.ENGINE_KIND_SIMULATED
+
+    def __init__(self, *, time_scale: float = 1.0, argv0: Sequence[str] | None = None,
+                 known_profiles: Sequence[str] | None = None) -> None:
+        self.time_scale = time_scale
+        self.argv0 = list(argv0) if argv0 is not None else _emulator_argv0()
+        if known_profiles is None:
+            from greenserve.simulator.perf_model import list_profiles
+
+            known_profiles = list_profiles()
+        self.known_profiles = list(known_profiles)
+
+    def command(self, spec: EngineSpec) -> LaunchCommand:
+        profile, note = closest_profile(spec.simulator_model, spec.hardware, self.known_profiles)
+        argv = [*self.argv0, "--host", spec.host, "--port", str(spec.port), "--model", spec.served_model,
+                "--time-scale", f"{self.time_scale:g}"]
+        if profile is not None:
+            argv += ["--profile", profile]
+        return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
+                             health_path=VLLM_HEALTH_PATH, note=note)
+
+
+@dataclass
+class EngineProcess:
+    """One running engine: its spec, command and child process."""
+
+    spec: EngineSpec
+    command: LaunchCommand
+    process: asyncio.subprocess.Process
+    log_path: Path | None
+    kind: int
+    reported_exit: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+class EngineStartError(RuntimeError):
+    """An engine did not become healthy (exited, or its health check timed out)."""
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class EngineSupervisor:
+    """Starts, health-checks and stops the engine processes of this gpu-partitioner."""
+
+    launcher: EngineLauncher
+    host: str = "127.0.0.1"
+    port_range: tuple[int, int] = (8100, 8199)
+    log_dir: Path | None = None
+    stop_grace_s: float = 10.0
+    engines: dict[str, EngineProcess] = field(default_factory=dict)  # by engine id
+
+    def by_mig_uuid(self) -> dict[str, EngineProcess]:
+        return {e.spec.mig_uuid: e for e in self.engines.values()}
+
+    def next_port(self) -> int:
+        """The lowest port of the range that no engine of ours uses and that can be bound now."""
+        taken = {e.spec.port for e in self.engines.values()}
+        low, high = self.port_range
+        for port in range(low, high + 1):
+            if port not in taken and _port_free(self.host, port):
+                return port
+        raise EngineStartError(f"no free port in {low}-{high} on {self.host}")
+
+    def exited(self) -> list[EngineProcess]:
+        """Engines whose process ended without being stopped by us (each returned once)."""
+        out = []
+        for engine in self.engines.values():
+            if engine.returncode is not None and not engine.reported_exit:
+                engine.reported_exit = True
+                out.append(engine)
+        return out
+
+    async def start(self, spec: EngineSpec) -> EngineProcess:
+        """Spawns the engine in its own process group (not waited for: see `wait_healthy`)."""
+        command = self.launcher.command(spec)
+        if command.note:
+            log.warning("engine %s: %s", spec.engine_id, command.note)
+        log_path = None
+        stdout: int | object = asyncio.subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.engine_id)}.log"
+        env = {**os.environ, **command.env}
+        if log_path is not None:
+            with open(log_path, "ab") as log_file:
+                process = await asyncio.create_subprocess_exec(
+                    *command.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+                    env=env, start_new_session=True)
+        else:
+            process = await asyncio.create_subprocess_exec(
+                *command.argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=asyncio.subprocess.DEVNULL,
+                env=env, start_new_session=True)
+        engine = EngineProcess(spec, command, process, log_path, self.launcher.kind)
+        self.engines[spec.engine_id] = engine
+        log.info("engine %s started (pid %d): %s", spec.engine_id, process.pid, " ".join(command.argv))
+        return engine
+
+    async def wait_healthy(self, engine: EngineProcess, timeout_s: float) -> None:
+        """Polls the health URL until 200; EngineStartError when the process exits or the time is up."""
+        url = engine.spec.url + engine.command.health_path
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                if engine.returncode is not None:
+                    engine.reported_exit = True
+                    raise EngineStartError(f"engine {engine.spec.engine_id} exited with code {engine.returncode} "
+                                           f"during start-up" + (f" (log {engine.log_path.name})" if engine.log_path else ""))
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url)).status_code == 200:
+                        return
+                if loop.time() > deadline:
+                    raise EngineStartError(f"engine {engine.spec.engine_id} not healthy at {url} after {timeout_s:g} s")
+                await asyncio.sleep(0.1)
+
+    async def stop(self, engine_id: str) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after the grace period; forgets the engine."""
+        engine = self.engines.pop(engine_id, None)
+        if engine is None:
+            return
+        await self._terminate(engine)
+
+    async def _terminate(self, engine: EngineProcess) -> None:
+        pid = engine.pid
+        if engine.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(engine.process.wait(), timeout=self.stop_grace_s)
+            except TimeoutError:
+                log.warning("engine %s ignored SIGTERM for %g s; killing it", engine.spec.engine_id, self.stop_grace_s)
+        # the group may hold grandchildren (vLLM workers) even when the leader is gone
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        if engine.returncode is None:
+            await engine.process.wait()
+        log.info("engine %s stopped (exit %s)", engine.spec.engine_id, engine.returncode)
+
+    async def stop_all(self) -> None:
+        """Stops every engine (the service is stopping)."""
+        engines = list(self.engines.values())
+        self.engines.clear()
+        await asyncio.gather(*(self._terminate(e) for e in engines), return_exceptions=True)
+
+
+def make_launcher(name: str, *, time_scale: float = 1.0, gpu_memory_utilization: float = 0.9,
+                  max_model_len: int = 0) -> EngineLauncher | None:
+    """The launcher named by --engine-launcher ("none": no engines are started)."""
+    if name == "vllm":
+        return VllmLauncher(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+    if name == "emulator":
+        return EmulatorLauncher(time_scale=time_scale)
+    if name == "none":
+        return None
+    raise ValueError(f"engine_launcher: must be vllm, emulator or none, got {name!r}")
