@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from pydantic import Field
 
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
+from greenserve.common.errors import InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
+from greenserve.profiler.published import builtin_profiles
+from greenserve.profiler.sim_backend import SimulatorBackend
+from greenserve.profiler.store import SOURCE_NAMES, ProfileStore
+from greenserve.profiler.sweeps import SweepRunner
 from greenserve.v1 import profiler_pb2, profiler_pb2_grpc
+
+log = logging.getLogger("greenserve.profiler")
 
 
 class ProfilerSettings(ServiceSettings, DependencyAddresses):
@@ -15,13 +27,109 @@ class ProfilerSettings(ServiceSettings, DependencyAddresses):
 
     service_name: ClassVar[str] = "profiler"
 
+    import_published: bool = Field(
+        True, description="on start, store the seeds' published tables as PUBLISHED profiles when none are stored")
+    engine_backend: bool = Field(True, description="accept SWEEP_BACKEND_ENGINE sweeps (real engines over HTTP)")
+    nvml_power: str = Field("auto", description="GPU power for engine sweeps: auto (NVML when it initialises), "
+                            "nvml (required), off (the engine's own power metric only)")
+    nvml_device_index: int = Field(0, ge=0, le=63, description="NVML index of the GPU the profiled engine runs on")
+
+
+def _value_error(exc: ValueError) -> InvalidArgument:
+    field, _, message = str(exc).partition(": ")
+    return InvalidArgument(field if message else "request", message or str(exc))
+
 
 class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
-    """greenserve.v1.ProfilerService. RPCs not defined here answer UNIMPLEMENTED (the generated base)."""
+    """greenserve.v1.ProfilerService."""
 
-    def __init__(self, ctx: ServiceContext) -> None:
+    def __init__(self, ctx: ServiceContext, store: ProfileStore, runner: SweepRunner) -> None:
         self.ctx = ctx
+        self.store = store
+        self.runner = runner
+
+    async def StartSweep(self, request: profiler_pb2.StartSweepRequest, context: Any) -> profiler_pb2.StartSweepResponse:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "required")
+        return profiler_pb2.StartSweepResponse(sweep=await self.runner.submit(request.spec))
+
+    async def GetSweep(self, request: profiler_pb2.GetSweepRequest, context: Any) -> profiler_pb2.GetSweepResponse:
+        return profiler_pb2.GetSweepResponse(sweep=await self.runner.get(request.sweep_id))
+
+    async def WatchSweep(self, request: profiler_pb2.WatchSweepRequest,
+                         context: Any) -> AsyncIterator[profiler_pb2.WatchSweepResponse]:
+        async for sweep, point in self.runner.watch(request.sweep_id):
+            event = profiler_pb2.WatchSweepResponse(sweep=sweep)
+            if point is not None:
+                event.point.CopyFrom(point)
+            yield event
+
+    async def CancelSweep(self, request: profiler_pb2.CancelSweepRequest,
+                          context: Any) -> profiler_pb2.CancelSweepResponse:
+        return profiler_pb2.CancelSweepResponse(sweep=await self.runner.cancel(request.sweep_id))
+
+    async def ListSweeps(self, request: profiler_pb2.ListSweepsRequest, context: Any) -> profiler_pb2.ListSweepsResponse:
+        sweeps, token = await self.runner.list(request.page_size, request.page_token)
+        return profiler_pb2.ListSweepsResponse(sweeps=sweeps, next_page_token=token)
+
+    async def GetProfile(self, request: profiler_pb2.GetProfileRequest, context: Any) -> profiler_pb2.GetProfileResponse:
+        if not request.config_key:
+            raise InvalidArgument("config_key", "required")
+        profile = await asyncio.to_thread(self.store.get, request.config_key, request.version)
+        if profile is None:
+            what = f"version {request.version} of " if request.version else ""
+            raise NotFound(f"no profile {what}{request.config_key!r}", field="config_key")
+        return profiler_pb2.GetProfileResponse(profile=profile)
+
+    async def ListProfiles(self, request: profiler_pb2.ListProfilesRequest,
+                           context: Any) -> profiler_pb2.ListProfilesResponse:
+        if request.source and request.source not in SOURCE_NAMES:
+            raise InvalidArgument("source", f"unknown profile source {request.source}")
+        profiles = await asyncio.to_thread(self.store.list, model=request.model, hardware=request.hardware,
+                                           latest_only=request.latest_only,
+                                           source=SOURCE_NAMES.get(request.source, ""), workload=request.workload)
+        return profiler_pb2.ListProfilesResponse(profiles=profiles)
+
+    async def PutProfile(self, request: profiler_pb2.PutProfileRequest, context: Any) -> profiler_pb2.PutProfileResponse:
+        if not request.HasField("profile"):
+            raise InvalidArgument("profile", "required")
+        try:
+            stored = await asyncio.to_thread(self.store.put, request.profile)
+        except ValueError as exc:
+            raise _value_error(exc) from None
+        return profiler_pb2.PutProfileResponse(profile=stored)
 
 
-def build(ctx: ServiceContext) -> list[Registration]:
-    return [registration(profiler_pb2, profiler_pb2_grpc, "ProfilerService", ProfilerServicer(ctx))]
+def import_builtin_published(store: ProfileStore) -> int:
+    """Store the shipped published tables when no PUBLISHED profile is stored yet; returns how many."""
+    if store.count("published"):
+        return 0
+    return len(store.put_many(builtin_profiles()))
+
+
+def _backends(settings: ProfilerSettings) -> dict[int, Any]:
+    backends: dict[int, Any] = {profiler_pb2.SWEEP_BACKEND_SIMULATOR: SimulatorBackend}
+    if settings.engine_backend:
+        from greenserve.profiler.engine_backend import EngineBackend
+
+        def engine() -> EngineBackend:
+            return EngineBackend(settings)
+
+        backends[profiler_pb2.SWEEP_BACKEND_ENGINE] = engine
+    return backends
+
+
+async def build(ctx: ServiceContext) -> list[Registration]:
+    settings = ctx.settings
+    assert isinstance(settings, ProfilerSettings)
+    store = ProfileStore(ctx.db)
+    if settings.import_published:
+        imported = await asyncio.to_thread(import_builtin_published, store)
+        if imported:
+            log.info("imported published profiles", extra={"profiles": imported})
+    runner = SweepRunner(ctx.db, _backends(settings))
+    resumed = await runner.start()
+    if resumed:
+        log.warning("resuming sweeps left unfinished", extra={"sweep_ids": resumed})
+    ctx.on_stop.append(runner.stop)
+    return [registration(profiler_pb2, profiler_pb2_grpc, "ProfilerService", ProfilerServicer(ctx, store, runner))]

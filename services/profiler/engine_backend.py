@@ -1,0 +1,311 @@
+"""Engine backend: a sweep point measured on a running engine through its OpenAI-compatible API.
+
+Per point (GreenLLM Sec. V-A, GreenCache Sec. 5.2):
+
+1. the configuration is put in force: its LMCache sizes through the cache-manager's ``ResizeCache`` (when it
+   has cache sizes); the engine must already serve the configuration's model (restarting engines per
+   configuration is not done here: ``prepare`` refuses a configuration the engine does not serve);
+2. open-loop arrivals at the rate (Poisson, or the trace's inter-arrivals rescaled): cache pre-fill and
+   warm-up requests first (not measured), then the measured requests; every request is a streamed
+   ``/v1/completions`` call with the workload's prompt as token ids (shared prefix blocks get the same ids,
+   so prefix reuse is real) and ``max_tokens`` = its output length with ``ignore_eos``;
+3. per request, client side: TTFT (first streamed token), TPOT ((end - TTFT) / (tokens - 1)), end-to-end;
+4. ``/metrics`` is scraped when the window opens and closes (prefix-cache and LMCache hits, the engine's own
+   latency histograms for the agreement figure) and every sampling interval (batch size = running requests);
+5. power: NVML (energy counter, else power samples every ``power_interval_s``) when it initialises, else the
+   engine's modelled power metric, else none; the point's ``power_source`` says which.
+
+``engine_time_scale`` s > 1 is for emulated engines running s times faster than the engine they model:
+arrivals are sent s times faster and client-side latencies multiplied by s, so points are in modelled seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.errors import FailedPrecondition
+from greenserve.profiler import engine_metrics, workload_catalog
+from greenserve.profiler.keys import simulator_profile
+from greenserve.profiler.method import Method
+from greenserve.profiler.points import PointExtras, RequestSamples, summarize
+from greenserve.profiler.power import NvmlPowerMeter, load_nvml
+from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, profiler_pb2
+
+log = logging.getLogger("greenserve.profiler.engine")
+
+PROBE_TIMEOUT_S = 3.0
+VOCAB_LOW, VOCAB_HIGH = 100, 30_000  # token ids every Llama tokenizer (32k or 128k vocab) accepts
+
+
+def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_tokens: int, request_seed: int) -> list[int]:
+    """Token ids of a prompt: each shared prefix block is the same ids wherever it appears (prefix reuse is real
+    on the engine); the rest is unique to the request."""
+    ids: list[int] = []
+    for block in block_hashes:
+        if len(ids) + block_tokens > prompt_tokens:
+            break
+        rng = np.random.default_rng([abs(int(block)), 7 if block >= 0 else 11])
+        ids.extend(rng.integers(VOCAB_LOW, VOCAB_HIGH, block_tokens).tolist())
+    rest = prompt_tokens - len(ids)
+    if rest > 0:
+        rng = np.random.default_rng([request_seed, 13])
+        ids.extend(rng.integers(VOCAB_LOW, VOCAB_HIGH, rest).tolist())
+    return ids
+
+
+class EngineBackend:
+    """The SWEEP_BACKEND_ENGINE measurements (one instance per sweep run)."""
+
+    source = common_pb2.PROFILE_SOURCE_MEASURED
+    name = "engine"
+
+    def __init__(self, settings: Any, *, nvml: Any | None = None) -> None:
+        self.settings = settings
+        self._client: httpx.AsyncClient | None = None
+        self._nvml = nvml
+        self._nvml_note = ""
+        self._served: list[str] = []
+        #: the last point's /metrics window and its means (the bench compares them with client-side figures)
+        self.last_window: engine_metrics.WindowMetrics | None = None
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=PROBE_TIMEOUT_S))
+        return self._client
+
+    def _power_meter(self, interval_s: float) -> NvmlPowerMeter | None:
+        mode = getattr(self.settings, "nvml_power", "auto")
+        if mode == "off":
+            return None
+        if self._nvml is None:
+            try:
+                self._nvml = load_nvml()
+            except Exception as exc:  # pynvml.NVMLError_LibraryNotFound / DriverNotLoaded, ImportError
+                if mode == "nvml":
+                    raise FailedPrecondition(f"NVML did not initialise: {exc}", field="nvml_power") from None
+                self._nvml_note = f"NVML unavailable ({type(exc).__name__})"
+                self._nvml = False
+        if self._nvml is False:
+            return None
+        return NvmlPowerMeter(self._nvml, getattr(self.settings, "nvml_device_index", 0), interval_s)
+
+    async def _cache_manager(self) -> tuple[Any, Any]:
+        s = self.settings
+        channel = create_channel(ChannelConfig(address=s.cache_manager_addr, token=s.token(), tls_ca=s.tls_ca))
+        return channel, cache_manager_pb2_grpc.CacheManagerServiceStub(channel)
+
+    def _served_model(self, config: common_pb2.ProfileConfig) -> str | None:
+        if config.model in self._served:
+            return config.model
+        try:
+            served = simulator_profile(config).model
+        except ValueError:
+            return None
+        return served if served in self._served else None
+
+    # -- Backend protocol ---------------------------------------------------------------------------
+
+    async def prepare(self, spec: profiler_pb2.SweepSpec) -> None:
+        """The engine answers and serves every configuration's model; the cache server is registered."""
+        base = spec.engine_url.rstrip("/")
+        try:
+            reply = await self._http().get(f"{base}/v1/models", timeout=PROBE_TIMEOUT_S)
+            reply.raise_for_status()
+            self._served = [m["id"] for m in reply.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise FailedPrecondition(f"engine {spec.engine_url} did not answer GET /v1/models: "
+                                     f"{type(exc).__name__}: {exc}", field="spec.engine_url") from None
+        for i, config in enumerate(spec.configs):
+            if self._served_model(config) is None:
+                raise FailedPrecondition(
+                    f"the engine serves {self._served}, not {config.model!r}; restarting engines per configuration "
+                    "is not done by the profiler (start one engine per model)", field=f"spec.configs[{i}].model")
+        if spec.cache_server_id:
+            channel, stub = await self._cache_manager()
+            try:
+                servers = await stub.ListCacheServers(cache_manager_pb2.ListCacheServersRequest(),
+                                                      timeout=PROBE_TIMEOUT_S)
+            except Exception as exc:  # grpc.aio.AioRpcError: cache-manager down
+                raise FailedPrecondition(f"cache-manager at {self.settings.cache_manager_addr} did not answer: {exc}",
+                                         field="spec.cache_server_id") from None
+            finally:
+                await channel.close()
+            if spec.cache_server_id not in {s.id for s in servers.servers}:
+                raise FailedPrecondition(f"cache-manager has no server {spec.cache_server_id!r}",
+                                         field="spec.cache_server_id")
+
+    async def apply_config(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
+        if not self._served:
+            await self.prepare(spec)
+        if not (config.cache_dram_bytes or config.cache_disk_bytes) or not spec.cache_server_id:
+            return ""
+        channel, stub = await self._cache_manager()
+        try:
+            request = cache_manager_pb2.ResizeCacheRequest(server_id=spec.cache_server_id,
+                                                           dram_bytes=config.cache_dram_bytes)
+            if config.cache_disk_bytes:
+                request.disk_bytes = config.cache_disk_bytes
+            reply = await stub.ResizeCache(request, timeout=120)
+        finally:
+            await channel.close()
+        if not reply.result.applied:
+            raise RuntimeError(f"cache-manager could not resize {spec.cache_server_id}: {reply.result.detail}")
+        return (f"cache set through the cache-manager: server {spec.cache_server_id} DRAM {reply.result.dram_bytes} B, "
+                f"disk {reply.result.disk_bytes} B")
+
+    def provenance(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> tuple[str, str]:
+        scale = spec.engine_time_scale or 1.0
+        note = f"engine {spec.engine_url} (model {self._served_model(config) or config.model})"
+        if scale != 1.0:
+            note += f", time scale {scale:g} (latencies in modelled seconds)"
+        if self._nvml_note:
+            note += f"; {self._nvml_note}"
+        return note, ""
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- one point ----------------------------------------------------------------------------------
+
+    async def _scrape(self, base: str) -> engine_metrics.Snapshot | None:
+        try:
+            reply = await self._http().get(f"{base}/metrics", timeout=PROBE_TIMEOUT_S)
+            reply.raise_for_status()
+            return engine_metrics.parse(reply.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("metrics scrape failed", extra={"url": base, "error": str(exc)})
+            return None
+
+    async def _send(self, base: str, model: str, ids: list[int], max_tokens: int, timeout_s: float,
+                    scale: float) -> tuple[float, float, float, int]:
+        """(ttft, tpot, e2e, generated tokens) in modelled seconds; NaNs when the request failed."""
+        body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+                "temperature": 0.0, "stream_options": {"include_usage": True}}
+        t0 = time.monotonic()
+        first: float | None = None
+        chunks = 0
+        tokens: int | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._http().stream("POST", f"{base}/v1/completions", json=body) as reply:
+                    if reply.status_code != 200:
+                        await reply.aread()
+                        return math.nan, math.nan, math.nan, 0
+                    async for line in reply.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        data = line[6:].strip()
+                        if data == "[DONE]":
+                            break
+                        event = json.loads(data)
+                        choices = event.get("choices") or []
+                        if choices and choices[0].get("text"):
+                            chunks += 1
+                            if first is None:
+                                first = time.monotonic()
+                        usage = event.get("usage")
+                        if usage and usage.get("completion_tokens") is not None:
+                            tokens = int(usage["completion_tokens"])
+        except (httpx.HTTPError, TimeoutError, ValueError):
+            return math.nan, math.nan, math.nan, 0
+        end = time.monotonic()
+        if first is None:
+            return math.nan, math.nan, math.nan, 0
+        n = tokens if tokens is not None else chunks
+        ttft, e2e = (first - t0) * scale, (end - t0) * scale
+        tpot = (e2e - ttft) / (n - 1) if n > 1 else math.nan
+        return ttft, tpot, e2e, n
+
+    async def measure(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig, rate_per_s: float,
+                      method: Method) -> common_pb2.ProfilePoint:
+        base = spec.engine_url.rstrip("/")
+        if not self._served:
+            await self.prepare(spec)
+        model = self._served_model(config) or config.model
+        scale = spec.engine_time_scale or 1.0
+        warmup = method.warmup_requests(rate_per_s) + method.cache_prefill_requests
+        pw = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
+                                    measured=method.measured_requests(rate_per_s), seed=spec.seed,
+                                    arrival=method.arrival)
+        wl = pw.workload
+        hashes = wl.block_hashes or [()] * len(wl)
+        prompts = [prompt_token_ids(p, h, wl.hash_block_tokens, spec.seed * 1_000_003 + i)
+                   for i, (p, h) in enumerate(zip(wl.prompt_tokens, hashes))]
+        timeout_wall_s = method.request_timeout_s / scale
+        meter = self._power_meter(method.power_interval_s / scale)
+        running: list[float] = []
+        before: engine_metrics.Snapshot | None = None
+        sampler: asyncio.Task[None] | None = None
+
+        async def sample_running() -> None:
+            while True:
+                snap = await self._scrape(base)
+                value = snap.gauge("running") if snap else None
+                if value is not None:
+                    running.append(value)
+                await asyncio.sleep(max(method.power_interval_s / scale, 0.1))
+
+        tasks: list[asyncio.Task[tuple[float, float, float, int]]] = []
+        t_origin = time.monotonic()
+        a0 = wl.arrival_s[0]
+        window_start = 0.0
+        try:
+            for i, arrival in enumerate(wl.arrival_s):
+                delay = t_origin + (arrival - a0) / scale - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if i == pw.warmup:
+                    before = await self._scrape(base)
+                    window_start = time.monotonic()
+                    if meter is not None:
+                        await meter.start()
+                    sampler = asyncio.get_running_loop().create_task(sample_running())
+                tasks.append(asyncio.get_running_loop().create_task(
+                    self._send(base, model, prompts[i], wl.output_tokens[i], timeout_wall_s, scale)))
+            results = await asyncio.gather(*tasks[pw.warmup:])
+            wall_s = time.monotonic() - window_start
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            if sampler is not None:
+                sampler.cancel()
+            if meter is not None:
+                await meter.stop()
+            raise
+        if sampler is not None:
+            sampler.cancel()
+        power_w, power_source = math.nan, ""
+        if meter is not None:
+            power_w, power_source, _ = await meter.stop()
+        after = await self._scrape(base)
+        await asyncio.gather(*tasks[: pw.warmup], return_exceptions=True)
+        win = engine_metrics.window(before, after) if before and after else engine_metrics.WindowMetrics()
+        self.last_window = win
+        if not math.isfinite(power_w) and win.energy_j is not None and wall_s > 0:
+            power_w, power_source = win.energy_j / (wall_s * scale), "engine_metric"
+        hit = win.prefix_hit_fraction
+        if win.lmcache_hit_fraction is not None:
+            hit = (hit or 0.0) + win.lmcache_hit_fraction
+        arrivals = np.asarray(wl.arrival_s[pw.warmup:], dtype=float)
+        arr = np.asarray(results, dtype=float).reshape(-1, 4)
+        samples = RequestSamples(arrival_s=arrivals, ttft_s=arr[:, 0], tpot_s=arr[:, 1], e2e_s=arr[:, 2],
+                                 output_tokens=np.asarray(wl.output_tokens[pw.warmup:], dtype=float),
+                                 prompt_tokens=np.asarray(wl.prompt_tokens[pw.warmup:], dtype=float))
+        extras = PointExtras(power_w=power_w, power_source=power_source,
+                             cache_hit_fraction=min(hit, 1.0) if hit is not None else math.nan,
+                             mean_batch_size=float(np.mean(running)) if running else math.nan)
+        return summarize(rate_per_s, samples, spec.slo, extras, ci_g_per_kwh=method.ci_g_per_kwh)

@@ -1,0 +1,84 @@
+"""Simulator backend: a sweep point in virtual time through ``greenserve.simulator``.
+
+One engine (the configuration's performance profile, its LMCache DRAM/disk capacities converted from bytes
+to tokens with the profile's KV bytes per token) replays the point's workload; the warm-up requests (the
+method's warm-up at the rate, or its cache pre-fill count if larger) fill the prefix and LMCache tiers and
+are not measured. Power is the model's mean over the replay (idle included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from greenserve.profiler import workload_catalog
+from greenserve.profiler.keys import simulator_profile, simulator_profile_name
+from greenserve.profiler.method import Method
+from greenserve.profiler.points import PointExtras, RequestSamples, summarize
+from greenserve.simulator.perf_model import data_version
+from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.v1 import common_pb2, profiler_pb2
+
+SUPPORTED_MODES = (common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE)
+
+
+def check_config(config: common_pb2.ProfileConfig, field: str) -> None:
+    """ValueError naming the field when the simulator cannot run the configuration."""
+    simulator_profile_name(config, field)
+    if config.serving_mode not in SUPPORTED_MODES:
+        raise ValueError(f"{field}.serving_mode: the simulator backend runs STANDALONE configurations only")
+
+
+def simulate_point(config: common_pb2.ProfileConfig, rate_per_s: float, spec: profiler_pb2.SweepSpec,
+                   method: Method) -> common_pb2.ProfilePoint:
+    """Measure one (configuration, rate) point in virtual time (CPU-bound; call from a thread)."""
+    profile = simulator_profile(config)
+    kv = profile.kv_bytes_per_token
+    warmup = max(method.warmup_requests(rate_per_s), method.cache_prefill_requests)
+    point_wl = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
+                                      measured=method.measured_requests(rate_per_s), seed=spec.seed,
+                                      arrival=method.arrival)
+    engine = EngineSpec(profile, dram_capacity_tokens=int(config.cache_dram_bytes // kv),
+                        disk_capacity_tokens=int(config.cache_disk_bytes // kv))
+    result = replay(point_wl.workload, FleetConfig((engine,), seed=spec.seed))
+    m = slice(point_wl.warmup, None)
+    ttft = np.where(result.rejected[m], np.nan, result.ttft_s[m])
+    samples = RequestSamples(arrival_s=result.arrival_s[m], ttft_s=ttft, tpot_s=result.tpot_s[m],
+                             e2e_s=np.where(result.rejected[m], np.nan, result.e2e_s[m]),
+                             output_tokens=result.output_tokens[m], prompt_tokens=result.prompt_tokens[m])
+    prompt = float(result.prompt_tokens[m].sum())
+    hits = float(result.hit_hbm_tokens[m].sum() + result.hit_dram_tokens[m].sum() + result.hit_disk_tokens[m].sum())
+    extras = PointExtras(
+        power_w=result.fleet_energy_j / result.makespan_s if result.makespan_s > 0 else float("nan"),
+        power_source="simulator_model",
+        cache_hit_fraction=hits / prompt if prompt else float("nan"),
+        mean_batch_size=float(result.engine_mean_batch[0]),
+    )
+    return summarize(rate_per_s, samples, spec.slo, extras, ci_g_per_kwh=method.ci_g_per_kwh)
+
+
+class SimulatorBackend:
+    """The SWEEP_BACKEND_SIMULATOR measurements."""
+
+    source = common_pb2.PROFILE_SOURCE_SIMULATED
+    name = "simulator"
+
+    async def prepare(self, spec: profiler_pb2.SweepSpec) -> None:
+        return None
+
+    async def apply_config(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
+        return ""
+
+    async def measure(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig, rate_per_s: float,
+                      method: Method) -> common_pb2.ProfilePoint:
+        return await asyncio.to_thread(simulate_point, config, rate_per_s, spec, method)
+
+    def provenance(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> tuple[str, str]:
+        """(note, model version) of a profile this backend produced."""
+        name = simulator_profile_name(config)
+        version = f"{name}@{data_version()}"
+        return f"greenserve.simulator virtual-time replay, profile {name}, data {data_version()}", version
+
+    async def close(self) -> None:
+        return None
