@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsConfigDict
 
 from greenserve.common.clock import Clock, make_clock
+
+if TYPE_CHECKING:
+    from greenserve.common.client import ChannelConfig
 
 ENV_PREFIX = "GREENSERVE_"
 
@@ -102,6 +105,14 @@ class ServiceSettings(BaseSettings):
         if self.db_url:
             return self.db_url
         return f"sqlite:///{(self.data_dir / f'{self.service_name}.db').as_posix()}"
+
+    def channel_config(self, address: str) -> ChannelConfig:
+        """How this process calls another greenserve service: its token, CA, and its certificate under mTLS."""
+        from greenserve.common.client import ChannelConfig
+
+        return ChannelConfig(address=address, token=self.token(), tls_ca=self.tls_ca,
+                             tls_cert=self.tls_cert if self.tls_client_ca else None,
+                             tls_key=self.tls_key if self.tls_client_ca else None)
 
     def make_clock(self) -> Clock:
         """The clock these settings describe (the wall clock unless a virtual one is configured)."""

@@ -198,8 +198,11 @@ class PlanFollower:
         await self.reporter.stop()
 
     async def offer(self, plan: common_pb2.Plan) -> None:
-        """A plan from the watch stream (or a test): put it in force if newer, then reconcile."""
-        if plan.version <= self.version:
+        """A plan from the watch stream (or a test): put it in force, then reconcile.
+
+        Every plan the optimizer streams is the plan in force, so an older version is a rollback and is taken too;
+        only the version already held is ignored."""
+        if plan.version == self.version:
             return
         self.plan = plan
         if self.save is not None:

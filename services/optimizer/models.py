@@ -47,3 +47,48 @@ class Plan(Base):
 
     def __repr__(self) -> str:
         return f"Plan(version={self.version!r}, state={self.state!r})"
+
+
+class Fleet(Base):
+    """The operator's fleet inventory (one row, id 1): the serialized ``greenserve.v1.FleetInventory``."""
+
+    __tablename__ = "fleet"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ReportedGpus(Base):
+    """The GPUs one gpu-partitioner reported for its node (serialized ``ReportGpusRequest``)."""
+
+    __tablename__ = "reported_gpus"
+
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    reported_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class EnforcementReport(Base):
+    """The latest report of one component instance about one plan version."""
+
+    __tablename__ = "enforcement_reports"
+
+    plan_version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    component: Mapped[str] = mapped_column(String(64), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(253), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    reported_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ForecastCache(Base):
+    """The last good forecast of one series (serialized ``greenserve.v1.Forecast``): planning input while the
+    forecaster is down, up to a maximum age."""
+
+    __tablename__ = "forecast_cache"
+
+    series: Mapped[str] = mapped_column(String(300), primary_key=True)
+    fetched_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    body: Mapped[bytes] = mapped_column(LargeBinary)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import ClassVar
 
 import grpc
+from pydantic import Field
 
 from greenserve.common import carbon
 from greenserve.common.app import ServiceContext
@@ -14,15 +17,36 @@ from greenserve.common.carbon_messages import (
     params_to_proto,
     require_finite,
 )
+from greenserve.common.client import create_channel
 from greenserve.common.config import DependencyAddresses, ServiceSettings
+from greenserve.common.errors import InvalidArgument
 from greenserve.common.server import Registration, registration
-from greenserve.v1 import optimizer_pb2, optimizer_pb2_grpc
+from greenserve.optimizer.loop import OptimizerLoop
+from greenserve.optimizer.plan_store import PlanStore, summary
+from greenserve.optimizer.solvers import default_solvers
+from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 
 
 class OptimizerSettings(ServiceSettings, DependencyAddresses):
     """Flags and GREENSERVE_* env vars of greenserve-optimizer."""
 
     service_name: ClassVar[str] = "optimizer"
+
+    hold_plans: bool = Field(False, description="store computed plans as proposed; they wait for ActivatePlan")
+    plan_horizon_hours: int = Field(24, ge=1, le=168, description="hours each plan covers")
+    plan_lead_s: float = Field(600.0, ge=0, le=3600, description="compute the next hour's plan this long before it")
+    plan_debounce_s: float = Field(5.0, ge=0, le=3600, description="events within this many seconds make one plan")
+    schedule_plans: bool = Field(True, description="compute plans on the schedule and on events (off: ComputePlan only)")
+    ci_change_fraction: float = Field(0.05, gt=0, le=10, description="re-plan when CI moves more than this from the plan")
+    ci_monitor_interval_s: float = Field(900.0, ge=0, le=86400, description="how often actual/forecast CI is checked (0: never)")
+    forecast_max_age_s: float = Field(6 * 3600.0, gt=0, le=7 * 86400,
+                                      description="plan on cached forecasts up to this age while the forecaster is down")
+    solver_timeout_s: float = Field(10.0, gt=0, le=600, description="a solver taking longer leaves its knob as it is")
+    ci_signal: str = Field("direct", pattern="^(direct|lifecycle)$", description="carbon signal of the CI series planned on")
+    routing_headroom_fraction: float = Field(0.9, gt=0, le=1, description="share of an engine's SLO capacity the plan fills")
+    routing_load: str = Field("upper", pattern="^(upper|mean)$",
+                              description="plan routing for the forecast's upper bound or its mean")
+    slo_breach_cooldown_s: float = Field(900.0, ge=0, le=86400, description="at most one SLO-breach re-plan per pool per this")
 
 
 def estimate_carbon(request: optimizer_pb2.EstimateCarbonRequest) -> optimizer_pb2.EstimateCarbonResponse:
@@ -49,11 +73,123 @@ def estimate_carbon(request: optimizer_pb2.EstimateCarbonRequest) -> optimizer_p
     )
 
 
-class OptimizerServicer(optimizer_pb2_grpc.OptimizerServiceServicer):
-    """greenserve.v1.OptimizerService. RPCs not defined here answer UNIMPLEMENTED (the generated base)."""
+TRIGGERS = ("schedule", "ci_change", "slo_breach", "fleet_change", "forecast", "manual")
 
-    def __init__(self, ctx: ServiceContext) -> None:
+
+class OptimizerServicer(optimizer_pb2_grpc.OptimizerServiceServicer):
+    """greenserve.v1.OptimizerService."""
+
+    def __init__(self, ctx: ServiceContext, loop: OptimizerLoop) -> None:
         self.ctx = ctx
+        self.loop = loop
+
+    # -- plans ------------------------------------------------------------------------------------------
+
+    async def ComputePlan(self, request: optimizer_pb2.ComputePlanRequest,
+                          context: grpc.aio.ServicerContext) -> optimizer_pb2.ComputePlanResponse:
+        trigger = request.trigger or "manual"
+        if trigger not in TRIGGERS:
+            raise InvalidArgument("trigger", f"must be one of {', '.join(TRIGGERS)}")
+        weight = 1.0
+        if request.HasField("carbon_weight_fraction"):
+            weight = require_finite("carbon_weight_fraction", request.carbon_weight_fraction, minimum=0.0)
+            if weight > 1.0:
+                raise InvalidArgument("carbon_weight_fraction", "must be in [0, 1]")
+        params = None
+        if request.HasField("carbon_params"):
+            params, _ = params_from_proto(request.carbon_params)
+        async with self.loop.scheduler.lock:
+            plan, solve_s = await self.loop.compute(
+                trigger=trigger, horizon_hours=request.horizon_hours, params=params, carbon_weight_fraction=weight,
+                dry_run=request.dry_run, hold=True if request.hold_for_approval else None)
+        return optimizer_pb2.ComputePlanResponse(plan=plan, solve_s=solve_s)
+
+    async def GetPlan(self, request: optimizer_pb2.GetPlanRequest,
+                      context: grpc.aio.ServicerContext) -> optimizer_pb2.GetPlanResponse:
+        _version("version", request.version)
+        plan = await asyncio.to_thread(self.loop.plans.get, request.version)
+        return optimizer_pb2.GetPlanResponse(plan=plan)
+
+    async def ListPlans(self, request: optimizer_pb2.ListPlansRequest,
+                        context: grpc.aio.ServicerContext) -> optimizer_pb2.ListPlansResponse:
+        size = request.page_size or 50
+        if not 1 <= size <= 1000:
+            raise InvalidArgument("page_size", "must be in 1..1000 (0 means 50)")
+        before = None
+        if request.page_token:
+            if not request.page_token.isdigit() or len(request.page_token) > 20:
+                raise InvalidArgument("page_token", "is not a token ListPlans returned")
+            before = int(request.page_token)
+        plans, nxt = await asyncio.to_thread(self.loop.plans.list, size, before)
+        return optimizer_pb2.ListPlansResponse(plans=plans, next_page_token="" if nxt is None else str(nxt))
+
+    async def ActivatePlan(self, request: optimizer_pb2.ActivatePlanRequest,
+                           context: grpc.aio.ServicerContext) -> optimizer_pb2.ActivatePlanResponse:
+        _version("version", request.version)
+        plan = await asyncio.to_thread(self.loop.plans.activate, request.version)
+        return optimizer_pb2.ActivatePlanResponse(plan=plan)
+
+    async def WatchPlans(self, request: optimizer_pb2.WatchPlansRequest,
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[optimizer_pb2.WatchPlansResponse]:
+        _version("after_version", request.after_version)
+        queue = self.loop.plans.subscribe()
+        try:
+            active = self.loop.plans.active
+            sent = request.after_version
+            if active is not None and active.version != sent:
+                # After a rollback the plan in force may be older than what the watcher holds: send it anyway
+                # when the watcher asked for "what is newer than v", the active plan IS the news.
+                yield optimizer_pb2.WatchPlansResponse(plan=active)
+                sent = active.version
+            while True:
+                plan = await queue.get()
+                if plan is None:
+                    return  # too slow: the client reconnects
+                if plan.version != sent:
+                    sent = plan.version
+                    yield optimizer_pb2.WatchPlansResponse(plan=plan)
+        finally:
+            self.loop.plans.unsubscribe(queue)
+
+    # -- fleet ------------------------------------------------------------------------------------------
+
+    async def SetFleet(self, request: optimizer_pb2.SetFleetRequest,
+                       context: grpc.aio.ServicerContext) -> optimizer_pb2.SetFleetResponse:
+        fleet = await asyncio.to_thread(self.loop.fleet.set_declared, request.fleet)
+        self.loop.fleet_changed()
+        return optimizer_pb2.SetFleetResponse(fleet=fleet)
+
+    async def GetFleet(self, request: optimizer_pb2.GetFleetRequest,
+                       context: grpc.aio.ServicerContext) -> optimizer_pb2.GetFleetResponse:
+        reply = optimizer_pb2.GetFleetResponse(fleet=self.loop.fleet.merged())
+        if self.loop.fleet.updated_at is not None:
+            reply.updated_at.FromDatetime(self.loop.fleet.updated_at)
+        return reply
+
+    async def ReportGpus(self, request: optimizer_pb2.ReportGpusRequest,
+                         context: grpc.aio.ServicerContext) -> optimizer_pb2.ReportGpusResponse:
+        fleet, changed = await asyncio.to_thread(self.loop.fleet.report_gpus, request)
+        if changed:
+            self.loop.fleet_changed()
+        return optimizer_pb2.ReportGpusResponse(fleet=fleet)
+
+    # -- enforcement --------------------------------------------------------------------------------------
+
+    async def ReportEnforcement(self, request: optimizer_pb2.ReportEnforcementRequest,
+                                context: grpc.aio.ServicerContext) -> optimizer_pb2.ReportEnforcementResponse:
+        if not request.HasField("report"):
+            raise InvalidArgument("report", "is required")
+        await asyncio.to_thread(self.loop.plans.record_report, request.report)
+        return optimizer_pb2.ReportEnforcementResponse()
+
+    async def GetPlanStatus(self, request: optimizer_pb2.GetPlanStatusRequest,
+                            context: grpc.aio.ServicerContext) -> optimizer_pb2.GetPlanStatusResponse:
+        _version("version", request.version)
+        return await asyncio.to_thread(plan_status, self.loop.plans, request.version)
+
+    async def ReportAttainment(self, request: optimizer_pb2.ReportAttainmentRequest,
+                               context: grpc.aio.ServicerContext) -> optimizer_pb2.ReportAttainmentResponse:
+        return optimizer_pb2.ReportAttainmentResponse(replan_triggered=self.loop.report_attainment(request))
 
     async def EstimateCarbon(
         self, request: optimizer_pb2.EstimateCarbonRequest, context: grpc.aio.ServicerContext
@@ -61,5 +197,46 @@ class OptimizerServicer(optimizer_pb2_grpc.OptimizerServiceServicer):
         return estimate_carbon(request)
 
 
-def build(ctx: ServiceContext) -> list[Registration]:
-    return [registration(optimizer_pb2, optimizer_pb2_grpc, "OptimizerService", OptimizerServicer(ctx))]
+def _version(field: str, value: int) -> None:
+    if value > 2**53:
+        raise InvalidArgument(field, "is not a plan version")
+
+
+def plan_status(plans: PlanStore, version: int) -> optimizer_pb2.GetPlanStatusResponse:
+    """The latest report of every component about a plan, and whether the fleet matches it."""
+    plan = plans.get(version)
+    reports = plans.reports(plan.version)
+    reported = {(r.component, r.instance) for r in reports}
+    expected = plans.known_components(plan.version) | reported
+    pending = sorted(f"{c}/{i}" if i else c for c, i in expected - reported)
+    matches = bool(reports) and not pending and all(
+        r.state == optimizer_pb2.ENFORCEMENT_STATE_APPLIED for r in reports)
+    return optimizer_pb2.GetPlanStatusResponse(plan=summary(plan), reports=reports, fleet_matches_plan=matches,
+                                               pending_components=pending)
+
+
+async def build(ctx: ServiceContext) -> list[Registration]:
+    settings = ctx.settings
+    assert isinstance(settings, OptimizerSettings)
+    forecaster = create_channel(settings.channel_config(settings.forecaster_addr))
+    profiler = create_channel(settings.channel_config(settings.profiler_addr))
+    loop = OptimizerLoop(
+        db=ctx.db, forecaster=forecaster, profiler=profiler, params=carbon.load_default_params(),
+        hold_plans=settings.hold_plans, horizon_hours=settings.plan_horizon_hours, lead_s=settings.plan_lead_s,
+        debounce_s=settings.plan_debounce_s, schedule=settings.schedule_plans,
+        ci_change_fraction=settings.ci_change_fraction, monitor_interval_s=settings.ci_monitor_interval_s,
+        forecast_max_age_s=settings.forecast_max_age_s, solver_timeout_s=settings.solver_timeout_s,
+        ci_signal=common_pb2.CARBON_SIGNAL_LIFECYCLE if settings.ci_signal == "lifecycle"
+        else common_pb2.CARBON_SIGNAL_DIRECT,
+        solvers=default_solvers(settings.routing_headroom_fraction, settings.routing_load),
+        slo_breach_cooldown_s=settings.slo_breach_cooldown_s,
+    )
+    await loop.start()
+
+    async def stop() -> None:
+        await loop.stop()
+        await forecaster.close()
+        await profiler.close()
+
+    ctx.on_stop.append(stop)
+    return [registration(optimizer_pb2, optimizer_pb2_grpc, "OptimizerService", OptimizerServicer(ctx, loop))]

@@ -26,6 +26,32 @@ ENFORCEMENT_STATE_FAILED: EnforcementState
 ENFORCEMENT_STATE_ROLLED_BACK: EnforcementState
 ENFORCEMENT_STATE_REFUSED: EnforcementState
 
+class PoolAttainment(_message.Message):
+    __slots__ = ("pool", "window_s", "requests", "attainment_fraction")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    window_s: float
+    requests: int
+    attainment_fraction: float
+    def __init__(self, pool: _Optional[str] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., attainment_fraction: _Optional[float] = ...) -> None: ...
+
+class ReportAttainmentRequest(_message.Message):
+    __slots__ = ("instance", "pools")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    pools: _containers.RepeatedCompositeFieldContainer[PoolAttainment]
+    def __init__(self, instance: _Optional[str] = ..., pools: _Optional[_Iterable[_Union[PoolAttainment, _Mapping]]] = ...) -> None: ...
+
+class ReportAttainmentResponse(_message.Message):
+    __slots__ = ("replan_triggered",)
+    REPLAN_TRIGGERED_FIELD_NUMBER: _ClassVar[int]
+    replan_triggered: bool
+    def __init__(self, replan_triggered: _Optional[bool] = ...) -> None: ...
+
 class EnforcementReport(_message.Message):
     __slots__ = ("component", "instance", "plan_version", "interval_start", "state", "detail", "reported_at")
     COMPONENT_FIELD_NUMBER: _ClassVar[int]

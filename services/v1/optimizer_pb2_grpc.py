@@ -90,6 +90,11 @@ class OptimizerServiceStub:
                 request_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusRequest.SerializeToString,
                 response_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusResponse.FromString,
                 _registered_method=True)
+        self.ReportAttainment = channel.unary_unary(
+                '/greenserve.v1.OptimizerService/ReportAttainment',
+                request_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportAttainmentRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportAttainmentResponse.FromString,
+                _registered_method=True)
 
 
 class OptimizerServiceServicer:
@@ -173,6 +178,13 @@ class OptimizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportAttainment(self, request, context):
+        """The router reports SLO attainment per pool over a recent window (a breach triggers a new plan).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OptimizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -230,6 +242,11 @@ def add_OptimizerServiceServicer_to_server(servicer, server):
                     servicer.ReportGpus,
                     request_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusRequest.FromString,
                     response_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportGpusResponse.SerializeToString,
+            ),
+            'ReportAttainment': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportAttainment,
+                    request_deserializer=greenserve_dot_v1_dot_optimizer__pb2.ReportAttainmentRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_optimizer__pb2.ReportAttainmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -530,6 +547,33 @@ class OptimizerService:
             '/greenserve.v1.OptimizerService/ReportGpus',
             greenserve_dot_v1_dot_optimizer__pb2.ReportGpusRequest.SerializeToString,
             greenserve_dot_v1_dot_optimizer__pb2.ReportGpusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportAttainment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.OptimizerService/ReportAttainment',
+            greenserve_dot_v1_dot_optimizer__pb2.ReportAttainmentRequest.SerializeToString,
+            greenserve_dot_v1_dot_optimizer__pb2.ReportAttainmentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,288 @@
+"""The fleet inventory the optimizer plans over: what the operator declares, merged with the GPUs that the
+gpu-partitioners report for their nodes.
+
+* ``validate_fleet`` checks a declared inventory and names the first bad field (``pools[1].slo.tpot_s``);
+  references must resolve: an engine's pool, variant and GPU, a GPU's pool.
+* ``merge_fleet`` overlays the reports: a reported GPU's physical facts (model, memory, MIG mode, instances, node)
+  come from its gpu-partitioner, its assignment (pool, hardware name) from the operator. A GPU the operator
+  places on another node than the one that reports it is a conflict (``gpus[i].node``).
+* ``FleetStore`` persists both (one row for the declaration, one per reporting node) and answers the merged view.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from datetime import datetime
+from urllib.parse import urlsplit
+
+from greenserve.common.errors import InvalidArgument
+from greenserve.common.persistence import Database, utcnow
+from greenserve.optimizer.models import Fleet, ReportedGpus
+from greenserve.v1 import common_pb2, optimizer_pb2
+
+FLEET_ROW_ID = 1
+# Pool names key files, series and metrics: letters, digits, '.', '_', '-', starting alnum, at most 64.
+POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Ids and variant names may also hold ':' and '/'.
+ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")
+MAX_POOLS = 1024
+MAX_GPUS = 65536
+MAX_ENGINES = 65536
+MAX_CACHE_BYTES = 1 << 60
+GPU_HARDWARE = {
+    common_pb2.GPU_MODEL_A100_40GB: "A100-40GB",
+    common_pb2.GPU_MODEL_A100_80GB: "A100-80GB",
+    common_pb2.GPU_MODEL_H100_80GB: "H100-80GB",
+    common_pb2.GPU_MODEL_H200_141GB: "H200-141GB",
+}
+
+
+def _name(field: str, value: str, pattern: re.Pattern[str] = ID_NAME) -> str:
+    if not pattern.fullmatch(value):
+        shown = value if len(value) <= 64 else value[:64] + "..."
+        raise InvalidArgument(field, f"must match {pattern.pattern}, got {shown!r}")
+    return value
+
+
+def _positive(field: str, value: float, upper: float = 1e9) -> None:
+    if not math.isfinite(value) or value <= 0 or value > upper:
+        raise InvalidArgument(field, f"must be a finite number in (0, {upper:g}], got {value!r}")
+
+
+def _fraction(field: str, value: float) -> None:
+    if not math.isfinite(value) or not 0 < value <= 1:
+        raise InvalidArgument(field, f"must be in (0, 1], got {value!r}")
+
+
+def validate_slo(field: str, slo: common_pb2.Slo) -> None:
+    _positive(f"{field}.ttft_s", slo.ttft_s, 3600.0)
+    _positive(f"{field}.tpot_s", slo.tpot_s, 60.0)
+    _fraction(f"{field}.attainment_fraction", slo.attainment_fraction)
+
+
+def _url(field: str, url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise InvalidArgument(field, "must be an http(s) URL with a host") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 2048 or any(c.isspace() for c in url):
+        raise InvalidArgument(field, "must be an http(s) URL with a host")
+    del port
+
+
+def gpu_hardware(gpu: common_pb2.Gpu) -> str:
+    """The hardware name profiles use for a whole GPU ("A100-80GB"); the operator's name wins."""
+    return gpu.hardware or GPU_HARDWARE.get(gpu.model, gpu.name.replace("NVIDIA ", "").replace(" ", "-"))
+
+
+def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = frozenset()) -> None:
+    """InvalidArgument naming the first bad field; ``known_gpus`` are the UUIDs reported by gpu-partitioners."""
+    if len(fleet.pools) > MAX_POOLS:
+        raise InvalidArgument("fleet.pools", f"at most {MAX_POOLS} pools")
+    if len(fleet.gpus) > MAX_GPUS:
+        raise InvalidArgument("fleet.gpus", f"at most {MAX_GPUS} GPUs")
+    if fleet.max_cache_storage_bytes > MAX_CACHE_BYTES:
+        raise InvalidArgument("fleet.max_cache_storage_bytes", f"must be <= {MAX_CACHE_BYTES}")
+    pools: dict[str, common_pb2.Pool] = {}
+    engines: set[str] = set()
+    gpu_ids: set[str] = set(known_gpus)
+    for i, gpu in enumerate(fleet.gpus):
+        path = f"fleet.gpus[{i}]"
+        _name(f"{path}.uuid", gpu.uuid)
+        if gpu.uuid in {g.uuid for g in fleet.gpus[:i]}:
+            raise InvalidArgument(f"{path}.uuid", f"GPU {gpu.uuid} is listed twice")
+        if gpu.node:
+            _name(f"{path}.node", gpu.node)
+        gpu_ids.add(gpu.uuid)
+    n_engines = 0
+    for i, pool in enumerate(fleet.pools):
+        path = f"fleet.pools[{i}]"
+        _name(f"{path}.name", pool.name, POOL_NAME)
+        if pool.name in pools:
+            raise InvalidArgument(f"{path}.name", f"pool {pool.name} is listed twice")
+        if not pool.model or len(pool.model) > 256:
+            raise InvalidArgument(f"{path}.model", "must name the served model (1..256 characters)")
+        if not pool.HasField("slo"):
+            raise InvalidArgument(f"{path}.slo", "is required (ttft_s, tpot_s, attainment_fraction)")
+        validate_slo(f"{path}.slo", pool.slo)
+        _name(f"{path}.region", pool.region)
+        if pool.load_series_key:
+            _name(f"{path}.load_series_key", pool.load_series_key)
+        for name in ("max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes"):
+            if getattr(pool, name) > MAX_CACHE_BYTES:
+                raise InvalidArgument(f"{path}.{name}", f"must be <= {MAX_CACHE_BYTES}")
+        if pool.mean_prompt_tokens > 1_000_000 or pool.mean_output_tokens > 1_000_000:
+            field = "mean_prompt_tokens" if pool.mean_prompt_tokens > 1_000_000 else "mean_output_tokens"
+            raise InvalidArgument(f"{path}.{field}", "must be <= 1000000")
+        variants: set[str] = set()
+        for j, variant in enumerate(pool.variants):
+            vpath = f"{path}.variants[{j}]"
+            _name(f"{vpath}.name", variant.name)
+            if variant.name in variants:
+                raise InvalidArgument(f"{vpath}.name", f"variant {variant.name} is listed twice")
+            variants.add(variant.name)
+            if not variant.model or len(variant.model) > 256:
+                raise InvalidArgument(f"{vpath}.model", "must name the model to serve (1..256 characters)")
+            _fraction(f"{vpath}.quality_fraction", variant.quality_fraction)
+            if variant.simulator_model:
+                _name(f"{vpath}.simulator_model", variant.simulator_model)
+            if len(variant.vllm_args) > 64 or any(len(a) > 256 or "\n" in a or "\x00" in a for a in variant.vllm_args):
+                raise InvalidArgument(f"{vpath}.vllm_args", "at most 64 arguments of 256 characters, no newline")
+        for j, engine in enumerate(pool.engines):
+            epath = f"{path}.engines[{j}]"
+            n_engines += 1
+            _name(f"{epath}.id", engine.id)
+            if engine.id in engines:
+                raise InvalidArgument(f"{epath}.id", f"engine {engine.id} is listed twice in the fleet")
+            engines.add(engine.id)
+            if engine.url:
+                _url(f"{epath}.url", engine.url)
+            if engine.pool and engine.pool != pool.name:
+                raise InvalidArgument(f"{epath}.pool", f"engine is listed under pool {pool.name} but names {engine.pool}")
+            if engine.model_variant and engine.model_variant not in variants:
+                raise InvalidArgument(f"{epath}.model_variant", f"unknown variant {engine.model_variant} of pool {pool.name}")
+            if engine.gpu_uuid and engine.gpu_uuid not in gpu_ids:
+                raise InvalidArgument(f"{epath}.gpu_uuid", f"unknown GPU {engine.gpu_uuid}")
+            for name in ("idle_power_w", "busy_power_w"):
+                value = getattr(engine, name)
+                if not math.isfinite(value) or value < 0 or value > 100_000:
+                    raise InvalidArgument(f"{epath}.{name}", f"must be in [0, 100000], got {value!r}")
+        pools[pool.name] = pool
+    if n_engines > MAX_ENGINES:
+        raise InvalidArgument("fleet.pools", f"at most {MAX_ENGINES} engines")
+    for i, gpu in enumerate(fleet.gpus):
+        if gpu.pool and gpu.pool not in pools:
+            raise InvalidArgument(f"fleet.gpus[{i}].pool", f"unknown pool {gpu.pool}")
+
+
+def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
+    _name("node", request.node)
+    if len(request.gpus) > 64:
+        raise InvalidArgument("gpus", "a node reports at most 64 GPUs")
+    seen: set[str] = set()
+    for i, gpu in enumerate(request.gpus):
+        _name(f"gpus[{i}].uuid", gpu.uuid)
+        if gpu.uuid in seen:
+            raise InvalidArgument(f"gpus[{i}].uuid", f"GPU {gpu.uuid} is listed twice")
+        seen.add(gpu.uuid)
+        if gpu.node and gpu.node != request.node:
+            raise InvalidArgument(f"gpus[{i}].node", f"GPU reported by node {request.node} names node {gpu.node}")
+        if len(gpu.instances) > 7 * 8:
+            raise InvalidArgument(f"gpus[{i}].instances", "too many MIG instances")
+
+
+def merge_fleet(declared: common_pb2.FleetInventory,
+                reports: dict[str, optimizer_pb2.ReportGpusRequest]) -> common_pb2.FleetInventory:
+    """The declared inventory with every reported GPU merged in (see the module docstring)."""
+    merged = common_pb2.FleetInventory()
+    merged.CopyFrom(declared)
+    index = {gpu.uuid: i for i, gpu in enumerate(merged.gpus)}
+    for node in sorted(reports):
+        for reported in reports[node].gpus:
+            gpu = common_pb2.Gpu()
+            gpu.CopyFrom(reported)
+            gpu.node = node
+            gpu.reported_by = f"gpu-partitioner/{node}"
+            i = index.get(gpu.uuid)
+            if i is None:
+                index[gpu.uuid] = len(merged.gpus)
+                merged.gpus.append(gpu)
+                continue
+            operator = merged.gpus[i]
+            gpu.pool = operator.pool or gpu.pool
+            gpu.hardware = operator.hardware or gpu.hardware
+            merged.gpus[i].CopyFrom(gpu)
+    for gpu in merged.gpus:
+        if not gpu.reported_by:
+            gpu.reported_by = "operator"
+    return merged
+
+
+def check_conflicts(declared: common_pb2.FleetInventory, reports: dict[str, optimizer_pb2.ReportGpusRequest]) -> None:
+    """InvalidArgument when the operator puts a GPU on another node than the one reporting it."""
+    where = {gpu.uuid: node for node, report in reports.items() for gpu in report.gpus}
+    for i, gpu in enumerate(declared.gpus):
+        node = where.get(gpu.uuid)
+        if node is not None and gpu.node and gpu.node != node:
+            raise InvalidArgument(f"fleet.gpus[{i}].node",
+                                  f"GPU {gpu.uuid} is declared on node {gpu.node} but reported by node {node}")
+
+
+class FleetStore:
+    """Declared inventory + node reports, persisted; ``merged()`` is what planners see."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._lock = threading.Lock()
+        self.declared = common_pb2.FleetInventory()
+        self.updated_at: datetime | None = None
+        self.reports: dict[str, optimizer_pb2.ReportGpusRequest] = {}
+        self._merged: common_pb2.FleetInventory | None = None
+        self.generation = 0  # bumped on every change (the scheduler's fleet-change trigger)
+
+    def load(self) -> None:
+        with self.db.session(readonly=True) as s:
+            row = s.get(Fleet, FLEET_ROW_ID)
+            if row is not None:
+                self.declared.ParseFromString(bytes(row.body))
+                self.updated_at = row.updated_at
+            for rep in s.query(ReportedGpus).all():
+                msg = optimizer_pb2.ReportGpusRequest()
+                msg.ParseFromString(bytes(rep.body))
+                self.reports[rep.node] = msg
+        self._merged = None
+
+    def merged(self) -> common_pb2.FleetInventory:
+        with self._lock:
+            if self._merged is None:
+                self._merged = merge_fleet(self.declared, self.reports)
+            return self._merged
+
+    def set_declared(self, fleet: common_pb2.FleetInventory) -> common_pb2.FleetInventory:
+        """Validates and stores the operator's inventory (blocking); returns the merged view."""
+        with self._lock:
+            reports = dict(self.reports)
+        known = {gpu.uuid for report in reports.values() for gpu in report.gpus}
+        validate_fleet(fleet, known)
+        check_conflicts(fleet, reports)
+        now = utcnow()
+        body = fleet.SerializeToString()
+        with self.db.session() as s:
+            row = s.get(Fleet, FLEET_ROW_ID)
+            if row is None:
+                s.add(Fleet(id=FLEET_ROW_ID, updated_at=now, body=body))
+            else:
+                row.updated_at, row.body = now, body
+        with self._lock:
+            self.declared = common_pb2.FleetInventory()
+            self.declared.CopyFrom(fleet)
+            self.updated_at = now
+            self._merged = None
+            self.generation += 1
+        return self.merged()
+
+    def report_gpus(self, request: optimizer_pb2.ReportGpusRequest) -> tuple[common_pb2.FleetInventory, bool]:
+        """Stores a node's report (blocking); returns the merged view and whether anything changed."""
+        validate_gpu_report(request)
+        with self._lock:
+            previous = self.reports.get(request.node)
+        if previous is not None and previous.SerializeToString(deterministic=True) == request.SerializeToString(
+            deterministic=True
+        ):
+            return self.merged(), False
+        # A report is reality: it is kept even when it contradicts the declared node (the merge takes its node).
+        body = request.SerializeToString()
+        with self.db.session() as s:
+            row = s.get(ReportedGpus, request.node)
+            if row is None:
+                s.add(ReportedGpus(node=request.node, reported_at=utcnow(), body=body))
+            else:
+                row.reported_at, row.body = utcnow(), body
+        with self._lock:
+            self.reports[request.node] = request
+            self._merged = None
+            self.generation += 1
+        return self.merged(), True

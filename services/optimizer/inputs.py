@@ -1,0 +1,281 @@
+"""Gathering the planning inputs once per computation: forecasts (forecaster), profiles (profiler, else the
+simulator's predictions), the fleet, carbon parameters.
+
+Degraded modes: when the forecaster does not answer, the last forecast of each series (kept in memory and in the
+``forecast_cache`` table) is used, aligned on its timestamps and marked stale in the plan, up to
+``forecast_max_age_s``; older than that the computation is refused with FAILED_PRECONDITION. When the profiler does
+not answer, every engine is planned on simulator predictions and the plan says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import grpc
+
+from greenserve.common import carbon
+from greenserve.common.errors import FailedPrecondition
+from greenserve.common.persistence import Database
+from greenserve.optimizer import capacity
+from greenserve.optimizer.fleet import gpu_hardware
+from greenserve.optimizer.models import ForecastCache
+from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
+from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+
+log = logging.getLogger("greenserve.optimizer.inputs")
+
+MAX_HORIZON_STEPS = 168
+GPU_FAMILY = {"A100": "A100", "H100": "H100", "H200": "H200", "L40": "L40", "T4": "T4", "V100": "V100"}
+# Served model names -> the simulator's model families (used when a pool names no variant with simulator_model).
+SIMULATOR_MODELS = (
+    (("llama-3.2", "1b"), "llama3.2-1b"), (("llama3.2", "1b"), "llama3.2-1b"),
+    (("llama-3", "70b"), "llama3-70b"), (("llama3", "70b"), "llama3-70b"),
+    (("llama-3", "8b"), "llama3-8b"), (("llama3", "8b"), "llama3-8b"),
+    (("llama-2", "7b"), "llama2-7b"), (("llama2", "7b"), "llama2-7b"),
+)
+
+
+def guess_simulator_model(model: str) -> str | None:
+    name = model.lower()
+    for needles, family in SIMULATOR_MODELS:
+        if all(n in name for n in needles):
+            return family
+    return None
+
+
+def series_label(ref: common_pb2.SeriesRef) -> str:
+    kind = "ci" if ref.kind == common_pb2.SERIES_KIND_CARBON_INTENSITY else "load"
+    return f"{kind}:{ref.key}"
+
+
+@dataclass
+class ForecastSource:
+    """Fetches forecasts and keeps the last good one per series (memory + database)."""
+
+    db: Database
+    channel: grpc.aio.Channel | None
+    ci_signal: int = common_pb2.CARBON_SIGNAL_DIRECT
+    max_age_s: float = 6 * 3600.0
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        self.stub = None if self.channel is None else forecaster_pb2_grpc.ForecasterServiceStub(self.channel)
+        self.cache: dict[str, tuple[float, common_pb2.Forecast]] = {}
+        with self.db.session(readonly=True) as s:
+            for row in s.query(ForecastCache).all():
+                fc = common_pb2.Forecast()
+                fc.ParseFromString(bytes(row.body))
+                self.cache[row.series] = (row.fetched_at.timestamp(), fc)
+
+    def _store(self, label: str, fetched_s: float, forecast: common_pb2.Forecast) -> None:
+        body = forecast.SerializeToString()
+        fetched = datetime.fromtimestamp(fetched_s, UTC)
+        with self.db.session() as s:
+            row = s.get(ForecastCache, label)
+            if row is None:
+                s.add(ForecastCache(series=label, fetched_at=fetched, body=body))
+            else:
+                row.fetched_at, row.body = fetched, body
+
+    async def get(self, ref: common_pb2.SeriesRef, start_s: float, hours: int, now_s: float,
+                  notes: list[str]) -> SeriesForecast | None:
+        """Hourly forecast of ``ref`` over ``hours`` from ``start_s``; None when the series is unknown."""
+        label = series_label(ref)
+        error = "no forecaster configured"
+        if self.stub is not None:
+            # Ask for enough steps to reach the end of the horizon from wherever the history ends.
+            steps = MAX_HORIZON_STEPS
+            try:
+                reply = await self.stub.GetForecast(
+                    forecaster_pb2.GetForecastRequest(series=ref, horizon_steps=steps), timeout=self.timeout_s)
+                forecast = reply.forecast
+                self.cache[label] = (now_s, forecast)
+                await asyncio.to_thread(self._store, label, now_s, forecast)
+                return align(forecast, start_s, hours, model=forecast.model)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+                                  grpc.StatusCode.INVALID_ARGUMENT):
+                    if label in self.cache:
+                        error = f"{exc.code().name}: {exc.details()}"
+                    else:
+                        notes.append(f"no forecast for {label}: {exc.details()}")
+                        return None
+                else:
+                    error = f"forecaster {exc.code().name}"
+        cached = self.cache.get(label)
+        if cached is None:
+            raise FailedPrecondition(f"no forecast for {label} ({error}) and none cached: cannot plan")
+        fetched_s, forecast = cached
+        age_s = max(0.0, now_s - fetched_s)
+        if age_s > self.max_age_s:
+            raise FailedPrecondition(
+                f"forecast for {label} is {age_s / 3600:.1f} h old (max {self.max_age_s / 3600:.1f} h) and the "
+                f"forecaster does not answer ({error}): refusing to plan on it")
+        notes.append(f"forecast for {label} is stale: {age_s / 60:.0f} min old ({error})")
+        fc = align(forecast, start_s, hours, model=forecast.model)
+        return SeriesForecast(fc.mean, fc.lower, fc.upper, fc.model, stale_s=age_s, source="cache")
+
+
+def align(forecast: common_pb2.Forecast, start_s: float, hours: int, model: str = "") -> SeriesForecast:
+    """Hourly values at ``start_s + 3600 h`` from the forecast's timestamped points: the point covering each hour
+    (an hour before the first point takes the first; past the last, the same hour of the latest day covered)."""
+    points = sorted(forecast.points, key=lambda p: p.time.ToSeconds())
+    if not points:
+        raise FailedPrecondition(f"forecast of {forecast.series.key} has no points")
+    times = [p.time.ToSeconds() for p in points]
+    res = forecast.resolution_s or 3600
+    mean, lower, upper = [], [], []
+    for h in range(hours):
+        t = start_s + 3600.0 * h
+        while t > times[-1] + res - 1 and t - 86400.0 >= times[0]:
+            t -= 86400.0
+        idx = 0
+        for i, ti in enumerate(times):
+            if ti <= t:
+                idx = i
+            else:
+                break
+        # Average the points inside the hour when the series is finer than hourly.
+        group = [p for p, ti in zip(points, times) if t <= ti < t + 3600.0] or [points[idx]]
+        mean.append(_finite_mean([p.mean for p in group]))
+        lower.append(_finite_mean([p.lower for p in group]))
+        upper.append(_finite_mean([p.upper for p in group]))
+    return SeriesForecast(tuple(mean), tuple(lower), tuple(upper), model)
+
+
+def _finite_mean(values: list[float]) -> float:
+    good = [v for v in values if math.isfinite(v)]
+    return max(0.0, sum(good) / len(good)) if good else 0.0
+
+
+async def fetch_profiles(channel: grpc.aio.Channel | None, notes: list[str],
+                         timeout_s: float = 10.0) -> list[common_pb2.Profile]:
+    if channel is None:
+        return []
+    try:
+        reply = await profiler_pb2_grpc.ProfilerServiceStub(channel).ListProfiles(
+            profiler_pb2.ListProfilesRequest(latest_only=True), timeout=timeout_s)
+        return list(reply.profiles)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            notes.append(f"profiler {exc.code().name}: every engine planned on simulator predictions")
+        return []
+
+
+def engine_hardware(engine: common_pb2.Engine, fleet: common_pb2.FleetInventory) -> str:
+    if engine.hardware:
+        return engine.hardware
+    for gpu in fleet.gpus:
+        if engine.mig_uuid:
+            for inst in gpu.instances:
+                if inst.uuid == engine.mig_uuid:
+                    return f"{gpu_hardware(gpu)}-MIG-{inst.profile}"
+        elif engine.gpu_uuid and gpu.uuid == engine.gpu_uuid:
+            return gpu_hardware(gpu)
+    return ""
+
+
+def engine_variant(engine: common_pb2.Engine, pool: common_pb2.Pool) -> common_pb2.ModelVariant | None:
+    for variant in pool.variants:
+        if variant.name == engine.model_variant:
+            return variant
+    return pool.variants[0] if pool.variants else None
+
+
+def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Profile],
+                 notes: list[str]) -> dict[str, capacity.Capability]:
+    """Capability of every engine of the fleet for its pool (stored profile first, else a prediction)."""
+    out: dict[str, capacity.Capability] = {}
+    predicted: list[str] = []
+    approximate: list[str] = []
+    index: dict[tuple[str, str], common_pb2.Profile] = {}
+    for profile in profiles:
+        cfg = profile.config
+        if cfg.cache_dram_bytes or cfg.cache_disk_bytes or cfg.serving_mode not in (
+                common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE):
+            continue
+        hardware = cfg.hardware + (f"-MIG-{cfg.mig_profile}" if cfg.mig_profile else "")
+        for name in filter(None, (cfg.model_variant, cfg.model)):
+            index.setdefault((name, hardware), profile)
+    for pool in fleet.pools:
+        prompt = pool.mean_prompt_tokens or capacity.DEFAULT_PROMPT_TOKENS
+        output = pool.mean_output_tokens or capacity.DEFAULT_OUTPUT_TOKENS
+        for engine in pool.engines:
+            hardware = engine_hardware(engine, fleet)
+            variant = engine_variant(engine, pool)
+            names = [n for n in ((variant.name, variant.model) if variant else ()) if n] + [pool.model]
+            stored = next((index[(n, hardware)] for n in names if (n, hardware) in index), None)
+            cap = capacity.from_profile(stored, pool.slo) if stored is not None else None
+            if cap is None:
+                sim_model = (variant.simulator_model if variant and variant.simulator_model else None) or \
+                    guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model)
+                profile_name, exact = capacity.simulator_profile_name(sim_model or "", hardware or "A100-80GB")
+                if not exact:
+                    approximate.append(f"{engine.id} ({sim_model or pool.model}@{hardware or '?'} -> {profile_name})")
+                cap = capacity.predict(profile_name, pool.slo.ttft_s, pool.slo.tpot_s, pool.slo.attainment_fraction,
+                                       prompt, output)
+                predicted.append(engine.id)
+            out[engine.id] = cap
+    if predicted:
+        shown = ", ".join(predicted[:8]) + (f" and {len(predicted) - 8} more" if len(predicted) > 8 else "")
+        notes.append(f"no stored profile for {len(predicted)} engine(s) ({shown}): capacity and energy predicted "
+                     f"by the simulator")
+    if approximate:
+        notes.append("simulator has no exact performance model for " + "; ".join(approximate[:8]))
+    return out
+
+
+def gpu_platforms(fleet: common_pb2.FleetInventory, params: carbon.CarbonParams,
+                  notes: list[str]) -> dict[str, carbon.Platform]:
+    """Embodied platform of each GPU (its family's cited figure); GPUs without one are noted and not charged."""
+    out: dict[str, carbon.Platform] = {}
+    missing: set[str] = set()
+    for gpu in fleet.gpus:
+        hardware = gpu_hardware(gpu)
+        family = next((f for key, f in GPU_FAMILY.items() if key in hardware), None)
+        try:
+            if family is None:
+                raise KeyError(hardware)
+            spec = params.component(f"gpu.{family}")
+        except (KeyError, ValueError):
+            missing.add(hardware or gpu.name or gpu.uuid)
+            continue
+        out[gpu.uuid] = carbon.Platform((carbon.PlatformItem(spec, 1),))
+    if missing:
+        notes.append(f"no cited embodied carbon for {', '.join(sorted(missing))}: not charged (set it in "
+                     f"carbon_params)")
+    return out
+
+
+async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource, profiler: grpc.aio.Channel | None,
+                 params: carbon.CarbonParams, start_s: float, hours: int, now_s: float,
+                 current: common_pb2.Plan | None, carbon_weight_fraction: float) -> PlanningInputs:
+    notes: list[str] = []
+    if not fleet.pools:
+        raise FailedPrecondition("the fleet has no pools: set one with SetFleet (greenserve fleet set)")
+    ci: dict[str, SeriesForecast] = {}
+    for region in sorted({p.region for p in fleet.pools}):
+        ref = common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region,
+                                   carbon_signal=forecasts.ci_signal, unit=common_pb2.UNIT_G_PER_KWH)
+        fc = await forecasts.get(ref, start_s, hours, now_s, notes)
+        if fc is None:
+            raise FailedPrecondition(f"no carbon-intensity series for region {region} at the forecaster: ingest "
+                                     f"one (greenserve forecast ingest) before planning")
+        ci[region] = fc
+    load: dict[str, SeriesForecast] = {}
+    for pool in fleet.pools:
+        ref = common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool.load_series_key or pool.name,
+                                   unit=common_pb2.UNIT_REQUESTS_PER_S)
+        fc = await forecasts.get(ref, start_s, hours, now_s, notes)
+        if fc is not None:
+            load[pool.name] = fc
+    profiles = await fetch_profiles(profiler, notes)
+    caps = await asyncio.to_thread(capabilities, fleet, profiles, notes)
+    platforms = gpu_platforms(fleet, params, notes)
+    return PlanningInputs(start_s=start_s, horizon_hours=hours, fleet=fleet, ci=ci, load=load, capabilities=caps,
+                          params=params, gpu_platform=platforms, current=current,
+                          carbon_weight_fraction=carbon_weight_fraction, notes=notes)

@@ -1,0 +1,287 @@
+"""The planner framework: inputs gathered once per computation, one solver module per knob, one plan out.
+
+A solver is any object with ``knob`` (the PlanInterval field it fills: ``routing_weights``, ``cache_targets``,
+``mig_layouts`` or ``serving_modes``), ``name`` and ``solve(inputs) -> KnobPlan``. The planner runs each solver
+with a time limit; a solver that raises or runs out of time leaves its knob as the plan in force has it (the
+"keep current" answer) and the plan says so in its ``solver_outcomes`` and explanation. Solvers see the same
+``PlanningInputs`` and must not change them.
+
+Expected figures per pool and interval (capacity, attainment, carbon) come from the routing solver's load
+assignment and the engines' capabilities (``capacity.py``): operational = (idle power of the pool's engines x
+interval + dynamic energy per request x requests) x PUE x CI; embodied = the platform of the pool's GPUs amortised
+over the interval (GreenLLM Eq. 1 with the whole interval held) plus the cache storage the plan allocates
+(GreenCache Eq. 4).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from google.protobuf.message import Message
+
+from greenserve.common import carbon
+from greenserve.common.carbon_messages import breakdown_to_proto
+from greenserve.optimizer.capacity import Capability
+from greenserve.v1 import common_pb2
+
+log = logging.getLogger("greenserve.optimizer.planning")
+
+KNOBS = ("routing_weights", "cache_targets", "mig_layouts", "serving_modes")
+KNOB_LABELS = {"routing_weights": "routing", "cache_targets": "cache", "mig_layouts": "MIG", "serving_modes": "modes"}
+DEFAULT_SOLVER_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class SeriesForecast:
+    """Hourly mean / lower / upper of one series over the horizon, and how fresh it is."""
+
+    mean: tuple[float, ...]
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    model: str = ""
+    stale_s: float = 0.0  # age of the forecast when it was not refreshed for this computation (0: fresh)
+    source: str = "forecaster"  # "forecaster", "cache" (the forecaster was down), "constant"
+
+
+@dataclass
+class PlanningInputs:
+    """Everything a solver may read, gathered once per computation."""
+
+    start_s: float
+    horizon_hours: int
+    fleet: common_pb2.FleetInventory
+    ci: dict[str, SeriesForecast]  # per region
+    load: dict[str, SeriesForecast]  # per pool
+    capabilities: dict[str, Capability]  # per engine id
+    params: carbon.CarbonParams
+    gpu_platform: dict[str, carbon.Platform]  # per GPU uuid (embodied of one GPU)
+    current: common_pb2.Plan | None = None
+    carbon_weight_fraction: float = 1.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def interval_starts_s(self) -> list[float]:
+        return [self.start_s + 3600.0 * h for h in range(self.horizon_hours)]
+
+    def pool(self, name: str) -> common_pb2.Pool:
+        for pool in self.fleet.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+    def current_interval(self, hour: int) -> common_pb2.PlanInterval | None:
+        """The interval of the plan in force covering hour ``hour`` of the horizon (or its last one)."""
+        plan = self.current
+        if plan is None or not plan.intervals:
+            return None
+        t = self.start_s + 3600.0 * hour
+        for interval in plan.intervals:
+            if interval.start.ToSeconds() <= t < interval.end.ToSeconds():
+                return interval
+        return plan.intervals[-1]
+
+
+@dataclass
+class PoolFigures:
+    """What a solver expects of one pool in one interval."""
+
+    load_requests_per_s: float
+    capacity_requests_per_s: float
+    attainment_fraction: float
+    engine_rates: dict[str, float]  # requests per second sent to each engine
+
+
+@dataclass
+class KnobPlan:
+    """A solver's answer: per interval the messages of its knob, plus lines for the explanation."""
+
+    per_interval: list[list[Message]]
+    explanation: list[str] = field(default_factory=list)
+    detail: str = ""
+    status: str = "ok"  # "ok" or "kept"
+    pool_figures: list[dict[str, PoolFigures]] | None = None  # routing solvers fill it
+
+
+class Solver(Protocol):
+    knob: str
+    name: str
+
+    def solve(self, inputs: PlanningInputs) -> KnobPlan: ...
+
+
+def keep_current_messages(inputs: PlanningInputs, knob: str) -> list[list[Message]]:
+    """Per interval, the knob's messages of the plan in force (empty without one)."""
+    out: list[list[Message]] = []
+    for h in range(inputs.horizon_hours):
+        interval = inputs.current_interval(h)
+        out.append([] if interval is None else list(getattr(interval, knob)))
+    return out
+
+
+@dataclass
+class PlannerResult:
+    plan: common_pb2.Plan
+    solve_s: float
+
+
+class Planner:
+    """Runs the solvers over the inputs and assembles the plan (not stored: the service stores it)."""
+
+    def __init__(self, solvers: Sequence[Any], solver_timeout_s: float = DEFAULT_SOLVER_TIMEOUT_S) -> None:
+        knobs = [s.knob for s in solvers]
+        if sorted(knobs) != sorted(set(knobs)) or not set(knobs) <= set(KNOBS):
+            raise ValueError(f"solvers: one per knob of {KNOBS}, got {knobs}")
+        self.solvers = list(solvers)
+        self.solver_timeout_s = solver_timeout_s
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="solver")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, solver: Any, inputs: PlanningInputs) -> tuple[KnobPlan, common_pb2.SolverOutcome]:
+        started = time.perf_counter()
+        outcome = common_pb2.SolverOutcome(knob=solver.knob, solver=solver.name)
+        future = self._pool.submit(solver.solve, inputs)
+        try:
+            result = future.result(timeout=self.solver_timeout_s)
+            outcome.status = result.status
+            outcome.detail = result.detail
+        except concurrent.futures.TimeoutError:
+            outcome.status = "timeout"
+            outcome.detail = f"no answer within {self.solver_timeout_s:g} s; {KNOB_LABELS[solver.knob]} left as in force"
+            result = KnobPlan(keep_current_messages(inputs, solver.knob))
+        except Exception as exc:  # noqa: BLE001 - a failing solver leaves its knob as it is
+            log.exception("solver %s failed", solver.name)
+            outcome.status = "failed"
+            outcome.detail = f"{type(exc).__name__}: {exc}; {KNOB_LABELS[solver.knob]} left as in force"[:2000]
+            result = KnobPlan(keep_current_messages(inputs, solver.knob))
+        outcome.solve_s = time.perf_counter() - started
+        return result, outcome
+
+    def plan(self, inputs: PlanningInputs, *, trigger: str, created_s: float) -> PlannerResult:
+        started = time.perf_counter()
+        results: dict[str, KnobPlan] = {}
+        outcomes = []
+        for solver in self.solvers:
+            result, outcome = self._run(solver, inputs)
+            if len(result.per_interval) != inputs.horizon_hours:
+                outcome.status, outcome.detail = "failed", (
+                    f"answered {len(result.per_interval)} intervals for a {inputs.horizon_hours} h horizon; kept")
+                result = KnobPlan(keep_current_messages(inputs, solver.knob))
+            results[solver.knob] = result
+            outcomes.append(outcome)
+        plan = assemble(inputs, results, outcomes, trigger=trigger, created_s=created_s)
+        return PlannerResult(plan, time.perf_counter() - started)
+
+
+def _ts(msg: Any, seconds: float) -> None:
+    msg.FromNanoseconds(int(round(seconds * 1e9)))
+
+
+def _pool_engines(pool: common_pb2.Pool) -> list[common_pb2.Engine]:
+    return list(pool.engines)
+
+
+def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: list[common_pb2.SolverOutcome], *,
+             trigger: str, created_s: float) -> common_pb2.Plan:
+    plan = common_pb2.Plan(trigger=trigger)
+    _ts(plan.created_at, created_s)
+    _ts(plan.valid_from, inputs.start_s)
+    _ts(plan.valid_until, inputs.start_s + 3600.0 * inputs.horizon_hours)
+    plan.solver_outcomes.extend(outcomes)
+    plan.input_notes.extend(inputs.notes)
+    if inputs.current is not None:
+        plan.previous_version = inputs.current.version
+    routing = results.get("routing_weights")
+    total = dict(operational=0.0, embodied_compute=0.0, embodied_storage=0.0, energy=0.0)
+    weighted_attainment = 0.0
+    total_requests = 0.0
+    pue = inputs.params.pue
+    embodied_per_hour: dict[str, float] = {}
+    gpu_pool = {gpu.uuid: gpu.pool for gpu in inputs.fleet.gpus}
+    for uuid, platform in inputs.gpu_platform.items():
+        pool_name = gpu_pool.get(uuid, "")
+        embodied_per_hour[pool_name] = embodied_per_hour.get(pool_name, 0.0) + platform.amortised_embodied_g(
+            duration_s=3600.0)
+    for h, start_s in enumerate(inputs.interval_starts_s):
+        interval = plan.intervals.add()
+        _ts(interval.start, start_s)
+        _ts(interval.end, start_s + 3600.0)
+        for knob, result in results.items():
+            getattr(interval, knob).extend(result.per_interval[h])
+        cache_by_pool = {t.pool: t for t in interval.cache_targets}
+        figures = routing.pool_figures[h] if routing is not None and routing.pool_figures else {}
+        iv = dict(operational=0.0, embodied_compute=0.0, embodied_storage=0.0, energy=0.0)
+        iv_requests = iv_attained = 0.0
+        ci_sum = load_sum = 0.0
+        for pool in inputs.fleet.pools:
+            ci = inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0
+            fc = inputs.load.get(pool.name)
+            load = fc.mean[h] if fc else 0.0
+            upper = fc.upper[h] if fc else 0.0
+            fig = figures.get(pool.name)
+            rates = fig.engine_rates if fig else {}
+            energy_j = 0.0
+            for engine in _pool_engines(pool):
+                cap = inputs.capabilities.get(engine.id)
+                if cap is None:
+                    continue
+                rate = rates.get(engine.id, 0.0)
+                # An engine with no planned load still idles for the hour: it is not switched off by this plan.
+                energy_j += cap.power_w(rate) * 3600.0
+            energy_kwh = energy_j / 3.6e6
+            operational = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=pue)
+            embodied = embodied_per_hour.get(pool.name, 0.0)
+            target = cache_by_pool.get(pool.name)
+            storage = 0.0
+            if target is not None:
+                storage = carbon.cache_embodied_g(
+                    allocated_bytes=target.disk_bytes, duration_s=3600.0, lifetime_s=inputs.params.ssd_lifetime_s,
+                    ssd_embodied_g_per_tb=inputs.params.ssd_embodied_g_per_tb)
+            attainment = fig.attainment_fraction if fig else (pool.slo.attainment_fraction if load <= 0 else 0.0)
+            pi = interval.pools.add(pool=pool.name, ci_g_per_kwh=ci, load_requests_per_s=load,
+                                    load_upper_requests_per_s=upper,
+                                    capacity_requests_per_s=fig.capacity_requests_per_s if fig else 0.0,
+                                    expected_slo_attainment_fraction=attainment)
+            pi.expected_carbon.CopyFrom(breakdown_to_proto(
+                operational_g=operational, embodied_compute_g=embodied, embodied_storage_g=storage,
+                energy_kwh=energy_kwh, ci_g_per_kwh=ci))
+            for key, value in (("operational", operational), ("embodied_compute", embodied),
+                               ("embodied_storage", storage), ("energy", energy_kwh)):
+                iv[key] += value
+            requests = load * 3600.0
+            iv_requests += requests
+            iv_attained += requests * attainment
+            ci_sum += ci * max(energy_kwh, 1e-12)
+            load_sum += load
+        mean_ci = ci_sum / max(iv["energy"], 1e-12) if iv["energy"] > 0 else 0.0
+        interval.ci_g_per_kwh = mean_ci
+        interval.load_requests_per_s = load_sum
+        interval.expected_carbon.CopyFrom(breakdown_to_proto(
+            operational_g=iv["operational"], embodied_compute_g=iv["embodied_compute"],
+            embodied_storage_g=iv["embodied_storage"], energy_kwh=iv["energy"], ci_g_per_kwh=mean_ci))
+        interval.expected_slo_attainment_fraction = (iv_attained / iv_requests) if iv_requests > 0 else 1.0
+        for key in total:
+            total[key] += iv[key]
+        weighted_attainment += iv_attained
+        total_requests += iv_requests
+    mean_ci = (sum(iv.expected_carbon.operational_g for iv in plan.intervals) / total["energy"] / max(pue, 1.0)
+               if total["energy"] > 0 else 0.0)
+    plan.expected_carbon.CopyFrom(breakdown_to_proto(
+        operational_g=total["operational"], embodied_compute_g=total["embodied_compute"],
+        embodied_storage_g=total["embodied_storage"], energy_kwh=total["energy"], ci_g_per_kwh=mean_ci))
+    plan.expected_slo_attainment_fraction = weighted_attainment / total_requests if total_requests > 0 else 1.0
+    from greenserve.optimizer.explain import explain  # local: explain imports this module's types
+
+    plan.explanation = explain(plan, inputs, results)
+    return plan
+
+
+def finite(value: float, default: float = 0.0) -> float:
+    return value if math.isfinite(value) else default
