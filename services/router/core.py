@@ -106,7 +106,9 @@ class RouterCore:
         self.load_feed = LoadFeed(forecaster if config.feeds else None, config.load_feed_interval_s)
         self.access_feed = AccessFeed(cache_manager if config.feeds else None, config.access_feed_interval_s,
                                       bytes_per_token=int(kv["bytes_per_token"]))
-        self.watcher = PlanWatcher(self.plans, self._optimizer, self._on_plan) if self._optimizer is not None else None
+        self.watcher = PlanWatcher(self.plans, self._optimizer, self._on_plan,
+                                   known_engines=lambda: set(self.registry.engines)) \
+            if self._optimizer is not None else None
         self.receipt_metrics = ReceiptMetrics(meter)
         self.dispatcher: Dispatcher | None = None
         self.in_flight = 0

@@ -2,11 +2,16 @@
 
 * On start the last good plan is read back from the database (table ``last_plan``), so a restarted
   router routes on it even while the optimizer is down.
-* A background task subscribes to ``OptimizerService.WatchPlans`` (after the version it holds) and
-  reconnects with capped exponential backoff; every new plan is validated, put in force and persisted
-  (one row, written off the event loop). A plan with bad weights is refused and the old one kept.
-* The weights in force are those of the plan interval that covers now; past the last interval the
-  last interval's weights stay in force (better than none while the optimizer is unreachable).
+* ``PlanWatcher`` follows ``OptimizerService.WatchPlans`` with the shared ``PlanFollower``
+  (``greenserve.common.plan_follow``: reconnects with capped backoff, after the version it holds); every new
+  plan is validated, put in force and persisted (one row, written off the event loop). A plan with bad
+  weights is refused and the old one kept.
+* It reports to the optimizer (component ``router``): ``applied`` with the pools and engines the interval
+  in force weights (and the weighted engines the router does not know even after GetFleet), ``refused``
+  with the reason for a plan it cannot route on; again each time the clock enters the plan's next interval.
+* The weights in force are those of the plan interval that covers now by the shared clock
+  (``greenserve.common.clock``, wall or virtual); past the last interval the last interval's weights stay
+  in force (better than none while the optimizer is unreachable).
 * Without any plan, ``weights_for`` returns no weights and the policy routes by load and affinity.
 * "Engines from the plan": when a plan names engines the router does not know, it asks the optimizer
   for the fleet inventory (GetFleet) and registers them (source "plan"); the inventory also gives each
@@ -18,14 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
+import socket
 from collections.abc import Awaitable, Callable
 
 import grpc
+from greenserve.common.clock import now_s
+from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.persistence import Database, utcnow
 from greenserve.router.models import LAST_PLAN_ID, LastPlan
-from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
+from greenserve.v1 import common_pb2
 
 log = logging.getLogger("greenserve.router.plans")
 
@@ -51,14 +58,14 @@ def validate_plan(plan: common_pb2.Plan) -> None:
 class PlanStore:
     """The plan in force and the weights derived from it; cheap to read on every request."""
 
-    def __init__(self, db: Database | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Database | None = None, clock: Callable[[], float] = now_s) -> None:
         self.db = db
         self.clock = clock
         self.plan: common_pb2.Plan | None = None
         self.version = 0
         self.received_at = 0.0
         self._weights: dict[str, Weights] = {}
-        self._valid_until = math.inf  # wall time when the interval in force ends
+        self._valid_until = math.inf  # clock time when the interval in force ends
         self.pool_slo: dict[str, common_pb2.Slo] = {}
         self.pool_region: dict[str, str] = {}
 
@@ -153,62 +160,70 @@ class PlanStore:
 
 
 class PlanWatcher:
-    """Background subscription to WatchPlans with reconnects; calls ``on_plan`` after each new plan."""
+    """Follows WatchPlans (the shared PlanFollower), puts each new valid plan in force, calls ``on_plan`` after it,
+    and reports what the router did with the interval in force (module docstring)."""
 
     def __init__(
         self,
         store: PlanStore,
-        channel: grpc.aio.Channel,
+        channel: grpc.aio.Channel | None,
         on_plan: Callable[[common_pb2.Plan], Awaitable[None]] | None = None,
         backoff_max_s: float = 10.0,
+        *,
+        instance: str | None = None,
+        known_engines: Callable[[], set[str]] | None = None,
     ) -> None:
         self.store = store
-        self.stub = optimizer_pb2_grpc.OptimizerServiceStub(channel)
         self.on_plan = on_plan
-        self.backoff_max_s = backoff_max_s
-        self.connected = False
+        self.known_engines = known_engines
         self.rejected = 0
-        self._task: asyncio.Task[None] | None = None
+        self.follower = PlanFollower(component="router", instance=instance or socket.gethostname(), channel=channel,
+                                     reconcile=self._reconcile, load=self._in_force, backoff_max_s=backoff_max_s)
+        self._start: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.follower.connected
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="plan-watcher")
+        self._start = asyncio.get_running_loop().create_task(self.follower.start(), name="router-plan-follow")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
+        await cancel_and_wait(self._start)
+        self._start = None
+        await self.follower.stop()
 
-    async def _run(self) -> None:
-        backoff = 0.2
-        while True:
-            try:
-                call = self.stub.WatchPlans(optimizer_pb2.WatchPlansRequest(after_version=self.store.version))
-                async for event in call:
-                    self.connected = True
-                    backoff = 0.2
-                    await self._handle(event.plan)
-            except asyncio.CancelledError:
-                raise
-            except grpc.aio.AioRpcError as exc:
-                if self.connected:
-                    log.warning("plan stream lost; routing on plan v%d", self.store.version,
-                                extra={"code": exc.code().name})
-            except Exception:
-                log.exception("plan watcher error")
-            self.connected = False
-            await asyncio.sleep(backoff)
-            backoff = min(self.backoff_max_s, backoff * 2)
+    async def _in_force(self) -> common_pb2.Plan | None:
+        """The follower starts from the plan the store holds (read back from the database at start)."""
+        return self.store.plan
 
-    async def _handle(self, plan: common_pb2.Plan) -> None:
+    async def _reconcile(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
         try:
             applied = self.store.apply(plan)
         except PlanError as exc:
             self.rejected += 1
             log.warning("plan refused", extra={"plan_version": plan.version, "error": str(exc)})
-            return
-        if not applied:
-            return
-        log.info("plan in force", extra={"plan_version": plan.version})
-        await asyncio.to_thread(self.store.persist, plan)
-        if self.on_plan is not None:
-            await self.on_plan(plan)
+            kept = f"routing stays on plan v{self.store.version}" if self.store.version else "routing by load and affinity"
+            return Outcome(REFUSED, f"{exc}; {kept}")
+        if applied:
+            log.info("plan in force", extra={"plan_version": plan.version})
+            await asyncio.to_thread(self.store.persist, plan)
+            if self.on_plan is not None:
+                await self.on_plan(plan)
+        return Outcome(APPLIED, self.describe(plan, interval))
 
+    def describe(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> str:
+        """What routing on ``interval`` means: pools and engines weighted, weighted engines the router lacks."""
+        weights = [] if interval is None else list(interval.routing_weights)
+        if not weights:
+            return f"plan v{plan.version}: no routing weights in this interval; routing by load and affinity"
+        pools = {w.pool for w in weights}
+        engines = {w.engine_id for w in weights}
+        detail = f"plan v{plan.version}: weights for {len(pools)} pool(s), {len(engines)} engine(s)"
+        if self.known_engines is not None:
+            unknown = sorted(engines - self.known_engines())
+            if unknown:
+                shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+                detail += (f"; {len(unknown)} weighted engine(s) unknown to the router even after GetFleet, no "
+                           f"request goes to them: {shown}")
+        return detail
