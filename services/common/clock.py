@@ -109,11 +109,20 @@ def make_clock(start: str | None, speed: float | None = None, anchor_s: float | 
 def clock_from_env(env: dict[str, str] | None = None) -> Clock:
     """The clock the GREENSERVE_CLOCK_* variables describe (the wall clock when none is set)."""
     env = os.environ if env is None else env
-    speed = env.get(ENV_SPEED)
-    anchor = env.get(ENV_ANCHOR)
+
+    def number(name: str, field: str) -> float | None:
+        text = env.get(name)
+        if not text:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{field}: {name} is not a number: {text[:64]!r}") from None
+
+    speed = number(ENV_SPEED, "clock_speed")
+    anchor = number(ENV_ANCHOR, "clock_anchor_s")
     try:
-        return make_clock(env.get(ENV_START) or None, float(speed) if speed else None,
-                          float(anchor) if anchor else None)
+        return make_clock(env.get(ENV_START) or None, speed, anchor)
     except ValueError as exc:
         raise ValueError(f"{exc} (from the GREENSERVE_CLOCK_* environment)") from None
 
