@@ -198,6 +198,18 @@ def merge_fleet(declared: common_pb2.FleetInventory,
     for gpu in merged.gpus:
         if not gpu.reported_by:
             gpu.reported_by = "operator"
+    # Engines the gpu-partitioners started on MIG instances join their GPU's pool (if the operator did not list them).
+    pools = {pool.name: pool for pool in merged.pools}
+    known = {engine.id for pool in merged.pools for engine in pool.engines}
+    for gpu in merged.gpus:
+        pool = pools.get(gpu.pool)
+        if pool is None or gpu.reported_by == "operator":
+            continue
+        for inst in gpu.instances:
+            if inst.engine_id and inst.engine_id not in known:
+                known.add(inst.engine_id)
+                pool.engines.add(id=inst.engine_id, pool=pool.name, model=pool.model, gpu_uuid=gpu.uuid,
+                                 mig_uuid=inst.uuid, hardware=f"{gpu_hardware(gpu)}-MIG-{inst.profile}")
     return merged
 
 

@@ -24,7 +24,7 @@ from greenserve.optimizer import capacity
 from greenserve.optimizer.fleet import gpu_hardware
 from greenserve.optimizer.models import ForecastCache
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
-from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, forecaster_pb2, forecaster_pb2_grpc, profiler_pb2, profiler_pb2_grpc
 
 log = logging.getLogger("greenserve.optimizer.inputs")
 
@@ -251,9 +251,29 @@ def gpu_platforms(fleet: common_pb2.FleetInventory, params: carbon.CarbonParams,
     return out
 
 
+async def fetch_cache_sizes(channel: grpc.aio.Channel | None, notes: list[str],
+                            timeout_s: float = 10.0) -> dict[str, tuple[int, int]]:
+    """Per pool, the largest (DRAM, disk) sizes its LMCache servers hold now."""
+    if channel is None:
+        return {}
+    try:
+        reply = await cache_manager_pb2_grpc.CacheManagerServiceStub(channel).ListCacheServers(
+            cache_manager_pb2.ListCacheServersRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        notes.append(f"cache-manager {exc.code().name}: cache sizes in force unknown")
+        return {}
+    sizes: dict[str, tuple[int, int]] = {}
+    for server in reply.servers:
+        dram, disk = sizes.get(server.pool, (0, 0))
+        sizes[server.pool] = (max(dram, server.dram_bytes), max(disk, server.disk_bytes))
+    return sizes
+
+
 async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource, profiler: grpc.aio.Channel | None,
                  params: carbon.CarbonParams, start_s: float, hours: int, now_s: float,
-                 current: common_pb2.Plan | None, carbon_weight_fraction: float) -> PlanningInputs:
+                 current: common_pb2.Plan | None, carbon_weight_fraction: float,
+                 declared: common_pb2.FleetInventory | None = None,
+                 cache_manager: grpc.aio.Channel | None = None) -> PlanningInputs:
     notes: list[str] = []
     if not fleet.pools:
         raise FailedPrecondition("the fleet has no pools: set one with SetFleet (greenserve fleet set)")
@@ -276,6 +296,8 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
     profiles = await fetch_profiles(profiler, notes)
     caps = await asyncio.to_thread(capabilities, fleet, profiles, notes)
     platforms = gpu_platforms(fleet, params, notes)
+    cache_sizes = await fetch_cache_sizes(cache_manager, notes)
     return PlanningInputs(start_s=start_s, horizon_hours=hours, fleet=fleet, ci=ci, load=load, capabilities=caps,
                           params=params, gpu_platform=platforms, current=current,
-                          carbon_weight_fraction=carbon_weight_fraction, notes=notes)
+                          carbon_weight_fraction=carbon_weight_fraction, notes=notes, declared=declared,
+                          cache_sizes=cache_sizes)

@@ -38,7 +38,7 @@ SLO_MIN_REQUESTS = 20
 
 class OptimizerLoop:
     def __init__(self, *, db: Database, forecaster: grpc.aio.Channel | None, profiler: grpc.aio.Channel | None,
-                 params: carbon.CarbonParams, hold_plans: bool = False, horizon_hours: int = DEFAULT_HORIZON_HOURS,
+                 cache_manager: grpc.aio.Channel | None = None, params: carbon.CarbonParams, hold_plans: bool = False, horizon_hours: int = DEFAULT_HORIZON_HOURS,
                  lead_s: float = 600.0, debounce_s: float = 5.0, schedule: bool = True,
                  ci_change_fraction: float = 0.05, monitor_interval_s: float = 900.0,
                  forecast_max_age_s: float = 6 * 3600.0, solver_timeout_s: float = 10.0,
@@ -49,6 +49,7 @@ class OptimizerLoop:
         self.plans = PlanStore(db)
         self.forecaster = forecaster
         self.profiler = profiler
+        self.cache_manager = cache_manager
         self.params = params
         self.hold_plans = hold_plans
         self.horizon_hours = horizon_hours
@@ -95,7 +96,8 @@ class OptimizerLoop:
         inputs = await planning_inputs.gather(
             fleet=fleet, forecasts=self.forecasts, profiler=self.profiler, params=params or self.params,
             start_s=start, hours=hours, now_s=now, current=self.plans.active,
-            carbon_weight_fraction=carbon_weight_fraction)
+            carbon_weight_fraction=carbon_weight_fraction, declared=self.fleet.declared,
+            cache_manager=self.cache_manager)
         result = await asyncio.to_thread(self.planner.plan, inputs, trigger=trigger, created_s=now)
         plan = result.plan
         if dry_run:

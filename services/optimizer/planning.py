@@ -63,6 +63,8 @@ class PlanningInputs:
     gpu_platform: dict[str, carbon.Platform]  # per GPU uuid (embodied of one GPU)
     current: common_pb2.Plan | None = None
     carbon_weight_fraction: float = 1.0
+    declared: common_pb2.FleetInventory | None = None  # what the operator declared (targets such as MIG layouts)
+    cache_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # pool -> (DRAM, disk) bytes in force
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -220,8 +220,9 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     assert isinstance(settings, OptimizerSettings)
     forecaster = create_channel(settings.channel_config(settings.forecaster_addr))
     profiler = create_channel(settings.channel_config(settings.profiler_addr))
+    cache_manager = create_channel(settings.channel_config(settings.cache_manager_addr))
     loop = OptimizerLoop(
-        db=ctx.db, forecaster=forecaster, profiler=profiler, params=carbon.load_default_params(),
+        db=ctx.db, forecaster=forecaster, profiler=profiler, cache_manager=cache_manager, params=carbon.load_default_params(),
         hold_plans=settings.hold_plans, horizon_hours=settings.plan_horizon_hours, lead_s=settings.plan_lead_s,
         debounce_s=settings.plan_debounce_s, schedule=settings.schedule_plans,
         ci_change_fraction=settings.ci_change_fraction, monitor_interval_s=settings.ci_monitor_interval_s,
@@ -237,6 +238,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         await loop.stop()
         await forecaster.close()
         await profiler.close()
+        await cache_manager.close()
 
     ctx.on_stop.append(stop)
     return [registration(optimizer_pb2, optimizer_pb2_grpc, "OptimizerService", OptimizerServicer(ctx, loop))]

@@ -60,7 +60,7 @@ async def forecaster(start_inprocess: Callable[..., Any]) -> Any:
 @pytest.fixture
 async def optimizer(start_inprocess: Callable[..., Any], forecaster: Any) -> Callable[..., Any]:
     async def start(**overrides: Any) -> Any:
-        values = {"forecaster_addr": forecaster.address, "profiler_addr": "127.0.0.1:9", "plan_debounce_s": 0.05,
+        values = {"forecaster_addr": forecaster.address, "profiler_addr": "127.0.0.1:9", "cache_manager_addr": "127.0.0.1:9", "plan_debounce_s": 0.05,
                   "ci_monitor_interval_s": 0, **overrides}
         return await start_inprocess(OptimizerSettings, build_optimizer, **values)
 
