@@ -49,6 +49,8 @@ SERVICES: dict[str, int] = {
     "router": 50056,
 }
 ROUTER_HTTP_PORT = 8080
+# every service is a Deployment but the gpu-partitioner: one per GPU node (DaemonSet)
+WORKLOAD_KIND: dict[str, str] = {name: "DaemonSet" if name == "gpu-partitioner" else "Deployment" for name in SERVICES}
 ADDR_VARS = {f"GREENSERVE_{name.upper().replace('-', '_')}_ADDR": name for name in SERVICES}
 
 
@@ -477,7 +479,7 @@ def test_base_has_a_deployment_and_service_per_service() -> None:
     objs = base_objects()
     stages = dockerfile_stages()
     for name, port in SERVICES.items():
-        dep = find(objs, "Deployment", f"greenserve-{name}")
+        dep = find(objs, WORKLOAD_KIND[name], f"greenserve-{name}")
         svc = find(objs, "Service", f"greenserve-{name}")
         c = container(dep)
         pod_labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -505,7 +507,7 @@ def test_base_has_a_deployment_and_service_per_service() -> None:
 def test_base_pods_are_hardened_and_bounded() -> None:
     objs = base_objects()
     for name in SERVICES:
-        dep = find(objs, "Deployment", f"greenserve-{name}")
+        dep = find(objs, WORKLOAD_KIND[name], f"greenserve-{name}")
         pod = dep["spec"]["template"]["spec"]
         c = container(dep)
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -563,14 +565,20 @@ def _production_patches() -> dict[str, Any]:
     return out
 
 
+def _common_patches() -> list[tuple[dict[str, Any], list[Any]]]:
+    """The JSON patches with a target (tls-auth.yaml, once per workload kind)."""
+    return [(p["target"], load_yaml_docs(PRODUCTION / p["path"])[0]) for p in kustomization(PRODUCTION)["patches"]
+            if "target" in p and p["path"] == "patches/tls-auth.yaml"]
+
+
 def test_production_common_patch_turns_on_tls_mtls_and_token_for_every_deployment() -> None:
-    common = [(t, d) for t, d in _production_patches().values() if isinstance(d, list)]
-    assert len(common) == 1, "one JSON patch applies to every Deployment"
-    target, ops = common[0]
-    assert target["kind"] == "Deployment"
+    common = _common_patches()
+    assert {t["kind"] for t, _ in common} == set(WORKLOAD_KIND.values()), "one JSON patch for every workload kind"
+    ops = common[0][1]
     for name in SERVICES:
-        dep = find(base_objects(), "Deployment", f"greenserve-{name}")
-        assert label_selector_matches(target["labelSelector"], dep["metadata"]["labels"]), name
+        dep = find(base_objects(), WORKLOAD_KIND[name], f"greenserve-{name}")
+        assert any(t["kind"] == WORKLOAD_KIND[name] and label_selector_matches(t["labelSelector"], dep["metadata"]["labels"])
+                   for t, _ in common), name
     env = {op["value"]["name"]: op["value"]["value"] for op in ops if op["path"].endswith("/env/-")}
     for var in ("GREENSERVE_TLS_CERT", "GREENSERVE_TLS_KEY", "GREENSERVE_TLS_CLIENT_CA", "GREENSERVE_AUTH_TOKEN_FILE"):
         assert var in env, var
@@ -582,11 +590,17 @@ def test_production_per_service_patches_certificates_and_database() -> None:
              if d["kind"] == "Certificate" and not d["spec"].get("isCA")}
     for name in SERVICES:
         patch = patches[f"greenserve-{name}"]
+        assert patch["kind"] == WORKLOAD_KIND[name]
         pod = patch["spec"]["template"]["spec"]
         (c,) = pod["containers"]
         assert c["name"] == name
-        db = env_of(c)["GREENSERVE_DB_URL"]["secretKeyRef"]
-        assert db == {"name": "greenserve-postgres", "key": name}
+        if name == "gpu-partitioner":  # its journal is about its node's GPUs: SQLite on the node's disk
+            assert "GREENSERVE_DB_URL" not in env_of(c)
+            (data,) = [v for v in pod["volumes"] if v["name"] == "data"]
+            assert data["hostPath"]["type"] == "DirectoryOrCreate" and data["emptyDir"] is None
+        else:
+            db = env_of(c)["GREENSERVE_DB_URL"]["secretKeyRef"]
+            assert db == {"name": "greenserve-postgres", "key": name}
         (tls,) = [v for v in pod["volumes"] if v["name"] == "tls"]
         secret = tls["secret"]["secretName"]
         cert = certs[secret]["spec"]
@@ -605,6 +619,33 @@ def test_production_router_replicas_and_gpu_node_placement() -> None:
     pod = gpu["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["runtimeClassName"] == "nvidia"
+    env = env_of(pod["containers"][0])
+    assert env["GREENSERVE_ENGINE_LAUNCHER"] == "vllm" and "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
+
+
+def test_gpu_partitioner_is_a_daemonset_on_gpu_nodes_named_after_its_node() -> None:
+    ds = find(base_objects(), "DaemonSet", "greenserve-gpu-partitioner")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    assert rolling["maxSurge"] == 0, "never two partitioners on one node's GPUs"
+    env = env_of(container(ds))
+    # the flags these variables set exist (GREENSERVE_<FLAG>)
+    from greenserve.gpu_partitioner.service import GpuPartitionerSettings
+
+    assert env["GREENSERVE_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["GREENSERVE_ENGINE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    for var in ("GREENSERVE_NODE_NAME", "GREENSERVE_ENGINE_HOST", "GREENSERVE_ENGINE_PORT_RANGE"):
+        assert var.removeprefix("GREENSERVE_").lower() in GpuPartitionerSettings.model_fields, var
+    (gpu,) = load_yaml_docs(PRODUCTION / "patches" / "gpu-partitioner.yaml")
+    assert env_of(gpu["spec"]["template"]["spec"]["containers"][0])["GREENSERVE_ENGINE_LAUNCHER"] in (
+        GpuPartitionerSettings.model_fields["engine_launcher"].annotation.__args__)  # type: ignore[union-attr]
+
+
+def test_rendered_dev_overlay_runs_the_simulated_partitioner_on_any_node() -> None:
+    ds = _rendered_deployments(render(DEV))["greenserve-gpu-partitioner"]
+    assert "nodeSelector" not in ds["spec"]["template"]["spec"], "dev clusters have no GPU nodes"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -612,7 +653,9 @@ def test_production_router_replicas_and_gpu_node_placement() -> None:
 
 
 def _rendered_deployments(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    deps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+    """Every service's workload (Deployment, or DaemonSet for the gpu-partitioner) by name."""
+    deps = {o["metadata"]["name"]: o for o in objs if o["kind"] in ("Deployment", "DaemonSet")}
+    assert {n: deps[f"greenserve-{n}"]["kind"] for n in SERVICES if f"greenserve-{n}" in deps} == WORKLOAD_KIND
     assert set(deps) == {f"greenserve-{n}" for n in SERVICES}
     return deps
 
@@ -632,7 +675,10 @@ def test_rendered_production_overlay() -> None:
         for var in ("GREENSERVE_TLS_CERT", "GREENSERVE_TLS_KEY", "GREENSERVE_TLS_CLIENT_CA", "GREENSERVE_TLS_CA",
                     "GREENSERVE_AUTH_TOKEN_FILE"):
             assert var in env, f"{name}: {var}"
-        assert env["GREENSERVE_DB_URL"]["secretKeyRef"]["key"] == name
+        if name == "gpu-partitioner":
+            assert "GREENSERVE_DB_URL" not in env and "hostPath" in {v["name"]: v for v in pod["volumes"]}["data"]
+        else:
+            assert env["GREENSERVE_DB_URL"]["secretKeyRef"]["key"] == name
         assert env["GREENSERVE_PORT"] == str(port)
         # every file named by an env var lies in a mounted Secret volume
         volumes = {v["name"]: v for v in pod["volumes"]}
