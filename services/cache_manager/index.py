@@ -56,6 +56,8 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +89,20 @@ _GAP_BINS = 32 * _GAP_BINS_PER_OCTAVE + 1
 GAP_SAMPLE_MOD = 16
 GAP_GHOST_MAX = 1 << 15
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in folder `path` durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def key_hash(entry_key: str) -> int:
@@ -189,6 +205,9 @@ class CacheIndex:
         self._dirty = np.empty(DIRTY_MAX, dtype=np.int64)
         self._dirty_n = 0
         self.refreshes = 0  # full passes done (for the benchmark)
+        # Id of the last access-journal event these arrays include (the cache-manager's checkpoints);
+        # saved with the snapshot, 0 when unused.
+        self.journal_id = 0
 
     # ----- storage -------------------------------------------------------------------------------
     def _alloc(self, capacity: int) -> None:
@@ -898,25 +917,40 @@ class CacheIndex:
         return int(per + 2 * self._table.itemsize + 1)  # + scratch flag
 
     def save(self, path: Path) -> None:
-        """Write a snapshot (numpy .npz, atomically replaced) that `load` restores exactly."""
+        """Write a snapshot (numpy .npz) that `load` restores exactly, atomically: into a temporary file of
+        its own (unique name in the same folder, so concurrent savers never share one), flushed to disk
+        (fsync), then renamed over `path` and the folder synced. A crash leaves the old file or the new
+        one, never a torn one. The caller must keep the index unchanged while it saves (hold its lock)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         n = self._n
         docs = sorted(self._doc_slot_of, key=self._doc_slot_of.__getitem__)
         long_slots = np.array(sorted(self._long_keys), dtype=np.int64)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(
-                fh, **{name: getattr(self, name)[:n] for name in self._ARRAYS},
-                metas=np.array(self._metas, dtype=str),
-                group_names=np.array(self.group_names, dtype=str),
-                long_slots=long_slots,
-                long_keys=np.array([self._long_keys[int(s)] for s in long_slots], dtype=str),
-                docs=np.array(docs, dtype=str),
-                doc_hits=self._doc_hits[: len(docs)], doc_accu=self._doc_accu[: len(docs)],
-                meta=np.array([self.age_basis, self.token_term, str(int(self.truncation_reset)), str(self.hit_decay)]),
-                gap_hist=self._gap_hist, tau_s=np.array([self.tau_s]),
-            )
-        tmp.replace(path)
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                self._savez(fh, n, docs, long_slots)
+                fh.flush()
+                os.fsync(fh.fileno())
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+
+    def _savez(self, fh, n: int, docs: list[str], long_slots: np.ndarray) -> None:
+        np.savez(
+            fh, **{name: getattr(self, name)[:n] for name in self._ARRAYS},
+            metas=np.array(self._metas, dtype=str),
+            group_names=np.array(self.group_names, dtype=str),
+            long_slots=long_slots,
+            long_keys=np.array([self._long_keys[int(s)] for s in long_slots], dtype=str),
+            docs=np.array(docs, dtype=str),
+            doc_hits=self._doc_hits[: len(docs)], doc_accu=self._doc_accu[: len(docs)],
+            meta=np.array([self.age_basis, self.token_term, str(int(self.truncation_reset)), str(self.hit_decay)]),
+            gap_hist=self._gap_hist, tau_s=np.array([self.tau_s]),
+            journal_id=np.array([self.journal_id], dtype=np.int64),
+        )
 
     @classmethod
     def load(cls, path: Path) -> CacheIndex:
@@ -929,6 +963,8 @@ class CacheIndex:
                 decay = meta[3] if meta[3] in HIT_DECAYS else float(meta[3])
             index = cls(age_basis=meta[0], token_term=meta[1], truncation_reset=meta[2] == "1",
                         hit_decay=decay, initial_capacity=max(16, n))
+            if "journal_id" in data:
+                index.journal_id = int(data["journal_id"][0])
             if "gap_hist" in data:
                 index._gap_hist[:] = data["gap_hist"]
                 index.tau_s = float(data["tau_s"][0])

@@ -34,13 +34,63 @@ Keys without `@` (e.g. the router's 64-bit prefix hashes) are not LMCache object
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 GIB = 1024**3
 DEFAULT_TIMEOUT_S = 5.0
+URL_MAX_CHARS = 512  # the lmcache_servers.url column
+_HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_PATH_RE = re.compile(r"(?:/[A-Za-z0-9._~-]*)*")
+
+
+def check_admin_url(url: str) -> str:
+    """The base URL of an LMCache HTTP admin API, normalised (no trailing '/'); ValueError saying what is
+    wrong otherwise. Accepted: `http` or `https`, a DNS host name or an IP address (IPv6 in brackets), an
+    optional port 1-65535, an optional path of A-Z a-z 0-9 . _ ~ - segments; no user, query or fragment,
+    no whitespace or control characters, at most URL_MAX_CHARS characters."""
+    if not url:
+        raise ValueError("required")
+    if len(url) > URL_MAX_CHARS:
+        raise ValueError(f"at most {URL_MAX_CHARS} characters, got {len(url)}")
+    if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
+        raise ValueError("must be printable ASCII without spaces")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0-65535
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("scheme must be http or https")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry a user or password")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ValueError("must not have a query or fragment")
+    host = parts.hostname or ""
+    netloc_host = parts.netloc.rsplit("@", 1)[-1]
+    if netloc_host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"bad IPv6 address {host!r}") from None
+    elif not host or not _HOST_RE.fullmatch(host) or len(host) > 253:
+        raise ValueError("needs a host name or IP address")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("port must be 1-65535")
+    if parts.netloc.endswith(":"):
+        raise ValueError("empty port")
+    if not _PATH_RE.fullmatch(parts.path):
+        raise ValueError("path may hold only A-Z a-z 0-9 . _ ~ - segments")
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ValueError(f"not a URL: {exc}") from None
+    return url.rstrip("/")
 
 
 class LmcacheError(RuntimeError):
@@ -123,11 +173,17 @@ class LmcacheAdmin:
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             resp = await self._client.request(method, self.url + path, **kwargs)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: a URL stored before it was checked
             raise LmcacheError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 300:
             raise LmcacheError(f"{method} {self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
-        return resp.json() if resp.content else None
+        try:
+            body = resp.json() if resp.content else None
+        except ValueError as exc:
+            raise LmcacheError(f"{method} {self.url}{path}: answer is not JSON: {resp.text[:100]!r}") from exc
+        if body is not None and not isinstance(body, dict):
+            raise LmcacheError(f"{method} {self.url}{path}: answer is not a JSON object: {resp.text[:100]!r}")
+        return body
 
     async def healthy(self) -> bool:
         try:
@@ -137,18 +193,21 @@ class LmcacheAdmin:
             return False
 
     async def state(self) -> LmcacheState:
-        body = await self._call("GET", "/status")
-        sm = body.get("storage_manager", {})
-        l1 = sm.get("l1_manager", {})
-        ev = sm.get("l1_eviction_controller", {})
-        return LmcacheState(
-            healthy=bool(body.get("is_healthy", False)),
-            l1_total_bytes=int(l1.get("memory_total_bytes", 0)),
-            l1_used_bytes=int(l1.get("memory_used_bytes", 0)),
-            l1_objects=int(l1.get("total_object_count", 0)),
-            eviction_policy=str(ev.get("eviction_policy", "")),
-            l2_adapters=int(sm.get("num_l2_adapters", 0)),
-        )
+        body = await self._call("GET", "/status") or {}
+        try:
+            sm = body.get("storage_manager", {})
+            l1 = sm.get("l1_manager", {})
+            ev = sm.get("l1_eviction_controller", {})
+            return LmcacheState(
+                healthy=bool(body.get("is_healthy", False)),
+                l1_total_bytes=int(l1.get("memory_total_bytes", 0)),
+                l1_used_bytes=int(l1.get("memory_used_bytes", 0)),
+                l1_objects=int(l1.get("total_object_count", 0)),
+                eviction_policy=str(ev.get("eviction_policy", "")),
+                l2_adapters=int(sm.get("num_l2_adapters", 0)),
+            )
+        except (AttributeError, TypeError, ValueError) as exc:  # not LMCache's /status shape
+            raise LmcacheError(f"GET {self.url}/status: unexpected answer: {type(exc).__name__}: {exc}") from exc
 
     async def quotas(self) -> dict[str, dict[str, float]]:
         body = await self._call("GET", "/quota")

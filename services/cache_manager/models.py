@@ -2,6 +2,12 @@
 
 One ``CacheApplication`` per (server, plan version): the record of enforcing that plan's L1/L2
 sizes on that server, and how it went.
+
+``AccessEvent`` is the journal of the cache index: every acknowledged access event (and every eviction the
+service itself made), in the order applied. The index snapshots on disk are checkpoints of it (each holds
+the id of the last event it includes); at start each pool's snapshot is loaded and the later events are
+replayed, so the index holds exactly the acknowledged events even after a kill. Events older than every
+pool's previous checkpoint are pruned (docs/cache_manager.md, "Durability").
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Double,
     ForeignKey,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -76,3 +84,25 @@ class CacheApplication(Base):
             f"CacheApplication(server_id={self.server_id!r}, plan_version={self.plan_version!r}, "
             f"state={self.state!r})"
         )
+
+
+class AccessEvent(Base):
+    __tablename__ = "cache_access_events"
+    __table_args__ = (CheckConstraint("kind BETWEEN 1 AND 4", name="kind"),)
+
+    # Integer on SQLite (its rowid alias), BIGINT elsewhere: the journal's order.
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    pool: Mapped[str] = mapped_column(String(128))
+    entry_key: Mapped[str] = mapped_column(String(512))
+    kind: Mapped[int] = mapped_column(SmallInteger)  # greenserve.v1.AccessKind
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    hit_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    turn: Mapped[int] = mapped_column(BigInteger, default=0)
+    conversation_id: Mapped[str] = mapped_column(String(256), default="")
+    document_id: Mapped[str] = mapped_column(String(256), default="")
+    time_s: Mapped[float] = mapped_column(Double)  # when it happened (as applied), Unix seconds
+
+    def __repr__(self) -> str:
+        return f"AccessEvent(id={self.id!r}, pool={self.pool!r}, entry_key={self.entry_key!r}, kind={self.kind!r})"

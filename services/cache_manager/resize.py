@@ -30,6 +30,7 @@ class ResizeOutcome:
     detail: str
     dram_bytes: int
     evicted_entries: int
+    evicted_keys: tuple[str, ...] = ()  # entries dropped from the index (the caller journals them)
 
 
 def victims_to_fit(index: CacheIndex, target_bytes: int, now_s: float) -> list[str]:
@@ -70,6 +71,7 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
             "reconfigurable) and no --lmcache-restart-command is configured for a controlled restart; "
             f"the previous size {current} bytes stays in force"), current, 0)
     evicted = deleted = 0
+    removed: tuple[str, ...] = ()
     if target_bytes < current and index is not None:
         keys = victims_to_fit(index, target_bytes, now_s)
         try:
@@ -79,7 +81,7 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
                                  f"previous size {current} bytes stays in force", current, 0)
         for k in keys:
             index.remove(k)
-        evicted = len(keys)
+        evicted, removed = len(keys), tuple(keys)
     cmd = restart_command.format(server_id=server_id, url=admin.url, l1_size_bytes=target_bytes,
                                  l1_size_gb=f"{target_bytes / GIB:.6g}")
     try:
@@ -88,18 +90,18 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (OSError, asyncio.TimeoutError) as exc:
         return ResizeOutcome(False, f"restart command failed to run: {exc!r}; previous size {current} bytes "
-                             "stays in force", current, evicted)
+                             "stays in force", current, evicted, removed)
     if proc.returncode != 0:
         return ResizeOutcome(False, f"restart command exited {proc.returncode}: {out.decode()[-300:]}; "
-                             f"previous size {current} bytes stays in force", current, evicted)
+                             f"previous size {current} bytes stays in force", current, evicted, removed)
     try:
         after = await admin.state()
     except LmcacheError as exc:
-        return ResizeOutcome(False, f"server not answering after restart: {exc}", current, evicted)
+        return ResizeOutcome(False, f"server not answering after restart: {exc}", current, evicted, removed)
     if after.l1_total_bytes != target_bytes:
         return ResizeOutcome(False, f"after restart L1 is {after.l1_total_bytes} bytes, not {target_bytes}",
-                             after.l1_total_bytes, evicted)
+                             after.l1_total_bytes, evicted, removed)
     kind = "shrunk" if target_bytes < current else "grown (new space starts cold: warm-up)"
     return ResizeOutcome(True, f"L1 {kind} from {current} to {target_bytes} bytes by controlled restart; "
                          f"{evicted} lowest-LCS entries evicted first (LMCache deleted {deleted} objects)",
-                         target_bytes, evicted)
+                         target_bytes, evicted, removed)

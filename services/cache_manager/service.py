@@ -1,15 +1,19 @@
 """CacheManagerService wiring: settings, servicer and the build function the process entry point runs.
 
 State: registered servers and per-(server, plan version) outcomes in the database (models.py); the cache
-index per pool in memory, snapshotted to `<data_dir>/cache_index/<pool>.npz` after every access stream
-and on stop, and reloaded at start (so the index survives a restart).
+index per pool in memory, fed by access events that are journaled in the database before they are
+acknowledged (journal.py) and checkpointed to `<data_dir>/cache_index/<pool>.npz` every
+`--snapshot-interval-s` and on stop (snapshots.py). At start each pool's checkpoint is loaded (an unreadable
+one is moved aside with a warning, and the previous checkpoint or the journal alone rebuilds the pool) and
+the journal after it is replayed: the index holds exactly the acknowledged events, even after a SIGKILL.
+Every change of the index happens under one lock, snapshots included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-import re
 import socket
 import time
 from collections import deque
@@ -20,23 +24,39 @@ import numpy as np
 from pydantic import Field
 from sqlalchemy import select
 
-from greenserve.cache_manager import group_ttl, read_or_recompute
+from greenserve.cache_manager import group_ttl, journal, read_or_recompute
 from greenserve.cache_manager.enforcer import follow_plans
 from greenserve.cache_manager.index import CacheIndex
-from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError
+from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError, check_admin_url
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
 from greenserve.cache_manager.resize import resize_server
+from greenserve.cache_manager.snapshots import SnapshotStore
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
-from greenserve.common.errors import InvalidArgument, NotFound, Unavailable
+from greenserve.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from greenserve.common.names import check_name
 from greenserve.common.persistence import utcnow
 from greenserve.common.server import Registration, registration
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2
 
-_POOL_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-HISTORY_PER_POOL = 200_000
+log = logging.getLogger("greenserve.cache_manager")
 TTL_WINDOW_S = 3600.0  # accesses a scheduled TTL recompute looks at (Kareto recomputes from a recent window)
+SERVER_ID_MAX_CHARS = 64  # the lmcache_servers.id column
+MAX_BYTES = 1 << 50  # sizes above 1 PiB are refused (a negative size arrives as a huge uint64)
+MAX_TTL_S = 30 * 86400.0  # TTLs and TTL windows: at most 30 days
+MAX_CHUNKS = 65_536  # chunks of one read-or-recompute question (a 16M-token prompt in 256-token chunks)
+MAX_CHUNK_S = 3600.0  # read / recompute time of one chunk, and delay budget / queue wait, seconds
+MAX_CHUNK_ENERGY_J = 1e7  # read / recompute energy of one chunk, joules
+MAX_BUDGET_BYTES = 1 << 53  # TTL storage budget (exact as a double)
+_TIERS = frozenset(common_pb2.CacheTier.values()) - {common_pb2.CACHE_TIER_UNSPECIFIED}
+
+
+def _in_range(field: str, value: float, low: float, high: float, unit: str = "") -> float:
+    """`value` when finite and in [low, high]; else InvalidArgument naming `field` and the range."""
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidArgument(field, f"must be a finite number in [{low:g}, {high:g}]{unit}, got {value!r}")
+    return value
 
 
 class CacheManagerSettings(ServiceSettings, DependencyAddresses):
@@ -51,6 +71,17 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
     lmcache_timeout_s: float = Field(5.0, gt=0, le=300, description="timeout of one LMCache admin call")
     ttl_recompute_s: float = Field(0.0, ge=0, description="recompute and apply group TTLs of every pool this "
                                    "often (0: only on ComputeGroupTtls)")
+    snapshot_interval_s: float = Field(60.0, gt=0, le=86400, description="checkpoint the cache index of every "
+                                       "changed pool this often (and on stop); the access journal in the "
+                                       "database keeps every acknowledged event in between")
+    snapshot_every_events: int = Field(200_000, ge=1, description="also checkpoint once this many events were "
+                                       "journaled since the last checkpoint (bounds the journal and the replay "
+                                       "at start)")
+    index_max_entries: int = Field(2_000_000, ge=1, le=100_000_000, description="entries kept per pool's index; "
+                                   "past it a store makes the index forget its lowest-LCS entries (about 119 "
+                                   "bytes of memory per entry)")
+    index_max_pools: int = Field(256, ge=1, le=65_536, description="pools with an index; accesses of a new pool "
+                                 "past it are refused with RESOURCE_EXHAUSTED")
     follow_plans: bool = Field(True, description="follow the optimizer's plans (WatchPlans at --optimizer-addr) and "
                                "apply their cache targets; off: only the RPCs change cache sizes")
     instance: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253,
@@ -71,29 +102,105 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         self.ctx = ctx
         self.settings: CacheManagerSettings = ctx.settings  # type: ignore[assignment]
         self.index_dir = Path(self.settings.data_dir) / "cache_index"
+        self.snapshots = SnapshotStore(self.index_dir)
         self.indexes: dict[str, CacheIndex] = {}
         self.history: dict[str, deque[tuple[float, int, str]]] = {}
         self.ttls: dict[str, dict[str, float]] = {}
         self._lock = asyncio.Lock()
         self.ttl_rounds = 0
         self.last_ttl_error = ""
+        # Journal ids of each pool's current / previous checkpoint on disk (None: no such file).
+        self._cur_id: dict[str, int | None] = {}
+        self._prev_id: dict[str, int | None] = {}
+        self.last_event_id = 0
+        self._events_since_checkpoint = 0
+        self._checkpoint_task: asyncio.Task | None = None
+        self.checkpoints = 0
         self._load_indexes()
 
     # ----- index persistence ---------------------------------------------------------------------
     def _load_indexes(self) -> None:
-        if not self.index_dir.is_dir():
-            return
-        for path in self.index_dir.glob("*.npz"):
-            self.indexes[path.stem] = CacheIndex.load(path)
+        """Each pool's checkpoint, then the journal after it (see the module doc)."""
+        rebuilt: list[str] = []
+        for pool in self.snapshots.pools():
+            index, cur, prev = self.snapshots.load(pool)
+            if index is None:
+                rebuilt.append(pool)
+                continue
+            self.indexes[pool] = index
+            self._cur_id[pool], self._prev_id[pool] = cur, prev
+        after = 0 if rebuilt else min((ix.journal_id for ix in self.indexes.values()), default=0)
+        replayed = 0
+        for event_id, ev in journal.replay(self.ctx.db, after):
+            index = self.indexes.get(ev.pool)
+            if index is not None and event_id <= index.journal_id:
+                continue
+            self._apply(event_id, ev)
+            replayed += 1
+        self.last_event_id = max(journal.last_id(self.ctx.db), max(
+            (ix.journal_id for ix in self.indexes.values()), default=0))
+        self._events_since_checkpoint = replayed
+        for pool in rebuilt:
+            log.warning("cache index of pool %r rebuilt from the access journal alone (no readable checkpoint): "
+                        "%d entries", pool, len(self.indexes[pool]) if pool in self.indexes else 0)
+        if replayed:
+            log.info("cache index: %d journaled events replayed over the checkpoints", replayed)
 
-    def save_indexes(self) -> None:
-        for pool, index in self.indexes.items():
-            index.save(self.index_dir / f"{pool}.npz")
+    def _apply(self, event_id: int, ev: journal.Event) -> None:
+        index = self.indexes.get(ev.pool)
+        if index is None:
+            index = self.indexes[ev.pool] = CacheIndex()
+        history = self.history.get(ev.pool)
+        if history is None:
+            history = self.history[ev.pool] = journal.new_history()
+        journal.apply(index, event_id, ev, history, self.settings.index_max_entries)
 
-    def _index(self, pool: str) -> CacheIndex:
-        if pool not in self.indexes:
-            self.indexes[pool] = CacheIndex()
-        return self.indexes[pool]
+    async def _journal_and_apply(self, events: list[journal.Event]) -> None:
+        """Write events to the journal (one transaction), then apply them; the caller holds the lock."""
+        ids = await asyncio.to_thread(journal.append, self.ctx.db, events)
+        for event_id, ev in zip(ids, events):
+            self._apply(event_id, ev)
+        if ids:
+            self.last_event_id = ids[-1]
+        self._events_since_checkpoint += len(ids)
+
+    async def _journal_evictions(self, pool: str, keys: list[str] | tuple[str, ...]) -> None:
+        """Record entries this service dropped from a pool's index (resize, TTL expiry); caller holds the lock."""
+        if keys:
+            now = _now_s()
+            await self._journal_and_apply([journal.Event(pool, k, cache_manager_pb2.ACCESS_KIND_EVICT, time_s=now)
+                                           for k in keys])
+
+    async def checkpoint(self) -> int:
+        """Snapshot every pool changed since its last checkpoint, then prune the journal up to what every
+        pool's previous checkpoint includes (so an unreadable current checkpoint can still be rebuilt from
+        the previous one plus the journal). Returns the pools written. Runs under the lock."""
+        written = 0
+        async with self._lock:
+            floor = self.last_event_id
+            for pool, index in list(self.indexes.items()):
+                cur = self._cur_id.get(pool)
+                if cur is None or index.journal_id > cur:
+                    if cur is not None:
+                        self._prev_id[pool] = cur
+                    await asyncio.to_thread(self.snapshots.save, pool, index)
+                    self._cur_id[pool] = index.journal_id
+                    written += 1
+                elif self._prev_id.get(pool) != cur:
+                    await asyncio.to_thread(self.snapshots.copy_current_to_previous, pool)
+                    self._prev_id[pool] = cur
+                prev = self._prev_id.get(pool)
+                if not (prev == self._cur_id[pool] == index.journal_id):
+                    floor = min(floor, prev or 0)
+            self._events_since_checkpoint = 0
+            self.checkpoints += 1
+            await asyncio.to_thread(journal.prune, self.ctx.db, floor)
+        return written
+
+    def _maybe_checkpoint(self) -> None:
+        if (self._events_since_checkpoint >= self.settings.snapshot_every_events
+                and (self._checkpoint_task is None or self._checkpoint_task.done())):
+            self._checkpoint_task = asyncio.get_running_loop().create_task(self.checkpoint())
 
     # ----- helpers -------------------------------------------------------------------------------
     def _admin(self, url: str) -> LmcacheAdmin:
@@ -109,8 +216,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             return rows
 
     def _server(self, server_id: str) -> LmcacheServer:
-        if not server_id:
-            raise InvalidArgument("server_id", "required")
+        if not server_id or len(server_id) > SERVER_ID_MAX_CHARS:
+            raise InvalidArgument("server_id", f"required, at most {SERVER_ID_MAX_CHARS} characters")
         with self.ctx.db.session() as s:
             row = s.get(LmcacheServer, server_id)
             if row is None:
@@ -141,22 +248,23 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     # ----- servers -------------------------------------------------------------------------------
     async def RegisterCacheServer(self, request, context):  # noqa: N802
         srv = request.server
-        if not srv.id or len(srv.id) > 64:
-            raise InvalidArgument("server.id", "required, at most 64 characters")
-        if not _POOL_RE.match(srv.pool):
-            raise InvalidArgument("server.pool", "required: 1-128 of A-Z a-z 0-9 . _ -")
-        if not re.match(r"^https?://[^/\s]+", srv.url):
-            raise InvalidArgument("server.url", "must be an http(s) URL of the LMCache HTTP admin API")
+        check_name("server.id", srv.id, max_chars=SERVER_ID_MAX_CHARS)
+        check_name("server.pool", srv.pool)
+        try:
+            url = check_admin_url(srv.url)
+        except ValueError as exc:
+            raise InvalidArgument("server.url", f"must be the http(s) base URL of an LMCache HTTP admin API: {exc}") \
+                from None
         with self.ctx.db.session() as s:
-            other = s.scalar(select(LmcacheServer).where(LmcacheServer.url == srv.url, LmcacheServer.id != srv.id))
+            other = s.scalar(select(LmcacheServer).where(LmcacheServer.url == url, LmcacheServer.id != srv.id))
             if other is not None:
                 raise InvalidArgument("server.url", f"already registered as {other.id!r}")
             row = s.get(LmcacheServer, srv.id)
             if row is None:
-                row = LmcacheServer(id=srv.id, pool=srv.pool, url=srv.url, registered_at=utcnow())
+                row = LmcacheServer(id=srv.id, pool=srv.pool, url=url, registered_at=utcnow())
                 s.add(row)
             else:
-                row.pool, row.url = srv.pool, srv.url
+                row.pool, row.url = srv.pool, url
             s.commit()
             s.expunge(row)
         return cache_manager_pb2.RegisterCacheServerResponse(server=await self._describe(row))
@@ -169,6 +277,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         return cache_manager_pb2.DeregisterCacheServerResponse()
 
     async def ListCacheServers(self, request, context):  # noqa: N802
+        if request.pool:
+            check_name("pool", request.pool)
         rows = self._servers(request.pool or None)
         described = await asyncio.gather(*(self._describe(r) for r in rows))
         return cache_manager_pb2.ListCacheServersResponse(servers=described)
@@ -205,16 +315,17 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         """InvalidArgument naming the first bad target (ApplyCachePlan and the plan follower, enforcer.py)."""
         seen: set[str] = set()
         for i, t in enumerate(targets):
+            check_name(f"{field}[{i}].pool", t.pool)
             if t.pool not in known_pools:
                 raise InvalidArgument(f"{field}[{i}].pool", f"unknown pool {t.pool!r} (no registered server)")
             if t.pool in seen:
                 raise InvalidArgument(f"{field}[{i}].pool", f"pool {t.pool!r} appears twice")
             seen.add(t.pool)
-            if not math.isfinite(t.ttl_s) or t.ttl_s < 0:
-                raise InvalidArgument(f"{field}[{i}].ttl_s", "must be finite and >= 0")
-            if t.dram_bytes > 2**50 or t.disk_bytes > 2**53:
-                raise InvalidArgument(f"{field}[{i}].dram_bytes", "implausibly large (negative sizes arrive "
-                                      "as huge uint64 values)")
+            _in_range(f"{field}[{i}].ttl_s", t.ttl_s, 0.0, MAX_TTL_S, " s")
+            for name in ("dram_bytes", "disk_bytes"):
+                if getattr(t, name) > MAX_BYTES:
+                    raise InvalidArgument(f"{field}[{i}].{name}", "must be 0-2^50 bytes (a negative size arrives "
+                                          "as a huge uint64)")
 
     async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float):
         with self.ctx.db.session() as s:
@@ -235,17 +346,22 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                                                   dram_bytes=outcome.dram_bytes)
 
     async def _resize(self, row: LmcacheServer, dram: int):
+        """Resize one server (the caller holds the lock); entries it evicts are journaled."""
         admin = self._admin(row.url)
         try:
-            return await resize_server(admin, row.id, self.indexes.get(row.pool), dram, _now_s(),
-                                       self.settings.lmcache_restart_command)
+            outcome = await resize_server(admin, row.id, self.indexes.get(row.pool), dram, _now_s(),
+                                          self.settings.lmcache_restart_command)
         finally:
             await admin.aclose()
+        await self._journal_evictions(row.pool, outcome.evicted_keys)
+        return outcome
 
     async def ResizeCache(self, request, context):  # noqa: N802
         row = self._server(request.server_id)
-        if request.dram_bytes > 2**50:
-            raise InvalidArgument("dram_bytes", "implausibly large (a negative size arrives as a huge uint64)")
+        if request.dram_bytes > MAX_BYTES:
+            raise InvalidArgument("dram_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
+        if request.HasField("disk_bytes") and request.disk_bytes > MAX_BYTES:
+            raise InvalidArgument("disk_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
         async with self._lock:
             outcome = await self._resize(row, request.dram_bytes)
         return cache_manager_pb2.ResizeCacheResponse(
@@ -257,8 +373,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         row = self._server(request.server_id)
         if any(c in request.salt for c in "@/\\\x00") or len(request.salt) > 128:
             raise InvalidArgument("salt", "at most 128 characters, without @ / \\ or NUL (LMCache's rule)")
-        if request.quota_bytes > 2**50:
-            raise InvalidArgument("quota_bytes", "implausibly large")
+        if request.quota_bytes > MAX_BYTES:
+            raise InvalidArgument("quota_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
         admin = self._admin(row.url)
         try:
             await admin.set_quota(request.salt, request.quota_bytes)
@@ -270,37 +386,21 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
 
     # ----- index ---------------------------------------------------------------------------------
     async def ReportAccesses(self, request_iterator, context):  # noqa: N802
-        # Validate the whole stream first, then apply: a bad event leaves the index untouched.
-        events = [ev async for ev in request_iterator]
-        for i, ev in enumerate(events):
-            field = f"events[{i}]"
-            if not _POOL_RE.match(ev.pool):
-                raise InvalidArgument(f"{field}.pool", "required: 1-128 of A-Z a-z 0-9 . _ -")
-            if not ev.entry_key:
-                raise InvalidArgument(f"{field}.entry_key", "required")
-            if ev.kind == cache_manager_pb2.ACCESS_KIND_UNSPECIFIED:
-                raise InvalidArgument(f"{field}.kind", "must be set")
-            if ev.kind == cache_manager_pb2.ACCESS_KIND_STORE and (ev.tokens == 0 or ev.size_bytes == 0):
-                raise InvalidArgument(f"{field}.tokens", "a store needs tokens > 0 and size_bytes > 0")
-        for ev in events:
-            now = ev.time.ToDatetime().timestamp() if ev.HasField("time") else _now_s()
-            index = self._index(ev.pool)
-            group = ev.conversation_id or ev.document_id
-            if ev.kind == cache_manager_pb2.ACCESS_KIND_STORE:
-                index.store(ev.entry_key, tokens=ev.tokens, size_bytes=ev.size_bytes, now_s=now, turn=ev.turn,
-                            document_id=ev.document_id, group=index.group_id(group) if group else None)
-            elif ev.kind == cache_manager_pb2.ACCESS_KIND_HIT:
-                index.hit(ev.entry_key, hit_tokens=ev.hit_tokens or ev.tokens, now_s=now, turn=ev.turn,
-                          document_id=ev.document_id)
-            elif ev.kind == cache_manager_pb2.ACCESS_KIND_EVICT:
-                index.remove(ev.entry_key)
-            if ev.kind != cache_manager_pb2.ACCESS_KIND_EVICT:
-                self.history.setdefault(ev.pool, deque(maxlen=HISTORY_PER_POOL)).append(
-                    (now, hash(ev.entry_key), group))
-        await asyncio.to_thread(self.save_indexes)
+        # All or nothing: read and check the whole stream, journal it in one transaction, then apply it.
+        messages = await journal.read_stream(request_iterator)
+        events = journal.check_events(messages, _now_s())
+        async with self._lock:
+            new_pools = sorted({ev.pool for ev in events} - self.indexes.keys())
+            if len(self.indexes) + len(new_pools) > self.settings.index_max_pools:
+                raise ResourceExhausted(f"at most {self.settings.index_max_pools} pools have an index "
+                                        f"(--index-max-pools); refused new pool {new_pools[0]!r}",
+                                        field="events.pool")
+            await self._journal_and_apply(events)
+        self._maybe_checkpoint()
         return cache_manager_pb2.ReportAccessesResponse(accepted_events=len(events))
 
     async def ListEvictionCandidates(self, request, context):  # noqa: N802
+        check_name("pool", request.pool)
         if request.limit > 10000:
             raise InvalidArgument("limit", "at most 10000")
         if request.pool not in self.indexes:
@@ -312,21 +412,25 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
 
     # ----- group TTLs ----------------------------------------------------------------------------
     async def ComputeGroupTtls(self, request, context):  # noqa: N802
-        if not math.isfinite(request.window_s) or request.window_s < 0:
-            raise InvalidArgument("window_s", "must be finite and >= 0")
+        check_name("pool", request.pool)
+        if request.window_s != 0:
+            _in_range("window_s", request.window_s, 1.0, MAX_TTL_S, " s (0 means 3600)")
         if request.top_k_groups > 1024:
-            raise InvalidArgument("top_k_groups", "at most 1024")
-        if request.budget_bytes == 0:
-            raise InvalidArgument("budget_bytes", "must be > 0")
+            raise InvalidArgument("top_k_groups", "must be 0-1024 (0 means 16)")
+        if not 1 <= request.budget_bytes <= MAX_BUDGET_BYTES:
+            raise InvalidArgument("budget_bytes", f"must be 1-2^53 bytes, got {request.budget_bytes}")
         if request.pool not in self.indexes:
             raise NotFound(f"no accesses known for pool {request.pool!r}")
-        return await self._compute_ttls(request.pool, request.window_s or 3600.0, request.top_k_groups or 16,
-                                        request.budget_bytes, request.dry_run)
+        async with self._lock:
+            return await self._compute_ttls(request.pool, request.window_s or 3600.0, request.top_k_groups or 16,
+                                            request.budget_bytes, request.dry_run)
 
     async def _compute_ttls(self, pool: str, window_s: float, top_k: int, budget_bytes: int, dry_run: bool):
         now = _now_s()
         index = self.indexes[pool]
-        hist = [h for h in self.history.get(pool, ()) if h[0] >= now - window_s]
+        # In time order: events of several reporters arrive interleaved (out-of-order times made negative
+        # inter-arrival gaps, hit fractions above 1 and negative costs).
+        hist = sorted((h for h in self.history.get(pool, ()) if now - window_s <= h[0]), key=lambda h: h[0])
         # Budget in block-seconds: bytes / mean entry size, held over the window.
         mean_size = index.bytes_in_use / len(index) if len(index) else 1.0
         stats = group_ttl.group_stats(hist, top_k)
@@ -334,11 +438,13 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                                       max_ttl_s=window_s)
         groups = []
         for g, t in zip(sol.groups, sol.ttl_s):
+            ttl = min(max(float(t), 0.0), window_s) if math.isfinite(t) else 0.0
             reuse = len(g.inter_arrivals_s)
+            held = g.cost(ttl) / window_s * mean_size if reuse or g.unique_blocks else 0.0
             groups.append(cache_manager_pb2.GroupTtl(
-                group_id=g.group_id or group_ttl.RESIDUAL, ttl_s=float(t),
-                expected_hit_fraction=g.hits(float(t)) / g.accesses if g.accesses else 0.0,
-                expected_bytes=int(g.cost(float(t)) / window_s * mean_size) if reuse or g.unique_blocks else 0))
+                group_id=g.group_id or group_ttl.RESIDUAL, ttl_s=ttl,
+                expected_hit_fraction=min(max(g.hits(ttl) / g.accesses, 0.0), 1.0) if g.accesses else 0.0,
+                expected_bytes=int(min(max(held, 0.0), float(MAX_BUDGET_BYTES))) if math.isfinite(held) else 0))
         applied = False
         if not dry_run:
             self.ttls[pool] = sol.by_id()
@@ -373,6 +479,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 await admin.aclose()
         for k in keys:
             index.remove(k)
+        await self._journal_evictions(pool, keys)
         return len(keys)
 
     async def ttl_round(self) -> int:
@@ -393,26 +500,23 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 except Exception as exc:  # noqa: BLE001 - keep the schedule alive; next round retries
                     self.last_ttl_error = f"{pool}: {type(exc).__name__}: {exc}"
             self.ttl_rounds += 1
-        if evicted:
-            await asyncio.to_thread(self.save_indexes)
         return evicted
 
     # ----- read or recompute ---------------------------------------------------------------------
     async def DecideReadOrRecompute(self, request, context):  # noqa: N802
-        if not math.isfinite(request.delay_budget_s) or request.delay_budget_s < 0:
-            raise InvalidArgument("delay_budget_s", "must be finite and >= 0")
-        if not math.isfinite(request.queue_wait_s) or request.queue_wait_s < 0:
-            raise InvalidArgument("queue_wait_s", "must be finite and >= 0")
+        _in_range("delay_budget_s", request.delay_budget_s, 0.0, MAX_CHUNK_S, " s")
+        _in_range("queue_wait_s", request.queue_wait_s, 0.0, MAX_CHUNK_S, " s")
         n = len(request.chunks)
+        if n > MAX_CHUNKS:
+            raise InvalidArgument("chunks", f"at most {MAX_CHUNKS} chunks, got {n}")
         arrays = np.zeros((4, n))
+        limits = (MAX_CHUNK_S, MAX_CHUNK_ENERGY_J, MAX_CHUNK_S, MAX_CHUNK_ENERGY_J)
         for i, c in enumerate(request.chunks):
             for j, name in enumerate(("read_s", "read_energy_j", "recompute_s", "recompute_energy_j")):
-                v = getattr(c, name)
-                if not math.isfinite(v) or v < 0:
-                    raise InvalidArgument(f"chunks[{i}].{name}", "must be finite and >= 0")
-                arrays[j, i] = v
-            if c.tier == common_pb2.CACHE_TIER_UNSPECIFIED:
-                raise InvalidArgument(f"chunks[{i}].tier", "must be set")
+                arrays[j, i] = _in_range(f"chunks[{i}].{name}", getattr(c, name), 0.0, limits[j],
+                                         " s" if name.endswith("_s") else " J")
+            if c.tier not in _TIERS:
+                raise InvalidArgument(f"chunks[{i}].tier", "must be set to a known cache tier")
         d = read_or_recompute.decide(*arrays, delay_budget_s=request.delay_budget_s,
                                      queue_wait_s=request.queue_wait_s)
         actions = [cache_manager_pb2.CHUNK_ACTION_READ if a == read_or_recompute.READ
@@ -432,9 +536,19 @@ def build(ctx: ServiceContext) -> list[Registration]:
                 await servicer.ttl_round()
         task = asyncio.get_event_loop().create_task(loop())
 
+    async def checkpoints() -> None:
+        while True:
+            await asyncio.sleep(settings.snapshot_interval_s)
+            try:
+                await servicer.checkpoint()
+            except OSError as exc:  # disk full, permissions: the journal still holds every event; retry
+                log.error("cache index checkpoint failed (the journal keeps the events): %s", exc)
+
+    checkpoint_task = asyncio.get_event_loop().create_task(checkpoints())
+
     async def stop() -> None:
-        await cancel_and_wait(task)  # no TTL round runs while the index is saved
-        await asyncio.to_thread(servicer.save_indexes)
+        await cancel_and_wait(task, checkpoint_task, servicer._checkpoint_task)  # nothing else changes the index
+        await servicer.checkpoint()
 
     ctx.on_stop.append(stop)
     return [registration(cache_manager_pb2, cache_manager_pb2_grpc, "CacheManagerService", servicer)]
