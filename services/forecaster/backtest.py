@@ -91,6 +91,13 @@ def check_windows(history_hours: int, horizon_hours: int, days: int) -> None:
         raise ValueError(f"days must be in 1..{MAX_DAYS}, got {days}")
 
 
+def backtest_span_hours(history_hours: int, horizon_hours: int, days: int) -> int:
+    """Hours before a series' last point that hold every window :func:`backtest_days` can pick (the last
+    ``days`` days, each with its history and horizon, and a day of alignment): a backtest reads no more
+    than this, however long the series (a sparse series spread over years made a dense grid of 1.7 GB)."""
+    return 24 * days + history_hours + max(horizon_hours, 24) + 24
+
+
 def backtest_days(series: GridSeries, history_hours: int, horizon_hours: int, days: int) -> list[int]:
     """Start indices (into ``series.values``) of the last ``days`` whole UTC days whose full history and
     forecast window lie inside the series, oldest first. Raises ``ValueError`` when there is none."""

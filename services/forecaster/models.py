@@ -83,3 +83,22 @@ class FittedModel(Base):
     history_end: Mapped[datetime] = mapped_column(UtcDateTime())
     fit_s: Mapped[float] = mapped_column(Double)
     blob: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class LoadBucket(Base):
+    """The open (not yet complete) hour of a pool's StreamLoad samples: sums and the seconds they cover.
+
+    Stored in the transaction of the StreamLoad call that changed it, so an acknowledged sample survives a
+    restart; the hour becomes points of the pool's load series when a sample of a later hour arrives.
+    """
+
+    __tablename__ = "load_buckets"
+    __table_args__ = (CheckConstraint("length(pool) > 0", name="pool_not_empty"),
+                      CheckConstraint("covered_s >= 0", name="covered_s_not_negative"))
+
+    pool: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hour_start: Mapped[datetime] = mapped_column(UtcDateTime())
+    covered_s: Mapped[float] = mapped_column(Double)
+    requests: Mapped[float] = mapped_column(Double)
+    input_tokens: Mapped[float] = mapped_column(Double)
+    output_tokens: Mapped[float] = mapped_column(Double)

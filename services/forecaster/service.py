@@ -5,6 +5,13 @@ latest fitted model of each series lives in memory (and pickled in the ``fitted_
 keeps it) and every new point is fed to it with ``update()`` (GreenCache's hourly online step). A scheduler
 re-fits (re-tunes) each series every ``refit_interval_s``. Forecasts are computed from the in-memory model
 and cached per (fit, points seen, horizon, coverage), so repeated GetForecast calls cost a dictionary lookup.
+
+Bounds (issue 21): memory per series is bounded by the fit window, whatever arrives. An update feeds the model at
+most ``fit_history_hours`` steps (more, e.g. points after a long gap or a backlog replayed on restart, and the
+series is refitted on its last window instead of replaying them); no call builds a regular grid over more than a
+bounded window (GetPoints returns the stored rows, a backtest reads the last days it scores); every numeric field
+has a documented range, checked before anything is stored; forecasts are finite (clipped to
+``[0, MAX_POINT_VALUE]``).
 """
 
 from __future__ import annotations
@@ -24,19 +31,20 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import Field
 from sqlalchemy import select
 
+from greenserve.common import clock
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
 from greenserve.forecaster import fitting, ingest
-from greenserve.forecaster.backtest import check_windows
+from greenserve.forecaster.backtest import backtest_span_hours, check_windows
 from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, MODELS, Model, Prediction
 from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays, holidays_for_region
 from greenserve.forecaster.forecast_models.simple import SeasonalNaive
 from greenserve.forecaster.models import FittedModel, Series
-from greenserve.forecaster.stream_load import LoadAccumulator
+from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 log = logging.getLogger("greenserve.forecaster")
@@ -60,6 +68,13 @@ class ForecasterSettings(ServiceSettings, DependencyAddresses):
     electricitymaps_token: str | None = Field(None, description="auth-token header value for that API")
     electricitymaps_zones: list[str] = Field(default_factory=list, description="zones to poll, e.g. DE,FR")
     electricitymaps_poll_s: float = Field(900.0, ge=1.0, description="poll interval of the CI API")
+    stream_load_max_age_s: float = Field(
+        7 * 86_400.0, ge=60.0, le=366 * 86_400.0,
+        description="StreamLoad refuses a sample whose time is older than this by the greenserve clock")
+    stream_load_max_ahead_s: float = Field(
+        300.0, ge=0.0, le=86_400.0,
+        description="StreamLoad refuses a sample whose time is further ahead of the greenserve clock than this "
+        "(clock skew allowance; a far-future sample used to open an hour every later sample was older than)")
     load_holidays: str | None = Field(
         None, description="public holidays of the load series' users, e.g. US or DE (off days like weekends for "
         "the calendar members); CI series take them from their region (US-CAL-CISO: US-CA)")
@@ -116,6 +131,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             series = s.scalars(select(Series)).all()
             fits = {f.series_id: f for f in s.scalars(select(FittedModel)).all()}
             rows = [(x.id, ingest.SeriesKey(x.kind, x.key, x.signal, x.unit), x.resolution_s) for x in series]
+            self.load.restore(s)
             fit_rows = {k: (f.format_version, f.blob, f.model_name, ingest.to_s(f.history_end), f.fitted_at,
                             f.requested_model) for k, f in fits.items()}
         for series_id, key, resolution_s in rows:
@@ -140,15 +156,33 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             self._replay_after_fit(state)
 
     def _replay_after_fit(self, state: SeriesState) -> None:
-        first, grid = ingest.load_grid(self.db, state.series_id, state.resolution_s,
-                                       start_s=state.history_end_s + state.resolution_s)
-        if len(grid) == 0 or state.model is None:
+        """Feed the model the points stored after its fit, or mark it stale (refit on the last window) when
+        they span more than the window: the model never takes more than ``fit_history_hours`` steps at once."""
+        last = self._last_time(state.series_id)
+        if last is None or state.model is None or last <= state.history_end_s:
             return
-        if first != state.history_end_s + state.resolution_s:
-            grid = np.concatenate([np.full((first - state.history_end_s) // state.resolution_s - 1, np.nan), grid])
-        state.model.update(grid)
-        state.history_end_s += len(grid) * state.resolution_s
-        state.updates += len(grid)
+        steps = (last - state.history_end_s) // state.resolution_s
+        if steps > self.settings.fit_history_hours:
+            state.stale = True
+            return
+        self._feed(state, last)
+
+    def _feed(self, state: SeriesState, end_s: int) -> None:
+        """Update the model with the steps after ``history_end_s`` up to ``end_s`` (NaN where missing); the
+        caller has bounded the count."""
+        res = state.resolution_s
+        steps = (end_s - state.history_end_s) // res
+        start = state.history_end_s + res
+        first, grid = ingest.load_grid(self.db, state.series_id, res, start, end_s + res)
+        values = np.full(steps, np.nan)
+        if len(grid):
+            offset = (first - start) // res
+            values[offset:offset + len(grid)] = grid
+        assert state.model is not None
+        state.model.update(values)
+        state.history_end_s = end_s
+        state.updates += steps
+        state.cache.clear()
 
     def _state_for(self, key: ingest.SeriesKey) -> SeriesState:
         series_id = self.by_key.get(key)
@@ -221,7 +255,9 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             row.blob = outcome.blob
 
     def after_ingest(self, state: SeriesState, new_times_s: np.ndarray) -> bool:
-        """Feed new points to the model (online update); True when the series needs a first fit."""
+        """Feed new points to the model (online update); True when the series needs a fit now: it has none, or
+        the new points lie more than ``fit_history_hours`` steps after the model's last one (a refit on the last
+        window replaces an update that long)."""
         if state.model is None:
             return not state.fitting
         if len(new_times_s) == 0:
@@ -232,15 +268,11 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         after = new_times_s[new_times_s > state.history_end_s]
         if len(after):
             end = int(after.max())
-            _, grid = ingest.load_grid(self.db, state.series_id, res, state.history_end_s + res, end + res)
-            steps = (end - state.history_end_s) // res
-            values = np.full(steps, np.nan)
-            values[: len(grid)] = grid
+            if (end - state.history_end_s) // res > self.settings.fit_history_hours:
+                state.stale = True
+                return not state.fitting
             with state.lock:
-                state.model.update(values)
-                state.history_end_s = end
-                state.updates += steps
-                state.cache.clear()
+                self._feed(state, end)
         return False
 
     async def scheduler(self) -> None:
@@ -258,25 +290,34 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
                             values: np.ndarray) -> ingest.IngestResult:
         async with self._lock:  # one writer at a time keeps "validate, then write" atomic per series
             result = await asyncio.to_thread(ingest.ingest_points, self.db, key, resolution_s, times_s, values)
-            state = self.states.get(result.series_id)
-            if state is None:
-                state = SeriesState(result.series_id, key, resolution_s)
-                self.states[result.series_id] = state
-                self.by_key[key] = result.series_id
-            if await asyncio.to_thread(self.after_ingest, state, result.new_times_s):
-                self._spawn(self.refit(state))
+            await self._after_store(key, resolution_s, result)
         return result
+
+    async def _after_store(self, key: ingest.SeriesKey, resolution_s: int, result: ingest.IngestResult) -> None:
+        """In-memory state after a committed write (under ``self._lock``): the series, its model's update."""
+        state = self.states.get(result.series_id)
+        if state is None:
+            state = SeriesState(result.series_id, key, resolution_s)
+            self.states[result.series_id] = state
+            self.by_key[key] = result.series_id
+        if await asyncio.to_thread(self.after_ingest, state, result.new_times_s):
+            self._spawn(self.refit(state))
 
     async def IngestPoints(self, request: forecaster_pb2.IngestPointsRequest,
                            context: grpc.aio.ServicerContext) -> forecaster_pb2.IngestPointsResponse:
         key = ingest.series_key(request.series)
         resolution_s = request.resolution_s or HOUR_S
         if resolution_s < 1 or resolution_s > 86_400:
-            raise InvalidArgument("resolution_s", "must be in 1..86400")
-        times = np.array([p.time.seconds for p in request.points], dtype=np.int64)
+            raise InvalidArgument("resolution_s", f"must be in 1..86400 (0 means 3600), got {resolution_s}")
+        if len(request.points) > ingest.MAX_BATCH_POINTS:
+            raise InvalidArgument("points", f"at most {ingest.MAX_BATCH_POINTS} points per call, "
+                                            f"got {len(request.points)}")
         for i, p in enumerate(request.points):
+            if not p.HasField("time"):
+                raise InvalidArgument(f"points[{i}].time", "is required")
             if p.time.nanos:
                 raise InvalidArgument(f"points[{i}].time", "sub-second timestamps are not on any step")
+        times = np.array([p.time.seconds for p in request.points], dtype=np.int64)
         values = np.array([p.value for p in request.points], dtype=np.float64)
         result = await self.ingest_arrays(key, resolution_s, times, values)
         return forecaster_pb2.IngestPointsResponse(
@@ -287,31 +328,52 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
 
     async def StreamLoad(self, request_iterator: AsyncIterator[forecaster_pb2.StreamLoadRequest],
                          context: grpc.aio.ServicerContext) -> forecaster_pb2.StreamLoadResponse:
-        accepted = 0
+        """All or nothing: every sample is read and checked, then the completed hours and the open ones are
+        stored in one transaction; a refused call stores nothing and leaves the open hours as they were."""
+        samples: list[forecaster_pb2.StreamLoadRequest] = []
         async for sample in request_iterator:
-            completed = self.load.add(sample, index=accepted)
-            accepted += 1
-            for key, times, values in completed:
-                await self.ingest_arrays(key, HOUR_S, times, values)
-        return forecaster_pb2.StreamLoadResponse(accepted_samples=accepted)
+            if len(samples) >= MAX_SAMPLES_PER_CALL:
+                raise InvalidArgument("samples", f"at most {MAX_SAMPLES_PER_CALL} samples per call")
+            samples.append(sample)
+        now = clock.now_s()
+        checked = [check_sample(x, i, now, self.settings.stream_load_max_age_s, self.settings.stream_load_max_ahead_s)
+                   for i, x in enumerate(samples)]
+        async with self._lock:  # the plan is made against the open hours no other call is changing
+            plan = self.load.plan(checked)
+            batches = [ingest.Batch(key, HOUR_S, times, values, field_prefix=f"samples[{index}].hour")
+                       for key, times, values, index in plan.emitted]
+            results = await asyncio.to_thread(ingest.ingest_batches, self.db, batches, gaps=False,
+                                              before_commit=plan.persist)
+            self.load.commit(plan)
+            for batch, result in zip(batches, results, strict=True):
+                await self._after_store(batch.key, HOUR_S, result)
+        return forecaster_pb2.StreamLoadResponse(accepted_samples=len(samples))
 
     # ---------------------------------------------------------------- reads
     async def GetPoints(self, request: forecaster_pb2.GetPointsRequest,
                         context: grpc.aio.ServicerContext) -> forecaster_pb2.GetPointsResponse:
-        state = self._state_for(ingest.series_key(request.series))
-        start = request.start.seconds if request.HasField("start") else None
-        end = request.end.seconds if request.HasField("end") else None
+        key = ingest.series_key(request.series)
+        start = _range_end(request, "start")
+        end = _range_end(request, "end")
         if start is not None and end is not None and end <= start:
             raise InvalidArgument("end", "must be after start")
-        first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, state.resolution_s,
-                                              start, end)
-        points = [common_pb2.TimeSeriesPoint(time=ts_proto(first + i * state.resolution_s), value=float(v))
-                  for i, v in enumerate(grid) if np.isfinite(v)]
+        state = self._state_for(key)
+        # the stored rows, read and turned into messages off the event loop (never a grid over the span)
+        return await asyncio.to_thread(self._points_reply, state, start, end)
+
+    def _points_reply(self, state: SeriesState, start: int | None, end: int | None) -> forecaster_pb2.GetPointsResponse:
+        times, values = ingest.load_points(self.db, state.series_id, start, end)
+        points = [common_pb2.TimeSeriesPoint(time=ts_proto(t), value=v)
+                  for t, v in zip(times.tolist(), values.tolist(), strict=True)]
         return forecaster_pb2.GetPointsResponse(points=points, resolution_s=state.resolution_s)
 
     async def ListSeries(self, request: forecaster_pb2.ListSeriesRequest,
                          context: grpc.aio.ServicerContext) -> forecaster_pb2.ListSeriesResponse:
-        kind = {common_pb2.SERIES_KIND_CARBON_INTENSITY: "ci", common_pb2.SERIES_KIND_LOAD: "load"}.get(request.kind)
+        kinds = {common_pb2.SERIES_KIND_UNSPECIFIED: None, common_pb2.SERIES_KIND_CARBON_INTENSITY: "ci",
+                 common_pb2.SERIES_KIND_LOAD: "load"}
+        if request.kind not in kinds:
+            raise InvalidArgument("kind", f"must be UNSPECIFIED, CARBON_INTENSITY or LOAD, got {request.kind}")
+        kind = kinds[request.kind]
         infos = await asyncio.to_thread(self._series_infos, kind)
         return forecaster_pb2.ListSeriesResponse(series=infos)
 
@@ -345,7 +407,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             raise InvalidArgument("carbon_signal", "must be DIRECT or LIFECYCLE")
         key = ingest.SeriesKey("ci", region, ingest.SIGNAL_NAMES[signal], "g_per_kwh")
         state = self._state_for(key)
-        now = int(time.time())
+        now = int(clock.now_s())
         step_now = now - now % state.resolution_s
         last = await asyncio.to_thread(self._last_time, state.series_id)
         if last is None:
@@ -370,7 +432,11 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         cached = state.cache.get(cache_key)
         if cached is None:
             with state.lock:
-                cached = state.model.predict(steps, coverage)
+                cached = finite_prediction(state.model.predict(steps, coverage))
+                if cached is None:
+                    log.warning("series %s: %s forecast a non-finite mean; serving seasonal naive", state.key,
+                                state.model_name)
+                    cached, _ = self._naive_prediction(state, steps, coverage, end_s=state.history_end_s)
                 if len(state.cache) > 64:
                     state.cache.clear()
                 state.cache[cache_key] = cached
@@ -384,7 +450,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             raise InvalidArgument("horizon_steps", f"must be in 1..{MAX_HORIZON_STEPS}")
         coverage = request.interval_coverage_fraction or DEFAULT_COVERAGE_FRACTION
         if not 0.0 < coverage < 1.0:
-            raise InvalidArgument("interval_coverage_fraction", "must be in (0, 1)")
+            raise InvalidArgument("interval_coverage_fraction", f"must be in (0, 1) (0 means 0.9), got {coverage!r}")
         state = self._state_for(key)
         if state.model is not None:
             cache_key = (state.fit_version, state.updates, steps, coverage)
@@ -405,16 +471,23 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             series=key.to_proto(), model=pred.model, interval_coverage_fraction=coverage, generated_at=now,
             history_end=ts_proto(history_end), points=points, resolution_s=res))
 
-    def _naive_prediction(self, state: SeriesState, steps: int, coverage: float) -> tuple[Prediction, int]:
+    def _naive_prediction(self, state: SeriesState, steps: int, coverage: float,
+                          end_s: int | None = None) -> tuple[Prediction, int]:
+        """Seasonal naive from the last 4 periods stored up to ``end_s`` (default: the last point)."""
         period = max(1, 86_400 // state.resolution_s)
-        last = self._last_time(state.series_id)
+        last = self._last_time(state.series_id) if end_s is None else end_s
         if last is None:
             raise FailedPrecondition("series has no points")
         first, grid = ingest.load_grid(self.db, state.series_id, state.resolution_s,
-                                       last - (4 * period - 1) * state.resolution_s, None)
+                                       last - (4 * period - 1) * state.resolution_s, last + state.resolution_s)
         if np.isfinite(grid).sum() < period:
             raise FailedPrecondition(f"series has {int(np.isfinite(grid).sum())} points; a forecast needs {period}")
-        return SeasonalNaive(period).fit(grid, start_s=first).predict(steps, coverage), last
+        if first + (len(grid) - 1) * state.resolution_s < last:  # missing steps at the end stay missing
+            grid = np.concatenate([grid, np.full((last - first) // state.resolution_s + 1 - len(grid), np.nan)])
+        pred = finite_prediction(SeasonalNaive(period).fit(grid, start_s=first).predict(steps, coverage))
+        if pred is None:
+            raise FailedPrecondition("the stored history gives no finite forecast")
+        return pred, last
 
     # ---------------------------------------------------------------- backtest
     async def Backtest(self, request: forecaster_pb2.BacktestRequest,
@@ -435,11 +508,17 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             state = self._state_for(ingest.series_key(request.series))
             if state.resolution_s != HOUR_S:
                 raise FailedPrecondition("backtests run on hourly series")
-            first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, HOUR_S)
+            last = await asyncio.to_thread(self._last_time, state.series_id)
+            if last is None:
+                raise FailedPrecondition("series has no points")
+            span_s = backtest_span_hours(history, horizon, days) * HOUR_S  # what the windows read, no more
+            first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, HOUR_S,
+                                                  last - span_s, None)
             series = GridSeries(f"{state.key.kind}/{state.key.key}/{state.key.signal}", first, HOUR_S, grid)
             holidays = self.holidays_of(state.key)
         elif which == "inline":
-            series = _inline_series(request.inline)
+            series = await asyncio.to_thread(_inline_series, request.inline,
+                                             backtest_span_hours(history, horizon, days))
             holidays = None
         else:
             raise InvalidArgument("data", "give a stored series or inline points")
@@ -457,9 +536,32 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
                   for d in result.days])
 
 
-def _inline_series(inline: forecaster_pb2.InlineSeries) -> GridSeries:
+def _range_end(request: forecaster_pb2.GetPointsRequest, field: str) -> int | None:
+    """A GetPoints range end, checked against the documented time range; None when unset."""
+    if not request.HasField(field):
+        return None
+    return ingest.check_time_s(field, getattr(request, field).seconds)
+
+
+def finite_prediction(pred: Prediction) -> Prediction | None:
+    """``pred`` with every value finite and in ``[0, MAX_POINT_VALUE]`` (an interval end that overflowed is
+    clipped to the bound; lower <= mean <= upper); None when the mean itself is not finite."""
+    if not np.isfinite(pred.mean).all():
+        return None
+    bound = ingest.MAX_POINT_VALUE
+    mean = np.clip(pred.mean, 0.0, bound)
+    lower = np.minimum(np.clip(np.nan_to_num(pred.lower, nan=0.0, posinf=bound, neginf=0.0), 0.0, bound), mean)
+    upper = np.maximum(np.clip(np.nan_to_num(pred.upper, nan=bound, posinf=bound, neginf=0.0), 0.0, bound), mean)
+    return Prediction(mean, lower, upper, pred.model, pred.coverage_fraction)
+
+
+def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> GridSeries:
+    """Inline points as a grid over the last ``span_hours`` hours (all a backtest reads; older points are
+    checked, then left out)."""
     if not inline.points:
         raise InvalidArgument("inline.points", "must not be empty")
+    if len(inline.name) > 255:
+        raise InvalidArgument("inline.name", "longer than 255 characters")
     times = np.array([p.time.seconds for p in inline.points], dtype=np.int64)
     values = np.array([p.value for p in inline.points], dtype=np.float64)
     try:
@@ -469,6 +571,8 @@ def _inline_series(inline: forecaster_pb2.InlineSeries) -> GridSeries:
     if np.any(np.diff(times) <= 0):
         i = int(np.flatnonzero(np.diff(times) <= 0)[0]) + 1
         raise InvalidArgument(f"inline.points[{i}].time", "points must be in increasing time order")
+    keep = times >= times[-1] - span_hours * HOUR_S
+    times, values = times[keep], values[keep]
     first = int(times[0])
     grid = np.full(int((times[-1] - first) // HOUR_S) + 1, np.nan)
     grid[(times - first) // HOUR_S] = values

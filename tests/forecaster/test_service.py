@@ -159,7 +159,8 @@ async def test_current_carbon_intensity_is_the_latest_measurement(start_inproces
 
 
 async def test_stream_load_becomes_hourly_rates(start_inprocess) -> None:
-    svc = await start_inprocess(ForecasterSettings, build, **FAST)
+    # samples are taken within a window around the service clock: it reads 02:00 on DAY0
+    svc = await start_inprocess(ForecasterSettings, build, **FAST, clock_start=str(DAY0_S + 2 * 3600))
 
     def sample(minute: int, requests: int) -> forecaster_pb2.StreamLoadRequest:
         return forecaster_pb2.StreamLoadRequest(pool="llama/a", time=Timestamp(seconds=DAY0_S + (minute + 1) * 60),
