@@ -35,9 +35,20 @@ import grpc
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, Outcome
 from greenserve.gpu_partitioner import planner
-from greenserve.gpu_partitioner.apply import DEFAULT_DRAIN_TIMEOUT_S, ApplyBusy, ApplyCoordinator, ApplyPreconditionError
-from greenserve.gpu_partitioner.backend import GpuState, MigBackend, MigBackendError
-from greenserve.gpu_partitioner.engine_launch import EngineProcess, EngineSpec, EngineStartError, EngineSupervisor, mig_hardware
+from greenserve.gpu_partitioner.apply import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    ApplyBusy,
+    ApplyCoordinator,
+    ApplyPreconditionError,
+)
+from greenserve.gpu_partitioner.backend import GpuState, InstanceState, MigBackend, MigBackendError
+from greenserve.gpu_partitioner.engine_launch import (
+    EngineProcess,
+    EngineSpec,
+    EngineStartError,
+    EngineSupervisor,
+    mig_hardware,
+)
 from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2, router_pb2_grpc
 
@@ -72,6 +83,13 @@ class RouterEngines:
             if status.engine.mig_uuid:
                 out.setdefault(status.engine.mig_uuid, []).append(status.engine.id)
         return out
+
+    async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
+        """(engine id, MIG UUID) of the engines on these instances the router does not report DRAINED."""
+        wanted = set(mig_uuids)
+        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
+        return sorted((s.engine.id, s.engine.mig_uuid) for s in reply.engines
+                      if s.engine.mig_uuid in wanted and s.engine.state != common_pb2.ENGINE_STATE_DRAINED)
 
     async def drain(self, engine_ids: Sequence[str], timeout_s: float) -> list[str]:
         reply = await self._stub().Drain(router_pb2.DrainRequest(engine_ids=list(engine_ids), wait=True,
@@ -145,7 +163,8 @@ class MigEnforcer:
 
     def __init__(
         self, *, backend: MigBackend, coordinator: ApplyCoordinator, node: str, fleet: FleetPools,
-        router: RouterEngines | None, supervisor: EngineSupervisor | None, lmcache_servers: dict[str, str] | None = None,
+        router: RouterEngines | None, supervisor: EngineSupervisor | None,
+        lmcache_servers: dict[str, str] | None = None,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, health_timeout_s: float = 600.0,
         on_change: Callable[[], None] | None = None,
     ) -> None:
@@ -426,7 +445,8 @@ class MigEnforcer:
                            f"{inst.profile} {inst.uuid}, {spec.url})" + (f" [{note}]" if note else ""))
         return started, errors
 
-    def _spec(self, gpu: GpuState, geo: GpuGeometry, inst, pool: common_pb2.Pool, variant: str) -> EngineSpec:  # type: ignore[no-untyped-def]
+    def _spec(self, gpu: GpuState, geo: GpuGeometry, inst: InstanceState, pool: common_pb2.Pool,
+              variant: str) -> EngineSpec:
         assert self.supervisor is not None
         chosen = next((v for v in pool.variants if v.name == variant), None)
         if chosen is None and not variant and pool.variants:

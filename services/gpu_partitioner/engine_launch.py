@@ -131,7 +131,8 @@ class VllmLauncher:
     name = "vllm"
     kind = common_pb2.ENGINE_KIND_VLLM
 
-    def __init__(self, *, executable: str = "vllm", gpu_memory_utilization: float = 0.9, max_model_len: int = 0) -> None:
+    def __init__(self, *, executable: str = "vllm", gpu_memory_utilization: float = 0.9,
+                 max_model_len: int = 0) -> None:
         self.executable = executable
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
@@ -176,8 +177,9 @@ def closest_profile(simulator_model: str, hardware: str, known: Sequence[str]) -
         return wanted, ""
     same_model = [k for k in known if k.partition("@")[0] == simulator_model]
     if not simulator_model or not same_model:
-        return None, (f"no simulator profile for model {simulator_model!r}; the emulator's default profile is used"
-                      if simulator_model else "the variant names no simulator model; the emulator's default profile is used")
+        what = f"no simulator profile for model {simulator_model!r}" if simulator_model else \
+            "the variant names no simulator model"
+        return None, f"{what}; the emulator's default profile is used"
     base, slices = _hardware_parts(hardware)
     family = base.split("-")[0]
 
@@ -324,8 +326,9 @@ class EngineSupervisor:
             while True:
                 if engine.returncode is not None:
                     engine.reported_exit = True
+                    where = f" (log {engine.log_path.name})" if engine.log_path else ""
                     raise EngineStartError(f"engine {engine.spec.engine_id} exited with code {engine.returncode} "
-                                           f"during start-up" + (f" (log {engine.log_path.name})" if engine.log_path else ""))
+                                           f"during start-up{where}")
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(url)).status_code == 200:
                         return

@@ -53,9 +53,11 @@ class PlanFollowSettings(BaseSettings):
     engine_launcher: Literal["auto", "vllm", "emulator", "none"] = Field(
         "auto", description="how engines on MIG instances are started: vllm (`vllm serve`), emulator "
         "(greenserve-engine-sim) or none; auto: vllm with the NVML backend, emulator with the simulated one")
-    engine_host: str = Field("127.0.0.1", description="address engines bind to and are registered with the router under")
+    engine_host: str = Field(
+        "127.0.0.1", description="address engines bind to and are registered with the router under")
     engine_port_range: str = Field("8100-8199", description="ports engines listen on, LOW-HIGH")
-    engine_time_scale: float = Field(1.0, gt=0, le=1000, description="emulator: modelled engine speed-up over real time")
+    engine_time_scale: float = Field(
+        1.0, gt=0, le=1000, description="emulator: modelled engine speed-up over real time")
     engine_health_timeout_s: float = Field(
         600.0, gt=0, le=7200, description="seconds an engine gets to answer /health after start (vLLM loads a model)")
     engine_gpu_memory_utilization: float = Field(
@@ -64,9 +66,11 @@ class PlanFollowSettings(BaseSettings):
     engine_lmcache_servers: str = Field(
         "", description="LMCache servers (multiprocess mode) per pool, POOL=tcp://HOST:PORT,...: engines of those "
         "pools get LMCache's KV connector")
-    engine_stop_grace_s: float = Field(10.0, ge=0, le=600, description="seconds an engine gets after SIGTERM before SIGKILL")
+    engine_stop_grace_s: float = Field(
+        10.0, ge=0, le=600, description="seconds an engine gets after SIGTERM before SIGKILL")
     mig_drain_timeout_s: float = Field(
-        DEFAULT_DRAIN_TIMEOUT_S, ge=0, le=3600, description="seconds the router gets to drain engines before a layout change")
+        DEFAULT_DRAIN_TIMEOUT_S, ge=0, le=3600,
+        description="seconds the router gets to drain engines before a layout change")
     gpu_report_interval_s: float = Field(
         30.0, gt=0, le=3600, description="seconds between looks at the node's inventory for a change to report")
     engine_check_interval_s: float = Field(
@@ -215,7 +219,8 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     tls_ca = settings.tls_ca  # type: ignore[attr-defined]
     optimizer_channel = create_channel(ChannelConfig(address=settings.optimizer_addr,  # type: ignore[attr-defined]
                                                      token=token, tls_ca=tls_ca))
-    router = RouterEngines(ChannelConfig(address=settings.router_addr, token=token, tls_ca=tls_ca))  # type: ignore[attr-defined]
+    router = RouterEngines(ChannelConfig(address=settings.router_addr,  # type: ignore[attr-defined]
+                                         token=token, tls_ca=tls_ca))
     reporter = GpuReporter(optimizer_channel, node, inventory, interval_s=settings.gpu_report_interval_s)
     enforcer = MigEnforcer(
         backend=backend, coordinator=coordinator, node=node, fleet=OptimizerFleet(optimizer_channel).pools,

@@ -48,8 +48,10 @@ def test_vllm_command_with_lmcache_uses_the_multiprocess_connector() -> None:
     assert "--max-model-len" not in cmd.argv  # 0: the model's own
     i = cmd.argv.index("--kv-transfer-config")
     assert json.loads(cmd.argv[i + 1]) == {
-        "kv_connector": "LMCacheMPConnector", "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
-        "kv_role": "kv_both", "kv_connector_extra_config": {"lmcache.mp.host": "tcp://10.0.0.9", "lmcache.mp.port": 5555}}
+        "kv_connector": "LMCacheMPConnector",
+        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://10.0.0.9", "lmcache.mp.port": 5555}}
     assert cmd.argv[cmd.argv.index("--gpu-memory-utilization") + 1] == "0.9"
 
 

@@ -23,7 +23,8 @@ def P(profile: str, start: int = 0, size: int = 0) -> common_pb2.MigPlacement:
 
 async def _start(start_inprocess: Any, router: RunningRouter, **extra: Any) -> tuple[Any, gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub, grpc.aio.Channel]:
     svc = await start_inprocess(GpuPartitionerSettings, build, backend="simulated", sim_gpus="A100-40GB,H100-80GB:nomig",
-                                router_addr=router.address, energy_sample_interval_s=0, **extra)
+                                router_addr=router.address, energy_sample_interval_s=0,
+                                **{"follow_plans": False, **extra})  # no optimizer here (test_follow.py has one)
     channel = create_channel(ChannelConfig(address=svc.address))
     return svc, gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel), channel
 
