@@ -7,7 +7,9 @@ Protocol (one GPU at a time):
 2. **journal**: one transaction writes the run (previous layout, target) and every step as ``pending``.
 3. **drain**: ask the router (``RouterService.Drain`` with ``wait``) to stop sending work to the engines
    attached to the GIs that will be destroyed and wait, bounded by the drain timeout. Busy engines after
-   the timeout abort the apply before anything changed.
+   the timeout abort the apply before anything changed. Then the router is asked again: an engine it
+   knows on a GI to destroy that is not drained (registered during the drain, undrained meanwhile) makes
+   the apply refuse (``EngineNotDrained``, FAILED_PRECONDITION naming the engine) before anything changed.
 4. **destroy**, then **create** each step, marking it ``done`` in the journal after it ran.
 5. **verify**: the GPU's layout read back from the backend must equal the target and every GI must have
    its MIG UUID.
@@ -56,6 +58,10 @@ class ApplyPreconditionError(Exception):
     """The GPU is not in a state that allows the apply (no MIG, mode change pending a reset, ...)."""
 
 
+class EngineNotDrained(ApplyPreconditionError):
+    """A GPU instance to destroy still hosts an engine the router knows and has not drained."""
+
+
 class RouterLink(Protocol):
     """What the apply protocol needs from the router."""
 
@@ -64,6 +70,9 @@ class RouterLink(Protocol):
 
     async def drain(self, engine_ids: Sequence[str], timeout_s: float) -> list[str]:
         """Drain and wait up to `timeout_s`; returns the engines still busy."""
+
+    async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
+        """(engine id, MIG UUID) of the engines the router knows on these instances that are not drained."""
 
     async def undrain(self, engine_ids: Sequence[str]) -> None:
         """Make the engines eligible again."""
@@ -184,10 +193,19 @@ class ApplyCoordinator:
                 busy = await self.router.drain(engines, drain_timeout_s)
                 if busy:
                     raise RuntimeError(f"drain timed out after {drain_timeout_s:g}s; engines still busy: {', '.join(busy)}")
+            left = await self._undrained_on(affected)
+            if left:
+                names = ", ".join(f"{engine_id} (on {mig_uuid})" for engine_id, mig_uuid in left)
+                raise EngineNotDrained(
+                    f"GPU {gpu_uuid}: refusing to destroy GPU instances that host engines registered with the router "
+                    f"and not drained: {names}; drain or deregister them first (apply {apply_id} rolled back, "
+                    "nothing was changed)")
         except Exception as exc:  # noqa: BLE001 - nothing changed on the GPU yet
             self._close_steps(apply_id, failed_index=None, done_state="rolled_back")
             self._set_run(apply_id, state="rolled_back", error=f"drain: {exc}", ended_at=utcnow())
             await self._undrain(apply_id)
+            if isinstance(exc, EngineNotDrained):
+                raise
             return
         await self._sample_energy(gpu_uuid)
         # --- destroy / create ---------------------------------------------------------------------
@@ -318,6 +336,19 @@ class ApplyCoordinator:
             return []
         return sorted({e for u in mig_uuids for e in by_uuid.get(u, [])})
 
+    async def _undrained_on(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
+        """Engines the router knows on these instances that are not drained (empty without a router when
+        none is required)."""
+        if not mig_uuids or self.router is None:
+            return []
+        try:
+            return await self.router.undrained_engines(mig_uuids)
+        except Exception as exc:
+            if self.require_router:
+                raise RuntimeError(f"router unreachable, cannot check that the engines are drained: {exc}") from exc
+            log.warning("router unreachable; applying without checking the drain", extra={"error": str(exc)})
+            return []
+
     async def _undrain(self, apply_id: str) -> None:
         engines = self._run_row(apply_id)["drained_engines"]
         if not engines or self.router is None:
@@ -403,4 +434,4 @@ class ApplyCoordinator:
             return running is None and pending is None
 
 
-__all__ = ["ApplyBusy", "ApplyCoordinator", "ApplyPreconditionError", "ApplyResult", "LayoutError", "RouterLink"]
+__all__ = ["ApplyBusy", "ApplyCoordinator", "ApplyPreconditionError", "EngineNotDrained", "ApplyResult", "LayoutError", "RouterLink"]

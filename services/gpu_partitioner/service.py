@@ -154,7 +154,8 @@ def _record_proto(result: ApplyResult) -> gpu_partitioner_pb2.ApplyRecord:
 
 
 class GrpcRouterLink:
-    """RouterLink over RouterService (ListEngines, Drain with wait, Undrain)."""
+    """RouterLink over RouterService (ListEngines, Drain with wait, Undrain); a drained engine is one whose
+    state the router reports as DRAINED (draining and nothing in flight)."""
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config
@@ -172,6 +173,12 @@ class GrpcRouterLink:
             if status.engine.mig_uuid:
                 out.setdefault(status.engine.mig_uuid, []).append(status.engine.id)
         return out
+
+    async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
+        wanted = set(mig_uuids)
+        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
+        return sorted((s.engine.id, s.engine.mig_uuid) for s in reply.engines
+                      if s.engine.mig_uuid in wanted and s.engine.state != common_pb2.ENGINE_STATE_DRAINED)
 
     async def drain(self, engine_ids: Sequence[str], timeout_s: float) -> list[str]:
         reply = await self._stub().Drain(

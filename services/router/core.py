@@ -114,6 +114,7 @@ class RouterCore:
         self.in_flight = 0
         self.rejected = 0
         self._idle_waiters: dict[str, asyncio.Event] = {}
+        self._engine_writes = asyncio.Lock()
         self.prom = CollectorRegistry()
         self._prom_requests = Counter("greenserve_router_requests", "requests finished", ["protocol", "outcome"],
                                       registry=self.prom)
@@ -198,10 +199,12 @@ class RouterCore:
     def _load_stored(self) -> None:
         assert self.db is not None
         with self.db.session(readonly=True) as s:
-            rows = [(r.id, r.url, r.pool, r.model, r.source, r.draining) for r in s.query(models.Engine).all()]
-        for engine_id, url, pool, model, source, draining in rows:
-            self.add_engine(EngineState(id=engine_id, url=url, pool=pool, model=model, source=source,
-                                        draining=draining), persist=False)
+            stored = [EngineState(id=r.id, url=r.url, pool=r.pool, model=r.model, source=r.source,
+                                  draining=r.draining, kind=r.kind, gpu_uuid=r.gpu_uuid, mig_uuid=r.mig_uuid,
+                                  idle_power_w=r.idle_power_w, busy_power_w=r.busy_power_w)
+                      for r in s.query(models.Engine).all()]
+        for engine in stored:
+            self.add_engine(engine, persist=False)
         if self.plans.load_persisted():
             log.info("routing on stored plan v%d", self.plans.version)
 
@@ -234,30 +237,79 @@ class RouterCore:
         return engine
 
     def add_engine(self, engine: EngineState, *, persist: bool = True) -> tuple[EngineState, bool]:
-        stored, created = self.registry.upsert(self.engine_defaults(engine))
+        """Adds or updates an engine at start-up (stored and flag engines; nothing else runs yet).
+        Once serving, engine writes go through ``register_engine`` and friends."""
         if persist and self.db is not None:
-            self._persist_engine(stored)
-        return stored, created
+            known = self.registry.get(engine.id)
+            self._persist_engine(self.engine_defaults(engine), known.draining if known else engine.draining)
+        return self.registry.upsert(self.engine_defaults(engine))
 
-    def _persist_engine(self, engine: EngineState) -> None:
+    # Engine writes while serving (RegisterEngine, DeregisterEngine, Drain, Undrain, plan engines) hold
+    # ``_engine_writes``, write the database first (in a thread) and change the registry on the event loop
+    # only once the row is committed: what a caller was told succeeded is exactly what a restart loads,
+    # and the registry is never changed from a thread while the loop iterates it.
+
+    async def register_engine(self, engine: EngineState, *, check_url: bool = True) -> tuple[EngineState, bool]:
+        """Stores and adds (or updates) an engine; ValueError when another engine has its URL."""
+        async with self._engine_writes:
+            engine = self.engine_defaults(engine)
+            if check_url:
+                other = self.registry.by_url(engine.url)
+                if other is not None and other.id != engine.id:
+                    raise ValueError(f"already registered as engine {other.id!r}")
+            known = self.registry.get(engine.id)
+            if self.db is not None:
+                await asyncio.to_thread(self._persist_engine, engine, known.draining if known else engine.draining)
+            return self.registry.upsert(engine)
+
+    async def deregister_engine(self, engine_id: str) -> bool:
+        """Deletes an engine's row, then forgets it; False when it is not registered."""
+        async with self._engine_writes:
+            if self.registry.get(engine_id) is None:
+                return False
+            if self.db is not None:
+                await asyncio.to_thread(self.delete_engine_row, engine_id)
+            self.registry.remove(engine_id)
+            return True
+
+    async def set_draining(self, engine_ids: list[str], draining: bool) -> list[EngineState]:
+        """Stores, then sets, the drain flag of the engines still registered (all in one transaction)."""
+        async with self._engine_writes:
+            engines = [e for e in (self.registry.get(i) for i in engine_ids) if e is not None]
+            if self.db is not None and engines:
+                await asyncio.to_thread(self._persist_draining, engines, draining)
+            for e in engines:
+                e.draining = draining
+            return engines
+
+    def _persist_draining(self, engines: list[EngineState], draining: bool) -> None:
         assert self.db is not None
         with self.db.session() as s:
-            row = s.get(models.Engine, engine.id)
-            clash = s.query(models.Engine).filter(models.Engine.url == engine.url,
-                                                  models.Engine.id != engine.id).one_or_none()
-            if clash is not None:
-                s.delete(clash)
-                s.flush()
-            if row is None:
-                s.add(models.Engine(id=engine.id, url=engine.url, pool=engine.pool, model=engine.model,
-                                    source=engine.source, registered_at=utcnow(), draining=engine.draining))
-            else:
-                row.url, row.pool, row.model, row.source, row.draining = (
-                    engine.url, engine.pool, engine.model, engine.source, engine.draining)
+            for engine in engines:
+                self._write_engine_row(s, engine, draining)
 
-    def persist_engine(self, engine: EngineState) -> None:
-        if self.db is not None:
-            self._persist_engine(engine)
+    def _persist_engine(self, engine: EngineState, draining: bool) -> None:
+        assert self.db is not None
+        with self.db.session() as s:
+            self._write_engine_row(s, engine, draining)
+
+    @staticmethod
+    def _write_engine_row(s: Any, engine: EngineState, draining: bool) -> None:
+        row = s.get(models.Engine, engine.id)
+        clash = s.query(models.Engine).filter(models.Engine.url == engine.url,
+                                              models.Engine.id != engine.id).one_or_none()
+        if clash is not None:
+            s.delete(clash)
+            s.flush()
+        values = {"url": engine.url, "pool": engine.pool, "model": engine.model, "source": engine.source,
+                  "draining": draining, "kind": int(engine.kind), "gpu_uuid": engine.gpu_uuid,
+                  "mig_uuid": engine.mig_uuid, "idle_power_w": float(engine.idle_power_w),
+                  "busy_power_w": float(engine.busy_power_w)}
+        if row is None:
+            s.add(models.Engine(id=engine.id, registered_at=utcnow(), **values))
+        else:
+            for key, value in values.items():
+                setattr(row, key, value)
 
     def delete_engine_row(self, engine_id: str) -> None:
         if self.db is None:
@@ -286,7 +338,10 @@ class RouterCore:
                                         model=e.model or pool.model, kind=e.kind, gpu_uuid=e.gpu_uuid,
                                         mig_uuid=e.mig_uuid, idle_power_w=e.idle_power_w,
                                         busy_power_w=e.busy_power_w, source="plan")
-                    await asyncio.to_thread(self.add_engine, state)
+                    try:
+                        await self.register_engine(state)
+                    except ValueError as exc:
+                        log.warning("plan engine not registered", extra={"engine_id": e.id, "error": str(exc)})
 
     # -- per request ------------------------------------------------------------------------------------
 
@@ -343,10 +398,7 @@ class RouterCore:
     # -- drain --------------------------------------------------------------------------------------------
 
     async def drain(self, engine_ids: list[str], wait: bool, timeout_s: float) -> tuple[list[str], list[str]]:
-        engines = [self.registry.engines[i] for i in engine_ids]
-        for e in engines:
-            e.draining = True
-        await asyncio.to_thread(lambda: [self.persist_engine(e) for e in engines])
+        engines = await self.set_draining(engine_ids, True)
         if wait:
             pending = [e for e in engines if e.in_flight > 0]
             for e in pending:
@@ -363,10 +415,7 @@ class RouterCore:
         return idle, busy
 
     async def undrain(self, engine_ids: list[str]) -> None:
-        engines = [self.registry.engines[i] for i in engine_ids]
-        for e in engines:
-            e.draining = False
-        await asyncio.to_thread(lambda: [self.persist_engine(e) for e in engines])
+        await self.set_draining(engine_ids, False)
 
 
 def _short() -> Any:

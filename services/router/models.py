@@ -1,5 +1,10 @@
 """Tables owned by the router: the engines it routes to and the last plan it received.
 
+An ``engines`` row holds everything the router knows about an engine that is not live load: where it
+is (URL, GPU and MIG UUIDs), what it serves, its kind and power, and whether it is drained, so that a
+restarted router (and the gpu-partitioner asking it which engines run on a MIG instance) knows the
+same. Flag engines (``--engines``) are stored only once drained.
+
 ``last_plan`` holds at most one row (id = 1): the router keeps routing on it when the optimizer is
 down, including after a restart. ``body`` is the serialized ``greenserve.v1.Plan``.
 """
@@ -8,13 +13,30 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, CheckConstraint, Integer, LargeBinary, MetaData, String, UniqueConstraint, false
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Float,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
 
 ENGINE_SOURCES: tuple[str, ...] = ("flag", "rpc", "plan")
 LAST_PLAN_ID = 1
+# Column sizes, checked by RegisterEngine before anything is stored (PostgreSQL refuses longer strings).
+ID_MAX_CHARS = 64
+URL_MAX_CHARS = 512
+POOL_MAX_CHARS = 128
+MODEL_MAX_CHARS = 255
+UUID_MAX_CHARS = 96  # "GPU-<uuid>" / "MIG-<uuid>" are 40; the legacy "MIG-GPU-<uuid>/<gi>/<ci>" ~ 56
 
 
 class Base(DeclarativeBase):
@@ -30,6 +52,8 @@ class Engine(Base):
         CheckConstraint("length(id) > 0", name="id_not_empty"),
         CheckConstraint("length(url) > 0", name="url_not_empty"),
         CheckConstraint("source IN ('flag', 'rpc', 'plan')", name="source"),
+        CheckConstraint("kind IN (0, 1, 2)", name="kind"),
+        CheckConstraint("idle_power_w >= 0 AND busy_power_w >= 0", name="power_not_negative"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -39,9 +63,15 @@ class Engine(Base):
     source: Mapped[str] = mapped_column(String(8))
     registered_at: Mapped[datetime] = mapped_column(UtcDateTime())
     draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    kind: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))  # greenserve.v1.EngineKind
+    gpu_uuid: Mapped[str] = mapped_column(String(UUID_MAX_CHARS), default="", server_default="")
+    mig_uuid: Mapped[str] = mapped_column(String(UUID_MAX_CHARS), default="", server_default="")
+    idle_power_w: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
+    busy_power_w: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
 
     def __repr__(self) -> str:
-        return f"Engine(id={self.id!r}, url={self.url!r}, pool={self.pool!r}, draining={self.draining!r})"
+        return (f"Engine(id={self.id!r}, url={self.url!r}, pool={self.pool!r}, mig_uuid={self.mig_uuid!r}, "
+                f"draining={self.draining!r})")
 
 
 class LastPlan(Base):

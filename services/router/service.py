@@ -34,6 +34,7 @@ from greenserve.common.errors import (
     Unavailable,
 )
 from greenserve.common.server import Registration, registration
+from greenserve.router import models
 from greenserve.router.core import CoreConfig, RouterCore
 from greenserve.router.engines import EngineState
 from greenserve.router.http_front import HttpFront
@@ -337,20 +338,25 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         for name in ("id", "url", "pool", "model"):
             if not getattr(e, name):
                 raise InvalidArgument(f"engine.{name}", "is required")
-        if len(e.id) > 64:
-            raise InvalidArgument("engine.id", "must be at most 64 characters")
+        for name, limit in (("id", models.ID_MAX_CHARS), ("url", models.URL_MAX_CHARS),
+                            ("pool", models.POOL_MAX_CHARS), ("model", models.MODEL_MAX_CHARS),
+                            ("gpu_uuid", models.UUID_MAX_CHARS), ("mig_uuid", models.UUID_MAX_CHARS)):
+            if len(getattr(e, name)) > limit:
+                raise InvalidArgument(f"engine.{name}", f"must be at most {limit} characters")
         parsed = urlparse(e.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise InvalidArgument("engine.url", f"must be an http(s)://host:port URL, got {e.url!r}")
+        if e.kind not in common_pb2.EngineKind.values():
+            raise InvalidArgument("engine.kind", f"must be a known EngineKind, got {e.kind}")
         for name in ("idle_power_w", "busy_power_w"):
             _finite(f"engine.{name}", getattr(e, name), 0.0, 1e6)
-        other = self.core.registry.by_url(e.url.rstrip("/"))
-        if other is not None and other.id != e.id:
-            raise InvalidArgument("engine.url", f"already registered as engine {other.id!r}")
         state = EngineState(id=e.id, url=e.url.rstrip("/"), pool=e.pool, model=e.model,
                             kind=e.kind or common_pb2.ENGINE_KIND_VLLM, gpu_uuid=e.gpu_uuid, mig_uuid=e.mig_uuid,
                             idle_power_w=e.idle_power_w, busy_power_w=e.busy_power_w, source="rpc")
-        stored, created = await asyncio.to_thread(self.core.add_engine, state)
+        try:
+            stored, created = await self.core.register_engine(state)
+        except ValueError as exc:
+            raise InvalidArgument("engine.url", str(exc)) from None
         return router_pb2.RegisterEngineResponse(
             engine=stored.to_proto(time.monotonic(), self.core.config.stale_after_s), created=created)
 
@@ -358,10 +364,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                                ) -> router_pb2.DeregisterEngineResponse:
         if not request.engine_id:
             raise InvalidArgument("engine_id", "is required")
-        if self.core.registry.get(request.engine_id) is None:
+        if not await self.core.deregister_engine(request.engine_id):
             raise NotFound(f"engine {request.engine_id!r} is not registered", field="engine_id")
-        await asyncio.to_thread(self.core.delete_engine_row, request.engine_id)
-        self.core.registry.remove(request.engine_id)
         return router_pb2.DeregisterEngineResponse()
 
     async def ListEngines(self, request: router_pb2.ListEnginesRequest, context: grpc.aio.ServicerContext

@@ -77,8 +77,13 @@ class InTestRouter(router_pb2_grpc.RouterServiceServicer):
     async def ListEngines(self, request: Any, context: Any) -> router_pb2.ListEnginesResponse:
         from greenserve.v1 import common_pb2
 
+        def state(eid: str) -> int:  # as the router reports it: DRAINED once drained and idle
+            if eid in self.state.drained:
+                return common_pb2.ENGINE_STATE_DRAINING if eid in self.state.busy else common_pb2.ENGINE_STATE_DRAINED
+            return common_pb2.ENGINE_STATE_HEALTHY
+
         return router_pb2.ListEnginesResponse(engines=[
-            router_pb2.EngineStatus(engine=common_pb2.Engine(id=eid, mig_uuid=mig))
+            router_pb2.EngineStatus(engine=common_pb2.Engine(id=eid, mig_uuid=mig, state=state(eid)))
             for eid, mig in sorted(self.state.engines.items())
         ])
 
