@@ -91,13 +91,6 @@ class RouterEngines:
         return sorted((s.engine.id, s.engine.mig_uuid) for s in reply.engines
                       if s.engine.mig_uuid in wanted and s.engine.state != common_pb2.ENGINE_STATE_DRAINED)
 
-    async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
-        """(engine id, MIG UUID) of the engines on these instances the router does not report DRAINED."""
-        wanted = set(mig_uuids)
-        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
-        return sorted((s.engine.id, s.engine.mig_uuid) for s in reply.engines
-                      if s.engine.mig_uuid in wanted and s.engine.state != common_pb2.ENGINE_STATE_DRAINED)
-
     async def drain(self, engine_ids: Sequence[str], timeout_s: float) -> list[str]:
         reply = await self._stub().Drain(router_pb2.DrainRequest(engine_ids=list(engine_ids), wait=True,
                                                                  timeout_s=timeout_s), timeout=timeout_s + 5.0)
