@@ -37,11 +37,13 @@ class SnapshotStore:
         return self.previous_folder / f"{pool}.npz"
 
     def pools(self) -> list[str]:
-        """Pools with a checkpoint of either generation."""
+        """Pools with a checkpoint of either generation (temporary files a killed writer left are removed)."""
         names: set[str] = set()
         for folder in (self.folder, self.previous_folder):
             if not folder.is_dir():
                 continue
+            for tmp in folder.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
             for path in folder.glob("*.npz"):
                 if is_name(path.stem):
                     names.add(path.stem)
