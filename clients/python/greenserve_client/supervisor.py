@@ -24,6 +24,7 @@ from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 from greenserve_client import sidecars
+from greenserve_client.local_loop import LocalLoopOptions, first_plan_summary, start_local_loop
 from greenserve_client.services import SERVICES, ServiceInfo
 
 LMCACHE_SERVER_ID = "local-lmcache"
@@ -50,6 +51,7 @@ class FleetOptions:
     lmcache_l1_size_gb: float = 1.0
     pool: str = "default"
     router_http_port: int = DEFAULT_ROUTER_HTTP_PORT
+    loop: bool = True  # seed history, declare the local fleet and compute the first plan
 
 
 def _service_command(info: ServiceInfo, host: str, port: int, data_dir: Path, ports: dict[str, int],
@@ -185,6 +187,17 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
             http_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             print(f"OpenAI-compatible API through the router: http://{http_host}:{fleet.router_http_port}/v1",
                   flush=True)
+        if fleet.loop and engines:
+            try:
+                plan = asyncio.run(start_local_loop({c.info.name: c.address for c in children},
+                                                    LocalLoopOptions(
+                    pool=fleet.pool, cache_dram_limit_bytes=int(fleet.lmcache_l1_size_gb * 1024**3))))
+                print(f"control loop: {first_plan_summary(plan)} (greenserve plan status shows its enforcement)",
+                      flush=True)
+            except grpc.RpcError as exc:  # the services keep running; the scheduler retries on its own
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                print(f"greenserve up: warning: first plan not computed ({detail}); the optimizer retries on "
+                      f"its schedule", file=sys.stderr, flush=True)
         print("all services SERVING; press Ctrl-C to stop", flush=True)
         while not stop_requested:
             dead = [c for c in children if c.process.poll() is not None]
