@@ -7,7 +7,6 @@ test puts and keeps every enforcement report it receives.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 
@@ -29,15 +28,22 @@ class PlanPeer(optimizer_pb2_grpc.OptimizerServiceServicer):
             self._new_plan.notify_all()
 
     async def WatchPlans(self, request, context):  # noqa: N802
+        """As the optimizer: the active (last published) plan unless the watcher holds it, then every plan
+        published later whose version differs from the last sent (an older one is a rollback)."""
         self.watch_requests.append(request.after_version)
         sent = request.after_version
+        seen = len(self.plans)
+        if self.plans and self.plans[-1].version != sent:
+            sent = self.plans[-1].version
+            yield optimizer_pb2.WatchPlansResponse(plan=self.plans[-1])
         while True:
             async with self._new_plan:
-                await self._new_plan.wait_for(lambda: any(p.version > sent for p in self.plans))
-                newer = [p for p in self.plans if p.version > sent]
-            for plan in newer:
-                sent = max(sent, plan.version)
-                yield optimizer_pb2.WatchPlansResponse(plan=plan)
+                await self._new_plan.wait_for(lambda: len(self.plans) > seen)
+                later, seen = self.plans[seen:], len(self.plans)
+            for plan in later:
+                if plan.version != sent:
+                    sent = plan.version
+                    yield optimizer_pb2.WatchPlansResponse(plan=plan)
 
     async def ReportEnforcement(self, request, context):  # noqa: N802
         async with self._new_report:
@@ -48,12 +54,12 @@ class PlanPeer(optimizer_pb2_grpc.OptimizerServiceServicer):
     async def GetFleet(self, request, context):  # noqa: N802
         return optimizer_pb2.GetFleetResponse(fleet=self.fleet)
 
-    async def wait_report(self, predicate, timeout_s: float = 20.0) -> optimizer_pb2.EnforcementReport:
-        """The first report (already received or coming) for which ``predicate`` is true."""
+    async def wait_report(self, predicate, timeout_s: float = 20.0, since: int = 0) -> optimizer_pb2.EnforcementReport:
+        """The first report from the ``since``-th on (already received or coming) for which ``predicate`` is true."""
         async def find() -> optimizer_pb2.EnforcementReport:
             async with self._new_report:
-                await self._new_report.wait_for(lambda: any(predicate(r) for r in self.reports))
-                return next(r for r in self.reports if predicate(r))
+                await self._new_report.wait_for(lambda: any(predicate(r) for r in self.reports[since:]))
+                return next(r for r in self.reports[since:] if predicate(r))
         return await asyncio.wait_for(find(), timeout_s)
 
 
@@ -71,11 +77,3 @@ def interval(start_s: float, end_s: float, **fields) -> common_pb2.PlanInterval:
     iv.start.FromSeconds(int(start_s))
     iv.end.FromSeconds(int(end_s))
     return iv
-
-
-async def running(peer: PlanPeer) -> AsyncIterator[tuple[PlanPeer, str]]:
-    server, address = await serve(peer)
-    try:
-        yield peer, address
-    finally:
-        await server.stop(0)

@@ -272,7 +272,10 @@ class PlanFollower:
                 if math.isfinite(boundary):
                     wait_s = min(MAX_TIMER_WAIT_S, c.real_delay_s(boundary - c.now_s()) + 0.001)
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout=wait_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands as the event
+                # is set (offer() then stop()), and stop() then waited for the next timer round.
+                async with asyncio.timeout(wait_s):
+                    await self._changed.wait()
                 continue
             except TimeoutError:
                 pass

@@ -110,10 +110,11 @@ class PlanStore:
         self._weights = weights
         self._valid_until = next_change
 
-    def apply(self, plan: common_pb2.Plan) -> bool:
-        """Puts ``plan`` in force if it is newer and valid; returns whether it was applied."""
+    def apply(self, plan: common_pb2.Plan, *, rollback: bool = False) -> bool:
+        """Puts ``plan`` in force if it is valid and newer (or, with ``rollback``, any other version: the optimizer
+        streams an older plan when an operator re-activates it); returns whether it was applied."""
         validate_plan(plan)
-        if plan.version <= self.version:
+        if plan.version == self.version or (plan.version < self.version and not rollback):
             return False
         self.plan = plan
         self.version = plan.version
@@ -199,7 +200,7 @@ class PlanWatcher:
 
     async def _reconcile(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
         try:
-            applied = self.store.apply(plan)
+            applied = self.store.apply(plan, rollback=True)  # what WatchPlans streams is the plan in force
         except PlanError as exc:
             self.rejected += 1
             log.warning("plan refused", extra={"plan_version": plan.version, "error": str(exc)})

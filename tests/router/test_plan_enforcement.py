@@ -85,6 +85,15 @@ async def test_weights_follow_the_virtual_clock_and_each_interval_is_reported(pe
         assert refused.detail == ("plan.intervals[1].routing_weights[0].weight must be finite and >= 0; "
                                   "routing stays on plan v1")
         assert store.version == 1 and watcher.rejected == 1
+
+        third = _two_hour_plan(3)
+        await p.publish(third)
+        await p.wait_report(_final(3))
+        assert store.weights_for("p")[1] == 3
+        since = len(p.reports)
+        await p.publish(_two_hour_plan(1))  # an operator re-activates v1: the older plan is the one in force
+        rolled = await p.wait_report(_final(1), since=since)
+        assert rolled.state == APPLIED and store.version == 1 and store.plan.version == 1
     finally:
         await watcher.stop()
 
