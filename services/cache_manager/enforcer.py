@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError
 from greenserve.cache_manager.models import LmcacheServer
 from greenserve.common.app import ServiceContext
-from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.client import create_channel
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.plan_follow import (
     APPLIED,
@@ -228,10 +228,7 @@ def follow_plans(ctx: ServiceContext, servicer: CacheManagerServicer) -> PlanFol
     settings = ctx.settings
     if not getattr(settings, "follow_plans", False):
         return None
-    mtls = settings.tls_client_ca is not None
-    channel = create_channel(ChannelConfig(
-        address=settings.optimizer_addr, token=settings.token(), tls_ca=settings.tls_ca,  # type: ignore[attr-defined]
-        tls_cert=settings.tls_cert if mtls else None, tls_key=settings.tls_key if mtls else None))
+    channel = create_channel(settings.channel_config(settings.optimizer_addr))  # type: ignore[attr-defined]
     save, load = plan_file_store(Path(settings.data_dir) / PLAN_FILE)
     enforcer = CacheEnforcer(servicer, settings.lmcache_max_dram_bytes)  # type: ignore[attr-defined]
     follower = PlanFollower(component=COMPONENT, instance=settings.instance,  # type: ignore[attr-defined]

@@ -199,3 +199,17 @@ async def test_plan_file_store_round_trip_and_a_corrupt_file_starts_without_plan
         assert await fresh.reconcile_now() is None
     finally:
         await fresh.stop()
+
+
+async def test_an_older_plan_offered_is_a_rollback_and_is_reconciled() -> None:
+    rec = Recorder()
+    follower = PlanFollower(component="t", instance="i", channel=None, reconcile=rec)
+    await follower.start()
+    try:
+        now = time.time()
+        await follower.offer(_plan(5, start_s=now - 60))
+        await follower.offer(_plan(4, start_s=now - 60))  # the optimizer re-activated v4
+        await follower.offer(_plan(4, start_s=now - 60))  # the one held: nothing
+        assert [c[0] for c in rec.calls] == [5, 4] and follower.version == 4
+    finally:
+        await follower.stop()
