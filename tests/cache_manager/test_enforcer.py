@@ -7,7 +7,7 @@ writes that file, or fails for the servers a test names: the real LMCache cannot
 
 from __future__ import annotations
 
-import asyncio
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError, LmcacheSta
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
 from greenserve.cache_manager.service import CacheManagerServicer, CacheManagerSettings, build
 from greenserve.common.app import ServiceContext
+from greenserve.common.config import load_settings
 from greenserve.common.persistence import Database, utcnow
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, PlanFollower
 from greenserve.v1 import cache_manager_pb2 as pb
@@ -204,6 +205,16 @@ async def test_follower_reconciles_an_offered_plan_and_keeps_it_on_disk(fleet, t
         assert (await load()).version == 9
     finally:
         await follower.stop()
+
+
+def test_flags(capsys) -> None:
+    default = load_settings(CacheManagerSettings, [])
+    assert default.follow_plans and default.instance == socket.gethostname() and default.lmcache_max_dram_bytes == 0
+    off = load_settings(CacheManagerSettings, ["--no-follow-plans", "--instance", "cm-a"])
+    assert not off.follow_plans and off.instance == "cm-a"
+    with pytest.raises(SystemExit) as exc:
+        load_settings(CacheManagerSettings, ["--instance", ""])
+    assert exc.value.code == 2 and "--instance" in capsys.readouterr().err
 
 
 def test_gib_formats_sizes_for_details() -> None:
