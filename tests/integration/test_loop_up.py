@@ -1,0 +1,101 @@
+"""The whole loop on `greenserve up`'s local fleet: a plan is computed and enforced by every component (router
+weights, the gpu-partitioner's MIG layout with engines started on its instances, the cache-manager's sizes), requests
+are routed on it, and Ctrl-C leaves no process (the engines the gpu-partitioner started included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from greenserve.v1 import gpu_partitioner_pb2, gpu_partitioner_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
+from greenserve.v1 import router_pb2, router_pb2_grpc
+from greenserve_client.sidecars import find_lmcache
+from tests.cli.test_up_status import CLI, _pids_alive, _port_flags, _ports
+
+
+def _plan_status(port: int) -> optimizer_pb2.GetPlanStatusResponse:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return optimizer_pb2_grpc.OptimizerServiceStub(channel).GetPlanStatus(
+            optimizer_pb2.GetPlanStatusRequest(), timeout=10)
+
+
+@pytest.mark.slow
+def test_up_runs_the_loop(tmp_path: Path) -> None:
+    ports = _ports()
+    lmcache = "on" if find_lmcache() is not None else "off"
+    up = subprocess.Popen([*CLI, "up", "--data-dir", str(tmp_path), *_port_flags(ports, "port"), "--engines=2",
+                           "--engine-time-scale=20", "--router-http-port=0", f"--lmcache={lmcache}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()
+            assert line or up.poll() is None, f"up exited {up.returncode}: {up.stderr.read()}"
+            lines.append(line)
+            if "all services SERVING" in line:
+                break
+        else:
+            pytest.fail(f"up did not report SERVING: {lines}")
+        assert any(line.startswith("control loop: plan v1 in force") for line in lines), lines
+        pids = {row[0]: int(row[2]) for row in (line.split() for line in lines)
+                if len(row) > 2 and row[2].isdigit()}
+
+        # Every component reports APPLIED for the plan in force (the gpu-partitioner after starting its engines).
+        deadline = time.monotonic() + 120
+        status = _plan_status(ports["optimizer"])
+        while time.monotonic() < deadline and not status.fleet_matches_plan:
+            time.sleep(1.0)
+            status = _plan_status(ports["optimizer"])
+        states = {r.component: optimizer_pb2.EnforcementState.Name(r.state) for r in status.reports}
+        assert status.fleet_matches_plan, [(r.component, r.state, r.detail) for r in status.reports]
+        assert set(states) == {"router", "cache-manager", "gpu-partitioner"}
+
+        with grpc.insecure_channel(f"127.0.0.1:{ports['gpu_partitioner']}") as channel:
+            gpus = gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel).GetInventory(
+                gpu_partitioner_pb2.GetInventoryRequest(), timeout=10).gpus
+        (gpu,) = gpus
+        assert len(gpu.instances) == 2 and all(inst.engine_id for inst in gpu.instances)
+        with grpc.insecure_channel(f"127.0.0.1:{ports['router']}") as channel:
+            stub = router_pb2_grpc.RouterServiceStub(channel)
+            engines = stub.ListEngines(router_pb2.ListEnginesRequest(), timeout=10).engines
+            on_mig = {e.engine.mig_uuid for e in engines if e.engine.mig_uuid}
+            assert on_mig == {inst.uuid for inst in gpu.instances}
+            plan = _plan_status(ports["optimizer"]).plan
+            request = router_pb2.GenerateRequest(
+                request=router_pb2.RequestDescriptor(pool="default", completion=router_pb2.CompletionInput(prompt="hi")),
+                sampling=router_pb2.SamplingParams(max_tokens=8))
+            chunks = list(stub.Generate(request, timeout=60))
+            assert chunks and chunks[-1].finish_reason
+            route = stub.Route(router_pb2.RouteRequest(request=request.request), timeout=10)
+            assert route.plan_version == plan.version
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=90) == 0, up.stderr.read()
+        assert not _pids_alive(list(pids.values())), "no service, engine or sidecar outlives `greenserve up`"
+        assert not _pids_alive([int(p) for p in _engine_pids(tmp_path)]), "engines on MIG instances stopped too"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def _engine_pids(data_dir: Path) -> list[str]:
+    """PIDs of processes whose command line names this test's data dir (engines the gpu-partitioner started)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(data_dir) in cmdline and "engine" in cmdline:
+                out.append(entry.name)
+    return out
+
+
