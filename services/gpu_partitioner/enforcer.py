@@ -349,9 +349,11 @@ class MigEnforcer:
                 result = await self.coordinator.apply(gpu.uuid, list(lplan.target), [], plan_version=plan_version,
                                                       drain_timeout_s=self.drain_timeout_s)
             except (ApplyBusy, ApplyPreconditionError, LayoutError, MigBackendError) as exc:
+                await self._undrain_others(to_drain, retire)
                 restarted = await self._restart_retired(gpu.uuid, retire)
                 return FAILED, "; ".join([f"layout not applied: {exc}", *restarted])
             if result.state != "succeeded":
+                await self._undrain_others(to_drain, retire)
                 restarted = await self._restart_retired(gpu.uuid, retire)
                 state = ROLLED_BACK if result.state == "rolled_back" else FAILED
                 what = "rolled back to the previous layout" if state == ROLLED_BACK else "failed"
@@ -376,6 +378,16 @@ class MigEnforcer:
         if errors:
             return FAILED, "; ".join(changed + errors)
         return APPLIED, "; ".join(changed) if changed else "no change"
+
+    async def _undrain_others(self, drained: list[str], retire: list[tuple[Placement, EngineProcess]]) -> None:
+        """After a layout change that did not happen: the engines of others drained for it take work again."""
+        ours = {e.spec.engine_id for _, e in retire}
+        others = [e for e in drained if e not in ours]
+        if others and self.router is not None:
+            try:
+                await self.router.undrain(others)
+            except Exception as exc:  # noqa: BLE001 - the outcome stands; the router logs it
+                log.warning("undraining %s failed: %s", ", ".join(others), exc)
 
     async def _retire(self, engine: EngineProcess) -> None:
         """Stops one of our engines and removes it from the router."""
@@ -425,6 +437,7 @@ class MigEnforcer:
         pools = await self.fleet() or {}
         geo = await asyncio.to_thread(self.backend.geometry, gpu.uuid)
         owned = self.supervisor.by_mig_uuid()
+        launched: list[tuple[InstanceState, EngineProcess]] = []
         for inst, want in wanted:
             engine = owned.get(inst.uuid)
             if engine is not None and engine.returncode is None and Want(*engine.spec.role) == want:
@@ -436,11 +449,17 @@ class MigEnforcer:
                 errors.append(f"engine for {inst.uuid}: pool {want.pool!r} unknown")
                 continue
             try:
-                spec = self._spec(gpu, geo, inst, pool, want.variant)
-                note = await self._launch(spec)
+                launched.append((inst, await self.supervisor.start(self._spec(gpu, geo, inst, pool, want.variant))))
             except Exception as exc:  # noqa: BLE001 - reported; the next reconcile tries again
                 errors.append(f"engine on {inst.uuid} ({want.pool}/{want.variant or 'default'}) failed: {exc}")
+        # all of them load at once (a vLLM engine takes minutes), then each is registered when healthy
+        results = await asyncio.gather(*(self._ready(engine) for _, engine in launched), return_exceptions=True)
+        for (inst, engine), result in zip(launched, results, strict=True):
+            spec = engine.spec
+            if isinstance(result, BaseException):
+                errors.append(f"engine on {inst.uuid} ({spec.pool}/{spec.variant or 'default'}) failed: {result}")
                 continue
+            note = engine.command.note
             started.append(f"started engine {spec.engine_id} ({spec.pool}/{spec.variant or 'default'} on "
                            f"{inst.profile} {inst.uuid}, {spec.url})" + (f" [{note}]" if note else ""))
         return started, errors
@@ -468,6 +487,13 @@ class MigEnforcer:
         """Starts the engine, waits for its health and registers it; returns the launcher's note."""
         assert self.supervisor is not None
         engine = await self.supervisor.start(spec)
+        await self._ready(engine)
+        return engine.command.note
+
+    async def _ready(self, engine: EngineProcess) -> None:
+        """Waits for a started engine's health and registers it (stopped again when either fails)."""
+        assert self.supervisor is not None
+        spec = engine.spec
         try:
             await self.supervisor.wait_healthy(engine, self.health_timeout_s)
         except EngineStartError:
@@ -482,4 +508,3 @@ class MigEnforcer:
             except Exception as exc:
                 await self.supervisor.stop(spec.engine_id)
                 raise RuntimeError(f"registering engine {spec.engine_id} with the router failed: {exc}") from exc
-        return engine.command.note

@@ -267,3 +267,29 @@ async def test_follower_reports_refused_for_an_invalid_plan(rig: Rig) -> None:
     assert follower.last_outcome is not None and follower.last_outcome.state == REFUSED
     assert follower.reporter.last is not None and follower.reporter.last.state == REFUSED
     assert follower.reporter.last.instance == NODE
+
+
+async def test_a_layout_change_that_cannot_start_undrains_the_engines_of_others(rig: Rig) -> None:
+    from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
+
+    plan, interval = _plan(1, common_pb2.MigLayout(gpu_uuid=rig.gpu, placements=[_p("7g.40gb", 0, 8)]))
+    assert (await rig.enforcer.reconcile(plan, interval)).state == APPLIED
+    instance = rig.backend.gpu(rig.gpu).instances[0]
+    emu = EngineEmulator(EmulatorConfig(host="127.0.0.1", port=0, time_scale=10.0))
+    await emu.start()
+    lock = rig.enforcer.coordinator._locks.setdefault(rig.gpu, asyncio.Lock())
+    try:
+        await rig.routers.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
+            id="operators", url=emu.url, pool="chat", model=emu.model, mig_uuid=instance.uuid)))
+        await lock.acquire()  # an ApplyLayout call is running on this GPU
+        plan2, interval2 = _plan(2, common_pb2.MigLayout(gpu_uuid=rig.gpu, placements=[_p("4g.20gb", 0, 4)]))
+        outcome = await rig.enforcer.reconcile(plan2, interval2)
+        assert outcome.state == FAILED and "layout not applied" in outcome.detail, outcome.detail
+        assert ("drain", ("operators",)) in rig.events
+        state = (await _engines(rig))["operators"].state
+        assert state not in (common_pb2.ENGINE_STATE_DRAINING, common_pb2.ENGINE_STATE_DRAINED)
+        assert rig.backend.gpu(rig.gpu).instances == [instance]
+    finally:
+        if lock.locked():
+            lock.release()
+        await emu.stop()
