@@ -150,6 +150,7 @@ class HttpFront:
         self._handler_kwargs: dict[str, Any] = {"access_log": None, "lingering_time": LINGER_S,
                                                 "keepalive_timeout": self.limits.keepalive_timeout_s}
         self.guard = ConnectionGuard(self.limits, self._handler_kwargs)
+        self.body_bytes_in_flight = 0  # request body bytes held by the handlers running now
         app = web.Application(client_max_size=self.limits.max_body_bytes,
                               middlewares=[self.guard.middleware(), auth_middleware(tokens)])
         app.on_response_prepare.append(self.guard.on_response_prepare)
@@ -212,10 +213,21 @@ class HttpFront:
         length = request.content_length
         if length is not None and length > limit:
             return _too_large(limit, length)
+        # the bytes of bodies held at once are capped too: a declared length is reserved, an undeclared
+        # (chunked) one reserves the whole limit until its real size is known
+        reserved = length if length is not None else limit
+        budget = self.limits.max_body_bytes_in_flight
+        if self.body_bytes_in_flight + reserved > budget:
+            core.rejected += 1
+            core.count_failure("http", "rejected")
+            return _error(429, f"router at its limit of request body bytes in flight ({budget} bytes, "
+                               "--http-max-body-bytes-in-flight); retry later",
+                          err_type="rate_limit_exceeded", headers={"Retry-After": "1"})
         if not core.admit():
             core.count_failure("http", "rejected")
             return _error(429, f"router at its in-flight limit ({core.config.max_in_flight}); retry later",
                           err_type="rate_limit_exceeded", headers={"Retry-After": "1"})
+        self.body_bytes_in_flight += reserved
         try:
             try:
                 raw: bytes | None = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
@@ -226,6 +238,9 @@ class HttpFront:
                                    "(--http-body-timeout-s)", err_type="timeout")
                 resp.force_close()
                 return resp
+            if length is None:  # a chunked body: now its size is known
+                self.body_bytes_in_flight -= reserved - len(raw)
+                reserved = len(raw)
             try:
                 body = json.loads(raw)  # type: ignore[arg-type]
             except RecursionError:
@@ -279,6 +294,7 @@ class HttpFront:
                 return self._unary(call, len(text))
             return await self._stream(request, call, want_usage, len(text), t_arrival)
         finally:
+            self.body_bytes_in_flight -= reserved
             core.release()
 
     def _unary(self, call: Call, prompt_chars: int) -> web.Response:

@@ -17,7 +17,10 @@ Limits, against slow or greedy clients (a slowloris holding connections, a huge 
 * ``max_requests_per_connection``: the response to the last one says ``Connection: close``;
 * ``body_timeout_s``: the whole body must arrive within it (408 otherwise);
 * ``max_body_bytes``: a declared ``Content-Length`` above it gets 413 before the body is read; a chunked
-  body is cut off (413) as soon as it passes the limit.
+  body is cut off (413) as soon as it passes the limit;
+* ``max_body_bytes_in_flight``: the bytes of the bodies held by the requests running at once (a chunked
+  body counts as ``max_body_bytes`` until it has arrived); a request that would pass it gets 429 before
+  its body is read.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class HttpLimits:
     """Limits of the HTTP front (flags ``--http-*`` of the router; defaults in docs/router.md)."""
 
     max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes_in_flight: int = 256 * 1024 * 1024
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 15.0

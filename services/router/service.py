@@ -65,6 +65,9 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     http_host: str | None = Field(None, description="address of the HTTP front (default: --host)")
     http_max_body_bytes: int = Field(16 * MIB, ge=1024, le=1024 * MIB,
                                      description="largest HTTP request body; larger ones get 413 before being read")
+    http_max_body_bytes_in_flight: int = Field(
+        256 * MIB, ge=1024, le=1024 * 1024 * MIB,
+        description="request body bytes held at once by the HTTP requests in flight; above it new ones get 429")
     http_max_connections: int | None = Field(
         None, ge=1, le=1_000_000,
         description="open HTTP connections above which new ones get 503 and are closed (default: half the file "
@@ -118,6 +121,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         if self.stale_after_s < 2 * self.scrape_interval_s:
             raise ValueError(f"stale_after_s ({self.stale_after_s:g}) must be >= 2 x scrape_interval_s "
                              f"({self.scrape_interval_s:g})")
+        if self.http_max_body_bytes_in_flight < self.http_max_body_bytes:
+            raise ValueError("http_max_body_bytes_in_flight must be >= http_max_body_bytes")
         if self.eject_max_s < self.eject_base_s:
             raise ValueError("eject_max_s must be >= eject_base_s")
         for url in filter(None, (u.strip() for u in self.engines.split(","))):
@@ -145,7 +150,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
 
     def http_limits(self) -> HttpLimits:
         return HttpLimits(
-            max_body_bytes=self.http_max_body_bytes, header_timeout_s=self.http_header_timeout_s,
+            max_body_bytes=self.http_max_body_bytes, max_body_bytes_in_flight=self.http_max_body_bytes_in_flight,
+            header_timeout_s=self.http_header_timeout_s,
             body_timeout_s=self.http_body_timeout_s, keepalive_timeout_s=self.http_keepalive_timeout_s,
             max_connections=self.http_max_connections or default_max_connections(),
             max_requests_per_connection=self.http_max_requests_per_connection)

@@ -18,12 +18,19 @@ from greenserve.v1 import router_pb2
 
 
 async def _raw(port: int, data: bytes, *, read_timeout_s: float = 5.0) -> bytes:
-    """Sends ``data`` on a fresh connection and returns what comes back until the server closes."""
+    """Sends ``data`` on a fresh connection and returns the first response (head and body)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(data)
         await writer.drain()
-        return await asyncio.wait_for(reader.read(), read_timeout_s)
+
+        async def response() -> bytes:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            return head + await reader.readexactly(length)
+
+        return await asyncio.wait_for(response(), read_timeout_s)
     finally:
         writer.close()
 
@@ -171,6 +178,35 @@ async def test_body_size_and_admission_are_checked_before_the_body_is_read(route
     finally:
         r.core.in_flight = 0
     assert reply.startswith(b"HTTP/1.1 429"), reply[:200]
+
+
+async def test_body_bytes_in_flight_are_capped(router) -> None:
+    r = await router([], http_max_body_bytes=4096, http_max_body_bytes_in_flight=6000, http_body_timeout_s=30)
+    port = r.servicer.http.port
+    # a request whose 3000-byte body is on its way holds 3000 bytes of the budget
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n")
+    await writer.drain()
+    for _ in range(50):
+        if r.servicer.http.body_bytes_in_flight:
+            break
+        await asyncio.sleep(0.02)
+    assert r.servicer.http.body_bytes_in_flight == 3000
+    try:
+        reply = await _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n"
+                           b"Connection: close\r\n\r\n" + b"x" * 4000)
+        assert reply.startswith(b"HTTP/1.1 429") and b"6000 bytes" in reply, reply[:300]
+        # one that fits the rest of the budget goes through (to a 400: it is not JSON)
+        reply = await _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n"
+                           b"Connection: close\r\n\r\n" + b"x" * 2000)
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:300]
+    finally:
+        writer.close()
+    for _ in range(100):
+        if not r.servicer.http.body_bytes_in_flight:
+            break
+        await asyncio.sleep(0.02)
+    assert r.servicer.http.body_bytes_in_flight == 0
 
 
 async def test_grpc_generate_over_the_message_limit_is_resource_exhausted(router) -> None:

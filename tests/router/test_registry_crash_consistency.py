@@ -30,7 +30,7 @@ from tests.conftest import free_port
 pytestmark = pytest.mark.timeout(180)
 CLIENTS = 16
 ENGINES_PER_CLIENT = 3
-WRITE_S = 3.0
+WRITE_S = 2.5
 SERVICE = "greenserve.v1.RouterService"
 # (mig_uuid, gpu_uuid, kind, idle_power_w, busy_power_w, drained) of an engine; None: not registered
 Facts = tuple[str, str, int, float, float, bool] | None
