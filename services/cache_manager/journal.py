@@ -47,7 +47,7 @@ MAX_FUTURE_S = 3600.0  # clock skew allowed between a reporter and this service
 _KINDS = frozenset({cache_manager_pb2.ACCESS_KIND_HIT, cache_manager_pb2.ACCESS_KIND_MISS,
                     cache_manager_pb2.ACCESS_KIND_STORE, cache_manager_pb2.ACCESS_KIND_EVICT})
 _TIERS = frozenset(common_pb2.CacheTier.values())
-HISTORY_PER_POOL = 200_000  # recent accesses per pool kept for group TTLs (time, key hash, group)
+HISTORY_PER_POOL = 200_000  # default of --ttl-history-per-pool: recent accesses kept for group TTLs
 
 
 @dataclass(frozen=True)
@@ -200,5 +200,6 @@ def apply(index: CacheIndex, event_id: int, ev: Event, history: deque, max_entri
     index.journal_id = event_id
 
 
-def new_history() -> deque:
-    return deque(maxlen=HISTORY_PER_POOL)
+def new_history(maxlen: int = HISTORY_PER_POOL) -> deque:
+    """Recent accesses of one pool, (time, key hash, group), the oldest dropped past `maxlen`."""
+    return deque(maxlen=maxlen)

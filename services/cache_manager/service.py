@@ -82,6 +82,8 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
                                    "bytes of memory per entry)")
     index_max_pools: int = Field(256, ge=1, le=65_536, description="pools with an index; accesses of a new pool "
                                  "past it are refused with RESOURCE_EXHAUSTED")
+    ttl_history_per_pool: int = Field(journal.HISTORY_PER_POOL, ge=1, le=10_000_000, description="recent "
+                                      "accesses per pool kept for group TTLs (about 200 bytes each)")
     follow_plans: bool = Field(True, description="follow the optimizer's plans (WatchPlans at --optimizer-addr) and "
                                "apply their cache targets; off: only the RPCs change cache sizes")
     instance: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253,
@@ -152,7 +154,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             index = self.indexes[ev.pool] = CacheIndex()
         history = self.history.get(ev.pool)
         if history is None:
-            history = self.history[ev.pool] = journal.new_history()
+            history = self.history[ev.pool] = journal.new_history(self.settings.ttl_history_per_pool)
         journal.apply(index, event_id, ev, history, self.settings.index_max_entries)
 
     async def _journal_and_apply(self, events: list[journal.Event]) -> None:

@@ -28,9 +28,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 CLIENTS = 16
-WRITE_S = 3.0
+WRITE_S = 2.0
 SERVICE = "greenserve.v1.CacheManagerService"
 
 
