@@ -49,7 +49,7 @@ class PlanFollowSettings(BaseSettings):
 
     follow_plans: bool = Field(
         True, description="watch the optimizer's plans and apply this node's MIG layouts with engines on them; "
-        "also report the node's GPUs (--no-follow-plans: neither)")
+        "also report the node's GPUs (--follow-plans false: neither)")
     engine_launcher: Literal["auto", "vllm", "emulator", "none"] = Field(
         "auto", description="how engines on MIG instances are started: vllm (`vllm serve`), emulator "
         "(greenserve-engine-sim) or none; auto: vllm with the NVML backend, emulator with the simulated one")

@@ -179,3 +179,27 @@ async def test_plan_from_watch_is_enforced_and_sigterm_leaves_no_engine(start_in
                 os.killpg(pid, signal.SIGKILL)
         await channel.close()
         await server.stop(0)
+
+
+
+async def test_follow_plans_false_reports_nothing_and_true_reports_the_node(start_inprocess: Any,
+                                                                            tmp_path: Path) -> None:
+    from greenserve.gpu_partitioner.service import GpuPartitionerSettings, build
+
+    optimizer = InTestOptimizer()
+    server, port = await _serve(optimizer)
+    common = dict(backend="simulated", sim_gpus="A100-40GB,H100-80GB:nomig", energy_sample_interval_s=0,
+                  optimizer_addr=f"127.0.0.1:{port}", router_addr="127.0.0.1:9", gpu_report_interval_s=0.1)
+    try:
+        await start_inprocess(GpuPartitionerSettings, build, follow_plans=False, node_name="off-node",
+                              data_dir=tmp_path / "off", **common)
+        await asyncio.sleep(0.5)
+        assert optimizer.gpu_reports == [] and optimizer.enforcement == []
+        await start_inprocess(GpuPartitionerSettings, build, node_name="on-node", data_dir=tmp_path / "on", **common)
+        await _until(lambda: optimizer.gpu_reports, 20, "the node's GPU report")
+        (report,) = optimizer.gpu_reports
+        assert report.node == "on-node"
+        assert [(g.model, g.mig_enabled) for g in report.gpus] == [
+            (common_pb2.GPU_MODEL_A100_40GB, True), (common_pb2.GPU_MODEL_H100_80GB, False)]
+    finally:
+        await server.stop(0)
