@@ -13,7 +13,6 @@ import tracemalloc
 import warnings
 
 import numpy as np
-import pytest
 
 from greenserve.forecaster.forecast_models import make_model
 
@@ -37,8 +36,8 @@ def _held_bytes(make) -> tuple[object, int]:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("name", ["sarima", "auto"])
-def test_update_with_many_points_keeps_memory_bounded(name: str) -> None:
+def test_update_with_many_points_keeps_memory_bounded() -> None:
+    name = "auto"  # every member, the seasonal SARIMA (the one that held 230 MB) included
     values = daily_series(14 + 42, noise=3.0, seed=1)
     fitted = make_model(name).fit(values[:336], start_s=DAY0_S)
     blob = pickle.dumps(fitted)
