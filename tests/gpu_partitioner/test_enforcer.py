@@ -293,3 +293,48 @@ async def test_a_layout_change_that_cannot_start_undrains_the_engines_of_others(
         if lock.locked():
             lock.release()
         await emu.stop()
+
+
+async def test_vllm_launcher_path_with_a_stand_in_vllm(rig: Rig, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM launcher through the real process path: a stand-in `vllm` executable records its argv and
+    CUDA_VISIBLE_DEVICES, then serves the OpenAI API (the emulator) where `vllm serve` was told to."""
+    import json
+    import sys
+
+    from greenserve.gpu_partitioner.engine_launch import VllmLauncher
+
+    record = tmp_path / "vllm-calls.jsonl"
+    fake = tmp_path / "vllm"
+    fake.write_text(f"""#!{sys.executable}
+import json, os, sys
+argv = sys.argv[1:]
+with open({str(record)!r}, "a") as fh:
+    fh.write(json.dumps({{"argv": argv, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}) + "\\n")
+opt = lambda name: argv[argv.index(name) + 1]
+os.execv(sys.executable, [sys.executable, "-m", "greenserve.simulator.emulator", "--host", opt("--host"),
+                          "--port", opt("--port"), "--model", opt("--served-model-name")])
+""")
+    fake.chmod(0o755)
+    base = random.randrange(20000, 60000, 100)
+    supervisor = EngineSupervisor(VllmLauncher(executable=str(fake), max_model_len=4096), port_range=(base, base + 99),
+                                  stop_grace_s=5.0)
+    rig.enforcer.supervisor = supervisor
+    rig.enforcer.lmcache_servers = {"chat": "tcp://127.0.0.1:5555"}
+    try:
+        plan, interval = _plan(1, common_pb2.MigLayout(gpu_uuid=rig.gpu, placements=[
+            _p("4g.20gb", 0, 4, "chat", "1b"), _p("3g.20gb", 4, 4)]))
+        outcome = await rig.enforcer.reconcile(plan, interval)
+        assert outcome.state == APPLIED, outcome.detail
+        four = next(i for i in rig.backend.gpu(rig.gpu).instances if i.profile == "4g.20gb")
+        (call,) = [json.loads(line) for line in record.read_text().splitlines()]
+        assert call["cuda"] == four.uuid
+        argv = call["argv"]
+        assert argv[:2] == ["serve", "meta-llama/Llama-3.2-1B-Instruct"]
+        assert argv[argv.index("--served-model-name") + 1] == POOL.model
+        assert argv[argv.index("--max-model-len") + 1] == "4096"
+        assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector"] == "LMCacheMPConnector"
+        (engine,) = (await _engines(rig)).values()
+        assert (engine.kind, engine.mig_uuid, engine.pool) == (common_pb2.ENGINE_KIND_VLLM, four.uuid, "chat")
+    finally:
+        await supervisor.stop_all()
