@@ -24,12 +24,15 @@ _KIND_NAMES = {
 _KIND_ENUMS = {name: kind for kind, name in _KIND_NAMES.items()}
 
 
-def require_finite(field: str, value: float, *, minimum: float | None = None) -> float:
-    """The value, or InvalidArgument naming `field` when it is NaN/inf or below `minimum`."""
+def require_finite(field: str, value: float, *, minimum: float | None = None,
+                   maximum: float | None = None) -> float:
+    """The value, or InvalidArgument naming `field` when it is NaN/inf, below `minimum` or above `maximum`."""
     if not math.isfinite(value):
         raise InvalidArgument(field, f"must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise InvalidArgument(field, f"must be >= {minimum:g}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument(field, f"must be <= {maximum:g}, got {value!r}")
     return value
 
 

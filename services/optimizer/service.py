@@ -49,12 +49,53 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     slo_breach_cooldown_s: float = Field(900.0, ge=0, le=86400, description="at most one SLO-breach re-plan per pool per this")
 
 
+# Documented ranges of EstimateCarbonRequest (protos/greenserve/v1/optimizer.proto): within them every
+# result is finite (the largest embodied term, 1,024 components x 1e6 x 1e12 g x 3.2e9 s / 1 s, is ~3e30 g).
+MAX_ENERGY_KWH = 1e9
+MAX_CI_G_PER_KWH = 1e4
+MAX_DURATION_S = 3.2e9  # about 100 years
+MAX_BATCH_SIZE = 1e6
+MAX_CACHE_BYTES = 1 << 60
+MAX_PUE = 10.0
+MAX_SSD_EMBODIED_G_PER_TB = 1e9
+MAX_COMPONENT_EMBODIED_G = 1e12
+MIN_LIFETIME_S = 1.0
+MAX_COMPONENTS = 1024
+MAX_COMPONENT_COUNT = 1_000_000
+
+
+def _check_carbon_params(msg) -> None:
+    """Upper bounds of carbon_params (params_from_proto checks the rest: pue >= 1, known components...)."""
+    if msg.pue != 0:
+        require_finite("carbon_params.pue", msg.pue, minimum=1.0, maximum=MAX_PUE)
+    require_finite("carbon_params.ssd_embodied_g_per_tb", msg.ssd_embodied_g_per_tb, minimum=0.0,
+                   maximum=MAX_SSD_EMBODIED_G_PER_TB)
+    if msg.ssd_lifetime_s != 0:
+        require_finite("carbon_params.ssd_lifetime_s", msg.ssd_lifetime_s, minimum=MIN_LIFETIME_S,
+                       maximum=MAX_DURATION_S)
+    if len(msg.components) > MAX_COMPONENTS:
+        raise InvalidArgument("carbon_params.components", f"at most {MAX_COMPONENTS} components")
+    for i, comp in enumerate(msg.components):
+        path = f"carbon_params.components[{i}]"
+        require_finite(f"{path}.embodied_g", comp.embodied_g, minimum=0.0, maximum=MAX_COMPONENT_EMBODIED_G)
+        if comp.lifetime_s != 0:
+            require_finite(f"{path}.lifetime_s", comp.lifetime_s, minimum=MIN_LIFETIME_S, maximum=MAX_DURATION_S)
+        if comp.count > MAX_COMPONENT_COUNT:
+            raise InvalidArgument(f"{path}.count", f"must be 0-{MAX_COMPONENT_COUNT}, got {comp.count}")
+
+
 def estimate_carbon(request: optimizer_pb2.EstimateCarbonRequest) -> optimizer_pb2.EstimateCarbonResponse:
-    """GreenLLM Eq. 1-3 for the compute platform plus GreenCache Eq. 4 for allocated cache storage."""
-    energy_kwh = require_finite("energy_kwh", request.energy_kwh, minimum=0.0)
-    ci = require_finite("ci_g_per_kwh", request.ci_g_per_kwh, minimum=0.0)
-    duration_s = require_finite("duration_s", request.duration_s, minimum=0.0)
-    batch = require_finite("mean_batch_size", request.mean_batch_size or 1.0, minimum=1.0)
+    """GreenLLM Eq. 1-3 for the compute platform plus GreenCache Eq. 4 for allocated cache storage.
+
+    Every number is checked against its documented range first (InvalidArgument naming the field), so the
+    results are finite."""
+    energy_kwh = require_finite("energy_kwh", request.energy_kwh, minimum=0.0, maximum=MAX_ENERGY_KWH)
+    ci = require_finite("ci_g_per_kwh", request.ci_g_per_kwh, minimum=0.0, maximum=MAX_CI_G_PER_KWH)
+    duration_s = require_finite("duration_s", request.duration_s, minimum=0.0, maximum=MAX_DURATION_S)
+    batch = require_finite("mean_batch_size", request.mean_batch_size or 1.0, minimum=1.0, maximum=MAX_BATCH_SIZE)
+    if request.cache_allocated_bytes > MAX_CACHE_BYTES:
+        raise InvalidArgument("cache_allocated_bytes", f"must be 0-2^60 bytes, got {request.cache_allocated_bytes}")
+    _check_carbon_params(request.carbon_params)
     params, platform = params_from_proto(request.carbon_params)
     compute = carbon.request_carbon(
         duration_s=duration_s, energy_kwh=energy_kwh, ci_g_per_kwh=ci, mean_batch_size=batch,
