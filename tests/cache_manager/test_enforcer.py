@@ -160,6 +160,21 @@ async def test_too_large_names_the_server_and_its_limit(fleet) -> None:
     assert out.state == REFUSED and "16.0 GiB is more than server s3 of pool rag can take (8.0 GiB)" in out.detail
 
 
+def test_what_a_server_can_take_defaults_to_this_hosts_memory_for_local_servers(fleet) -> None:
+    from greenserve.cache_manager.enforcer import host_memory_bytes
+
+    def row(url: str) -> LmcacheServer:
+        return LmcacheServer(id="x", pool="p", url=url)
+
+    assert fleet.enforcer.dram_limit_bytes(row("http://10.0.0.9:8000")) == 8 * GIB  # the flag wins
+    default = CacheEnforcer(fleet.servicer)
+    memory = host_memory_bytes()
+    assert memory > GIB
+    for url in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000"):
+        assert default.dram_limit_bytes(row(url)) == memory
+    assert default.dram_limit_bytes(row("http://lmcache-0.cache:8000")) is None  # another host: unknown
+
+
 async def test_failure_on_the_second_server_rolls_the_first_back(fleet) -> None:
     fleet.fail("s2")
     out = await _reconcile(fleet, _plan(5, _target("chat", 2)))
