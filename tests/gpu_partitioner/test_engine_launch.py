@@ -94,9 +94,12 @@ def test_flag_parsers_name_the_flag() -> None:
             parse_lmcache_servers(bad)
 
 
-def test_bad_engine_flags_exit_2_naming_the_flag() -> None:
+def test_bad_engine_flags_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from greenserve.common.config import load_settings
+    from greenserve.gpu_partitioner.service import GpuPartitionerSettings
+
     for flag in ("--engine-port-range=9-1", "--engine-launcher=docker", "--engine-lmcache-servers=chat"):
-        proc = subprocess.run([sys.executable, "-m", "greenserve.gpu_partitioner", flag], capture_output=True,
-                              text=True, timeout=60)
-        assert proc.returncode == 2, proc.stderr
-        assert flag.split("=")[0] in proc.stderr
+        with pytest.raises(SystemExit) as exited:
+            load_settings(GpuPartitionerSettings, [flag], prog="greenserve-gpu-partitioner")
+        assert exited.value.code == 2
+        assert flag.split("=")[0] in capsys.readouterr().err
