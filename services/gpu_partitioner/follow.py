@@ -104,6 +104,7 @@ class GpuReporter:
         self.backoff_max_s = backoff_max_s
         self.reported: list[common_pb2.Gpu] | None = None  # last report the optimizer accepted
         self.sent = 0
+        self.refused = 0  # reports the optimizer answered INVALID_ARGUMENT (not retried until the inventory changes)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -123,6 +124,7 @@ class GpuReporter:
         while True:
             self._wake.clear()
             wait_s = self.interval_s
+            gpus: list[common_pb2.Gpu] | None = None
             try:
                 gpus = await self.inventory()
                 for gpu in gpus:
@@ -137,9 +139,14 @@ class GpuReporter:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                log.info("ReportGpus failed (%s); retrying in %.1f s", exc.code().name, backoff)
-                wait_s = backoff
-                backoff = min(self.backoff_max_s, backoff * 2)
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # never deliverable as it is: wait for a change
+                    log.warning("the optimizer refused the GPU report of node %s: %s", self.node, exc.details())
+                    self.reported = gpus if gpus is not None else self.reported
+                    self.refused += 1
+                else:
+                    log.info("ReportGpus failed (%s); retrying in %.1f s", exc.code().name, backoff)
+                    wait_s = backoff
+                    backoff = min(self.backoff_max_s, backoff * 2)
             except Exception:  # noqa: BLE001 - keep reporting; the backend may come back
                 log.exception("reading the node's GPUs failed")
                 wait_s = backoff

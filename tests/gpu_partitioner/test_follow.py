@@ -37,6 +37,8 @@ class InTestOptimizer(optimizer_pb2_grpc.OptimizerServiceServicer):
 
     async def ReportGpus(self, request: Any, context: Any) -> optimizer_pb2.ReportGpusResponse:
         self.gpu_reports.append(request)
+        if any(g.uuid == "GPU-refused" for g in request.gpus):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gpus[0].uuid: refused by the test")
         return optimizer_pb2.ReportGpusResponse(fleet=common_pb2.FleetInventory(gpus=request.gpus, pools=[POOL]))
 
     async def GetFleet(self, request: Any, context: Any) -> optimizer_pb2.GetFleetResponse:
@@ -94,6 +96,12 @@ async def test_gpu_reports_wait_for_the_optimizer_and_follow_changes() -> None:
         reporter.poke()
         await _until(lambda: len(optimizer.gpu_reports) == 2, 10, "the changed inventory")
         assert optimizer.gpu_reports[1].gpus[0].instances[0].uuid == "MIG-1"
+        # a report the optimizer refuses (INVALID_ARGUMENT) is not retried until the inventory changes again
+        inventory[0].uuid = "GPU-refused"
+        reporter.poke()
+        await _until(lambda: reporter.refused == 1, 10, "the refusal")
+        await asyncio.sleep(0.4)
+        assert len(optimizer.gpu_reports) == 3 and reporter.sent == 2
     finally:
         await reporter.stop()
         await channel.close()
