@@ -81,6 +81,26 @@ class ForecastSource:
             else:
                 row.fetched_at, row.body = fetched, body
 
+    async def _prepend_actuals(self, ref: common_pb2.SeriesRef, forecast: common_pb2.Forecast, start_s: float) -> None:
+        """Hours of the horizon that the history already covers (the current hour, typically) take the observed
+        values, not the forecast's first point."""
+        first = min((p.time.ToSeconds() for p in forecast.points), default=None)
+        if first is None or start_s >= first or self.stub is None:
+            return
+        request = forecaster_pb2.GetPointsRequest(series=ref)
+        request.start.FromSeconds(int(start_s))
+        request.end.FromSeconds(int(first))
+        try:
+            reply = await self.stub.GetPoints(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError:
+            return
+        observed = [common_pb2.ForecastPoint(time=p.time, mean=p.value, lower=p.value, upper=p.value)
+                    for p in reply.points[-MAX_HORIZON_STEPS:]]
+        if observed:
+            points = observed + list(forecast.points)
+            del forecast.points[:]
+            forecast.points.extend(points)
+
     async def get(self, ref: common_pb2.SeriesRef, start_s: float, hours: int, now_s: float,
                   notes: list[str]) -> SeriesForecast | None:
         """Hourly forecast of ``ref`` over ``hours`` from ``start_s``; None when the series is unknown."""
@@ -93,6 +113,7 @@ class ForecastSource:
                 reply = await self.stub.GetForecast(
                     forecaster_pb2.GetForecastRequest(series=ref, horizon_steps=steps), timeout=self.timeout_s)
                 forecast = reply.forecast
+                await self._prepend_actuals(ref, forecast, start_s)
                 self.cache[label] = (now_s, forecast)
                 await asyncio.to_thread(self._store, label, now_s, forecast)
                 return align(forecast, start_s, hours, model=forecast.model)

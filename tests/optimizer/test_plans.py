@@ -186,3 +186,54 @@ async def test_bad_requests_are_invalid_argument(forecaster, optimizer) -> None:
         await stub.ReportEnforcement(optimizer_pb2.ReportEnforcementRequest(report=optimizer_pb2.EnforcementReport(
             component="toaster", plan_version=1, state=optimizer_pb2.ENFORCEMENT_STATE_APPLIED)))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "report.component" in err.value.details()
+
+
+def _loop(running):  # noqa: ANN001, ANN202
+    return next(r.servicer for r in running.server.registrations).loop
+
+
+async def test_slo_breach_report_triggers_a_new_plan(forecaster, optimizer) -> None:
+    running, stub, _ = await _setup(forecaster, optimizer, plan_lead_s=0, slo_breach_cooldown_s=3600)
+    await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=FLEET))
+    ok = optimizer_pb2.PoolAttainment(pool="chat", window_s=300, requests=500, attainment_fraction=0.95)
+    assert not (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[ok]))).replan_triggered
+    few = optimizer_pb2.PoolAttainment(pool="chat", window_s=300, requests=3, attainment_fraction=0.1)
+    assert not (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[few]))).replan_triggered
+    bad = optimizer_pb2.PoolAttainment(pool="chat", window_s=300, requests=500, attainment_fraction=0.7)
+    assert (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[bad]))).replan_triggered
+    # Within the cooldown a second breach does not re-plan again.
+    assert not (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[bad]))).replan_triggered
+    for _ in range(200):
+        plans = (await stub.ListPlans(optimizer_pb2.ListPlansRequest())).plans
+        if any(p.trigger == "slo_breach" for p in plans):
+            break
+        await asyncio.sleep(0.05)
+    assert any(p.trigger == "slo_breach" for p in plans), [p.trigger for p in plans]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(pools=[optimizer_pb2.PoolAttainment(
+            pool="chat", window_s=300, requests=5, attainment_fraction=float("nan"))]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "pools[0].attainment_fraction" in err.value.details()
+    del running
+
+
+async def test_ci_moving_more_than_5_percent_from_the_plan_triggers(forecaster, optimizer) -> None:
+    from greenserve.common.clock import hour_floor_s, now_s
+    from greenserve.v1 import forecaster_pb2, forecaster_pb2_grpc
+
+    running, stub, fc_channel = await _setup(forecaster, optimizer, schedule_plans=False)
+    await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=FLEET))
+    plan = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=3))).plan
+    loop = _loop(running)
+    assert await loop.check_ci() is None  # the actual CI is what the plan assumed (seasonal naive: yesterday's)
+    assumed = plan.intervals[0].pools[0].ci_g_per_kwh
+    point = common_pb2.TimeSeriesPoint(value=assumed * 1.5)
+    point.time.FromSeconds(int(hour_floor_s(now_s()) + 3600))
+    await forecaster_pb2_grpc.ForecasterServiceStub(fc_channel).IngestPoints(forecaster_pb2.IngestPointsRequest(
+        series=ci_ref("FR"), resolution_s=3600, points=[point], source="test"))
+    from greenserve.common.clock import VirtualClock, set_clock
+
+    previous = set_clock(VirtualClock(hour_floor_s(now_s()) + 3600 + 60, 1.0))
+    try:
+        assert await loop.check_ci() in ("ci_change", "forecast")
+    finally:
+        set_clock(previous)
