@@ -98,7 +98,7 @@ async def rig(db: Database, start_inprocess: Any, tmp_path: Path) -> AsyncIterat
     events: list[tuple[str, Any]] = []
     backend = SpyBackend(SimulatedBackend(db, [("A100-40GB", True)]), events)
     link = SpyRouter(ChannelConfig(address=router.address), events)
-    base = random.randrange(20000, 60000, 100)
+    base = random.randrange(20000, 32000, 100)  # below the ephemeral ports
     supervisor = EngineSupervisor(EmulatorLauncher(time_scale=10.0), port_range=(base, base + 99),
                                   log_dir=tmp_path / "engines", stop_grace_s=5.0)
 
@@ -316,7 +316,7 @@ os.execv(sys.executable, [sys.executable, "-m", "greenserve.simulator.emulator",
                           "--port", opt("--port"), "--model", opt("--served-model-name")])
 """)
     fake.chmod(0o755)
-    base = random.randrange(20000, 60000, 100)
+    base = random.randrange(20000, 32000, 100)  # below the ephemeral ports
     supervisor = EngineSupervisor(VllmLauncher(executable=str(fake), max_model_len=4096), port_range=(base, base + 99),
                                   stop_grace_s=5.0)
     rig.enforcer.supervisor = supervisor
