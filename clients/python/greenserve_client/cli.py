@@ -4,6 +4,8 @@
     greenserve status    health of each service
     greenserve forecast  carbon-intensity and load forecasts, backtests
     greenserve mig       MIG layouts: enumerate, diff, show, apply
+    greenserve fleet     the fleet inventory the optimizer plans over: set FILE, show
+    greenserve plan      plans: compute, list, show, explain, status, activate, diff
     greenserve bench     benchmarks that print one JSON object on their last line
 
 `forecast`, `mig` and `bench` live in their own modules (greenserve_client.commands.*), imported only
@@ -118,6 +120,8 @@ def cmd_up(ns: argparse.Namespace) -> int:
 DELEGATED_COMMANDS: dict[str, tuple[str, str]] = {
     "forecast": ("greenserve_client.commands.forecast", "carbon-intensity and load forecasts and backtests"),
     "mig": ("greenserve_client.commands.mig", "MIG layouts: enumerate, diff, show and apply"),
+    "fleet": ("greenserve_client.commands.fleet", "the fleet inventory the optimizer plans over: set, show"),
+    "plan": ("greenserve_client.commands.plan", "plans: compute, list, show, explain, status, activate, diff"),
     "bench": ("greenserve_client.commands.bench", "benchmarks; the last line printed is one JSON object"),
 }
 

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "router": ("greenserve.router.bench:main", "added TTFT and throughput through the router vs direct"),
     "cache-policy": ("greenserve.cache_manager.bench:policy_main", "token hit rate of FIFO/LRU/LCS/LCS+TTL"),
     "cache-eviction": ("greenserve.cache_manager.bench:eviction_main", "eviction choice latency over 1M entries"),
+    "plan": ("greenserve.optimizer.bench:main", "ComputePlan time (16 pools, 64 GPUs, 24 h) and WatchPlans delivery"),
 }
 
 
