@@ -76,6 +76,9 @@ class EngineBackend:
         self._served: list[str] = []
         #: the last point's /metrics window and its means (the bench compares them with client-side figures)
         self.last_window: engine_metrics.WindowMetrics | None = None
+        #: CPU seconds this process used per wall second during the last window (> ~0.8: the client may be the
+        #: bottleneck and latencies are overstated)
+        self.last_client_cpu_fraction: float = math.nan
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -211,6 +214,11 @@ class EngineBackend:
                         data = line[6:].strip()
                         if data == "[DONE]":
                             break
+                        # parse only what is needed (the first token, the usage chunk): at high rates the
+                        # client's JSON decoding would otherwise compete with the engine for the CPU
+                        if first is not None and '"completion_tokens"' not in data:
+                            chunks += 1
+                            continue
                         event = json.loads(data)
                         choices = event.get("choices") or []
                         if choices and choices[0].get("text"):
@@ -262,7 +270,7 @@ class EngineBackend:
         tasks: list[asyncio.Task[tuple[float, float, float, int]]] = []
         t_origin = time.monotonic()
         a0 = wl.arrival_s[0]
-        window_start = 0.0
+        window_start = cpu_start = 0.0
         try:
             for i, arrival in enumerate(wl.arrival_s):
                 delay = t_origin + (arrival - a0) / scale - time.monotonic()
@@ -271,6 +279,7 @@ class EngineBackend:
                 if i == pw.warmup:
                     before = await self._scrape(base)
                     window_start = time.monotonic()
+                    cpu_start = time.process_time()
                     if meter is not None:
                         await meter.start()
                     sampler = asyncio.get_running_loop().create_task(sample_running())
@@ -278,6 +287,7 @@ class EngineBackend:
                     self._send(base, model, prompts[i], wl.output_tokens[i], timeout_wall_s, scale)))
             results = await asyncio.gather(*tasks[pw.warmup:])
             wall_s = time.monotonic() - window_start
+            self.last_client_cpu_fraction = (time.process_time() - cpu_start) / wall_s if wall_s > 0 else math.nan
         except BaseException:
             for t in tasks:
                 t.cancel()

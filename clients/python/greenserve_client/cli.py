@@ -4,6 +4,7 @@
     greenserve status    health of each service
     greenserve forecast  carbon-intensity and load forecasts, backtests
     greenserve mig       MIG layouts: enumerate, diff, show, apply
+    greenserve profile   profiling sweeps and profiles: sweep, list, show, plot, import
     greenserve fleet     the fleet inventory the optimizer plans over: set FILE, show
     greenserve plan      plans: compute, list, show, explain, status, activate, diff
     greenserve bench     benchmarks that print one JSON object on their last line
@@ -122,6 +123,7 @@ DELEGATED_COMMANDS: dict[str, tuple[str, str]] = {
     "mig": ("greenserve_client.commands.mig", "MIG layouts: enumerate, diff, show and apply"),
     "fleet": ("greenserve_client.commands.fleet", "the fleet inventory the optimizer plans over: set, show"),
     "plan": ("greenserve_client.commands.plan", "plans: compute, list, show, explain, status, activate, diff"),
+    "profile": ("greenserve_client.commands.profile", "profiling sweeps and profiles: sweep, list, show, plot, import"),
     "bench": ("greenserve_client.commands.bench", "benchmarks; the last line printed is one JSON object"),
 }
 

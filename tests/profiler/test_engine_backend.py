@@ -1,0 +1,131 @@
+"""Engine backend: /metrics names old and new, NVML power through a fake pynvml, prompts with real prefix reuse,
+and a sweep against an emulated engine with the cache size applied through the cache-manager on a real LMCache
+server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from greenserve.cache_manager.service import CacheManagerSettings
+from greenserve.cache_manager.service import build as build_cache_manager
+from greenserve.profiler import engine_backend, engine_metrics
+from greenserve.profiler.engine_backend import prompt_token_ids
+from greenserve.profiler.power import NvmlPowerMeter
+from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
+from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, profiler_pb2
+
+from tests.cache_manager.conftest import lmcache_server  # noqa: F401 - the real LMCache server fixture
+from tests.gpu_partitioner.fake_pynvml import FakeNvml
+
+from .conftest import config, wait_state
+
+OLD_VLLM = """# TYPE vllm:gpu_prefix_cache_queries counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 1000
+vllm:gpu_prefix_cache_queries_total{engine="1",model_name="m"} 1000
+# TYPE vllm:gpu_prefix_cache_hits counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 300
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{le="0.01",model_name="m"} 3
+vllm:time_per_output_token_seconds_sum{model_name="m"} 0.5
+vllm:time_per_output_token_seconds_count{model_name="m"} 50
+# TYPE lmcache:num_requested_tokens counter
+lmcache:num_requested_tokens_total 500
+# TYPE lmcache:num_hit_tokens counter
+lmcache:num_hit_tokens_total 100
+"""
+
+
+def test_metrics_window_reads_old_names_and_lmcache() -> None:
+    before = engine_metrics.parse(OLD_VLLM)
+    after = engine_metrics.parse(OLD_VLLM.replace(" 1000", " 2000").replace("} 300", "} 800")
+                                 .replace("} 0.5", "} 1.5").replace("} 50", "} 100")
+                                 .replace("_total 500", "_total 1500").replace("_total 100", "_total 400"))
+    win = engine_metrics.window(before, after)
+    assert win.prefix_hit_fraction == pytest.approx(500 / 2000)  # summed over both engine ranks
+    assert win.tpot_mean_s == pytest.approx(1.0 / 50) and win.names["tpot"] == "vllm:time_per_output_token_seconds"
+    assert win.lmcache_hit_fraction == pytest.approx(300 / 1000)
+    assert win.ttft_mean_s is None and win.energy_j is None
+
+
+async def test_nvml_energy_counter_then_power_samples() -> None:
+    fake = FakeNvml([("H100-80GB", False)])
+    fake.nvmlInit()
+    meter = NvmlPowerMeter(fake, 0, interval_s=0.02)
+    await meter.start()
+    fake.devices[0].energy_mj += 30_000  # 30 J over the window
+    await asyncio.sleep(0.2)
+    watts, source, samples = await meter.stop()
+    assert source == "nvml_energy_counter" and samples >= 2
+    assert 30 / 0.4 < watts < 30 / 0.19  # 30 J over ~0.2 s
+
+    def unsupported(handle):  # a GPU without the counter (pre-Volta): NVML_ERROR_NOT_SUPPORTED
+        raise fake.NVMLError(fake.NVML_ERROR_NOT_SUPPORTED)
+
+    fake.nvmlDeviceGetTotalEnergyConsumption = unsupported
+    fake.devices[0].power_mw = 250_000
+    await meter.start()
+    await asyncio.sleep(0.1)
+    watts, source, samples = await meter.stop()
+    assert (source, watts) == ("nvml_power_samples", 250.0) and samples >= 2
+
+
+def test_shared_prefix_blocks_get_the_same_token_ids() -> None:
+    a = prompt_token_ids(600, (5, 9), 256, request_seed=1)
+    b = prompt_token_ids(700, (5, 9, 11), 256, request_seed=2)
+    c = prompt_token_ids(600, (6,), 256, request_seed=3)
+    assert len(a) == 600 and len(b) == 700
+    assert a[:512] == b[:512] and a[512:] != b[512:600]
+    assert a[:256] != c[:256]
+
+
+@pytest.mark.slow
+async def test_engine_sweep_against_emulator_with_cache_via_cache_manager(
+        start_inprocess, tmp_path, profiler, lmcache_server, monkeypatch) -> None:  # noqa: F811
+    emu = EngineEmulator(EmulatorConfig(host="127.0.0.1", port=0, profile="llama3-8b@H100-80GB", time_scale=5.0))
+    await emu.start()
+    fake = FakeNvml([("H100-80GB", False)])
+    fake.nvmlInit()
+    monkeypatch.setattr(engine_backend, "load_nvml", lambda: fake)
+    try:
+        cm = await start_inprocess(CacheManagerSettings, build_cache_manager, data_dir=tmp_path / "cm",
+                                   lmcache_restart_command=lmcache_server.restart_command())
+        async with grpc.aio.insecure_channel(cm.address) as channel:
+            cm_stub = cache_manager_pb2_grpc.CacheManagerServiceStub(channel)
+            await cm_stub.RegisterCacheServer(cache_manager_pb2.RegisterCacheServerRequest(
+                server=cache_manager_pb2.CacheServer(id="s1", pool="p1", url=lmcache_server.http_url)))
+            size = lmcache_server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"]
+            target = size // 2
+            stub = await profiler(import_published=False, cache_manager_addr=cm.address, nvml_power="nvml")
+            spec = profiler_pb2.SweepSpec(
+                backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=emu.url, engine_time_scale=5.0,
+                workload="multiturn", request_rates_per_s=[2.0, 4.0], point_duration_s=4.0, seed=5,
+                slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9), cache_server_id="s1",
+                configs=[config(model="meta-llama/Meta-Llama-3-8B-Instruct", cache_dram_bytes=target)],
+                method=common_pb2.ProfileMethod(warmup_s=1.0, cache_prefill_requests=4, power_interval_s=0.2,
+                                                stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
+            sweep = (await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))).sweep
+            final = await wait_state(stub, sweep.id, {profiler_pb2.SWEEP_STATE_SUCCEEDED, profiler_pb2.SWEEP_STATE_FAILED,
+                                                      profiler_pb2.SWEEP_STATE_CANCELLED}, timeout_s=120)
+            assert final.state == profiler_pb2.SWEEP_STATE_SUCCEEDED, final.error
+            assert lmcache_server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"] == target
+            key, version = final.profile_ids[0].rsplit("@", 1)
+            profile = (await stub.GetProfile(profiler_pb2.GetProfileRequest(config_key=key))).profile
+            assert profile.source == common_pb2.PROFILE_SOURCE_MEASURED and f"dram={target}" in key
+            assert "cache set through the cache-manager" in profile.note and emu.url in profile.note
+            assert len(profile.points) == 2
+            for point in profile.points:
+                assert point.requests == int(point.request_rate_per_s * 4.0) and point.failed_requests == 0
+                assert 0 < point.ttft_p50_s and 0 < point.tpot_p50_s < 0.1
+                assert point.power_source == "nvml_power_samples" and point.power_w == 60.0
+                assert 0 <= point.cache_hit_fraction <= 1 and point.mean_batch_size > 0
+            # bad engine URL of the same spec: FAILED_PRECONDITION naming the field, nothing stored
+            spec.engine_url = "http://127.0.0.1:9"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "spec.engine_url" in err.value.details()
+            assert len((await stub.ListSweeps(profiler_pb2.ListSweepsRequest())).sweeps) == 1
+    finally:
+        await emu.stop()
