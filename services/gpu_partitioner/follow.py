@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -33,6 +34,7 @@ from greenserve.gpu_partitioner.backend import MigBackend
 from greenserve.gpu_partitioner.enforcer import COMPONENT, MigEnforcer, OptimizerFleet, RouterEngines
 from greenserve.gpu_partitioner.engine_launch import (
     EngineSupervisor,
+    VllmLauncher,
     make_launcher,
     parse_lmcache_servers,
     parse_port_range,
@@ -216,6 +218,9 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     launcher = make_launcher(launcher_name, time_scale=settings.engine_time_scale,
                              gpu_memory_utilization=settings.engine_gpu_memory_utilization,
                              max_model_len=settings.engine_max_model_len)
+    if isinstance(launcher, VllmLauncher) and shutil.which(launcher.executable) is None:
+        log.warning("engine launcher vllm: %r is not on PATH; engines the plan asks for will fail to start "
+                    "(install vLLM in this image, or --engine-launcher none)", launcher.executable)
     supervisor = None
     if launcher is not None:
         supervisor = EngineSupervisor(launcher, host=settings.engine_host,
