@@ -233,6 +233,8 @@ class HttpFront:
                 raw: bytes | None = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
             except web.HTTPRequestEntityTooLarge:
                 return _too_large(limit, None)
+            except web.RequestPayloadError as exc:  # e.g. a Content-Encoding the body does not decode with
+                return _error(400, f"request body could not be read: {exc}")
             except asyncio.TimeoutError:
                 resp = _error(408, f"request body not received within {self.limits.body_timeout_s:g} s "
                                    "(--http-body-timeout-s)", err_type="timeout")

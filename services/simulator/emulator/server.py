@@ -326,11 +326,16 @@ class EngineEmulator:
 
     @staticmethod
     async def _json(request: web.Request) -> Any:
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.RequestPayloadError as exc:  # e.g. a Content-Encoding the body does not decode with
+            raise bad("body", f"unreadable body: {exc}") from None
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise bad("body", f"invalid JSON: {exc}") from None
+        except RecursionError:
+            raise bad("body", "invalid JSON: nested too deeply") from None
 
     # -- generation ----------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
