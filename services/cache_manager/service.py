@@ -97,6 +97,14 @@ def _now_s() -> float:
     return time.time()
 
 
+async def _run_to_end(coro):
+    """Await `coro` as a task that a cancelled caller (client gone, deadline, shutdown) does not stop midway:
+    a journal write is applied to the index once committed, a checkpoint finishes its files."""
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even when nobody awaits
+    return await asyncio.shield(task)
+
+
 class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     """greenserve.v1.CacheManagerService."""
 
@@ -176,7 +184,11 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     async def checkpoint(self) -> int:
         """Snapshot every pool changed since its last checkpoint, then prune the journal up to what every
         pool's previous checkpoint includes (so an unreadable current checkpoint can still be rebuilt from
-        the previous one plus the journal). Returns the pools written. Runs under the lock."""
+        the previous one plus the journal). Returns the pools written. Runs under the lock, to its end even
+        when the caller is cancelled."""
+        return await _run_to_end(self._checkpoint())
+
+    async def _checkpoint(self) -> int:
         written = 0
         async with self._lock:
             floor = self.last_event_id
@@ -391,6 +403,11 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         # All or nothing: read and check the whole stream, journal it in one transaction, then apply it.
         messages = await journal.read_stream(request_iterator)
         events = journal.check_events(messages, _now_s())
+        await _run_to_end(self._report(events))
+        self._maybe_checkpoint()
+        return cache_manager_pb2.ReportAccessesResponse(accepted_events=len(events))
+
+    async def _report(self, events: list[journal.Event]) -> None:
         async with self._lock:
             new_pools = sorted({ev.pool for ev in events} - self.indexes.keys())
             if len(self.indexes) + len(new_pools) > self.settings.index_max_pools:
@@ -398,8 +415,6 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                                         f"(--index-max-pools); refused new pool {new_pools[0]!r}",
                                         field="events.pool")
             await self._journal_and_apply(events)
-        self._maybe_checkpoint()
-        return cache_manager_pb2.ReportAccessesResponse(accepted_events=len(events))
 
     async def ListEvictionCandidates(self, request, context):  # noqa: N802
         check_name("pool", request.pool)
@@ -543,8 +558,9 @@ def build(ctx: ServiceContext) -> list[Registration]:
             await asyncio.sleep(settings.snapshot_interval_s)
             try:
                 await servicer.checkpoint()
-            except OSError as exc:  # disk full, permissions: the journal still holds every event; retry
-                log.error("cache index checkpoint failed (the journal keeps the events): %s", exc)
+            except Exception as exc:  # noqa: BLE001 - disk full, permissions...: the journal keeps every event
+                log.error("cache index checkpoint failed (the journal keeps the events; retried in %g s): %s: %s",
+                          settings.snapshot_interval_s, type(exc).__name__, exc)
 
     checkpoint_task = asyncio.get_event_loop().create_task(checkpoints())
 
