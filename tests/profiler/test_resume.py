@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
+import pytest
 import sqlalchemy as sa
 
 from greenserve.common.persistence import Database
@@ -40,6 +41,7 @@ def _stub(port: int, proc: subprocess.Popen) -> tuple[grpc.Channel, profiler_pb2
     return channel, profiler_pb2_grpc.ProfilerServiceStub(channel)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_sweep_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'profiler.db'}"
     port = free_port()
