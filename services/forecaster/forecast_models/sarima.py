@@ -36,6 +36,11 @@ from statsmodels.tsa.statespace.kalman_filter import (
 
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model
 
+#: Longest seasonal period :class:`Sarima` takes (hourly data: 24). Its state holds about period + 2 entries and
+#: the filter a covariance of that squared per step: a 15-minute series (period 96) took 94 s and 870 MB to fit,
+#: a minute series (period 1440) would hold gigabytes. Sub-hourly series are left to the Fourier-term SARIMA,
+#: whose state does not grow with the period (`auto` leaves the seasonal SARIMA out of their combination).
+MAX_SEASONAL_PERIOD = 24
 #: Most steps one Kalman filter extension covers: the filter output held by a serving model is bounded by it.
 UPDATE_CHUNK_STEPS = 24
 #: What a serving model's filter passes do not store (they keep predicted states and forecasts, enough to go on
@@ -269,6 +274,15 @@ class Sarima(_StateSpaceModel):
         sp, sd, sq = self.seasonal_order
         return f"sarima({p},{d},{q})({sp},{sd},{sq})[{self.period}]"
 
+    def _check_period(self) -> None:
+        if self.period > MAX_SEASONAL_PERIOD:
+            raise ValueError(f"{self.name}: a seasonal period of {self.period} steps is above "
+                             f"{MAX_SEASONAL_PERIOD} (its state grows with the period squared); use sarima_fourier")
+
+    def _fit(self) -> None:
+        self._check_period()
+        super()._fit()
+
     def _build(self, endog: np.ndarray, exog: np.ndarray | None, **kwargs: Any) -> Any:
         from statsmodels.tsa.statespace.sarimax import SARIMAX
 
@@ -289,6 +303,7 @@ class AutoSarima(Sarima):
         return "auto_arima:" + super().name
 
     def _fit(self) -> None:
+        self._check_period()
         import pmdarima
 
         endog = self.z[self._window(len(self.z)):]
