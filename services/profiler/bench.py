@@ -116,7 +116,7 @@ async def _agreement_one(stub: Any, ns: argparse.Namespace, url: str, workload: 
                 request_rates_per_s=rates, workload=workload, slo=slo, seed=7, point_duration_s=ns.agreement_duration_s,
                 method=common_pb2.ProfileMethod(warmup_s=2.0, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
     engine_spec = profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=url,
-                                         engine_time_scale=ns.agreement_time_scale, **base)
+                                         engine_modelled_s_per_wall_s=ns.agreement_time_scale, **base)
     sim_spec = profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_SIMULATOR, **base)
     # the engine points are measured here with the backend object itself, to read its /metrics windows
     backend = EngineBackend(EngineSettingsView(nvml_power="off"))

@@ -15,7 +15,7 @@ Per point (GreenLLM Sec. V-A, GreenCache Sec. 5.2):
 5. power: NVML (energy counter, else power samples every ``power_interval_s``) when it initialises, else the
    engine's modelled power metric, else none; the point's ``power_source`` says which.
 
-``engine_time_scale`` s > 1 is for emulated engines running s times faster than the engine they model:
+``engine_modelled_s_per_wall_s`` s > 1 is for emulated engines running s times faster than the engine they model:
 arrivals are sent s times faster and client-side latencies multiplied by s, so points are in modelled seconds.
 """
 
@@ -169,7 +169,7 @@ class EngineBackend:
                 f"disk {reply.result.disk_bytes} B")
 
     def provenance(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> tuple[str, str]:
-        scale = spec.engine_time_scale or 1.0
+        scale = spec.engine_modelled_s_per_wall_s or 1.0
         note = f"engine {spec.engine_url} (model {self._served_model(config) or config.model})"
         if scale != 1.0:
             note += f", time scale {scale:g} (latencies in modelled seconds)"
@@ -244,7 +244,7 @@ class EngineBackend:
         if not self._served:
             await self.prepare(spec)
         model = self._served_model(config) or config.model
-        scale = spec.engine_time_scale or 1.0
+        scale = spec.engine_modelled_s_per_wall_s or 1.0
         warmup = method.warmup_requests(rate_per_s) + method.cache_prefill_requests
         pw = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
                                     measured=method.measured_requests(rate_per_s), seed=spec.seed,

@@ -72,7 +72,7 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
         raise InvalidArgument(f"{field}.method.requests_per_point", "at most 1,000,000")
     if m.cache_prefill_requests > 1_000_000:
         raise InvalidArgument(f"{field}.method.cache_prefill_requests", "at most 1,000,000")
-    _finite_at_least(spec.engine_time_scale, f"{field}.engine_time_scale", 0.0, 1000.0)
+    _finite_at_least(spec.engine_modelled_s_per_wall_s, f"{field}.engine_modelled_s_per_wall_s", 0.0, 1000.0)
     if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE:
         url = urlparse(spec.engine_url)
         if url.scheme not in ("http", "https") or not url.netloc:

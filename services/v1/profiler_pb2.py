@@ -26,53 +26,53 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from greenserve.v1 import common_pb2 as greenserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgreenserve/v1/profiler.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"\xd6\x02\n\tSweepSpec\x12-\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x1c.greenserve.v1.ProfileConfig\x12\x1b\n\x13request_rates_per_s\x18\x02 \x03(\x01\x12\x10\n\x08workload\x18\x03 \x01(\t\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.greenserve.v1.Slo\x12,\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x1b.greenserve.v1.SweepBackend\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x18\n\x10point_duration_s\x18\x07 \x01(\x01\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12,\n\x06method\x18\t \x01(\x0b\x32\x1c.greenserve.v1.ProfileMethod\x12\x17\n\x0f\x63\x61\x63he_server_id\x18\n \x01(\t\x12\x19\n\x11\x65ngine_time_scale\x18\x0b \x01(\x01\"\xca\x02\n\x05Sweep\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.greenserve.v1.SweepState\x12\x13\n\x0b\x64one_points\x18\x04 \x01(\r\x12\x14\n\x0ctotal_points\x18\x05 \x01(\r\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bprofile_ids\x18\x07 \x03(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65ta_s\x18\n \x01(\x01\x12\x16\n\x0eskipped_points\x18\x0b \x01(\r\x12\r\n\x05notes\x18\x0c \x03(\t\";\n\x11StartSweepRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\"9\n\x12StartSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"#\n\x0fGetSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"7\n\x10GetSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"%\n\x11WatchSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"e\n\x12WatchSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\x12*\n\x05point\x18\x02 \x01(\x0b\x32\x1b.greenserve.v1.ProfilePoint\"&\n\x12\x43\x61ncelSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\":\n\x13\x43\x61ncelSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\":\n\x11ListSweepsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x12ListSweepsResponse\x12$\n\x06sweeps\x18\x01 \x03(\x0b\x32\x14.greenserve.v1.Sweep\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x11GetProfileRequest\x12\x12\n\nconfig_key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"=\n\x12GetProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"\x8b\x01\n\x13ListProfilesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x13\n\x0blatest_only\x18\x03 \x01(\x08\x12,\n\x06source\x18\x04 \x01(\x0e\x32\x1c.greenserve.v1.ProfileSource\x12\x10\n\x08workload\x18\x05 \x01(\t\"@\n\x14ListProfilesResponse\x12(\n\x08profiles\x18\x01 \x03(\x0b\x32\x16.greenserve.v1.Profile\"<\n\x11PutProfileRequest\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"=\n\x12PutProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile*d\n\x0cSweepBackend\x12\x1d\n\x19SWEEP_BACKEND_UNSPECIFIED\x10\x00\x12\x18\n\x14SWEEP_BACKEND_ENGINE\x10\x01\x12\x1b\n\x17SWEEP_BACKEND_SIMULATOR\x10\x02*\xa9\x01\n\nSweepState\x12\x1b\n\x17SWEEP_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13SWEEP_STATE_PENDING\x10\x01\x12\x17\n\x13SWEEP_STATE_RUNNING\x10\x02\x12\x19\n\x15SWEEP_STATE_SUCCEEDED\x10\x03\x12\x16\n\x12SWEEP_STATE_FAILED\x10\x04\x12\x19\n\x15SWEEP_STATE_CANCELLED\x10\x05\x32\xae\x05\n\x0fProfilerService\x12Q\n\nStartSweep\x12 .greenserve.v1.StartSweepRequest\x1a!.greenserve.v1.StartSweepResponse\x12K\n\x08GetSweep\x12\x1e.greenserve.v1.GetSweepRequest\x1a\x1f.greenserve.v1.GetSweepResponse\x12S\n\nWatchSweep\x12 .greenserve.v1.WatchSweepRequest\x1a!.greenserve.v1.WatchSweepResponse0\x01\x12T\n\x0b\x43\x61ncelSweep\x12!.greenserve.v1.CancelSweepRequest\x1a\".greenserve.v1.CancelSweepResponse\x12Q\n\nListSweeps\x12 .greenserve.v1.ListSweepsRequest\x1a!.greenserve.v1.ListSweepsResponse\x12Q\n\nGetProfile\x12 .greenserve.v1.GetProfileRequest\x1a!.greenserve.v1.GetProfileResponse\x12W\n\x0cListProfiles\x12\".greenserve.v1.ListProfilesRequest\x1a#.greenserve.v1.ListProfilesResponse\x12Q\n\nPutProfile\x12 .greenserve.v1.PutProfileRequest\x1a!.greenserve.v1.PutProfileResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgreenserve/v1/profiler.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"\xe1\x02\n\tSweepSpec\x12-\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x1c.greenserve.v1.ProfileConfig\x12\x1b\n\x13request_rates_per_s\x18\x02 \x03(\x01\x12\x10\n\x08workload\x18\x03 \x01(\t\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.greenserve.v1.Slo\x12,\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x1b.greenserve.v1.SweepBackend\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x18\n\x10point_duration_s\x18\x07 \x01(\x01\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12,\n\x06method\x18\t \x01(\x0b\x32\x1c.greenserve.v1.ProfileMethod\x12\x17\n\x0f\x63\x61\x63he_server_id\x18\n \x01(\t\x12$\n\x1c\x65ngine_modelled_s_per_wall_s\x18\x0b \x01(\x01\"\xca\x02\n\x05Sweep\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.greenserve.v1.SweepState\x12\x13\n\x0b\x64one_points\x18\x04 \x01(\r\x12\x14\n\x0ctotal_points\x18\x05 \x01(\r\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bprofile_ids\x18\x07 \x03(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65ta_s\x18\n \x01(\x01\x12\x16\n\x0eskipped_points\x18\x0b \x01(\r\x12\r\n\x05notes\x18\x0c \x03(\t\";\n\x11StartSweepRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\"9\n\x12StartSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"#\n\x0fGetSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"7\n\x10GetSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"%\n\x11WatchSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"e\n\x12WatchSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\x12*\n\x05point\x18\x02 \x01(\x0b\x32\x1b.greenserve.v1.ProfilePoint\"&\n\x12\x43\x61ncelSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\":\n\x13\x43\x61ncelSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\":\n\x11ListSweepsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x12ListSweepsResponse\x12$\n\x06sweeps\x18\x01 \x03(\x0b\x32\x14.greenserve.v1.Sweep\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x11GetProfileRequest\x12\x12\n\nconfig_key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"=\n\x12GetProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"\x8b\x01\n\x13ListProfilesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x13\n\x0blatest_only\x18\x03 \x01(\x08\x12,\n\x06source\x18\x04 \x01(\x0e\x32\x1c.greenserve.v1.ProfileSource\x12\x10\n\x08workload\x18\x05 \x01(\t\"@\n\x14ListProfilesResponse\x12(\n\x08profiles\x18\x01 \x03(\x0b\x32\x16.greenserve.v1.Profile\"<\n\x11PutProfileRequest\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"=\n\x12PutProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile*d\n\x0cSweepBackend\x12\x1d\n\x19SWEEP_BACKEND_UNSPECIFIED\x10\x00\x12\x18\n\x14SWEEP_BACKEND_ENGINE\x10\x01\x12\x1b\n\x17SWEEP_BACKEND_SIMULATOR\x10\x02*\xa9\x01\n\nSweepState\x12\x1b\n\x17SWEEP_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13SWEEP_STATE_PENDING\x10\x01\x12\x17\n\x13SWEEP_STATE_RUNNING\x10\x02\x12\x19\n\x15SWEEP_STATE_SUCCEEDED\x10\x03\x12\x16\n\x12SWEEP_STATE_FAILED\x10\x04\x12\x19\n\x15SWEEP_STATE_CANCELLED\x10\x05\x32\xae\x05\n\x0fProfilerService\x12Q\n\nStartSweep\x12 .greenserve.v1.StartSweepRequest\x1a!.greenserve.v1.StartSweepResponse\x12K\n\x08GetSweep\x12\x1e.greenserve.v1.GetSweepRequest\x1a\x1f.greenserve.v1.GetSweepResponse\x12S\n\nWatchSweep\x12 .greenserve.v1.WatchSweepRequest\x1a!.greenserve.v1.WatchSweepResponse0\x01\x12T\n\x0b\x43\x61ncelSweep\x12!.greenserve.v1.CancelSweepRequest\x1a\".greenserve.v1.CancelSweepResponse\x12Q\n\nListSweeps\x12 .greenserve.v1.ListSweepsRequest\x1a!.greenserve.v1.ListSweepsResponse\x12Q\n\nGetProfile\x12 .greenserve.v1.GetProfileRequest\x1a!.greenserve.v1.GetProfileResponse\x12W\n\x0cListProfiles\x12\".greenserve.v1.ListProfilesRequest\x1a#.greenserve.v1.ListProfilesResponse\x12Q\n\nPutProfile\x12 .greenserve.v1.PutProfileRequest\x1a!.greenserve.v1.PutProfileResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'greenserve.v1.profiler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SWEEPBACKEND']._serialized_start=1841
-  _globals['_SWEEPBACKEND']._serialized_end=1941
-  _globals['_SWEEPSTATE']._serialized_start=1944
-  _globals['_SWEEPSTATE']._serialized_end=2113
+  _globals['_SWEEPBACKEND']._serialized_start=1852
+  _globals['_SWEEPBACKEND']._serialized_end=1952
+  _globals['_SWEEPSTATE']._serialized_start=1955
+  _globals['_SWEEPSTATE']._serialized_end=2124
   _globals['_SWEEPSPEC']._serialized_start=109
-  _globals['_SWEEPSPEC']._serialized_end=451
-  _globals['_SWEEP']._serialized_start=454
-  _globals['_SWEEP']._serialized_end=784
-  _globals['_STARTSWEEPREQUEST']._serialized_start=786
-  _globals['_STARTSWEEPREQUEST']._serialized_end=845
-  _globals['_STARTSWEEPRESPONSE']._serialized_start=847
-  _globals['_STARTSWEEPRESPONSE']._serialized_end=904
-  _globals['_GETSWEEPREQUEST']._serialized_start=906
-  _globals['_GETSWEEPREQUEST']._serialized_end=941
-  _globals['_GETSWEEPRESPONSE']._serialized_start=943
-  _globals['_GETSWEEPRESPONSE']._serialized_end=998
-  _globals['_WATCHSWEEPREQUEST']._serialized_start=1000
-  _globals['_WATCHSWEEPREQUEST']._serialized_end=1037
-  _globals['_WATCHSWEEPRESPONSE']._serialized_start=1039
-  _globals['_WATCHSWEEPRESPONSE']._serialized_end=1140
-  _globals['_CANCELSWEEPREQUEST']._serialized_start=1142
-  _globals['_CANCELSWEEPREQUEST']._serialized_end=1180
-  _globals['_CANCELSWEEPRESPONSE']._serialized_start=1182
-  _globals['_CANCELSWEEPRESPONSE']._serialized_end=1240
-  _globals['_LISTSWEEPSREQUEST']._serialized_start=1242
-  _globals['_LISTSWEEPSREQUEST']._serialized_end=1300
-  _globals['_LISTSWEEPSRESPONSE']._serialized_start=1302
-  _globals['_LISTSWEEPSRESPONSE']._serialized_end=1385
-  _globals['_GETPROFILEREQUEST']._serialized_start=1387
-  _globals['_GETPROFILEREQUEST']._serialized_end=1443
-  _globals['_GETPROFILERESPONSE']._serialized_start=1445
-  _globals['_GETPROFILERESPONSE']._serialized_end=1506
-  _globals['_LISTPROFILESREQUEST']._serialized_start=1509
-  _globals['_LISTPROFILESREQUEST']._serialized_end=1648
-  _globals['_LISTPROFILESRESPONSE']._serialized_start=1650
-  _globals['_LISTPROFILESRESPONSE']._serialized_end=1714
-  _globals['_PUTPROFILEREQUEST']._serialized_start=1716
-  _globals['_PUTPROFILEREQUEST']._serialized_end=1776
-  _globals['_PUTPROFILERESPONSE']._serialized_start=1778
-  _globals['_PUTPROFILERESPONSE']._serialized_end=1839
-  _globals['_PROFILERSERVICE']._serialized_start=2116
-  _globals['_PROFILERSERVICE']._serialized_end=2802
+  _globals['_SWEEPSPEC']._serialized_end=462
+  _globals['_SWEEP']._serialized_start=465
+  _globals['_SWEEP']._serialized_end=795
+  _globals['_STARTSWEEPREQUEST']._serialized_start=797
+  _globals['_STARTSWEEPREQUEST']._serialized_end=856
+  _globals['_STARTSWEEPRESPONSE']._serialized_start=858
+  _globals['_STARTSWEEPRESPONSE']._serialized_end=915
+  _globals['_GETSWEEPREQUEST']._serialized_start=917
+  _globals['_GETSWEEPREQUEST']._serialized_end=952
+  _globals['_GETSWEEPRESPONSE']._serialized_start=954
+  _globals['_GETSWEEPRESPONSE']._serialized_end=1009
+  _globals['_WATCHSWEEPREQUEST']._serialized_start=1011
+  _globals['_WATCHSWEEPREQUEST']._serialized_end=1048
+  _globals['_WATCHSWEEPRESPONSE']._serialized_start=1050
+  _globals['_WATCHSWEEPRESPONSE']._serialized_end=1151
+  _globals['_CANCELSWEEPREQUEST']._serialized_start=1153
+  _globals['_CANCELSWEEPREQUEST']._serialized_end=1191
+  _globals['_CANCELSWEEPRESPONSE']._serialized_start=1193
+  _globals['_CANCELSWEEPRESPONSE']._serialized_end=1251
+  _globals['_LISTSWEEPSREQUEST']._serialized_start=1253
+  _globals['_LISTSWEEPSREQUEST']._serialized_end=1311
+  _globals['_LISTSWEEPSRESPONSE']._serialized_start=1313
+  _globals['_LISTSWEEPSRESPONSE']._serialized_end=1396
+  _globals['_GETPROFILEREQUEST']._serialized_start=1398
+  _globals['_GETPROFILEREQUEST']._serialized_end=1454
+  _globals['_GETPROFILERESPONSE']._serialized_start=1456
+  _globals['_GETPROFILERESPONSE']._serialized_end=1517
+  _globals['_LISTPROFILESREQUEST']._serialized_start=1520
+  _globals['_LISTPROFILESREQUEST']._serialized_end=1659
+  _globals['_LISTPROFILESRESPONSE']._serialized_start=1661
+  _globals['_LISTPROFILESRESPONSE']._serialized_end=1725
+  _globals['_PUTPROFILEREQUEST']._serialized_start=1727
+  _globals['_PUTPROFILEREQUEST']._serialized_end=1787
+  _globals['_PUTPROFILERESPONSE']._serialized_start=1789
+  _globals['_PUTPROFILERESPONSE']._serialized_end=1850
+  _globals['_PROFILERSERVICE']._serialized_start=2127
+  _globals['_PROFILERSERVICE']._serialized_end=2813
 # @@protoc_insertion_point(module_scope)

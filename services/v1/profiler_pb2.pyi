@@ -36,7 +36,7 @@ SWEEP_STATE_FAILED: SweepState
 SWEEP_STATE_CANCELLED: SweepState
 
 class SweepSpec(_message.Message):
-    __slots__ = ("configs", "request_rates_per_s", "workload", "slo", "backend", "engine_url", "point_duration_s", "seed", "method", "cache_server_id", "engine_time_scale")
+    __slots__ = ("configs", "request_rates_per_s", "workload", "slo", "backend", "engine_url", "point_duration_s", "seed", "method", "cache_server_id", "engine_modelled_s_per_wall_s")
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_RATES_PER_S_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -47,7 +47,7 @@ class SweepSpec(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     CACHE_SERVER_ID_FIELD_NUMBER: _ClassVar[int]
-    ENGINE_TIME_SCALE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_MODELLED_S_PER_WALL_S_FIELD_NUMBER: _ClassVar[int]
     configs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ProfileConfig]
     request_rates_per_s: _containers.RepeatedScalarFieldContainer[float]
     workload: str
@@ -58,8 +58,8 @@ class SweepSpec(_message.Message):
     seed: int
     method: _common_pb2.ProfileMethod
     cache_server_id: str
-    engine_time_scale: float
-    def __init__(self, configs: _Optional[_Iterable[_Union[_common_pb2.ProfileConfig, _Mapping]]] = ..., request_rates_per_s: _Optional[_Iterable[float]] = ..., workload: _Optional[str] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., backend: _Optional[_Union[SweepBackend, str]] = ..., engine_url: _Optional[str] = ..., point_duration_s: _Optional[float] = ..., seed: _Optional[int] = ..., method: _Optional[_Union[_common_pb2.ProfileMethod, _Mapping]] = ..., cache_server_id: _Optional[str] = ..., engine_time_scale: _Optional[float] = ...) -> None: ...
+    engine_modelled_s_per_wall_s: float
+    def __init__(self, configs: _Optional[_Iterable[_Union[_common_pb2.ProfileConfig, _Mapping]]] = ..., request_rates_per_s: _Optional[_Iterable[float]] = ..., workload: _Optional[str] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., backend: _Optional[_Union[SweepBackend, str]] = ..., engine_url: _Optional[str] = ..., point_duration_s: _Optional[float] = ..., seed: _Optional[int] = ..., method: _Optional[_Union[_common_pb2.ProfileMethod, _Mapping]] = ..., cache_server_id: _Optional[str] = ..., engine_modelled_s_per_wall_s: _Optional[float] = ...) -> None: ...
 
 class Sweep(_message.Message):
     __slots__ = ("id", "spec", "state", "done_points", "total_points", "error", "profile_ids", "created_at", "updated_at", "eta_s", "skipped_points", "notes")

@@ -100,7 +100,7 @@ async def test_engine_sweep_against_emulator_with_cache_via_cache_manager(
             target = size // 2
             stub = await profiler(import_published=False, cache_manager_addr=cm.address, nvml_power="nvml")
             spec = profiler_pb2.SweepSpec(
-                backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=emu.url, engine_time_scale=5.0,
+                backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=emu.url, engine_modelled_s_per_wall_s=5.0,
                 workload="multiturn", request_rates_per_s=[2.0, 4.0], point_duration_s=4.0, seed=5,
                 slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9), cache_server_id="s1",
                 configs=[config(model="meta-llama/Meta-Llama-3-8B-Instruct", cache_dram_bytes=target)],

@@ -158,7 +158,7 @@ def _build_spec(ns: argparse.Namespace) -> Any:
         configs=configs, request_rates_per_s=rates, workload=ns.workload, backend=backend,
         slo=common_pb2.Slo(ttft_s=ns.ttft_slo_s, tpot_s=ns.tpot_slo_s, attainment_fraction=ns.attainment),
         engine_url=ns.engine_url, point_duration_s=ns.duration_s, seed=ns.seed, method=method,
-        cache_server_id=ns.cache_server_id, engine_time_scale=ns.engine_time_scale)
+        cache_server_id=ns.cache_server_id, engine_modelled_s_per_wall_s=ns.engine_time_scale)
 
 
 def _bar(done: int, skipped: int, total: int, eta_s: float) -> str:
