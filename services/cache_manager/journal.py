@@ -37,7 +37,7 @@ from greenserve.common.names import check_name
 from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2, common_pb2
 
-MAX_EVENTS_PER_STREAM = 100_000
+MAX_EVENTS_PER_STREAM = 20_000  # the router sends at most 10,000 (5,000 requests x hit + store)
 MAX_TOKENS = 1 << 24
 MAX_SIZE_BYTES = 1 << 50
 MAX_TURN = 1_000_000
@@ -165,11 +165,13 @@ def replay(db: Database, after_id: int, batch: int = 10_000) -> Iterator[tuple[i
 
 
 def prune(db: Database, through_id: int) -> int:
-    """Delete the journal's events up to `through_id` (all checkpointed); how many went."""
+    """Delete the journal's events up to `through_id` (all checkpointed), always keeping the newest one (with
+    the table's AUTOINCREMENT, a second guard that ids keep growing); how many went."""
     if through_id <= 0:
         return 0
     with db.session() as s:
-        n = s.execute(delete(AccessEvent).where(AccessEvent.id <= through_id)).rowcount
+        newest = s.scalar(select(func.max(AccessEvent.id))) or 0
+        n = s.execute(delete(AccessEvent).where(AccessEvent.id <= min(through_id, newest - 1))).rowcount
         s.commit()
     return int(n or 0)
 

@@ -88,7 +88,8 @@ class CacheApplication(Base):
 
 class AccessEvent(Base):
     __tablename__ = "cache_access_events"
-    __table_args__ = (CheckConstraint("kind BETWEEN 1 AND 4", name="kind"),)
+    # AUTOINCREMENT on SQLite: ids are never reused, even after every row was pruned (checkpoints hold ids).
+    __table_args__ = (CheckConstraint("kind BETWEEN 1 AND 4", name="kind"), {"sqlite_autoincrement": True})
 
     # Integer on SQLite (its rowid alias), BIGINT elsewhere: the journal's order.
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,

@@ -321,3 +321,21 @@ async def test_index_memory_cap_forgets_lowest_scores(start_inprocess, tmp_path)
                        grpc.StatusCode.RESOURCE_EXHAUSTED)
     finally:
         await channel.close()
+
+
+
+async def test_a_stream_past_the_limit_is_refused_without_reading_further() -> None:
+    from greenserve.cache_manager.journal import MAX_EVENTS_PER_STREAM, read_stream
+    from greenserve.common.errors import InvalidArgument
+
+    sent = 0
+
+    async def endless():
+        nonlocal sent
+        while True:
+            sent += 1
+            yield object()
+
+    with pytest.raises(InvalidArgument) as exc:
+        await read_stream(endless())
+    assert exc.value.field == "events" and sent == MAX_EVENTS_PER_STREAM + 1

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("time_s", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cache_access_events")),
         sa.CheckConstraint("kind BETWEEN 1 AND 4", name=op.f("ck_cache_access_events_kind")),
+        sqlite_autoincrement=True,  # ids never reused: checkpoints hold them
     )
 
 
