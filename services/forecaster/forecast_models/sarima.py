@@ -14,7 +14,7 @@ Memory (issue 21): statsmodels keeps the filter's output for every step it filte
 covariance per step and array: about 20 KB per step and array for the seasonal SARIMA, whose state has 49
 entries). A model that serves forecasts therefore keeps the output of one short filter pass only: updates (and
 the filter pass after loading a pickle) run in chunks of at most :data:`UPDATE_CHUNK_STEPS` steps, each started
-from the last chunk's predicted state, and without the filtered, gain and smoother arrays (:data:`LEAN_MEMORY`);
+from the last chunk's predicted state, and without the filtered, gain and smoother arrays (:func:`lean_memory`);
 only the last chunk's output is held. The scale (innovation variance) is the fit's, held fixed: re-estimating it
 from the few steps of an update gave NaN intervals after a one-step update.
 """
@@ -26,13 +26,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-from statsmodels.tsa.statespace.initialization import Initialization
-from statsmodels.tsa.statespace.kalman_filter import (
-    MEMORY_NO_FILTERED,
-    MEMORY_NO_GAIN,
-    MEMORY_NO_SMOOTHING,
-    MEMORY_NO_STD_FORECAST,
-)
 
 from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model
 
@@ -43,9 +36,21 @@ from greenserve.forecaster.forecast_models.base import HOURLY_PERIOD, Model
 MAX_SEASONAL_PERIOD = 24
 #: Most steps one Kalman filter extension covers: the filter output held by a serving model is bounded by it.
 UPDATE_CHUNK_STEPS = 24
-#: What a serving model's filter passes do not store (they keep predicted states and forecasts, enough to go on
-#: filtering and to forecast).
-LEAN_MEMORY = MEMORY_NO_FILTERED | MEMORY_NO_GAIN | MEMORY_NO_SMOOTHING | MEMORY_NO_STD_FORECAST
+
+
+def lean_memory() -> int:
+    """statsmodels' ``conserve_memory`` flags of a serving model's filter passes: no filtered states, gains,
+    smoother output or standardized forecast errors (predicted states and forecasts are kept: enough to go on
+    filtering and to forecast). Imported when used: statsmodels' state-space modules pull in scipy.stats, whose
+    import cost the service start seconds."""
+    from statsmodels.tsa.statespace.kalman_filter import (
+        MEMORY_NO_FILTERED,
+        MEMORY_NO_GAIN,
+        MEMORY_NO_SMOOTHING,
+        MEMORY_NO_STD_FORECAST,
+    )
+
+    return MEMORY_NO_FILTERED | MEMORY_NO_GAIN | MEMORY_NO_SMOOTHING | MEMORY_NO_STD_FORECAST
 
 
 def fourier_terms(start: int, steps: int, period: int, harmonics: int) -> np.ndarray:
@@ -159,13 +164,15 @@ class _StateSpaceModel(Model):
         """A lean filter pass over ``new_z`` (positions ``position``...) started from ``prev``'s last predicted
         state, with the fit's parameters and scale (what ``SARIMAXResults.extend`` does, minus the per-step
         arrays nothing reads and the scale re-estimated from the new steps alone)."""
+        from statsmodels.tsa.statespace.initialization import Initialization
+
         cov = np.asarray(prev.predicted_state_cov[..., -1])
         if getattr(prev.model, "concentrate_scale", False):  # the fit's own pass: covariances in units of scale
             cov = cov * prev.scale
         # as SARIMAXResults.extend: the trend goes on counting, and the constant-exog check is not re-run on
         # the new steps alone (one step of Fourier terms looks constant)
         mod = prev.model.clone(new_z, exog=self._exog(position, len(new_z)), concentrate_scale=False,
-                               conserve_memory=LEAN_MEMORY, trend_offset=prev.model.trend_offset + prev.nobs,
+                               conserve_memory=lean_memory(), trend_offset=prev.model.trend_offset + prev.nobs,
                                validate_exog=False)
         mod.ssm.initialization = Initialization(mod.k_states, "known", constant=prev.predicted_state[..., -1],
                                                 stationary_cov=cov)
@@ -225,7 +232,7 @@ class _StateSpaceModel(Model):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res = self._build(endog[:head], self._exog(start, head), concentrate_scale=False,
-                                  conserve_memory=LEAN_MEMORY).filter(self._full_params(), cov_type="none")
+                                  conserve_memory=lean_memory()).filter(self._full_params(), cov_type="none")
                 self.results = self._extend_chunks(res, endog[head:], start + head)
             self.lean = True
 
