@@ -8,6 +8,9 @@ region (4 regions, 50..650 g/kWh) and per pool (0.5..3 req/s). The fleet: pools 
 and A100-40GB GPUs; in each pool half the GPUs serve one engine on the whole GPU and half are MIG-partitioned
 into two 3g slices with one engine each (16 pools x 4 GPUs: 96 engines).
 
+* Solvers: ``--solvers issue17`` (the default) runs the planner framework's own solvers, min-carbon routing weights
+  and keep-current for the cache, MIG and serving-mode knobs; ``--solvers default`` whatever the optimizer runs
+  by default (the knob solvers of later issues included).
 * ``compute_first_s``: the first ComputePlan after start, with the simulator's capacity predictions (cached per
   performance profile, SLO and request shape: later computations reuse them) and the optimizer's first
   forecasts. ``compute_s``: the median wall time of the next ``--repetitions`` ComputePlan RPCs as the client
@@ -181,10 +184,28 @@ class Services:
                 telemetry.shutdown()
 
 
+def optimizer_loop(optimizer: Any) -> Any:
+    """The OptimizerLoop behind a running optimizer's servicer."""
+    return next(r.servicer for r in optimizer.registrations if hasattr(r.servicer, "loop")).loop
+
+
+def use_solvers(optimizer: Any, which: str) -> list[str]:
+    """Sets the planner's solvers: ``issue17`` (min-carbon routing, keep-current for the other knobs) or
+    ``default`` (what the optimizer runs by default); returns their names."""
+    planner = optimizer_loop(optimizer).planner
+    if which == "issue17":
+        from greenserve.optimizer.solvers.keep_current import KeepCurrent
+        from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
+
+        planner.solvers = [MinCarbonRouting(), KeepCurrent("cache_targets"), KeepCurrent("mig_layouts"),
+                           KeepCurrent("serving_modes")]
+    return [solver.name for solver in planner.solvers]
+
+
 def publish_times(optimizer: Any) -> list[tuple[int, float]]:
     """(version, perf_counter) of every plan the optimizer's PlanStore publishes to its watchers from now on: the
     instant a plan is put in force (after its transaction commits)."""
-    plans = next(r.servicer for r in optimizer.registrations if hasattr(r.servicer, "loop")).loop.plans
+    plans = optimizer_loop(optimizer).plans
     out: list[tuple[int, float]] = []
     publish = plans._publish
 
@@ -242,6 +263,8 @@ async def _run(ns: argparse.Namespace, addresses: dict[str, str], optimizer: Any
     await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=fleet))
     _log(f"fleet: {ns.pools} pools, {len(fleet.gpus)} GPUs, {engines} engines")
 
+    solvers = use_solvers(optimizer, ns.solvers)
+    _log(f"solvers: {', '.join(solvers)}")
     request = optimizer_pb2.ComputePlanRequest(horizon_hours=ns.horizon_hours)
     capacity.predict.cache_clear()  # the first computation pays for the predictions, also when run twice
     t0 = time.perf_counter()
@@ -318,7 +341,7 @@ async def _run(ns: argparse.Namespace, addresses: dict[str, str], optimizer: Any
 
     return {
         "benchmark": "plan", "pools": ns.pools, "gpus": len(fleet.gpus), "engines": engines,
-        "horizon_hours": ns.horizon_hours, "plan_bytes": plan_bytes,
+        "horizon_hours": ns.horizon_hours, "plan_bytes": plan_bytes, "solvers": solvers,
         "compute_s": statistics.median(compute_s) if compute_s else first_s,
         "compute_s_max": max(compute_s) if compute_s else first_s,
         "compute_server_s": statistics.median(server_s) if server_s else first.solve_s,
@@ -345,6 +368,9 @@ def main(argv: list[str], prog: str = "greenserve bench plan") -> int:
     parser.add_argument("--repetitions", type=int, default=7, help="timed ComputePlan calls after the first (default 7)")
     parser.add_argument("--activations", type=int, default=50, help="ActivatePlan calls watched (default 50)")
     parser.add_argument("--watchers", type=int, default=3, help="WatchPlans streams (default 3)")
+    parser.add_argument("--solvers", choices=["issue17", "default"], default="issue17",
+                        help="issue17: min-carbon routing weights and keep-current for cache, MIG and modes (the "
+                             "figure's solvers); default: the optimizer's default set (default issue17)")
     ns = parser.parse_args(argv)
     if not 1 <= ns.pools <= 1024 or ns.gpus < ns.pools or ns.gpus > 65536:
         parser.error("--pools must be in 1..1024 and --gpus in pools..65536")

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from greenserve.optimizer.bench import use_solvers
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from greenserve_client.commands import fleet as fleet_cli
 from greenserve_client.commands import plan as plan_cli
@@ -32,6 +33,8 @@ async def _services(forecaster: Any, optimizer: Any) -> tuple[Any, list[str]]:  
         await ingest_daily(channel, load_ref(pool), base, 0.5, days=3)
     await channel.close()
     running = await optimizer(schedule_plans=False)
+    # The CLI is under test, not the knob solvers: routing weights and keep-current (fast and deterministic).
+    use_solvers(running.server, "issue17")
     return running, ["--optimizer-addr", running.address]
 
 
