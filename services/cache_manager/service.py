@@ -438,9 +438,12 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             raise InvalidArgument("budget_bytes", f"must be 1-2^53 bytes, got {request.budget_bytes}")
         if request.pool not in self.indexes:
             raise NotFound(f"no accesses known for pool {request.pool!r}")
-        async with self._lock:
-            return await self._compute_ttls(request.pool, request.window_s or 3600.0, request.top_k_groups or 16,
-                                            request.budget_bytes, request.dry_run)
+        args = (request.pool, request.window_s or 3600.0, request.top_k_groups or 16, request.budget_bytes,
+                request.dry_run)
+        if request.dry_run:  # reads only (before its one await): writers need not wait for the solver
+            return await self._compute_ttls(*args)
+        async with self._lock:  # applying evicts entries and journals them
+            return await self._compute_ttls(*args)
 
     async def _compute_ttls(self, pool: str, window_s: float, top_k: int, budget_bytes: int, dry_run: bool):
         now = _now_s()

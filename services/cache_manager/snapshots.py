@@ -42,8 +42,9 @@ class SnapshotStore:
         for folder in (self.folder, self.previous_folder):
             if not folder.is_dir():
                 continue
-            for tmp in folder.glob(".*.tmp"):
-                tmp.unlink(missing_ok=True)
+            for pattern in (".*.tmp", "*.npz.tmp"):  # ours, and the one shared name of earlier versions
+                for tmp in folder.glob(pattern):
+                    tmp.unlink(missing_ok=True)
             for path in folder.glob("*.npz"):
                 if is_name(path.stem):
                     names.add(path.stem)
