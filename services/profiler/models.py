@@ -114,3 +114,22 @@ class SweepPoint(Base):
 
     def __repr__(self) -> str:
         return f"SweepPoint(sweep_id={self.sweep_id!r}, point_index={self.point_index}, state={self.state!r})"
+
+
+class ModelVersion(Base):
+    """A simulator performance model calibrated from a measured profile (``body``: greenserve.v1.ModelVersion)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        CheckConstraint("length(name) > 0", name="name_not_empty"),
+        UniqueConstraint("base_profile", "ordinal"),
+    )
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    base_profile: Mapped[str] = mapped_column(String(255))
+    ordinal: Mapped[int] = mapped_column(Integer)  # n of "+cal<n>", per base profile
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+    def __repr__(self) -> str:
+        return f"ModelVersion(name={self.name!r})"

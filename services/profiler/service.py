@@ -11,8 +11,10 @@ from pydantic import Field
 
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
-from greenserve.common.errors import InvalidArgument, NotFound
+from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
+from greenserve.profiler import calibrate
+from greenserve.profiler.keys import simulator_profile_name
 from greenserve.profiler.published import builtin_profiles
 from greenserve.profiler.sim_backend import SimulatorBackend
 from greenserve.profiler.store import SOURCE_NAMES, ProfileStore
@@ -90,6 +92,25 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
                                            source=SOURCE_NAMES.get(request.source, ""), workload=request.workload)
         return profiler_pb2.ListProfilesResponse(profiles=profiles)
 
+    async def Calibrate(self, request: profiler_pb2.CalibrateRequest, context: Any) -> profiler_pb2.CalibrateResponse:
+        if not request.config_key:
+            raise InvalidArgument("config_key", "required")
+        profile = await asyncio.to_thread(self.store.get, request.config_key, request.version)
+        if profile is None:
+            raise NotFound(f"no profile {request.config_key!r}", field="config_key")
+        try:
+            base = simulator_profile_name(profile.config, "config_key")
+            version = await asyncio.to_thread(calibrate.fit, profile, base)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc).partition(": ")[2] or str(exc), field="config_key") from None
+        stored = await asyncio.to_thread(calibrate.store, self.ctx.db, version)
+        return profiler_pb2.CalibrateResponse(model_version=stored)
+
+    async def ListModelVersions(self, request: profiler_pb2.ListModelVersionsRequest,
+                                context: Any) -> profiler_pb2.ListModelVersionsResponse:
+        versions = await asyncio.to_thread(calibrate.list_versions, self.ctx.db, request.base_profile)
+        return profiler_pb2.ListModelVersionsResponse(model_versions=versions)
+
     async def PutProfile(self, request: profiler_pb2.PutProfileRequest, context: Any) -> profiler_pb2.PutProfileResponse:
         if not request.HasField("profile"):
             raise InvalidArgument("profile", "required")
@@ -107,8 +128,11 @@ def import_builtin_published(store: ProfileStore) -> int:
     return len(store.put_many(builtin_profiles()))
 
 
-def _backends(settings: ProfilerSettings) -> dict[int, Any]:
-    backends: dict[int, Any] = {profiler_pb2.SWEEP_BACKEND_SIMULATOR: SimulatorBackend}
+def _backends(settings: ProfilerSettings, db: Any) -> dict[int, Any]:
+    def simulator() -> SimulatorBackend:
+        return SimulatorBackend(db)
+
+    backends: dict[int, Any] = {profiler_pb2.SWEEP_BACKEND_SIMULATOR: simulator}
     if settings.engine_backend:
         from greenserve.profiler.engine_backend import EngineBackend
 
@@ -127,7 +151,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         imported = await asyncio.to_thread(import_builtin_published, store)
         if imported:
             log.info("imported published profiles", extra={"profiles": imported})
-    runner = SweepRunner(ctx.db, _backends(settings))
+    runner = SweepRunner(ctx.db, _backends(settings, ctx.db))
     resumed = await runner.start()
     if resumed:
         log.warning("resuming sweeps left unfinished", extra={"sweep_ids": resumed})

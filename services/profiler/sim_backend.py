@@ -12,11 +12,13 @@ import asyncio
 
 import numpy as np
 
-from greenserve.profiler import workload_catalog
+from greenserve.common.errors import FailedPrecondition, InvalidArgument
+from greenserve.common.persistence import Database
+from greenserve.profiler import calibrate, workload_catalog
 from greenserve.profiler.keys import simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
-from greenserve.simulator.perf_model import data_version
+from greenserve.simulator.perf_model import EngineProfile, data_version
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
 from greenserve.v1 import common_pb2, profiler_pb2
 
@@ -31,9 +33,10 @@ def check_config(config: common_pb2.ProfileConfig, field: str) -> None:
 
 
 def simulate_point(config: common_pb2.ProfileConfig, rate_per_s: float, spec: profiler_pb2.SweepSpec,
-                   method: Method) -> common_pb2.ProfilePoint:
-    """Measure one (configuration, rate) point in virtual time (CPU-bound; call from a thread)."""
-    profile = simulator_profile(config)
+                   method: Method, profile: EngineProfile | None = None) -> common_pb2.ProfilePoint:
+    """Measure one (configuration, rate) point in virtual time (CPU-bound; call from a thread). ``profile``
+    replaces the configuration's data-file profile (a calibrated model version)."""
+    profile = profile or simulator_profile(config)
     kv = profile.kv_bytes_per_token
     warmup = max(method.warmup_requests(rate_per_s), method.cache_prefill_requests)
     point_wl = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
@@ -59,26 +62,52 @@ def simulate_point(config: common_pb2.ProfileConfig, rate_per_s: float, spec: pr
 
 
 class SimulatorBackend:
-    """The SWEEP_BACKEND_SIMULATOR measurements."""
+    """The SWEEP_BACKEND_SIMULATOR measurements; ``db`` holds the calibrated model versions."""
 
     source = common_pb2.PROFILE_SOURCE_SIMULATED
     name = "simulator"
 
+    def __init__(self, db: Database | None = None) -> None:
+        self.db = db
+        self._calibrated: EngineProfile | None = None
+
+    def _model_version(self, spec: profiler_pb2.SweepSpec) -> EngineProfile | None:
+        if not spec.model_version:
+            return None
+        if self._calibrated is None:
+            version = calibrate.get(self.db, spec.model_version) if self.db is not None else None
+            if version is None:
+                raise FailedPrecondition(f"no model version {spec.model_version!r} (see ListModelVersions)",
+                                         field="spec.model_version")
+            for i, config in enumerate(spec.configs):
+                try:
+                    calibrate.base_matches(version, config, f"spec.configs[{i}]")
+                except ValueError as exc:
+                    field, _, message = str(exc).partition(": ")
+                    raise InvalidArgument(field, message) from None
+            self._calibrated = calibrate.engine_profile(version)
+        return self._calibrated
+
     async def prepare(self, spec: profiler_pb2.SweepSpec) -> None:
-        return None
+        await asyncio.to_thread(self._model_version, spec)
 
     async def apply_config(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
         return ""
 
     async def measure(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig, rate_per_s: float,
                       method: Method) -> common_pb2.ProfilePoint:
-        return await asyncio.to_thread(simulate_point, config, rate_per_s, spec, method)
+        def run() -> common_pb2.ProfilePoint:
+            return simulate_point(config, rate_per_s, spec, method, self._model_version(spec))
+
+        return await asyncio.to_thread(run)
 
     def provenance(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> tuple[str, str]:
         """(note, model version) of a profile this backend produced."""
         name = simulator_profile_name(config)
-        version = f"{name}@{data_version()}"
-        return f"greenserve.simulator virtual-time replay, profile {name}, data {data_version()}", version
+        if spec.model_version:
+            return (f"greenserve.simulator virtual-time replay, calibrated model version {spec.model_version} "
+                    f"(data {data_version()})", spec.model_version)
+        return f"greenserve.simulator virtual-time replay, profile {name}, data {data_version()}", f"{name}@{data_version()}"
 
     async def close(self) -> None:
         return None

@@ -73,6 +73,8 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
     if m.cache_prefill_requests > 1_000_000:
         raise InvalidArgument(f"{field}.method.cache_prefill_requests", "at most 1,000,000")
     _finite_at_least(spec.engine_modelled_s_per_wall_s, f"{field}.engine_modelled_s_per_wall_s", 0.0, 1000.0)
+    if spec.model_version and spec.backend != profiler_pb2.SWEEP_BACKEND_SIMULATOR:
+        raise InvalidArgument(f"{field}.model_version", "a calibrated model version is for the SIMULATOR backend")
     if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE:
         url = urlparse(spec.engine_url)
         if url.scheme not in ("http", "https") or not url.netloc:

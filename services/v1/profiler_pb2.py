@@ -26,53 +26,73 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from greenserve.v1 import common_pb2 as greenserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgreenserve/v1/profiler.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"\xe1\x02\n\tSweepSpec\x12-\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x1c.greenserve.v1.ProfileConfig\x12\x1b\n\x13request_rates_per_s\x18\x02 \x03(\x01\x12\x10\n\x08workload\x18\x03 \x01(\t\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.greenserve.v1.Slo\x12,\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x1b.greenserve.v1.SweepBackend\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x18\n\x10point_duration_s\x18\x07 \x01(\x01\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12,\n\x06method\x18\t \x01(\x0b\x32\x1c.greenserve.v1.ProfileMethod\x12\x17\n\x0f\x63\x61\x63he_server_id\x18\n \x01(\t\x12$\n\x1c\x65ngine_modelled_s_per_wall_s\x18\x0b \x01(\x01\"\xca\x02\n\x05Sweep\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.greenserve.v1.SweepState\x12\x13\n\x0b\x64one_points\x18\x04 \x01(\r\x12\x14\n\x0ctotal_points\x18\x05 \x01(\r\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bprofile_ids\x18\x07 \x03(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65ta_s\x18\n \x01(\x01\x12\x16\n\x0eskipped_points\x18\x0b \x01(\r\x12\r\n\x05notes\x18\x0c \x03(\t\";\n\x11StartSweepRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\"9\n\x12StartSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"#\n\x0fGetSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"7\n\x10GetSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"%\n\x11WatchSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"e\n\x12WatchSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\x12*\n\x05point\x18\x02 \x01(\x0b\x32\x1b.greenserve.v1.ProfilePoint\"&\n\x12\x43\x61ncelSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\":\n\x13\x43\x61ncelSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\":\n\x11ListSweepsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x12ListSweepsResponse\x12$\n\x06sweeps\x18\x01 \x03(\x0b\x32\x14.greenserve.v1.Sweep\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x11GetProfileRequest\x12\x12\n\nconfig_key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"=\n\x12GetProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"\x8b\x01\n\x13ListProfilesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x13\n\x0blatest_only\x18\x03 \x01(\x08\x12,\n\x06source\x18\x04 \x01(\x0e\x32\x1c.greenserve.v1.ProfileSource\x12\x10\n\x08workload\x18\x05 \x01(\t\"@\n\x14ListProfilesResponse\x12(\n\x08profiles\x18\x01 \x03(\x0b\x32\x16.greenserve.v1.Profile\"<\n\x11PutProfileRequest\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"=\n\x12PutProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile*d\n\x0cSweepBackend\x12\x1d\n\x19SWEEP_BACKEND_UNSPECIFIED\x10\x00\x12\x18\n\x14SWEEP_BACKEND_ENGINE\x10\x01\x12\x1b\n\x17SWEEP_BACKEND_SIMULATOR\x10\x02*\xa9\x01\n\nSweepState\x12\x1b\n\x17SWEEP_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13SWEEP_STATE_PENDING\x10\x01\x12\x17\n\x13SWEEP_STATE_RUNNING\x10\x02\x12\x19\n\x15SWEEP_STATE_SUCCEEDED\x10\x03\x12\x16\n\x12SWEEP_STATE_FAILED\x10\x04\x12\x19\n\x15SWEEP_STATE_CANCELLED\x10\x05\x32\xae\x05\n\x0fProfilerService\x12Q\n\nStartSweep\x12 .greenserve.v1.StartSweepRequest\x1a!.greenserve.v1.StartSweepResponse\x12K\n\x08GetSweep\x12\x1e.greenserve.v1.GetSweepRequest\x1a\x1f.greenserve.v1.GetSweepResponse\x12S\n\nWatchSweep\x12 .greenserve.v1.WatchSweepRequest\x1a!.greenserve.v1.WatchSweepResponse0\x01\x12T\n\x0b\x43\x61ncelSweep\x12!.greenserve.v1.CancelSweepRequest\x1a\".greenserve.v1.CancelSweepResponse\x12Q\n\nListSweeps\x12 .greenserve.v1.ListSweepsRequest\x1a!.greenserve.v1.ListSweepsResponse\x12Q\n\nGetProfile\x12 .greenserve.v1.GetProfileRequest\x1a!.greenserve.v1.GetProfileResponse\x12W\n\x0cListProfiles\x12\".greenserve.v1.ListProfilesRequest\x1a#.greenserve.v1.ListProfilesResponse\x12Q\n\nPutProfile\x12 .greenserve.v1.PutProfileRequest\x1a!.greenserve.v1.PutProfileResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgreenserve/v1/profiler.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"\xf8\x02\n\tSweepSpec\x12-\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x1c.greenserve.v1.ProfileConfig\x12\x1b\n\x13request_rates_per_s\x18\x02 \x03(\x01\x12\x10\n\x08workload\x18\x03 \x01(\t\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.greenserve.v1.Slo\x12,\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x1b.greenserve.v1.SweepBackend\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x18\n\x10point_duration_s\x18\x07 \x01(\x01\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12,\n\x06method\x18\t \x01(\x0b\x32\x1c.greenserve.v1.ProfileMethod\x12\x17\n\x0f\x63\x61\x63he_server_id\x18\n \x01(\t\x12$\n\x1c\x65ngine_modelled_s_per_wall_s\x18\x0b \x01(\x01\x12\x15\n\rmodel_version\x18\x0c \x01(\t\"\xca\x02\n\x05Sweep\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.greenserve.v1.SweepState\x12\x13\n\x0b\x64one_points\x18\x04 \x01(\r\x12\x14\n\x0ctotal_points\x18\x05 \x01(\r\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bprofile_ids\x18\x07 \x03(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65ta_s\x18\n \x01(\x01\x12\x16\n\x0eskipped_points\x18\x0b \x01(\r\x12\r\n\x05notes\x18\x0c \x03(\t\";\n\x11StartSweepRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.greenserve.v1.SweepSpec\"9\n\x12StartSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"#\n\x0fGetSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"7\n\x10GetSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\"%\n\x11WatchSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\"e\n\x12WatchSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\x12*\n\x05point\x18\x02 \x01(\x0b\x32\x1b.greenserve.v1.ProfilePoint\"&\n\x12\x43\x61ncelSweepRequest\x12\x10\n\x08sweep_id\x18\x01 \x01(\t\":\n\x13\x43\x61ncelSweepResponse\x12#\n\x05sweep\x18\x01 \x01(\x0b\x32\x14.greenserve.v1.Sweep\":\n\x11ListSweepsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x12ListSweepsResponse\x12$\n\x06sweeps\x18\x01 \x03(\x0b\x32\x14.greenserve.v1.Sweep\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x11GetProfileRequest\x12\x12\n\nconfig_key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"=\n\x12GetProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"\x8b\x01\n\x13ListProfilesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x13\n\x0blatest_only\x18\x03 \x01(\x08\x12,\n\x06source\x18\x04 \x01(\x0e\x32\x1c.greenserve.v1.ProfileSource\x12\x10\n\x08workload\x18\x05 \x01(\t\"@\n\x14ListProfilesResponse\x12(\n\x08profiles\x18\x01 \x03(\x0b\x32\x16.greenserve.v1.Profile\"<\n\x11PutProfileRequest\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"=\n\x12PutProfileResponse\x12\'\n\x07profile\x18\x01 \x01(\x0b\x32\x16.greenserve.v1.Profile\"7\n\x10\x43\x61librateRequest\x12\x12\n\nconfig_key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"\x89\x01\n\x10\x43\x61librationCheck\x12\x1a\n\x12request_rate_per_s\x18\x01 \x01(\x01\x12\x10\n\x08quantity\x18\x02 \x01(\t\x12\x12\n\nmeasured_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x66\x61ult_model_s\x18\x04 \x01(\x01\x12\x1a\n\x12\x63\x61librated_model_s\x18\x05 \x01(\x01\"\xa8\x03\n\x0cModelVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61se_profile\x18\x02 \x01(\t\x12?\n\nparameters\x18\x03 \x03(\x0b\x32+.greenserve.v1.ModelVersion.ParametersEntry\x12\x17\n\x0f\x63\x61librated_from\x18\x04 \x01(\t\x12M\n\x12rms_relative_error\x18\x05 \x03(\x0b\x32\x31.greenserve.v1.ModelVersion.RmsRelativeErrorEntry\x12/\n\x06\x63hecks\x18\x06 \x03(\x0b\x32\x1f.greenserve.v1.CalibrationCheck\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x37\n\x15RmsRelativeErrorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"G\n\x11\x43\x61librateResponse\x12\x32\n\rmodel_version\x18\x01 \x01(\x0b\x32\x1b.greenserve.v1.ModelVersion\"0\n\x18ListModelVersionsRequest\x12\x14\n\x0c\x62\x61se_profile\x18\x01 \x01(\t\"P\n\x19ListModelVersionsResponse\x12\x33\n\x0emodel_versions\x18\x01 \x03(\x0b\x32\x1b.greenserve.v1.ModelVersion*d\n\x0cSweepBackend\x12\x1d\n\x19SWEEP_BACKEND_UNSPECIFIED\x10\x00\x12\x18\n\x14SWEEP_BACKEND_ENGINE\x10\x01\x12\x1b\n\x17SWEEP_BACKEND_SIMULATOR\x10\x02*\xa9\x01\n\nSweepState\x12\x1b\n\x17SWEEP_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13SWEEP_STATE_PENDING\x10\x01\x12\x17\n\x13SWEEP_STATE_RUNNING\x10\x02\x12\x19\n\x15SWEEP_STATE_SUCCEEDED\x10\x03\x12\x16\n\x12SWEEP_STATE_FAILED\x10\x04\x12\x19\n\x15SWEEP_STATE_CANCELLED\x10\x05\x32\xe6\x06\n\x0fProfilerService\x12Q\n\nStartSweep\x12 .greenserve.v1.StartSweepRequest\x1a!.greenserve.v1.StartSweepResponse\x12K\n\x08GetSweep\x12\x1e.greenserve.v1.GetSweepRequest\x1a\x1f.greenserve.v1.GetSweepResponse\x12S\n\nWatchSweep\x12 .greenserve.v1.WatchSweepRequest\x1a!.greenserve.v1.WatchSweepResponse0\x01\x12T\n\x0b\x43\x61ncelSweep\x12!.greenserve.v1.CancelSweepRequest\x1a\".greenserve.v1.CancelSweepResponse\x12Q\n\nListSweeps\x12 .greenserve.v1.ListSweepsRequest\x1a!.greenserve.v1.ListSweepsResponse\x12Q\n\nGetProfile\x12 .greenserve.v1.GetProfileRequest\x1a!.greenserve.v1.GetProfileResponse\x12W\n\x0cListProfiles\x12\".greenserve.v1.ListProfilesRequest\x1a#.greenserve.v1.ListProfilesResponse\x12Q\n\nPutProfile\x12 .greenserve.v1.PutProfileRequest\x1a!.greenserve.v1.PutProfileResponse\x12N\n\tCalibrate\x12\x1f.greenserve.v1.CalibrateRequest\x1a .greenserve.v1.CalibrateResponse\x12\x66\n\x11ListModelVersions\x12\'.greenserve.v1.ListModelVersionsRequest\x1a(.greenserve.v1.ListModelVersionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'greenserve.v1.profiler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SWEEPBACKEND']._serialized_start=1852
-  _globals['_SWEEPBACKEND']._serialized_end=1952
-  _globals['_SWEEPSTATE']._serialized_start=1955
-  _globals['_SWEEPSTATE']._serialized_end=2124
+  _globals['_MODELVERSION_PARAMETERSENTRY']._loaded_options = None
+  _globals['_MODELVERSION_PARAMETERSENTRY']._serialized_options = b'8\001'
+  _globals['_MODELVERSION_RMSRELATIVEERRORENTRY']._loaded_options = None
+  _globals['_MODELVERSION_RMSRELATIVEERRORENTRY']._serialized_options = b'8\001'
+  _globals['_SWEEPBACKEND']._serialized_start=2704
+  _globals['_SWEEPBACKEND']._serialized_end=2804
+  _globals['_SWEEPSTATE']._serialized_start=2807
+  _globals['_SWEEPSTATE']._serialized_end=2976
   _globals['_SWEEPSPEC']._serialized_start=109
-  _globals['_SWEEPSPEC']._serialized_end=462
-  _globals['_SWEEP']._serialized_start=465
-  _globals['_SWEEP']._serialized_end=795
-  _globals['_STARTSWEEPREQUEST']._serialized_start=797
-  _globals['_STARTSWEEPREQUEST']._serialized_end=856
-  _globals['_STARTSWEEPRESPONSE']._serialized_start=858
-  _globals['_STARTSWEEPRESPONSE']._serialized_end=915
-  _globals['_GETSWEEPREQUEST']._serialized_start=917
-  _globals['_GETSWEEPREQUEST']._serialized_end=952
-  _globals['_GETSWEEPRESPONSE']._serialized_start=954
-  _globals['_GETSWEEPRESPONSE']._serialized_end=1009
-  _globals['_WATCHSWEEPREQUEST']._serialized_start=1011
-  _globals['_WATCHSWEEPREQUEST']._serialized_end=1048
-  _globals['_WATCHSWEEPRESPONSE']._serialized_start=1050
-  _globals['_WATCHSWEEPRESPONSE']._serialized_end=1151
-  _globals['_CANCELSWEEPREQUEST']._serialized_start=1153
-  _globals['_CANCELSWEEPREQUEST']._serialized_end=1191
-  _globals['_CANCELSWEEPRESPONSE']._serialized_start=1193
-  _globals['_CANCELSWEEPRESPONSE']._serialized_end=1251
-  _globals['_LISTSWEEPSREQUEST']._serialized_start=1253
-  _globals['_LISTSWEEPSREQUEST']._serialized_end=1311
-  _globals['_LISTSWEEPSRESPONSE']._serialized_start=1313
-  _globals['_LISTSWEEPSRESPONSE']._serialized_end=1396
-  _globals['_GETPROFILEREQUEST']._serialized_start=1398
-  _globals['_GETPROFILEREQUEST']._serialized_end=1454
-  _globals['_GETPROFILERESPONSE']._serialized_start=1456
-  _globals['_GETPROFILERESPONSE']._serialized_end=1517
-  _globals['_LISTPROFILESREQUEST']._serialized_start=1520
-  _globals['_LISTPROFILESREQUEST']._serialized_end=1659
-  _globals['_LISTPROFILESRESPONSE']._serialized_start=1661
-  _globals['_LISTPROFILESRESPONSE']._serialized_end=1725
-  _globals['_PUTPROFILEREQUEST']._serialized_start=1727
-  _globals['_PUTPROFILEREQUEST']._serialized_end=1787
-  _globals['_PUTPROFILERESPONSE']._serialized_start=1789
-  _globals['_PUTPROFILERESPONSE']._serialized_end=1850
-  _globals['_PROFILERSERVICE']._serialized_start=2127
-  _globals['_PROFILERSERVICE']._serialized_end=2813
+  _globals['_SWEEPSPEC']._serialized_end=485
+  _globals['_SWEEP']._serialized_start=488
+  _globals['_SWEEP']._serialized_end=818
+  _globals['_STARTSWEEPREQUEST']._serialized_start=820
+  _globals['_STARTSWEEPREQUEST']._serialized_end=879
+  _globals['_STARTSWEEPRESPONSE']._serialized_start=881
+  _globals['_STARTSWEEPRESPONSE']._serialized_end=938
+  _globals['_GETSWEEPREQUEST']._serialized_start=940
+  _globals['_GETSWEEPREQUEST']._serialized_end=975
+  _globals['_GETSWEEPRESPONSE']._serialized_start=977
+  _globals['_GETSWEEPRESPONSE']._serialized_end=1032
+  _globals['_WATCHSWEEPREQUEST']._serialized_start=1034
+  _globals['_WATCHSWEEPREQUEST']._serialized_end=1071
+  _globals['_WATCHSWEEPRESPONSE']._serialized_start=1073
+  _globals['_WATCHSWEEPRESPONSE']._serialized_end=1174
+  _globals['_CANCELSWEEPREQUEST']._serialized_start=1176
+  _globals['_CANCELSWEEPREQUEST']._serialized_end=1214
+  _globals['_CANCELSWEEPRESPONSE']._serialized_start=1216
+  _globals['_CANCELSWEEPRESPONSE']._serialized_end=1274
+  _globals['_LISTSWEEPSREQUEST']._serialized_start=1276
+  _globals['_LISTSWEEPSREQUEST']._serialized_end=1334
+  _globals['_LISTSWEEPSRESPONSE']._serialized_start=1336
+  _globals['_LISTSWEEPSRESPONSE']._serialized_end=1419
+  _globals['_GETPROFILEREQUEST']._serialized_start=1421
+  _globals['_GETPROFILEREQUEST']._serialized_end=1477
+  _globals['_GETPROFILERESPONSE']._serialized_start=1479
+  _globals['_GETPROFILERESPONSE']._serialized_end=1540
+  _globals['_LISTPROFILESREQUEST']._serialized_start=1543
+  _globals['_LISTPROFILESREQUEST']._serialized_end=1682
+  _globals['_LISTPROFILESRESPONSE']._serialized_start=1684
+  _globals['_LISTPROFILESRESPONSE']._serialized_end=1748
+  _globals['_PUTPROFILEREQUEST']._serialized_start=1750
+  _globals['_PUTPROFILEREQUEST']._serialized_end=1810
+  _globals['_PUTPROFILERESPONSE']._serialized_start=1812
+  _globals['_PUTPROFILERESPONSE']._serialized_end=1873
+  _globals['_CALIBRATEREQUEST']._serialized_start=1875
+  _globals['_CALIBRATEREQUEST']._serialized_end=1930
+  _globals['_CALIBRATIONCHECK']._serialized_start=1933
+  _globals['_CALIBRATIONCHECK']._serialized_end=2070
+  _globals['_MODELVERSION']._serialized_start=2073
+  _globals['_MODELVERSION']._serialized_end=2497
+  _globals['_MODELVERSION_PARAMETERSENTRY']._serialized_start=2391
+  _globals['_MODELVERSION_PARAMETERSENTRY']._serialized_end=2440
+  _globals['_MODELVERSION_RMSRELATIVEERRORENTRY']._serialized_start=2442
+  _globals['_MODELVERSION_RMSRELATIVEERRORENTRY']._serialized_end=2497
+  _globals['_CALIBRATERESPONSE']._serialized_start=2499
+  _globals['_CALIBRATERESPONSE']._serialized_end=2570
+  _globals['_LISTMODELVERSIONSREQUEST']._serialized_start=2572
+  _globals['_LISTMODELVERSIONSREQUEST']._serialized_end=2620
+  _globals['_LISTMODELVERSIONSRESPONSE']._serialized_start=2622
+  _globals['_LISTMODELVERSIONSRESPONSE']._serialized_end=2702
+  _globals['_PROFILERSERVICE']._serialized_start=2979
+  _globals['_PROFILERSERVICE']._serialized_end=3849
 # @@protoc_insertion_point(module_scope)

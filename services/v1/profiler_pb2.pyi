@@ -36,7 +36,7 @@ SWEEP_STATE_FAILED: SweepState
 SWEEP_STATE_CANCELLED: SweepState
 
 class SweepSpec(_message.Message):
-    __slots__ = ("configs", "request_rates_per_s", "workload", "slo", "backend", "engine_url", "point_duration_s", "seed", "method", "cache_server_id", "engine_modelled_s_per_wall_s")
+    __slots__ = ("configs", "request_rates_per_s", "workload", "slo", "backend", "engine_url", "point_duration_s", "seed", "method", "cache_server_id", "engine_modelled_s_per_wall_s", "model_version")
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_RATES_PER_S_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class SweepSpec(_message.Message):
     METHOD_FIELD_NUMBER: _ClassVar[int]
     CACHE_SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_MODELLED_S_PER_WALL_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     configs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ProfileConfig]
     request_rates_per_s: _containers.RepeatedScalarFieldContainer[float]
     workload: str
@@ -59,7 +60,8 @@ class SweepSpec(_message.Message):
     method: _common_pb2.ProfileMethod
     cache_server_id: str
     engine_modelled_s_per_wall_s: float
-    def __init__(self, configs: _Optional[_Iterable[_Union[_common_pb2.ProfileConfig, _Mapping]]] = ..., request_rates_per_s: _Optional[_Iterable[float]] = ..., workload: _Optional[str] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., backend: _Optional[_Union[SweepBackend, str]] = ..., engine_url: _Optional[str] = ..., point_duration_s: _Optional[float] = ..., seed: _Optional[int] = ..., method: _Optional[_Union[_common_pb2.ProfileMethod, _Mapping]] = ..., cache_server_id: _Optional[str] = ..., engine_modelled_s_per_wall_s: _Optional[float] = ...) -> None: ...
+    model_version: str
+    def __init__(self, configs: _Optional[_Iterable[_Union[_common_pb2.ProfileConfig, _Mapping]]] = ..., request_rates_per_s: _Optional[_Iterable[float]] = ..., workload: _Optional[str] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., backend: _Optional[_Union[SweepBackend, str]] = ..., engine_url: _Optional[str] = ..., point_duration_s: _Optional[float] = ..., seed: _Optional[int] = ..., method: _Optional[_Union[_common_pb2.ProfileMethod, _Mapping]] = ..., cache_server_id: _Optional[str] = ..., engine_modelled_s_per_wall_s: _Optional[float] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class Sweep(_message.Message):
     __slots__ = ("id", "spec", "state", "done_points", "total_points", "error", "profile_ids", "created_at", "updated_at", "eta_s", "skipped_points", "notes")
@@ -200,3 +202,75 @@ class PutProfileResponse(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     profile: _common_pb2.Profile
     def __init__(self, profile: _Optional[_Union[_common_pb2.Profile, _Mapping]] = ...) -> None: ...
+
+class CalibrateRequest(_message.Message):
+    __slots__ = ("config_key", "version")
+    CONFIG_KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    config_key: str
+    version: int
+    def __init__(self, config_key: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class CalibrationCheck(_message.Message):
+    __slots__ = ("request_rate_per_s", "quantity", "measured_s", "default_model_s", "calibrated_model_s")
+    REQUEST_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    QUANTITY_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_S_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MODEL_S_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_MODEL_S_FIELD_NUMBER: _ClassVar[int]
+    request_rate_per_s: float
+    quantity: str
+    measured_s: float
+    default_model_s: float
+    calibrated_model_s: float
+    def __init__(self, request_rate_per_s: _Optional[float] = ..., quantity: _Optional[str] = ..., measured_s: _Optional[float] = ..., default_model_s: _Optional[float] = ..., calibrated_model_s: _Optional[float] = ...) -> None: ...
+
+class ModelVersion(_message.Message):
+    __slots__ = ("name", "base_profile", "parameters", "calibrated_from", "rms_relative_error", "checks", "created_at")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class RmsRelativeErrorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BASE_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RMS_RELATIVE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    base_profile: str
+    parameters: _containers.ScalarMap[str, float]
+    calibrated_from: str
+    rms_relative_error: _containers.ScalarMap[str, float]
+    checks: _containers.RepeatedCompositeFieldContainer[CalibrationCheck]
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., base_profile: _Optional[str] = ..., parameters: _Optional[_Mapping[str, float]] = ..., calibrated_from: _Optional[str] = ..., rms_relative_error: _Optional[_Mapping[str, float]] = ..., checks: _Optional[_Iterable[_Union[CalibrationCheck, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CalibrateResponse(_message.Message):
+    __slots__ = ("model_version",)
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    model_version: ModelVersion
+    def __init__(self, model_version: _Optional[_Union[ModelVersion, _Mapping]] = ...) -> None: ...
+
+class ListModelVersionsRequest(_message.Message):
+    __slots__ = ("base_profile",)
+    BASE_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    base_profile: str
+    def __init__(self, base_profile: _Optional[str] = ...) -> None: ...
+
+class ListModelVersionsResponse(_message.Message):
+    __slots__ = ("model_versions",)
+    MODEL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    model_versions: _containers.RepeatedCompositeFieldContainer[ModelVersion]
+    def __init__(self, model_versions: _Optional[_Iterable[_Union[ModelVersion, _Mapping]]] = ...) -> None: ...

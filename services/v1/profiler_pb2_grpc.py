@@ -75,6 +75,16 @@ class ProfilerServiceStub:
                 request_serializer=greenserve_dot_v1_dot_profiler__pb2.PutProfileRequest.SerializeToString,
                 response_deserializer=greenserve_dot_v1_dot_profiler__pb2.PutProfileResponse.FromString,
                 _registered_method=True)
+        self.Calibrate = channel.unary_unary(
+                '/greenserve.v1.ProfilerService/Calibrate',
+                request_serializer=greenserve_dot_v1_dot_profiler__pb2.CalibrateRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_profiler__pb2.CalibrateResponse.FromString,
+                _registered_method=True)
+        self.ListModelVersions = channel.unary_unary(
+                '/greenserve.v1.ProfilerService/ListModelVersions',
+                request_serializer=greenserve_dot_v1_dot_profiler__pb2.ListModelVersionsRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_profiler__pb2.ListModelVersionsResponse.FromString,
+                _registered_method=True)
 
 
 class ProfilerServiceServicer:
@@ -137,6 +147,20 @@ class ProfilerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Calibrate(self, request, context):
+        """Fits the simulator's performance model to a measured profile; stores the result as a new model version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModelVersions(self, request, context):
+        """Lists the calibrated model versions, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProfilerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +203,16 @@ def add_ProfilerServiceServicer_to_server(servicer, server):
                     servicer.PutProfile,
                     request_deserializer=greenserve_dot_v1_dot_profiler__pb2.PutProfileRequest.FromString,
                     response_serializer=greenserve_dot_v1_dot_profiler__pb2.PutProfileResponse.SerializeToString,
+            ),
+            'Calibrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Calibrate,
+                    request_deserializer=greenserve_dot_v1_dot_profiler__pb2.CalibrateRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_profiler__pb2.CalibrateResponse.SerializeToString,
+            ),
+            'ListModelVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModelVersions,
+                    request_deserializer=greenserve_dot_v1_dot_profiler__pb2.ListModelVersionsRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_profiler__pb2.ListModelVersionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +432,60 @@ class ProfilerService:
             '/greenserve.v1.ProfilerService/PutProfile',
             greenserve_dot_v1_dot_profiler__pb2.PutProfileRequest.SerializeToString,
             greenserve_dot_v1_dot_profiler__pb2.PutProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calibrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.ProfilerService/Calibrate',
+            greenserve_dot_v1_dot_profiler__pb2.CalibrateRequest.SerializeToString,
+            greenserve_dot_v1_dot_profiler__pb2.CalibrateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModelVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.ProfilerService/ListModelVersions',
+            greenserve_dot_v1_dot_profiler__pb2.ListModelVersionsRequest.SerializeToString,
+            greenserve_dot_v1_dot_profiler__pb2.ListModelVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

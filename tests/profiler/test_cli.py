@@ -61,18 +61,24 @@ def run(capsys: pytest.CaptureFixture[str]):
 def test_import_list_show(run, profiler_addr: str, tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text('[[profiles]]\ncitation = "our lab, run 7"\n'
-                    'config = { model = "llama3-8b", hardware = "L40", workload = "sharegpt" }\n'
+                    'config = { model = "llama3-8b", hardware = "2xL40", workload = "sharegpt" }\n'
                     'slo = { ttft_s = 0.2, tpot_s = 0.08, attainment_fraction = 0.9 }\n'
-                    'points = [{ request_rate_per_s = 1.0, ttft_p50_s = 0.05, slo_attainment_fraction = 0.97 },\n'
-                    '          { request_rate_per_s = 2.0, ttft_p50_s = 0.09, slo_attainment_fraction = 0.93 }]\n')
+                    'points = [{ request_rate_per_s = 1.0, ttft_p50_s = 0.05, slo_attainment_fraction = 0.97, '
+                    'tpot_mean_s = 0.03, mean_batch_size = 1.5 },\n'
+                    '          { request_rate_per_s = 2.0, ttft_p50_s = 0.09, slo_attainment_fraction = 0.93, '
+                    'tpot_mean_s = 0.032, mean_batch_size = 3.2 }]\n')
     out = run(profiler_addr, "import", str(path), "--source", "measured", "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.splitlines()[-1]) == {"stored": ["llama3-8b@L40|workload=sharegpt@1"]}
+    assert json.loads(out.stdout.splitlines()[-1]) == {"stored": ["llama3-8b@2xL40|workload=sharegpt@1"]}
     listed = run(profiler_addr, "list", "--source", "measured", "--json")
     profiles = json.loads(listed.stdout.splitlines()[-1])["profiles"]
-    assert [p["config_key"] for p in profiles] == ["llama3-8b@L40|workload=sharegpt"]
-    shown = run(profiler_addr, "show", "llama3-8b@L40|workload=sharegpt")
+    assert [p["config_key"] for p in profiles] == ["llama3-8b@2xL40|workload=sharegpt"]
+    shown = run(profiler_addr, "show", "llama3-8b@2xL40|workload=sharegpt")
     assert shown.returncode == 0 and "our lab, run 7" in shown.stdout and "0.93" in shown.stdout
+    calibrated = run(profiler_addr, "calibrate", "llama3-8b@2xL40|workload=sharegpt", "--json")
+    assert calibrated.returncode == 0, calibrated.stderr
+    version = json.loads(calibrated.stdout.splitlines()[-1])
+    assert version["name"] == "llama3-8b@2xL40+cal1" and version["calibrated_from"].endswith("@1")
     missing = run(profiler_addr, "show", "nope@nothing")
     assert missing.returncode == 2 and "NOT_FOUND" in missing.stderr
 

@@ -13,6 +13,8 @@
     greenserve profile show CONFIG_KEY [--version N] [--json]
     greenserve profile plot CONFIG_KEY [CONFIG_KEY ...] --out FILE.png
         TTFT/TPOT percentiles, SLO attainment and power against request rate (matplotlib)
+    greenserve profile calibrate CONFIG_KEY [--version N] [--json]
+        fit the simulator's model to a MEASURED profile; prints the model version a sweep names in --model-version
     greenserve profile import FILE.toml [--source published|measured|simulated] [--json]
         store the profiles of a TOML file (the format of greenserve/profiler/data/published_profiles.toml)
 
@@ -75,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--prefill-requests", type=int, default=0, help="cache pre-fill requests per point")
     sweep.add_argument("--full-ladder", action="store_true", help="measure every rate (default: stop below target)")
     sweep.add_argument("--seed", type=int, default=0, help="request sampling seed")
+    sweep.add_argument("--model-version", default="", help="calibrated model version (simulator backend)")
     sweep.add_argument("--detach", action="store_true", help="print the sweep and return at once")
     sweep.add_argument("--json", action="store_true", help="print one JSON object (the sweep) last")
 
@@ -101,12 +104,17 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("config_keys", nargs="+", metavar="CONFIG_KEY")
     plot.add_argument("--out", required=True, help="PNG file to write")
 
+    cal = sub.add_parser("calibrate", help="fit the simulator's model to a measured profile")
+    cal.add_argument("config_key")
+    cal.add_argument("--version", type=int, default=0, help="profile version (default latest)")
+    cal.add_argument("--json", action="store_true", help="print one JSON object")
+
     imp = sub.add_parser("import", help="store the profiles of a TOML file")
     imp.add_argument("file")
     imp.add_argument("--source", choices=["published", "measured", "simulated"], default="published")
     imp.add_argument("--json", action="store_true", help="print one JSON object")
 
-    for remote in (sweep, sweeps, cancel, lst, show, plot, imp):
+    for remote in (sweep, sweeps, cancel, lst, show, plot, cal, imp):
         remote.add_argument("--profiler-addr", help="host:port (default env GREENSERVE_PROFILER_ADDR or 127.0.0.1:50052)")
         _add_connection_flags(remote)
     return parser
@@ -158,7 +166,8 @@ def _build_spec(ns: argparse.Namespace) -> Any:
         configs=configs, request_rates_per_s=rates, workload=ns.workload, backend=backend,
         slo=common_pb2.Slo(ttft_s=ns.ttft_slo_s, tpot_s=ns.tpot_slo_s, attainment_fraction=ns.attainment),
         engine_url=ns.engine_url, point_duration_s=ns.duration_s, seed=ns.seed, method=method,
-        cache_server_id=ns.cache_server_id, engine_modelled_s_per_wall_s=ns.engine_time_scale)
+        cache_server_id=ns.cache_server_id, engine_modelled_s_per_wall_s=ns.engine_time_scale,
+        model_version=ns.model_version)
 
 
 def _bar(done: int, skipped: int, total: int, eta_s: float) -> str:
@@ -335,6 +344,22 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
                 return _fail("those profiles have no points to plot (published facts only)")
             _plot(profiles, ns.out)
             print(ns.out)
+            return 0
+        if ns.action == "calibrate":
+            if ns.version < 0:
+                return _fail("--version: must be >= 0")
+            version = asyncio.run(_unary(ns, "Calibrate", profiler_pb2.CalibrateRequest(
+                config_key=ns.config_key, version=ns.version))).model_version
+            if ns.json:
+                print(strict_json.dumps(_dict(version)))
+                return 0
+            print(f"{version.name} (from {version.calibrated_from})")
+            for name, value in sorted(version.parameters.items()):
+                print(f"  {name} = {value:.4g}")
+            print_table([{"rate/s": f"{c.request_rate_per_s:g}", "quantity": c.quantity,
+                          "measured_s": f"{c.measured_s:.4g}", "default_s": f"{c.default_model_s:.4g}",
+                          "calibrated_s": f"{c.calibrated_model_s:.4g}"} for c in version.checks],
+                        ["rate/s", "quantity", "measured_s", "default_s", "calibrated_s"])
             return 0
         # import
         from greenserve.profiler.published import load_file
