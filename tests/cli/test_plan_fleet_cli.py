@@ -64,6 +64,8 @@ def test_example_fleet_file_loads() -> None:
     ("pools:\n  - name: chat\n    max_cache_disk_bytes: lots\n", "pools[0].max_cache_disk_bytes"),
     ("pools: {chat: 1}\n", "pools: must be a list"),
     ("pools: [\n", "not valid YAML"),
+    ("", "the file is empty"),
+    ("- 1\n", "must be a mapping of FleetInventory fields"),
 ])
 def test_bad_fleet_file_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
                                                 named: str) -> None:
@@ -122,10 +124,17 @@ async def test_plan_commands(forecaster: Any, optimizer: Any, capsys: pytest.Cap
     code, out, _ = await _cli(plan_cli, ["status", *addr], capsys)
     assert code == plan_cli.EXIT_NOT_MATCHING and "does not match plan v1" in out
     stub = optimizer_pb2_grpc.OptimizerServiceStub(grpc.aio.insecure_channel(running.address))
-    await stub.ReportEnforcement(optimizer_pb2.ReportEnforcementRequest(report=optimizer_pb2.EnforcementReport(
-        component="router", instance="r1", plan_version=1, state=optimizer_pb2.ENFORCEMENT_STATE_APPLIED,
-        detail="weights of 5 engines")))
-    code, out, _ = await _cli(plan_cli, ["status", "--json", *addr], capsys)
+
+    async def router_applies() -> None:
+        await asyncio.sleep(0.5)
+        await stub.ReportEnforcement(optimizer_pb2.ReportEnforcementRequest(report=optimizer_pb2.EnforcementReport(
+            component="router", instance="r1", plan_version=1, state=optimizer_pb2.ENFORCEMENT_STATE_APPLIED,
+            detail="weights of 5 engines")))
+
+    report = asyncio.get_running_loop().create_task(router_applies())
+    # --wait-s polls until the report arrives (the deadline is far beyond it: not a timing assertion)
+    code, out, _ = await _cli(plan_cli, ["status", "--wait-s", "60", "--json", *addr], capsys)
+    await report
     status = _last_json(out)
     assert code == 0 and status["fleet_matches_plan"] and status["reports"][0]["state"] == "applied"
     await stub.ReportEnforcement(optimizer_pb2.ReportEnforcementRequest(report=optimizer_pb2.EnforcementReport(

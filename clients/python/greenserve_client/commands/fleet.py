@@ -126,18 +126,19 @@ def parse_fleet(data: Any) -> Any:
 
 
 def load_fleet_file(path: Path) -> Any:
-    """Reads and parses a fleet file (JSON when it ends in .json, else YAML, which also reads JSON)."""
+    """Reads and parses a fleet file (JSON when it ends in .json, else YAML, which also reads JSON); FleetFileError
+    (without the file's name) when it is not a FleetInventory, OSError when it cannot be read."""
     import yaml
 
     if path.stat().st_size > MAX_FILE_BYTES:
-        raise FleetFileError("", f"{path} is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        raise FleetFileError("", f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     text = path.read_text(encoding="utf-8")
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise FleetFileError("", f"{path}: not valid JSON: {exc}") from None
+        raise FleetFileError("", f"not valid JSON: {exc}") from None
     except yaml.YAMLError as exc:
-        raise FleetFileError("", f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise FleetFileError("", f"not valid YAML: {' '.join(str(exc).split())}") from None
     return parse_fleet(data)
 
 
@@ -208,7 +209,7 @@ def cmd_set(ns: argparse.Namespace) -> int:
     try:
         fleet = load_fleet_file(ns.file)
     except FleetFileError as exc:
-        return optimizer_client.fail(f"{PROG} set", f"{ns.file}: {exc}" if exc.path else str(exc))
+        return optimizer_client.fail(f"{PROG} set", f"{ns.file}: {exc}")
     except (OSError, UnicodeDecodeError) as exc:
         return optimizer_client.fail(f"{PROG} set", f"cannot read {ns.file}: {exc}")
     try:
