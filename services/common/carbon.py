@@ -312,7 +312,11 @@ class Platform:
         )
 
 
-_SCALAR_FIELDS = ("pue", "default_lifetime_s", "ssd_embodied_g_per_tb", "ssd_lifetime_s")
+_SCALAR_FIELDS = ("pue", "default_lifetime_s", "ssd_embodied_g_per_tb", "ssd_lifetime_s", "dram_embodied_g_per_tb",
+                  "dram_lifetime_s")
+# GreenCache Table 1, row "Memory": 512 GB DDR4 = 30.8 kgCO2e -> 30.8 / 0.512 = 60.16 kgCO2e per TB (footnote 1 applies
+# Eq. 4 to DRAM too). Used when a TOML file has no [dram_cache] table.
+DEFAULT_DRAM_EMBODIED_G_PER_TB = 30.8e3 / 0.512
 _COMPONENT_FIELDS = ("embodied_g", "lifetime_s")
 
 
@@ -334,6 +338,8 @@ class CarbonParams:
     ssd_embodied_g_per_tb: float
     ssd_lifetime_s: float
     components: tuple[ComponentSpec, ...]
+    dram_embodied_g_per_tb: float = DEFAULT_DRAM_EMBODIED_G_PER_TB
+    dram_lifetime_s: float = 5 * 365 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pue", _at_least("pue", self.pue, 1.0))
@@ -342,6 +348,10 @@ class CarbonParams:
             self, "ssd_embodied_g_per_tb", _non_negative("ssd_embodied_g_per_tb", self.ssd_embodied_g_per_tb)
         )
         object.__setattr__(self, "ssd_lifetime_s", _positive("ssd_lifetime_s", self.ssd_lifetime_s))
+        object.__setattr__(
+            self, "dram_embodied_g_per_tb", _non_negative("dram_embodied_g_per_tb", self.dram_embodied_g_per_tb)
+        )
+        object.__setattr__(self, "dram_lifetime_s", _positive("dram_lifetime_s", self.dram_lifetime_s))
         components = tuple(sorted(self.components, key=lambda spec: spec.key))
         keys = [spec.key for spec in components]
         if len(set(keys)) != len(keys):
@@ -412,7 +422,17 @@ class CarbonParams:
                     )
                 )
         ssd_lifetime_years = ssd.get("lifetime_years")
+        dram = _table(document, "dram_cache", required=False)
+        dram_lifetime_years = dram.get("lifetime_years")
         return cls(
+            dram_embodied_g_per_tb=_non_negative(
+                "dram_cache.embodied_kg_per_tb", dram.get("embodied_kg_per_tb", DEFAULT_DRAM_EMBODIED_G_PER_TB / 1000.0)
+            ) * 1000.0,
+            dram_lifetime_s=(
+                default_lifetime_s
+                if dram_lifetime_years is None
+                else _positive("dram_cache.lifetime_years", dram_lifetime_years) * SECONDS_PER_YEAR
+            ),
             pue=pue,
             default_lifetime_s=default_lifetime_s,
             ssd_embodied_g_per_tb=_non_negative("ssd.embodied_kg_per_tb", ssd.get("embodied_kg_per_tb")) * 1000.0,
@@ -507,6 +527,16 @@ def request_carbon(
     operational = operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci_g_per_kwh, pue=pue)
     embodied = platform.amortised_embodied_g(duration_s=duration) / batch
     return CarbonBreakdown(operational_g=operational, embodied_g=embodied)
+
+
+def cache_tiers_embodied_g(*, dram_bytes: float, disk_bytes: float, duration_s: float, params: CarbonParams) -> float:
+    """Embodied carbon of an allocated DRAM tier and disk (SSD) tier for ``duration_s`` (GreenCache Eq. 4 for each
+    tier, with the tier's own per-TB figure and lifetime; footnote 1 applies Eq. 4 to DRAM)."""
+    disk = cache_embodied_g(allocated_bytes=disk_bytes, duration_s=duration_s, lifetime_s=params.ssd_lifetime_s,
+                            ssd_embodied_g_per_tb=params.ssd_embodied_g_per_tb)
+    dram = cache_embodied_g(allocated_bytes=dram_bytes, duration_s=duration_s, lifetime_s=params.dram_lifetime_s,
+                            ssd_embodied_g_per_tb=params.dram_embodied_g_per_tb)
+    return disk + dram
 
 
 def interval_carbon(

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from greenserve.simulator.perf_model import DEFAULT_PROFILE, PerfModel, list_profiles, load_profile
+from greenserve.simulator.perf_model import DEFAULT_PROFILE, EngineProfile, PerfModel, list_profiles, load_profile
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
 from greenserve.simulator.workloads import Workload
 from greenserve.v1 import common_pb2
@@ -84,14 +84,17 @@ def _attainment_and_energy(profile: str, rate: float, slo: tuple[float, float], 
 
 
 @lru_cache(maxsize=512)
-def predict(profile: str, ttft_s: float, tpot_s: float, target: float, prompt: int, output: int) -> Capability:
-    """Simulator prediction (see the module docstring); deterministic."""
-    model = PerfModel(load_profile(profile))
+def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: float, prompt: int,
+            output: int) -> Capability:
+    """Simulator prediction (see the module docstring); deterministic. ``profile`` is a name of the simulator's
+    data file or a built ``EngineProfile`` (e.g. one scaled to a MIG slice the file has no profile for)."""
+    model = PerfModel(profile if isinstance(profile, EngineProfile) else load_profile(profile))
+    label = profile.name if isinstance(profile, EngineProfile) else profile
     ttft0, tpot0 = model.unloaded_request_s(prompt, output)
     e2e0 = ttft0 + tpot0 * max(output - 1, 0)
     idle_w = model.power_w(0.0)
     if ttft0 > ttft_s or tpot0 > tpot_s:  # not even one request alone meets the SLO
-        return Capability(0.0, idle_w, 0.0, "predicted", f"{profile}: unloaded TTFT {ttft0:.3f} s / TPOT "
+        return Capability(0.0, idle_w, 0.0, "predicted", f"{label}: unloaded TTFT {ttft0:.3f} s / TPOT "
                           f"{tpot0:.4f} s miss the SLO")
     lo, hi = 0.0, max(1.0 / max(e2e0, 1e-3), 0.05)
     energy_lo = math.nan
@@ -111,7 +114,7 @@ def predict(profile: str, ttft_s: float, tpot_s: float, target: float, prompt: i
             hi = mid
     if math.isnan(energy_lo):
         _, energy_lo = _attainment_and_energy(profile, max(lo, hi / 4.0), (ttft_s, tpot_s), prompt, output)
-    return Capability(lo, idle_w, energy_lo if math.isfinite(energy_lo) else 0.0, "predicted", profile)
+    return Capability(lo, idle_w, energy_lo if math.isfinite(energy_lo) else 0.0, "predicted", label)
 
 
 def _percentile_for(target: float) -> str:

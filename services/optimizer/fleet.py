@@ -129,6 +129,7 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
             _fraction(f"{vpath}.quality_fraction", variant.quality_fraction)
             if variant.simulator_model:
                 _name(f"{vpath}.simulator_model", variant.simulator_model)
+                _simulator_model(f"{vpath}.simulator_model", variant.simulator_model)
             if len(variant.vllm_args) > 64 or any(len(a) > 256 or "\n" in a or "\x00" in a for a in variant.vllm_args):
                 raise InvalidArgument(f"{vpath}.vllm_args", "at most 64 arguments of 256 characters, no newline")
         for j, engine in enumerate(pool.engines):
@@ -156,6 +157,39 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
     for i, gpu in enumerate(fleet.gpus):
         if gpu.pool and gpu.pool not in pools:
             raise InvalidArgument(f"fleet.gpus[{i}].pool", f"unknown pool {gpu.pool}")
+        _mig_layout(f"fleet.gpus[{i}]", gpu)
+
+
+def _simulator_model(field: str, name: str) -> None:
+    """A variant's simulator architecture must be one the simulator has (else its capacity cannot be predicted)."""
+    from greenserve.simulator.perf_model import list_profiles
+
+    known = sorted({p.split("@")[0] for p in list_profiles()})
+    if name not in known:
+        raise InvalidArgument(field, f"unknown simulator model {name!r} (known: {', '.join(known)}); without a "
+                                     f"stored profile the variant's capacity could not be predicted")
+
+
+def _mig_layout(path: str, gpu: common_pb2.Gpu) -> None:
+    """A declared MIG layout must be one the GPU can hold (the gpu-partitioner's geometry rules)."""
+    if not gpu.instances:
+        return
+    from greenserve.gpu_partitioner.geometry import LayoutError, Placement, geometry
+
+    name = GPU_HARDWARE.get(gpu.model)
+    if name is None:
+        raise InvalidArgument(f"{path}.instances", "MIG instances on a GPU whose model has no MIG (set model)")
+    geo = geometry(name)
+    placed = []
+    for j, inst in enumerate(gpu.instances):
+        if not geo.has_profile(inst.profile):
+            raise InvalidArgument(f"{path}.instances[{j}].profile", f"{name} has no MIG profile {inst.profile!r}")
+        size = inst.placement_size or geo.profile(inst.profile).memory_slices
+        placed.append(Placement(start=inst.placement_start, size=size, profile=inst.profile))
+    try:
+        geo.validate(placed)
+    except LayoutError as exc:
+        raise InvalidArgument(f"{path}.instances[{max(exc.index, 0)}]", f"a layout {name} cannot hold: {exc}") from None
 
 
 def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import grpc
 from pydantic import Field
@@ -46,7 +46,19 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     routing_headroom_fraction: float = Field(0.9, gt=0, le=1, description="share of an engine's SLO capacity the plan fills")
     routing_load: str = Field("upper", pattern="^(upper|mean)$",
                               description="plan routing for the forecast's upper bound or its mean")
+    cache_solver: str = Field("greencache", pattern="^(greencache|keep)$",
+                              description="cache sizes: the GreenCache ILP, or keep the sizes in force")
+    cache_slo_per_hour: bool = Field(False, description="GreenCache ILP: meet the SLO in every hour, not only over "
+                                     "the horizon (appendix A's global rho)")
     slo_breach_cooldown_s: float = Field(900.0, ge=0, le=86400, description="at most one SLO-breach re-plan per pool per this")
+    mig_solver: str = Field("clover-exact", pattern="^(clover-exact|keep)$",
+                            description="MIG layouts: variants on MIG slices by CLOVER's objective (exact), or keep")
+    mig_change_s: float = Field(180.0, ge=0, le=3600, description="drain + start-up + cache warm-up of one engine "
+                                "a MIG/variant change restarts (charged as idle carbon)")
+    mig_max_ged_per_hour: int = Field(0, ge=0, le=100000, description="bound on the graph edit distance between "
+                                      "consecutive hours' MIG configurations (0: none)")
+    mig_max_accuracy_loss_fraction: float = Field(0.0, ge=0, lt=1, description="cap on the accuracy loss of the "
+                                                  "variants mix (0: none)")
 
 
 # Documented ranges of EstimateCarbonRequest (protos/greenserve/v1/optimizer.proto): within them every
@@ -256,6 +268,11 @@ def plan_status(plans: PlanStore, version: int) -> optimizer_pb2.GetPlanStatusRe
                                                pending_components=pending)
 
 
+def mig_options(settings: OptimizerSettings) -> dict[str, Any]:
+    return {"change_s": settings.mig_change_s, "max_ged_per_hour": settings.mig_max_ged_per_hour or None,
+            "max_accuracy_loss_fraction": settings.mig_max_accuracy_loss_fraction or None}
+
+
 async def build(ctx: ServiceContext) -> list[Registration]:
     settings = ctx.settings
     assert isinstance(settings, OptimizerSettings)
@@ -270,7 +287,9 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         forecast_max_age_s=settings.forecast_max_age_s, solver_timeout_s=settings.solver_timeout_s,
         ci_signal=common_pb2.CARBON_SIGNAL_LIFECYCLE if settings.ci_signal == "lifecycle"
         else common_pb2.CARBON_SIGNAL_DIRECT,
-        solvers=default_solvers(settings.routing_headroom_fraction, settings.routing_load),
+        solvers=default_solvers(settings.routing_headroom_fraction, settings.routing_load,
+                                cache=settings.cache_solver, cache_per_hour_slo=settings.cache_slo_per_hour,
+                                mig=settings.mig_solver, mig_options=mig_options(settings)),
         slo_breach_cooldown_s=settings.slo_breach_cooldown_s,
     )
     await loop.start()

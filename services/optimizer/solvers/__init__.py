@@ -8,14 +8,37 @@ from __future__ import annotations
 
 from typing import Any
 
+from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
+from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
 
 
-def default_solvers(routing_headroom_fraction: float = 0.9, routing_load: str = "upper") -> list[Any]:
+def cache_solver(name: str, per_hour_slo: bool = False) -> Any:
+    """``greencache`` (the GreenCache ILP) or ``keep`` (the cache sizes in force)."""
+    if name == "greencache":
+        return GreenCacheIlp(per_hour_slo=per_hour_slo)
+    if name == "keep":
+        return KeepCurrent("cache_targets")
+    raise ValueError(f"cache solver: must be greencache or keep, got {name!r}")
+
+
+def mig_solver(name: str, headroom_fraction: float = 0.9, load_bound: str = "upper", **options: Any) -> Any:
+    """``clover-exact`` (variants on MIG slices, CLOVER's objective solved exactly) or ``keep`` (layouts in force).
+    ``options``: change_s, max_ged_per_hour, max_accuracy_loss_fraction, gap_rel (``MigVariantsSolver``)."""
+    if name == "clover-exact":
+        return MigVariantsSolver(headroom_fraction=headroom_fraction, load_bound=load_bound, **options)
+    if name == "keep":
+        return KeepCurrent("mig_layouts")
+    raise ValueError(f"mig solver: must be clover-exact or keep, got {name!r}")
+
+
+def default_solvers(routing_headroom_fraction: float = 0.9, routing_load: str = "upper",
+                    cache: str = "greencache", cache_per_hour_slo: bool = False, mig: str = "clover-exact",
+                    mig_options: dict[str, Any] | None = None) -> list[Any]:
     return [
         MinCarbonRouting(headroom_fraction=routing_headroom_fraction, load_bound=routing_load),
-        KeepCurrent("cache_targets"),
-        KeepCurrent("mig_layouts"),
+        cache_solver(cache, cache_per_hour_slo),
+        mig_solver(mig, routing_headroom_fraction, routing_load, **(mig_options or {})),
         KeepCurrent("serving_modes"),
     ]

@@ -43,12 +43,15 @@ def _cache_targets(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
 
 
 def _layout(gpu: common_pb2.Gpu, pool_of: dict[str, str], default_variant: dict[str, str],
-            use_gpu_pool: bool) -> common_pb2.MigLayout:
+            use_gpu_pool: bool, engine_variants: dict[str, str] | None = None) -> common_pb2.MigLayout:
+    engine_variants = engine_variants or {}
     layout = common_pb2.MigLayout(gpu_uuid=gpu.uuid)
     for inst in sorted(gpu.instances, key=lambda i: i.placement_start):
         pool = gpu.pool if use_gpu_pool else pool_of.get(inst.engine_id, gpu.pool if inst.engine_id else "")
+        # An engine already running keeps its own variant (else the enforcer would replace it).
+        variant = engine_variants.get(inst.engine_id, "") or (default_variant.get(pool, "") if pool else "")
         layout.placements.add(profile=inst.profile, start=inst.placement_start, size=inst.placement_size,
-                              pool=pool, model_variant=default_variant.get(pool, "") if pool else "")
+                              pool=pool, model_variant=variant)
     return layout
 
 
@@ -57,6 +60,7 @@ def _mig_layouts(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
     declared = {g.uuid: g for g in (inputs.declared.gpus if inputs.declared is not None else ()) if g.instances}
     pool_of = {e.id: p.name for p in inputs.fleet.pools for e in p.engines}
     default_variant = {p.name: p.variants[0].name for p in inputs.fleet.pools if p.variants}
+    engine_variants = {e.id: e.model_variant for p in inputs.fleet.pools for e in p.engines if e.model_variant}
     out: list[list[Message]] = []
     sources: set[str] = set()
     for hour in kept:
@@ -70,7 +74,8 @@ def _mig_layouts(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
                 layouts.append(_layout(declared[gpu.uuid], pool_of, default_variant, use_gpu_pool=True))
                 sources.add("declared in the fleet")
             elif gpu.mig_enabled and gpu.reported_by != "operator":
-                layouts.append(_layout(gpu, pool_of, default_variant, use_gpu_pool=False))
+                layouts.append(_layout(gpu, pool_of, default_variant, use_gpu_pool=False,
+                                       engine_variants=engine_variants))
                 sources.add("GPU now")
         out.append(layouts)
     return out, " and ".join(sorted(sources))

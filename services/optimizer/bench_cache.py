@@ -1,0 +1,87 @@
+"""`greenserve bench cache-plan`: the GreenCache ILP's solve time and optimality.
+
+Two instances with the shape of real ones (attainment rising with cache size and falling with load, carbon the
+energy at the hour's CI plus the storage's embodied carbon), seeded for reproducibility:
+
+* the paper's decision: 24 h x 17 sizes x 1 pool (GreenCache: 7.03 s per decision), median of ``--repeat`` solves;
+* a fleet week: 168 h x 64 sizes x 16 pools (``--fleet-limit-tb`` couples the pools by a storage limit).
+
+The last line is one JSON object: ``small_solve_s`` (median), ``large_solve_s``, each instance's status and gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from greenserve.common.strict_json import dumps
+from greenserve.optimizer.solvers.cache_greencache import PoolCacheModel, solve_ilp
+
+TB = 10**12
+
+
+def synthetic_models(pools: int, hours: int, sizes: int, seed: int = 0) -> list[PoolCacheModel]:
+    rng = np.random.default_rng(seed)
+    models = []
+    size_list = [int(k * 16 * TB / (sizes - 1)) for k in range(sizes)]
+    frac = np.linspace(0.0, 1.0, sizes)
+    for p in range(pools):
+        load = 2.0 + 1.5 * np.sin(2 * np.pi * (np.arange(hours) + rng.uniform(0, 24)) / 24) + rng.uniform(0, 0.5, hours)
+        ci = 150 + 100 * np.sin(2 * np.pi * (np.arange(hours) + 6) / 24) + rng.uniform(-20, 20, hours)
+        carbon_rows, ttft_rows, tpot_rows = [], [], []
+        for t in range(hours):
+            pressure = load[t] / 4.0
+            ttft = np.clip(0.99 - 0.4 * pressure * (1 - frac) ** 2 + rng.uniform(-0.01, 0.01, sizes), 0, 1)
+            tpot = np.clip(0.995 - 0.2 * pressure * (1 - frac) + rng.uniform(-0.01, 0.01, sizes), 0, 1)
+            energy_kwh = 1.2 * (1 + load[t]) * (1 - 0.25 * frac * pressure)
+            storage_g = np.array(size_list) / TB * 3600 / (5 * 365 * 86400) * 30000
+            carbon_rows.append(list(energy_kwh * ci[t] + storage_g))
+            ttft_rows.append(list(ttft))
+            tpot_rows.append(list(tpot))
+        models.append(PoolCacheModel(f"pool{p}", "disk", size_list, list(load * 3600), carbon_rows, ttft_rows,
+                                     tpot_rows, 0.9, "synthetic", list(ci)))
+    return models
+
+
+def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="solves of the small instance (median reported)")
+    parser.add_argument("--large-pools", type=int, default=16)
+    parser.add_argument("--large-hours", type=int, default=168)
+    parser.add_argument("--large-sizes", type=int, default=64)
+    parser.add_argument("--fleet-limit-tb", type=float, default=0.0,
+                        help="couple the large instance's pools by a fleet storage limit (TB; 0: none)")
+    parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
+    ns = parser.parse_args(argv)
+    if ns.repeat < 1 or min(ns.large_pools, ns.large_hours, ns.large_sizes) < 1 or ns.large_sizes < 2:
+        parser.error("--repeat, --large-pools and --large-hours must be >= 1, --large-sizes >= 2")
+    small = synthetic_models(1, 24, 17)
+    times, status, gap = [], "", 0.0
+    for _ in range(ns.repeat):
+        t0 = time.perf_counter()
+        _, status, _, gap = solve_ilp(small)
+        times.append(time.perf_counter() - t0)
+    print(f"small: 24 h x 17 sizes x 1 pool: median {statistics.median(times):.3f} s ({status}, gap {gap})",
+          file=sys.stderr)
+    large = synthetic_models(ns.large_pools, ns.large_hours, ns.large_sizes, seed=1)
+    if ns.fleet_limit_tb < 0:
+        parser.error("--fleet-limit-tb must be >= 0")
+    limit = int(ns.fleet_limit_tb * TB)
+    t0 = time.perf_counter()
+    _, large_status, _, large_gap = solve_ilp(large, fleet_limit_bytes=limit, time_limit_s=60.0)
+    large_s = time.perf_counter() - t0
+    print(f"large: {ns.large_hours} h x {ns.large_sizes} sizes x {ns.large_pools} pools: {large_s:.2f} s "
+          f"({large_status}, gap {large_gap})", file=sys.stderr)
+    print(dumps({"small_solve_s": statistics.median(times), "small_solve_s_all": times, "small_status": status,
+                 "small_gap": gap, "large_solve_s": large_s, "large_status": large_status, "large_gap": large_gap,
+                 "large_shape": [ns.large_hours, ns.large_sizes, ns.large_pools],
+                 "fleet_limit_tb": ns.fleet_limit_tb}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,315 @@
+"""Cache sizes per pool and hour: the GreenCache ILP (Eq. 6), solved to proven optimality with HiGHS through PuLP.
+
+For every pool whose fleet entry allows a cache tier (``max_cache_disk_bytes``, else ``max_cache_dram_bytes``) the
+candidate sizes are 0, ``cache_step_bytes``, ... up to the limit (at most ``MAX_SIZES``; GreenCache: 1 TB steps up
+to 16 TB). Binary ``x[p, t, k]`` picks size ``k`` for pool ``p`` in hour ``t``:
+
+    minimise   sum x[p,t,k] * ( E[p,t,k] * PUE * CI[p,t]  +  S_k * (T / LT_tier) * C_e,tier )
+    s.t.       sum_k x[p,t,k] = 1                                                      (one size per hour)
+               sum_{t,k} N[p,t] * a_TTFT[p,t,k] * x[p,t,k] >= rho_p * sum_t N[p,t]     (Eq. 6, global rho)
+               sum_{t,k} N[p,t] * a_TPOT[p,t,k] * x[p,t,k] >= rho_p * sum_t N[p,t]
+               (optionally, per hour: only sizes with a_TTFT, a_TPOT >= rho_p)
+               sum_p S[p,t] <= max_cache_storage_bytes of the fleet                   (when set)
+
+``E`` is the energy of the pool's engines in the hour at the forecast rate with that cache (the cache profile's
+power: ``cache_profiles.py``), ``N`` the forecast requests of the hour, ``a`` the profile's attainment at that rate and
+size. The embodied carbon of the GPUs is the same for every size and is left out of the choice (``assemble`` charges
+it). No Cache (every ``k = 0``) and Full Cache (every ``k = max``) are evaluated in the same model, and the plan says
+what the chosen sizes save against both. When no size assignment meets the SLO, the sizes with the highest attainment
+are taken and the plan says the SLO is out of reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from greenserve.common import carbon
+from greenserve.optimizer import cache_profiles
+from greenserve.optimizer.capacity import simulator_profile_name
+from greenserve.optimizer.inputs import engine_hardware, engine_variant, guess_simulator_model
+from greenserve.optimizer.planning import KnobPlan, PlanningInputs
+from greenserve.optimizer.solvers.keep_current import KeepCurrent
+from greenserve.v1 import common_pb2
+
+log = logging.getLogger("greenserve.optimizer.cache")
+
+MAX_SIZES = 64
+DEFAULT_STEP_BYTES = 1 << 30
+TB = 10**12
+GIB = 1 << 30
+
+
+def _size_text(n: int) -> str:
+    return f"{n / TB:.1f} TB" if n >= TB else f"{n / GIB:.1f} GiB"
+
+
+@dataclass
+class PoolCacheModel:
+    """Per hour and size: carbon (g), TTFT and TPOT attainment; requests per hour."""
+
+    pool: str
+    tier: str
+    sizes: list[int]
+    requests: list[float]
+    carbon_g: list[list[float]]
+    ttft: list[list[float]]
+    tpot: list[list[float]]
+    rho: float
+    source: str
+    ci: list[float]
+
+
+def candidate_sizes(limit: int, step: int) -> list[int]:
+    step = step or DEFAULT_STEP_BYTES
+    n = limit // step
+    if n + 1 > MAX_SIZES:  # coarsen the step so the choice stays at MAX_SIZES sizes
+        step = math.ceil(limit / (MAX_SIZES - 1))
+        n = limit // step
+    sizes = [k * step for k in range(int(n) + 1)]
+    if sizes[-1] != limit:
+        sizes.append(limit)
+    return sizes
+
+
+def undominated(m: PoolCacheModel, t: int, per_hour_slo: bool) -> list[int]:
+    """Sizes of hour ``t`` that no other size beats on carbon, TTFT and TPOT attainment at once (a dominated size is
+    never in an optimal solution of Eq. 6: swapping it for its dominator keeps every constraint and lowers carbon;
+    with a fleet storage limit a smaller dominator is required, so domination there also needs size <=)."""
+    n = len(m.sizes)
+    c = np.asarray(m.carbon_g[t])
+    a = np.asarray(m.ttft[t])
+    b = np.asarray(m.tpot[t])
+    z = np.asarray(m.sizes, dtype=np.float64)
+    ok = (a >= m.rho) & (b >= m.rho) if per_hour_slo else np.ones(n, dtype=bool)
+    # dom[j, k]: j is at least as good as k everywhere (and allowed); strictly better somewhere, or equal and first.
+    weak = (c[:, None] <= c[None, :]) & (a[:, None] >= a[None, :]) & (b[:, None] >= b[None, :]) & (
+        z[:, None] <= z[None, :]) & ok[:, None]
+    strict = (c[:, None] < c[None, :]) | (a[:, None] > a[None, :]) | (b[:, None] > b[None, :]) | (z[:, None] < z[None, :])
+    earlier = np.arange(n)[:, None] < np.arange(n)[None, :]
+    dom = weak & (strict | earlier)
+    np.fill_diagonal(dom, False)
+    keep = [k for k in range(n) if ok[k] and not dom[:, k].any()]
+    if not keep:  # no size meets the SLO in this hour: the best-attaining one only
+        keep = [max(range(n), key=lambda k: (min(m.ttft[t][k], m.tpot[t][k]), -k))]
+    return keep
+
+
+def _solve(models: list[PoolCacheModel], options: list[list[list[int]]], *, per_hour_slo: bool,
+           fleet_limit_bytes: int, time_limit_s: float) -> tuple[dict[str, list[int]], str, float, float]:
+    prob = pulp.LpProblem("greencache", pulp.LpMinimize)
+    x: dict[tuple[int, int, int], pulp.LpVariable] = {}
+    objective = []
+    for p, m in enumerate(models):
+        total = sum(m.requests)
+        ttft_terms, tpot_terms = [], []
+        for t in range(len(m.requests)):
+            row = []
+            for k in options[p][t]:
+                var = prob.add_variable(f"x_{p}_{t}_{k}", cat=pulp.LpBinary)
+                x[(p, t, k)] = var
+                row.append(var)
+                objective.append((var, m.carbon_g[t][k]))
+                if total > 0:
+                    ttft_terms.append((var, m.requests[t] * m.ttft[t][k]))
+                    tpot_terms.append((var, m.requests[t] * m.tpot[t][k]))
+            prob += pulp.lpSum(row) == 1, f"one_size_{p}_{t}"
+        if total > 0 and not per_hour_slo:
+            prob += pulp.LpAffineExpression(ttft_terms) >= m.rho * total, f"ttft_rho_{p}"
+            prob += pulp.LpAffineExpression(tpot_terms) >= m.rho * total, f"tpot_rho_{p}"
+    if fleet_limit_bytes > 0 and models:
+        for t in range(len(models[0].requests)):
+            prob += pulp.LpAffineExpression(
+                [(x[(p, t, k)], m.sizes[k]) for p, m in enumerate(models) for k in options[p][t]]
+            ) <= fleet_limit_bytes, f"fleet_storage_{t}"
+    prob += pulp.LpAffineExpression(objective)
+    prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0))
+    status = pulp.LpStatus[prob.status]
+    if status != "Optimal":
+        return {}, status, math.nan, math.nan
+    chosen = {m.pool: [max(options[p][t], key=lambda k: x[(p, t, k)].value() or 0.0) for t in range(len(m.requests))]
+              for p, m in enumerate(models)}
+    gap = 0.0
+    model = getattr(prob, "solverModel", None)
+    if model is not None:
+        try:
+            gap = max(0.0, float(model.getInfo().mip_gap))
+        except Exception:  # noqa: BLE001 - informational
+            gap = 0.0
+    return chosen, status, float(pulp.value(prob.objective) or 0.0), gap
+
+
+def solve_ilp(models: list[PoolCacheModel], *, per_hour_slo: bool = False, fleet_limit_bytes: int = 0,
+              time_limit_s: float = 30.0) -> tuple[dict[str, list[int]], str, float, float]:
+    """Chosen size index per pool and hour, solver status, objective, MIP gap (0 when proven optimal).
+
+    Dominated sizes are removed first. Pools are then solved one by one; only when their optima together exceed
+    the fleet's storage limit in some hour is the joint model solved (the separate optima are the joint optimum
+    whenever they fit: the limit is the only constraint that couples pools)."""
+    options = [[undominated(m, t, per_hour_slo) for t in range(len(m.requests))] for m in models]
+    chosen: dict[str, list[int]] = {}
+    objective = 0.0
+    gap = 0.0
+    for p, m in enumerate(models):
+        picks, status, value, g = _solve([m], [options[p]], per_hour_slo=per_hour_slo, fleet_limit_bytes=0,
+                                         time_limit_s=time_limit_s)
+        if status != "Optimal":
+            return {}, status, math.nan, math.nan
+        chosen.update(picks)
+        objective += value
+        gap = max(gap, g)
+    if fleet_limit_bytes > 0 and models:
+        hours = len(models[0].requests)
+        used = [sum(m.sizes[chosen[m.pool][t]] for m in models) for t in range(hours)]
+        if max(used) > fleet_limit_bytes:
+            return _solve(models, options, per_hour_slo=per_hour_slo, fleet_limit_bytes=fleet_limit_bytes,
+                          time_limit_s=time_limit_s)
+    return chosen, "Optimal", objective, gap
+
+
+def fallback_best_attainment(m: PoolCacheModel) -> list[int]:
+    return [max(range(len(m.sizes)), key=lambda k: (min(m.ttft[t][k], m.tpot[t][k]), -k))
+            for t in range(len(m.requests))]
+
+
+def total_carbon(m: PoolCacheModel, picks: list[int]) -> float:
+    return sum(m.carbon_g[t][k] for t, k in enumerate(picks))
+
+
+def attainment(m: PoolCacheModel, picks: list[int]) -> float:
+    total = sum(m.requests)
+    if total <= 0:
+        return 1.0
+    return min(sum(m.requests[t] * m.ttft[t][k] for t, k in enumerate(picks)),
+               sum(m.requests[t] * m.tpot[t][k] for t, k in enumerate(picks))) / total
+
+
+class GreenCacheIlp:
+    """The GreenCache ILP solver module for the ``cache_targets`` knob."""
+
+    knob = "cache_targets"
+    name = "cache.greencache_ilp"
+
+    def __init__(self, per_hour_slo: bool = False, time_limit_s: float = 8.0) -> None:
+        self.per_hour_slo = per_hour_slo
+        self.time_limit_s = time_limit_s
+
+    def pool_model(self, inputs: PlanningInputs, pool: common_pb2.Pool) -> PoolCacheModel | None:
+        tier = "disk" if pool.max_cache_disk_bytes > 0 else "dram" if pool.max_cache_dram_bytes > 0 else ""
+        if not tier or not pool.engines:
+            return None
+        limit = pool.max_cache_disk_bytes if tier == "disk" else pool.max_cache_dram_bytes
+        sizes = candidate_sizes(limit, pool.cache_step_bytes)
+        engine = pool.engines[0]
+        variant = engine_variant(engine, pool)
+        sim_model = (variant.simulator_model if variant and variant.simulator_model else None) or \
+            guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model) or ""
+        profile, _ = simulator_profile_name(sim_model, engine_hardware(engine, inputs.fleet) or "A100-80GB")
+        n_engines = len(pool.engines)
+        load = inputs.load.get(pool.name)
+        hours = inputs.horizon_hours
+        rates = [(load.mean[h] if load else 0.0) for h in range(hours)]
+        per_engine_peak = max(rates, default=0.0) / n_engines
+        cap = inputs.capabilities.get(engine.id)
+        ladder = cache_profiles.rate_ladder(cap.capacity_requests_per_s if cap else 1.0, per_engine_peak, n=5)
+        grid = cache_profiles.predict_grid(profile, tier, tuple(sizes), ladder, pool.slo.ttft_s, pool.slo.tpot_s)
+        ci = [inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0 for h in range(hours)]
+        pue = inputs.params.pue
+        carbon_rows, ttft_rows, tpot_rows, requests = [], [], [], []
+        for h in range(hours):
+            per_engine = rates[h] / n_engines
+            row_c, row_a, row_b = [], [], []
+            for k, size in enumerate(sizes):
+                a_ttft, a_tpot, power_w = grid.at(k, per_engine)
+                energy_kwh = power_w * n_engines * 3600.0 / 3.6e6
+                storage = carbon.cache_tiers_embodied_g(
+                    dram_bytes=size if tier == "dram" else 0, disk_bytes=size if tier == "disk" else 0,
+                    duration_s=3600.0, params=inputs.params)  # GreenCache Eq. 4 per tier
+                row_c.append(carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci[h], pue=pue) + storage)
+                row_a.append(a_ttft)
+                row_b.append(a_tpot)
+            carbon_rows.append(row_c)
+            ttft_rows.append(row_a)
+            tpot_rows.append(row_b)
+            requests.append(rates[h] * 3600.0)
+        return PoolCacheModel(pool.name, tier, sizes, requests, carbon_rows, ttft_rows, tpot_rows,
+                              pool.slo.attainment_fraction, grid.source, ci)
+
+    @staticmethod
+    def _storage_g(m: PoolCacheModel, size: int, inputs: PlanningInputs) -> float:
+        return carbon.cache_tiers_embodied_g(dram_bytes=size if m.tier == "dram" else 0,
+                                             disk_bytes=size if m.tier == "disk" else 0, duration_s=3600.0,
+                                             params=inputs.params)
+
+    def solve(self, inputs: PlanningInputs) -> KnobPlan:
+        started = time.perf_counter()
+        models = [m for m in (self.pool_model(inputs, p) for p in inputs.fleet.pools) if m is not None]
+        build_s = time.perf_counter() - started
+        hours = inputs.horizon_hours
+        modelled = {m.pool for m in models}
+        # Pools without a declared cache limit keep the sizes in force (the keep-current rule).
+        kept = KeepCurrent("cache_targets").solve(inputs).per_interval
+        per_interval: list[list[common_pb2.CacheTarget]] = [
+            [t for t in kept[h] if t.pool not in modelled] for h in range(hours)]
+        if not models:
+            return KnobPlan(per_interval, detail="no pool declares a cache limit (max_cache_dram/disk_bytes): "
+                                                 "sizes in force kept", status="kept")
+        chosen, status, _, gap = solve_ilp(models, per_hour_slo=self.per_hour_slo,
+                                           fleet_limit_bytes=inputs.fleet.max_cache_storage_bytes,
+                                           time_limit_s=self.time_limit_s)
+        lines = []
+        unreachable = []
+        if not chosen:
+            unreachable = [m.pool for m in models]
+            chosen = {m.pool: fallback_best_attainment(m) for m in models}
+        current = inputs.current_interval(0)
+        for m in models:
+            picks = chosen[m.pool]
+            for h, k in enumerate(picks):
+                size = m.sizes[k]
+                per_interval[h].append(common_pb2.CacheTarget(
+                    pool=m.pool, dram_bytes=size if m.tier == "dram" else 0, disk_bytes=size if m.tier == "disk" else 0))
+            plan_g = total_carbon(m, picks)
+            none_g = total_carbon(m, [0] * hours)
+            full_g = total_carbon(m, [len(m.sizes) - 1] * hours)
+            size0 = m.sizes[picks[0]]
+            was = ""
+            if current is not None:
+                old = next((t for t in current.cache_targets if t.pool == m.pool), None)
+                if old is not None:
+                    old_size = old.disk_bytes if m.tier == "disk" else old.dram_bytes
+                    if old_size != size0:
+                        was = f", was {_size_text(old_size)}"
+            k0 = picks[0] if picks[0] > 0 else min(1, len(m.sizes) - 1)
+            storage_g = self._storage_g(m, m.sizes[k0], inputs)
+            saved_g = m.carbon_g[0][0] - (m.carbon_g[0][k0] - storage_g)
+            if picks[0] == 0:
+                why = (f"CI forecast {m.ci[0]:.0f} g/kWh, so the {m.tier} tier's embodied carbon "
+                       f"({storage_g:.1f} g/h for {_size_text(m.sizes[k0])}) outweighs the energy it would save "
+                       f"({saved_g:.1f} g/h) or the SLO holds without it")
+            else:
+                why = (f"CI forecast {m.ci[0]:.0f} g/kWh: it saves {saved_g:.1f} gCO2e/h of energy for "
+                       f"{storage_g:.1f} g/h of embodied carbon, or the SLO needs it")
+            lines.append(
+                f"pool {m.pool}: {m.tier} cache {_size_text(size0)}{was}: {why}; expected attainment "
+                f"{attainment(m, picks):.2f} (target {m.rho:.2f}); over {hours} h saves "
+                f"{_pct(full_g, plan_g)} vs Full Cache ({_size_text(m.sizes[-1])}) and {_pct(none_g, plan_g)} vs "
+                f"No Cache; profile {m.source}")
+        if unreachable:
+            lines.append("cache: no size assignment meets the SLO for " + ", ".join(unreachable)
+                         + " (HiGHS: infeasible); the best-attaining sizes were taken")
+        detail = (f"{len(models)} pool(s) x {hours} h, {status.lower()} (gap {gap:.2g}), "
+                  f"profiles {build_s:.2f} s, total {time.perf_counter() - started:.2f} s"
+                  + ("; per-hour SLO" if self.per_hour_slo else "; SLO over the horizon (global rho)"))
+        return KnobPlan(per_interval, explanation=lines, detail=detail)
+
+
+def _pct(base: float, plan: float) -> str:
+    if base <= 0:
+        return "0 %"
+    return f"{(base - plan) / base:.1%}"
