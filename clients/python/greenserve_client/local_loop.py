@@ -48,7 +48,9 @@ class LocalLoopOptions:
     pool: str
     model: str = "meta-llama/Meta-Llama-3-8B-Instruct"
     peak_requests_per_s: float = 2.0
-    cache_dram_limit_bytes: int = 1024 * MIB  # the LMCache server's L1 (a smaller one needs a restart command)
+    # 0: the planner keeps the LMCache server's size. A limit lets the GreenCache ILP size the DRAM tier, which on
+    # LMCache 0.5.6 needs a controlled restart (the cache-manager's --lmcache-restart-command).
+    cache_dram_limit_bytes: int = 0
     gpu_wait_s: float = 30.0
 
 

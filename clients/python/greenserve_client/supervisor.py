@@ -190,8 +190,7 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         if fleet.loop and engines:
             try:
                 plan = asyncio.run(start_local_loop({c.info.name: c.address for c in children},
-                                                    LocalLoopOptions(
-                    pool=fleet.pool, cache_dram_limit_bytes=int(fleet.lmcache_l1_size_gb * 1024**3))))
+                                                    LocalLoopOptions(pool=fleet.pool)))
                 print(f"control loop: {first_plan_summary(plan)} (greenserve plan status shows its enforcement)",
                       flush=True)
             except grpc.RpcError as exc:  # the services keep running; the scheduler retries on its own
