@@ -2,9 +2,11 @@
 
 Per point (GreenLLM Sec. V-A, GreenCache Sec. 5.2):
 
-1. the configuration is put in force: its LMCache sizes through the cache-manager's ``ResizeCache`` (when it
-   has cache sizes); the engine must already serve the configuration's model (restarting engines per
-   configuration is not done here: ``prepare`` refuses a configuration the engine does not serve);
+1. the configuration is put in force: with ``spec.engine_url`` the engine there must already serve the
+   configuration's model (``prepare`` refuses one it does not serve); without it, the profiler starts one engine
+   per configuration (``--engine-launcher``: ``greenserve-engine-sim`` with the configuration's simulator
+   profile, or ``vllm serve`` with its model, flags as the gpu-partitioner's launcher writes them) and stops it
+   after the configuration's ladder; then its LMCache sizes through the cache-manager's ``ResizeCache``;
 2. open-loop arrivals at the rate (Poisson, or the trace's inter-arrivals rescaled): cache pre-fill and
    warm-up requests first (not measured), then the measured requests; every request is a streamed
    ``/v1/completions`` call with the workload's prompt as token ids (shared prefix blocks get the same ids,
@@ -32,9 +34,9 @@ import httpx
 import numpy as np
 
 from greenserve.common.client import ChannelConfig, create_channel
-from greenserve.common.errors import FailedPrecondition
+from greenserve.common.errors import FailedPrecondition, InvalidArgument
 from greenserve.profiler import engine_metrics, workload_catalog
-from greenserve.profiler.keys import simulator_profile
+from greenserve.profiler.keys import simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
 from greenserve.profiler.power import NvmlPowerMeter, load_nvml
@@ -74,6 +76,9 @@ class EngineBackend:
         self._nvml = nvml
         self._nvml_note = ""
         self._served: list[str] = []
+        self._url = ""  # the engine the profiler started for the configuration in measurement
+        self._supervisor: Any = None
+        self._launch_note = ""
         #: the last point's /metrics window and its means (the bench compares them with client-side figures)
         self.last_window: engine_metrics.WindowMetrics | None = None
         #: CPU seconds this process used per wall second during the last window (> ~0.8: the client may be the
@@ -120,8 +125,63 @@ class EngineBackend:
 
     # -- Backend protocol ---------------------------------------------------------------------------
 
+    def _launcher(self, spec: profiler_pb2.SweepSpec) -> Any:
+        from greenserve.gpu_partitioner.engine_launch import make_launcher
+
+        s = self.settings
+        return make_launcher(s.engine_launcher, time_scale=spec.engine_modelled_s_per_wall_s or 1.0,
+                             gpu_memory_utilization=s.engine_gpu_memory_utilization)
+
+    def _engine_spec(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig, port: int) -> Any:
+        from greenserve.gpu_partitioner.engine_launch import EngineSpec
+
+        hardware = config.hardware + (f"-MIG-{config.mig_profile}" if config.mig_profile else "")
+        try:
+            short = simulator_profile_name(config).split("@", 1)[0]
+        except ValueError:
+            short = config.model
+        return EngineSpec(engine_id="profiler-" + short, pool="profiler", served_model=config.model,
+                          variant=config.model_variant, model=config.model, simulator_model=short, vllm_args=(),
+                          gpu_uuid="", mig_uuid=self.settings.engine_cuda_visible_devices, hardware=hardware,
+                          host="127.0.0.1", port=port)
+
+    async def _launch(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
+        """Stop the engine of the previous configuration and start this one's; its URL."""
+        from greenserve.gpu_partitioner.engine_launch import EngineSupervisor, parse_port_range
+
+        if self._supervisor is None:
+            self._supervisor = EngineSupervisor(self._launcher(spec), port_range=parse_port_range(
+                self.settings.engine_port_range), log_dir=self.settings.engine_log_dir)
+        await self._supervisor.stop_all()
+        engine = await self._supervisor.start(self._engine_spec(spec, config, self._supervisor.next_port()))
+        await self._supervisor.wait_healthy(engine, self.settings.engine_start_timeout_s)
+        self._launch_note = "engine started by the profiler: " + " ".join(engine.command.argv)
+        if engine.command.note:
+            self._launch_note += f" ({engine.command.note})"
+        self._url, self._served = engine.spec.url, [config.model]
+        return self._url
+
+    def _base(self, spec: profiler_pb2.SweepSpec) -> str:
+        return (spec.engine_url or self._url).rstrip("/")
+
     async def prepare(self, spec: profiler_pb2.SweepSpec) -> None:
-        """The engine answers and serves every configuration's model; the cache server is registered."""
+        """The engine answers and serves every configuration's model (or the profiler can start one per
+        configuration); the cache server is registered."""
+        if not spec.engine_url:
+            if self.settings.engine_launcher == "none":
+                raise FailedPrecondition("required: this profiler starts no engines (--engine-launcher none)",
+                                         field="spec.engine_url")
+            launcher = self._launcher(spec)
+            for i, config in enumerate(spec.configs):
+                if config.serving_mode not in (common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE):
+                    raise InvalidArgument(f"spec.configs[{i}].serving_mode",
+                                          "the profiler starts STANDALONE engines only")
+                try:
+                    launcher.command(self._engine_spec(spec, config, 0))
+                except ValueError as exc:
+                    raise InvalidArgument(f"spec.configs[{i}]", str(exc)) from None
+            await self._check_cache_server(spec)
+            return
         base = spec.engine_url.rstrip("/")
         try:
             reply = await self._http().get(f"{base}/v1/models", timeout=PROBE_TIMEOUT_S)
@@ -135,6 +195,9 @@ class EngineBackend:
                 raise FailedPrecondition(
                     f"the engine serves {self._served}, not {config.model!r}; restarting engines per configuration "
                     "is not done by the profiler (start one engine per model)", field=f"spec.configs[{i}].model")
+        await self._check_cache_server(spec)
+
+    async def _check_cache_server(self, spec: profiler_pb2.SweepSpec) -> None:
         if spec.cache_server_id:
             channel, stub = await self._cache_manager()
             try:
@@ -150,10 +213,14 @@ class EngineBackend:
                                          field="spec.cache_server_id")
 
     async def apply_config(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
-        if not self._served:
+        notes = []
+        if not spec.engine_url:
+            await self._launch(spec, config)
+            notes.append(self._launch_note)
+        elif not self._served:
             await self.prepare(spec)
         if not (config.cache_dram_bytes or config.cache_disk_bytes) or not spec.cache_server_id:
-            return ""
+            return "; ".join(notes)
         channel, stub = await self._cache_manager()
         try:
             request = cache_manager_pb2.ResizeCacheRequest(server_id=spec.cache_server_id,
@@ -165,12 +232,13 @@ class EngineBackend:
             await channel.close()
         if not reply.result.applied:
             raise RuntimeError(f"cache-manager could not resize {spec.cache_server_id}: {reply.result.detail}")
-        return (f"cache set through the cache-manager: server {spec.cache_server_id} DRAM {reply.result.dram_bytes} B, "
-                f"disk {reply.result.disk_bytes} B")
+        notes.append(f"cache set through the cache-manager: server {spec.cache_server_id} DRAM "
+                     f"{reply.result.dram_bytes} B, disk {reply.result.disk_bytes} B")
+        return "; ".join(notes)
 
     def provenance(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> tuple[str, str]:
         scale = spec.engine_modelled_s_per_wall_s or 1.0
-        note = f"engine {spec.engine_url} (model {self._served_model(config) or config.model})"
+        note = f"engine {spec.engine_url or self._url} (model {self._served_model(config) or config.model})"
         if scale != 1.0:
             note += f", time scale {scale:g} (latencies in modelled seconds)"
         if self._nvml_note:
@@ -178,6 +246,8 @@ class EngineBackend:
         return note, ""
 
     async def close(self) -> None:
+        if self._supervisor is not None:
+            await self._supervisor.stop_all()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -240,9 +310,9 @@ class EngineBackend:
 
     async def measure(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig, rate_per_s: float,
                       method: Method) -> common_pb2.ProfilePoint:
-        base = spec.engine_url.rstrip("/")
         if not self._served:
-            await self.prepare(spec)
+            await self.apply_config(spec, config)
+        base = self._base(spec)
         model = self._served_model(config) or config.model
         scale = spec.engine_modelled_s_per_wall_s or 1.0
         warmup = method.warmup_requests(rate_per_s) + method.cache_prefill_requests

@@ -13,6 +13,12 @@ class EngineSettingsView:
     cache_manager_addr: str = "127.0.0.1:50054"
     tls_ca: Path | None = None
     auth_token: str | None = None
+    engine_launcher: str = "none"
+    engine_port_range: str = "8200-8299"
+    engine_start_timeout_s: float = 600.0
+    engine_cuda_visible_devices: str = ""
+    engine_gpu_memory_utilization: float = 0.9
+    engine_log_dir: Path | None = None
 
     def token(self) -> str | None:
         return self.auth_token

@@ -77,7 +77,7 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
         raise InvalidArgument(f"{field}.model_version", "a calibrated model version is for the SIMULATOR backend")
     if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE:
         url = urlparse(spec.engine_url)
-        if url.scheme not in ("http", "https") or not url.netloc:
+        if spec.engine_url and (url.scheme not in ("http", "https") or not url.netloc):
             raise InvalidArgument(f"{field}.engine_url", f"must be an http(s) base URL, got {spec.engine_url!r}")
         if any(c.cache_dram_bytes or c.cache_disk_bytes for c in spec.configs) and not spec.cache_server_id:
             raise InvalidArgument(f"{field}.cache_server_id",

@@ -129,3 +129,32 @@ async def test_engine_sweep_against_emulator_with_cache_via_cache_manager(
             assert len((await stub.ListSweeps(profiler_pb2.ListSweepsRequest())).sweeps) == 1
     finally:
         await emu.stop()
+
+
+async def test_engine_per_configuration_started_by_the_profiler(profiler) -> None:
+    """Without an engine URL the profiler starts an emulated engine per configuration (its hardware's profile)."""
+    stub = await profiler(import_published=False, engine_launcher="emulator", nvml_power="off")
+    spec = profiler_pb2.SweepSpec(
+        backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_modelled_s_per_wall_s=5.0, workload="sharegpt",
+        request_rates_per_s=[2.0], point_duration_s=5.0, seed=2,
+        slo=common_pb2.Slo(ttft_s=0.2, tpot_s=0.08, attainment_fraction=0.9),
+        configs=[config(), config(hardware="A100-80GB")],
+        method=common_pb2.ProfileMethod(warmup_s=1.0))
+    sweep = (await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))).sweep
+    final = await wait_state(stub, sweep.id, {profiler_pb2.SWEEP_STATE_SUCCEEDED, profiler_pb2.SWEEP_STATE_FAILED},
+                             timeout_s=120)
+    assert final.state == profiler_pb2.SWEEP_STATE_SUCCEEDED, final.error
+    profiles = {}
+    for pid in final.profile_ids:
+        key, version = pid.rsplit("@", 1)
+        profiles[key] = (await stub.GetProfile(profiler_pb2.GetProfileRequest(config_key=key))).profile
+    h100 = profiles["llama3-8b@H100-80GB|workload=sharegpt"]
+    a100 = profiles["llama3-8b@A100-80GB|workload=sharegpt"]
+    assert "--profile llama3-8b@H100-80GB" in h100.note and "--profile llama3-8b@A100-80GB" in a100.note
+    # decode is bandwidth-bound: the A100 (2.0 TB/s) engine is slower per token than the H100 (3.35 TB/s) one
+    assert a100.points[0].tpot_mean_s > 1.3 * h100.points[0].tpot_mean_s
+    # without a launcher an engine sweep needs its URL
+    other = await profiler(import_published=False)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await other.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "spec.engine_url" in err.value.details()
