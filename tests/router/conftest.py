@@ -73,3 +73,6 @@ async def router(start_inprocess: Callable[..., Any]) -> AsyncIterator[Callable[
     yield start
     for channel in channels:
         await channel.close()
+
+
+from tests.optimizer.conftest import forecaster  # noqa: E402,F401  (the optimizer-down test needs one)
