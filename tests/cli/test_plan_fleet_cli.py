@@ -184,12 +184,20 @@ async def test_plan_commands(forecaster: Any, optimizer: Any, capsys: pytest.Cap
     assert code == 2 and "--horizon-hours" in err
 
 
-def test_plan_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["show", "abc"], ["activate", "0"], ["diff", "1"], ["status", "--timeout-s", "0"]):
         with pytest.raises(SystemExit) as exit_:
             plan_cli.main(argv)
         assert exit_.value.code == 2, argv
     capsys.readouterr()
+    # Through the top-level `greenserve` parser, which delegates both groups.
+    from greenserve_client import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["plan", "activate", "-3"])
+    assert exit_.value.code == 2 and "VERSION" in capsys.readouterr().err
+    assert cli.main(["fleet", "set", str(tmp_path / "missing.yaml"), "--optimizer-addr", "127.0.0.1:9"]) == 2
+    assert "cannot read" in capsys.readouterr().err
 
 
 def test_bench_plan_small_fleet(capsys: pytest.CaptureFixture[str]) -> None:
