@@ -45,6 +45,7 @@ from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2,
 log = logging.getLogger("greenserve.profiler.engine")
 
 PROBE_TIMEOUT_S = 3.0
+RESIZE_TIMEOUT_S = 600.0  # a size change is a controlled LMCache restart; the cache-manager bounds it itself
 VOCAB_LOW, VOCAB_HIGH = 100, 30_000  # token ids every Llama tokenizer (32k or 128k vocab) accepts
 
 
@@ -227,7 +228,7 @@ class EngineBackend:
                                                            dram_bytes=config.cache_dram_bytes)
             if config.cache_disk_bytes:
                 request.disk_bytes = config.cache_disk_bytes
-            reply = await stub.ResizeCache(request, timeout=120)
+            reply = await stub.ResizeCache(request, timeout=RESIZE_TIMEOUT_S)
         finally:
             await channel.close()
         if not reply.result.applied:

@@ -108,7 +108,7 @@ async def test_engine_sweep_against_emulator_with_cache_via_cache_manager(
                                                 stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
             sweep = (await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))).sweep
             final = await wait_state(stub, sweep.id, {profiler_pb2.SWEEP_STATE_SUCCEEDED, profiler_pb2.SWEEP_STATE_FAILED,
-                                                      profiler_pb2.SWEEP_STATE_CANCELLED}, timeout_s=120)
+                                                      profiler_pb2.SWEEP_STATE_CANCELLED}, timeout_s=400)
             assert final.state == profiler_pb2.SWEEP_STATE_SUCCEEDED, final.error
             assert lmcache_server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"] == target
             key, version = final.profile_ids[0].rsplit("@", 1)
