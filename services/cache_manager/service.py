@@ -139,9 +139,10 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 continue
             self.indexes[pool] = index
             self._cur_id[pool], self._prev_id[pool] = cur, prev
-        after = 0 if rebuilt else min((ix.journal_id for ix in self.indexes.values()), default=0)
+        # The whole journal kept (pruning bounds it): a pool without any checkpoint (new since the last round,
+        # or rebuilt) may have events older than another pool's checkpoint.
         replayed = 0
-        for event_id, ev in journal.replay(self.ctx.db, after):
+        for event_id, ev in journal.replay(self.ctx.db, 0):
             index = self.indexes.get(ev.pool)
             if index is not None and event_id <= index.journal_id:
                 continue
@@ -189,10 +190,13 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         return await _run_to_end(self._checkpoint())
 
     async def _checkpoint(self) -> int:
+        # One pool at a time under the lock (writers wait for one pool's file at most: about 0.5 s per
+        # million entries), then the prune floor from every pool's state, under the lock again.
         written = 0
-        async with self._lock:
-            floor = self.last_event_id
-            for pool, index in list(self.indexes.items()):
+        self._events_since_checkpoint = 0
+        for pool in list(self.indexes):
+            async with self._lock:
+                index = self.indexes[pool]
                 cur = self._cur_id.get(pool)
                 if cur is None or index.journal_id > cur:
                     if cur is not None:
@@ -203,10 +207,12 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 elif self._prev_id.get(pool) != cur:
                     await asyncio.to_thread(self.snapshots.copy_current_to_previous, pool)
                     self._prev_id[pool] = cur
-                prev = self._prev_id.get(pool)
-                if not (prev == self._cur_id[pool] == index.journal_id):
+        async with self._lock:
+            floor = self.last_event_id
+            for pool, index in self.indexes.items():
+                prev, cur = self._prev_id.get(pool), self._cur_id.get(pool)
+                if not (prev == cur == index.journal_id):  # else both files hold every event of the pool
                     floor = min(floor, prev or 0)
-            self._events_since_checkpoint = 0
             self.checkpoints += 1
             await asyncio.to_thread(journal.prune, self.ctx.db, floor)
         return written

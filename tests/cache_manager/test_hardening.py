@@ -339,3 +339,21 @@ async def test_a_stream_past_the_limit_is_refused_without_reading_further() -> N
     with pytest.raises(InvalidArgument) as exc:
         await read_stream(endless())
     assert exc.value.field == "events" and sent == MAX_EVENTS_PER_STREAM + 1
+
+
+async def test_a_pool_without_checkpoint_is_replayed_whole(start_inprocess, tmp_path) -> None:
+    """A pool with no checkpoint file (created while a checkpoint round was writing the others) gets every
+    journaled event back, also those older than another pool's checkpoint."""
+    svc, channel, stub = await _start(start_inprocess, tmp_path)
+    await stub.ReportAccesses(_stream([_store("young", f"{i:04x}") for i in range(5)]))  # journal ids 1-5
+    await stub.ReportAccesses(_stream([_store("old", f"{i:04x}") for i in range(5)]))  # ids 6-10
+    await channel.close()
+    await svc.server.stop(0)
+    index_dir = tmp_path / "cm" / "cache_index"
+    (index_dir / "young.npz").unlink()  # as if its first checkpoint had not been written yet
+    svc2, channel2, stub2 = await _start(start_inprocess, tmp_path)
+    try:
+        assert await _keys(stub2, "young") == {f"{i:04x}" for i in range(5)}
+        assert await _keys(stub2, "old") == {f"{i:04x}" for i in range(5)}
+    finally:
+        await channel2.close()
