@@ -59,6 +59,9 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
                                       "consecutive hours' MIG configurations (0: none)")
     mig_max_accuracy_loss_fraction: float = Field(0.0, ge=0, lt=1, description="cap on the accuracy loss of the "
                                                   "variants mix (0: none)")
+    mig_resolve_change_fraction: float = Field(0.05, ge=0, le=10, description="within a plan, re-solve an hour's MIG "
+                                               "layouts when its CI or load moved more than this since the last "
+                                               "solve (CLOVER: 5 %; 0: every hour)")
 
 
 # Documented ranges of EstimateCarbonRequest (protos/greenserve/v1/optimizer.proto): within them every
@@ -270,7 +273,9 @@ def plan_status(plans: PlanStore, version: int) -> optimizer_pb2.GetPlanStatusRe
 
 def mig_options(settings: OptimizerSettings) -> dict[str, Any]:
     return {"change_s": settings.mig_change_s, "max_ged_per_hour": settings.mig_max_ged_per_hour or None,
-            "max_accuracy_loss_fraction": settings.mig_max_accuracy_loss_fraction or None}
+            "max_accuracy_loss_fraction": settings.mig_max_accuracy_loss_fraction or None,
+            "resolve_change_fraction": settings.mig_resolve_change_fraction,
+            "time_budget_s": 0.8 * settings.solver_timeout_s}
 
 
 async def build(ctx: ServiceContext) -> list[Registration]:

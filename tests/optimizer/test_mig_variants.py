@@ -190,9 +190,11 @@ def test_annealing_and_random_search_never_beat_the_optimum() -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _inputs(fleet: common_pb2.FleetInventory, load: float, hours: int = 2) -> PlanningInputs:
+def _inputs(fleet: common_pb2.FleetInventory, load: float, ci_values: tuple[float, ...] = (300.0, 500.0)
+            ) -> PlanningInputs:
+    hours = len(ci_values)
     flat = SeriesForecast((load,) * hours, (load,) * hours, (load,) * hours)
-    ci = SeriesForecast((300.0, 500.0)[:hours], (300.0, 500.0)[:hours], (300.0, 500.0)[:hours])
+    ci = SeriesForecast(ci_values, ci_values, ci_values)
     return PlanningInputs(start_s=0.0, horizon_hours=hours, fleet=fleet, ci={"R": ci}, load={"chat": flat},
                           capabilities={}, params=carbon.load_default_params(), gpu_platform={},
                           carbon_weight_fraction=0.5)
@@ -223,7 +225,11 @@ def test_solver_plans_valid_layouts_with_variants_and_leaves_other_gpus() -> Non
         # 3 req/s needs engines; a GPU that no load needs may stay without (starting engines costs carbon).
         assert engines and all(p.pool == "chat" and p.model_variant in names for p in engines)
     assert any("pool chat, hour 0" in line for line in plan.explanation)
-    assert "proven optimal" in plan.detail
+    assert "2 pool-hour(s) solved (each proven optimal)" in plan.detail
+    # CI within 5 % of the last solve (CLOVER's trigger): the hour keeps the configuration, unsolved.
+    steady = solver.solve(_inputs(fleet, load=3.0, ci_values=(300.0, 310.0, 400.0)))
+    assert "2 pool-hour(s) solved" in steady.detail and "1 kept" in steady.detail
+    assert list(steady.per_interval[1]) == list(steady.per_interval[0])
 
 
 def test_variant_without_profile_or_simulator_model_is_refused_naming_the_field() -> None:

@@ -23,7 +23,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement, geometry
@@ -291,7 +291,8 @@ def ged(a: dict[tuple[str, str], int], b: dict[tuple[str, str], int]) -> int:
     return sum(abs(a.get(k, 0) - b.get(k, 0)) for k in set(a) | set(b))
 
 
-def restarts(current: Iterable[tuple[Placement, str]], pattern: Pattern
+@lru_cache(maxsize=65536)
+def restarts(current: tuple[tuple[Placement, str], ...], pattern: Pattern
              ) -> tuple[list[tuple[str, str]], tuple[Placement, ...], list[str]]:
     """The fewest engines a GPU in state ``current`` ((placement, variant) per instance) must (re)start to take
     ``pattern`` (as (profile, variant)), with the concrete layout that achieves it and the variant per placement of

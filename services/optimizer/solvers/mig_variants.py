@@ -508,7 +508,8 @@ class MigVariantsSolver:
 
     def __init__(self, *, headroom_fraction: float = 0.9, load_bound: str = "upper", change_s: float = DEFAULT_CHANGE_S,
                  max_ged_per_hour: int | None = None, max_accuracy_loss_fraction: float | None = None,
-                 gap_rel: float = 0.0, time_limit_s: float | None = None) -> None:
+                 gap_rel: float = 0.0, time_limit_s: float | None = None, resolve_change_fraction: float = 0.05,
+                 time_budget_s: float = 8.0) -> None:
         if not 0 < headroom_fraction <= 1:
             raise ValueError("headroom_fraction: must be in (0, 1]")
         if change_s < 0 or not math.isfinite(change_s):
@@ -522,6 +523,8 @@ class MigVariantsSolver:
         self.max_loss = max_accuracy_loss_fraction
         self.gap_rel = gap_rel
         self.time_limit_s = time_limit_s
+        self.resolve_change = resolve_change_fraction
+        self.time_budget_s = time_budget_s
 
     def solve(self, inputs: PlanningInputs) -> KnobPlan:
         started = time.perf_counter()
@@ -529,6 +532,7 @@ class MigVariantsSolver:
         hours: list[dict[str, common_pb2.MigLayout]] = [{m.gpu_uuid: m for m in h} for h in kept]
         in_force = hours[0] if hours else {}
         lines: list[str] = []
+        kept_hours = solved_hours = 0
         planned_pools = 0
         worst_gap = 0.0
         n_gpus = 0
@@ -544,10 +548,15 @@ class MigVariantsSolver:
             states = [list(g.states) for g in setup.groups]
             previous_graph = None
             previous: Solution | None = None
+            last: tuple[float, float, float] | None = None  # (load, CI, capacity) of the last hour solved
             for h in range(inputs.horizon_hours):
                 load = (fc.upper[h] if self.load_bound == "upper" else fc.mean[h]) if fc else 0.0
                 load_mig = max(0.0, load - setup.fixed_capacity_rps)
                 ci_h = ci.mean[h] if ci else 0.0
+                if h > 0 and last is not None and self._keep(last, load_mig, ci_h, started):
+                    kept_hours += 1
+                    hours[h].update({uuid: hours[h - 1][uuid] for g in setup.groups for uuid in g.uuids})
+                    continue
                 problem = problem_for(setup, states, load_mig, ci_h, base_ci or ci_h or 1.0, inputs.params.pue,
                                       inputs.carbon_weight_fraction, headroom=self.headroom,
                                       max_accuracy_loss=self.max_loss, change_s=self.change_s, max_ged=self.max_ged,
@@ -562,15 +571,38 @@ class MigVariantsSolver:
                 states = new_states
                 previous_graph = graph_of(problem, solution)
                 previous = solution
+                solved_hours += 1
+                capacity = sum(problem.headroom * problem.options[k].capacity_requests_per_s * n
+                               for k, n in previous_graph.items())
+                last = (load_mig, ci_h, capacity)
         per_interval = [[m for _, m in sorted(hour.items(), key=lambda kv: order_key(inputs, kv[0]))] for hour in hours]
         took = time.perf_counter() - started
         if not planned_pools:
             return KnobPlan(per_interval, detail="MIG layouts kept: no pool has MIG-capable GPUs assigned",
                             status="kept")
         detail = (f"CLOVER objective (lambda {inputs.carbon_weight_fraction:g}) solved exactly (PuLP + HiGHS) for "
-                  f"{planned_pools} pool(s), {n_gpus} GPU(s) over {inputs.horizon_hours} h in {took:.2f} s"
-                  + (f"; worst MIP gap {worst_gap:.2%}" if worst_gap > 0 else "; every hour proven optimal"))
+                  f"{planned_pools} pool(s), {n_gpus} GPU(s) over {inputs.horizon_hours} h in {took:.2f} s: "
+                  f"{solved_hours} pool-hour(s) solved"
+                  + (f" (worst MIP gap {worst_gap:.2%})" if worst_gap > 0 else " (each proven optimal)")
+                  + (f", {kept_hours} kept the previous hour's configuration (CI and load within "
+                     f"{self.resolve_change:.0%} of the last solve, CLOVER's re-optimisation trigger, or the "
+                     f"{self.time_budget_s:g} s budget spent)" if kept_hours else ""))
         return KnobPlan(per_interval, explanation=lines, detail=detail)
+
+
+    def _keep(self, last: tuple[float, float, float], load: float, ci: float, started: float) -> bool:
+        """Keep the previous hour's configuration: the SLA still holds with it and either CI and load moved less
+        than ``resolve_change_fraction`` since the last solve, or the time budget is spent."""
+        last_load, last_ci, capacity = last
+        if load > capacity + 1e-9:
+            return False
+        if time.perf_counter() - started > self.time_budget_s:
+            return True
+
+        def moved(new: float, old: float) -> bool:
+            return abs(new - old) > self.resolve_change * max(abs(old), 1e-9)
+
+        return not (moved(ci, last_ci) or moved(load, last_load))
 
 
 def order_key(inputs: PlanningInputs, uuid: str) -> int:
