@@ -174,7 +174,7 @@ def _finite_mean(values: list[float]) -> float:
 
 
 async def fetch_profiles(channel: grpc.aio.Channel | None, notes: list[str],
-                         timeout_s: float = 10.0) -> list[common_pb2.Profile]:
+                         timeout_s: float = 3.0) -> list[common_pb2.Profile]:
     if channel is None:
         return []
     try:
@@ -273,7 +273,7 @@ def gpu_platforms(fleet: common_pb2.FleetInventory, params: carbon.CarbonParams,
 
 
 async def fetch_cache_sizes(channel: grpc.aio.Channel | None, notes: list[str],
-                            timeout_s: float = 10.0) -> dict[str, tuple[int, int]]:
+                            timeout_s: float = 3.0) -> dict[str, tuple[int, int]]:
     """Per pool, the largest (DRAM, disk) sizes its LMCache servers hold now."""
     if channel is None:
         return {}
@@ -298,20 +298,26 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
     notes: list[str] = []
     if not fleet.pools:
         raise FailedPrecondition("the fleet has no pools: set one with SetFleet (greenserve fleet set)")
+    regions = sorted({p.region for p in fleet.pools})
+    ci_refs = [common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region,
+                                    carbon_signal=forecasts.ci_signal, unit=common_pb2.UNIT_G_PER_KWH)
+               for region in regions]
+    load_refs = [common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool.load_series_key or pool.name,
+                                      unit=common_pb2.UNIT_REQUESTS_PER_S) for pool in fleet.pools]
+    # Every series at once (one round trip's latency, not one per series); notes keep the series order.
+    per_series_notes: list[list[str]] = [[] for _ in ci_refs + load_refs]
+    fetched = await asyncio.gather(*(forecasts.get(ref, start_s, hours, now_s, per_series_notes[i])
+                                     for i, ref in enumerate(ci_refs + load_refs)))
+    for lines in per_series_notes:
+        notes.extend(lines)
     ci: dict[str, SeriesForecast] = {}
-    for region in sorted({p.region for p in fleet.pools}):
-        ref = common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region,
-                                   carbon_signal=forecasts.ci_signal, unit=common_pb2.UNIT_G_PER_KWH)
-        fc = await forecasts.get(ref, start_s, hours, now_s, notes)
+    for region, fc in zip(regions, fetched[:len(ci_refs)]):
         if fc is None:
             raise FailedPrecondition(f"no carbon-intensity series for region {region} at the forecaster: ingest "
                                      f"one (greenserve forecast ingest) before planning")
         ci[region] = fc
     load: dict[str, SeriesForecast] = {}
-    for pool in fleet.pools:
-        ref = common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool.load_series_key or pool.name,
-                                   unit=common_pb2.UNIT_REQUESTS_PER_S)
-        fc = await forecasts.get(ref, start_s, hours, now_s, notes)
+    for pool, fc in zip(fleet.pools, fetched[len(ci_refs):]):
         if fc is not None:
             load[pool.name] = fc
     profiles = await fetch_profiles(profiler, notes)
