@@ -213,23 +213,28 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             period = max(1, 86_400 // res)
             outcome = await self.pool.fit(self.settings.forecast_model, grid, period, first,
                                           self.holidays_of(state.key))
-            model = fitting.load_blob(outcome.blob)
+            model = await asyncio.to_thread(fitting.load_blob, outcome.blob)  # unpickling re-runs a filter
             history_end = first + (len(grid) - 1) * res
             async with self._lock:  # no ingest between the swap and the replay of points that came meanwhile
                 await asyncio.to_thread(self._persist_fit, state, outcome, history_end)
-                with state.lock:
-                    state.model, state.model_name = model, outcome.model_name
-                    state.history_end_s, state.fitted_at_s = history_end, time.time()
-                    state.fit_version += 1
-                    state.updates, state.stale = 0, False
-                    state.cache.clear()
-                    self._replay_after_fit(state)
+                await asyncio.to_thread(self._swap_in, state, model, outcome.model_name, history_end)
             log.info("series %s/%s: fitted %s in %.2fs", state.key.key, state.key.signal, outcome.model_name,
                      outcome.fit_s)
         except Exception:
             log.exception("series %s: fit failed; serving the previous fit", state.key)
         finally:
             state.fitting = False
+
+    def _swap_in(self, state: SeriesState, model: Model, model_name: str, history_end_s: int) -> None:
+        """Serve a new fit, then feed it the points stored since its history (a worker thread: the replay reads
+        the database and filters)."""
+        with state.lock:
+            state.model, state.model_name = model, model_name
+            state.history_end_s, state.fitted_at_s = history_end_s, time.time()
+            state.fit_version += 1
+            state.updates, state.stale = 0, False
+            state.cache.clear()
+            self._replay_after_fit(state)
 
     def _last_time(self, series_id: int) -> int | None:
         from sqlalchemy import func
@@ -420,7 +425,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             steps = (step_now - state.history_end_s) // state.resolution_s
             if steps > MAX_HORIZON_STEPS:
                 raise FailedPrecondition(f"latest point of {region} is {steps} steps old; nothing current to give")
-            pred = self._prediction(state, int(steps), DEFAULT_COVERAGE_FRACTION)
+            pred = await asyncio.to_thread(self._prediction, state, int(steps), DEFAULT_COVERAGE_FRACTION)
             value, at, forecast = float(pred.mean[-1]), step_now, True
         return forecaster_pb2.GetCurrentCarbonIntensityResponse(carbon_intensity=common_pb2.CarbonIntensity(
             region=region, carbon_signal=signal, ci_g_per_kwh=value, time=ts_proto(at), forecast=forecast))
