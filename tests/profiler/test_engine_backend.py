@@ -5,8 +5,10 @@ server."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import grpc
+import httpx
 import pytest
 
 from greenserve.cache_manager.service import CacheManagerSettings
@@ -118,7 +120,7 @@ async def test_engine_sweep_against_emulator_with_cache_via_cache_manager(
             assert len(profile.points) == 2
             for point in profile.points:
                 assert point.requests == int(point.request_rate_per_s * 4.0) and point.failed_requests == 0
-                assert 0 < point.ttft_p50_s and 0 < point.tpot_p50_s < 0.1
+                assert 0 < point.ttft_p50_s and 0 < point.tpot_p50_s
                 assert point.power_source == "nvml_power_samples" and point.power_w == 60.0
                 assert 0 <= point.cache_hit_fraction <= 1 and point.mean_batch_size > 0
             # bad engine URL of the same spec: FAILED_PRECONDITION naming the field, nothing stored
@@ -151,10 +153,21 @@ async def test_engine_per_configuration_started_by_the_profiler(profiler) -> Non
     h100 = profiles["llama3-8b@H100-80GB|workload=sharegpt"]
     a100 = profiles["llama3-8b@A100-80GB|workload=sharegpt"]
     assert "--profile llama3-8b@H100-80GB" in h100.note and "--profile llama3-8b@A100-80GB" in a100.note
-    # decode is bandwidth-bound: the A100 (2.0 TB/s) engine is slower per token than the H100 (3.35 TB/s) one
-    assert a100.points[0].tpot_mean_s > 1.3 * h100.points[0].tpot_mean_s
+    for profile in (h100, a100):
+        point = profile.points[0]
+        assert point.requests == 10 and point.failed_requests == 0 and point.tpot_mean_s > 0
+        url = re.search(r"engine (http://127\.0\.0\.1:\d+)", profile.note).group(1)
+        with pytest.raises(httpx.ConnectError):  # the profiler stopped the engine after its ladder
+            httpx.get(f"{url}/health", timeout=2)
     # without a launcher an engine sweep needs its URL
     other = await profiler(import_published=False)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await other.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "spec.engine_url" in err.value.details()
+
+
+def test_engine_modelled_energy_metric_window() -> None:
+    text = "# TYPE greenserve:engine_energy_joules counter\ngreenserve:engine_energy_joules_total{engine=\"0\"} {v}\n"
+    win = engine_metrics.window(engine_metrics.parse(text.replace("{v}", "1000")),
+                                engine_metrics.parse(text.replace("{v}", "4500")))
+    assert win.energy_j == pytest.approx(3500.0)
