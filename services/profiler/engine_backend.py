@@ -15,7 +15,9 @@ Per point (GreenLLM Sec. V-A, GreenCache Sec. 5.2):
 4. ``/metrics`` is scraped when the window opens and closes (prefix-cache and LMCache hits, the engine's own
    latency histograms for the agreement figure) and every sampling interval (batch size = running requests);
 5. power: NVML (energy counter, else power samples every ``power_interval_s``) when it initialises, else the
-   engine's modelled power metric, else none; the point's ``power_source`` says which.
+   engine's modelled power metric, else none; for a MIG configuration whose engine runs on the MIG device named
+   by ``--engine-cuda-visible-devices``, the instance's share from the gpu-partitioner's energy split
+   (``GetEnergy``) replaces the whole GPU's; the point's ``power_source`` says which.
 
 ``engine_modelled_s_per_wall_s`` s > 1 is for emulated engines running s times faster than the engine they model:
 arrivals are sent s times faster and client-side latencies multiplied by s, so points are in modelled seconds.
@@ -114,6 +116,30 @@ class EngineBackend:
         s = self.settings
         channel = create_channel(ChannelConfig(address=s.cache_manager_addr, token=s.token(), tls_ca=s.tls_ca))
         return channel, cache_manager_pb2_grpc.CacheManagerServiceStub(channel)
+
+    async def _mig_energy_j(self, mig_uuid: str) -> float | None:
+        """Energy the gpu-partitioner attributes to a MIG instance (its split of the GPU's NVML counter), joules;
+        None when it is not reachable or does not know the instance."""
+        from greenserve.v1 import gpu_partitioner_pb2, gpu_partitioner_pb2_grpc
+
+        s = self.settings
+        addr = getattr(s, "gpu_partitioner_addr", "")
+        if not addr:
+            return None
+        channel = create_channel(ChannelConfig(address=addr, token=s.token(), tls_ca=s.tls_ca))
+        try:
+            reply = await gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel).GetEnergy(
+                gpu_partitioner_pb2.GetEnergyRequest(), timeout=PROBE_TIMEOUT_S)
+        except Exception as exc:  # grpc.aio.AioRpcError: gpu-partitioner down or not there
+            log.warning("gpu-partitioner energy unavailable", extra={"error": str(exc)})
+            return None
+        finally:
+            await channel.close()
+        for gpu in reply.gpus:
+            for instance in gpu.instances:
+                if instance.mig_uuid == mig_uuid:
+                    return instance.energy_j
+        return None
 
     def _served_model(self, config: common_pb2.ProfileConfig) -> str | None:
         if config.model in self._served:
@@ -326,6 +352,9 @@ class EngineBackend:
                    for i, (p, h) in enumerate(zip(wl.prompt_tokens, hashes))]
         timeout_wall_s = method.request_timeout_s / scale
         meter = self._power_meter(method.power_interval_s / scale)
+        device = getattr(self.settings, "engine_cuda_visible_devices", "")
+        mig_uuid = device if config.mig_profile and device.startswith("MIG-") else ""
+        mig_energy0: float | None = None
         running: list[float] = []
         before: engine_metrics.Snapshot | None = None
         sampler: asyncio.Task[None] | None = None
@@ -353,6 +382,8 @@ class EngineBackend:
                     cpu_start = time.process_time()
                     if meter is not None:
                         await meter.start()
+                    if mig_uuid:
+                        mig_energy0 = await self._mig_energy_j(mig_uuid)
                     sampler = asyncio.get_running_loop().create_task(sample_running())
                 tasks.append(asyncio.get_running_loop().create_task(
                     self._send(base, model, prompts[i], wl.output_tokens[i], timeout_wall_s, scale)))
@@ -372,6 +403,13 @@ class EngineBackend:
         power_w, power_source = math.nan, ""
         if meter is not None:
             power_w, power_source, _ = await meter.stop()
+        if mig_uuid and mig_energy0 is not None:
+            mig_energy1 = await self._mig_energy_j(mig_uuid)
+            if mig_energy1 is not None and mig_energy1 > mig_energy0 and wall_s > 0:
+                # the slice's share (gpu-partitioner's split of the GPU counter), not the whole GPU
+                power_w, power_source = (mig_energy1 - mig_energy0) / wall_s, "gpu_partitioner_mig_split"
+            elif power_source:
+                power_source += "_whole_gpu"  # no split for the window: the whole GPU's power, said so
         after = await self._scrape(base)
         await asyncio.gather(*tasks[: pw.warmup], return_exceptions=True)
         win = engine_metrics.window(before, after) if before and after else engine_metrics.WindowMetrics()

@@ -11,6 +11,7 @@ class EngineSettingsView:
     nvml_power: str = "auto"
     nvml_device_index: int = 0
     cache_manager_addr: str = "127.0.0.1:50054"
+    gpu_partitioner_addr: str = ""
     tls_ca: Path | None = None
     auth_token: str | None = None
     engine_launcher: str = "none"

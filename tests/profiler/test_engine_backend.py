@@ -171,3 +171,49 @@ def test_engine_modelled_energy_metric_window() -> None:
     win = engine_metrics.window(engine_metrics.parse(text.replace("{v}", "1000")),
                                 engine_metrics.parse(text.replace("{v}", "4500")))
     assert win.energy_j == pytest.approx(3500.0)
+
+
+async def test_mig_configuration_takes_its_share_from_the_gpu_partitioner(profiler, monkeypatch) -> None:
+    """A MIG configuration's power is the instance's energy split from the gpu-partitioner, not the whole GPU."""
+    from greenserve.v1 import gpu_partitioner_pb2, gpu_partitioner_pb2_grpc
+
+    mig = "MIG-11111111-2222-3333-4444-555555555555"
+    calls = []
+
+    class FakePartitioner(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServicer):
+        async def GetEnergy(self, request, context):
+            calls.append(1)
+            gpu = gpu_partitioner_pb2.GpuEnergy(gpu_uuid="GPU-1", energy_j=1e6)
+            gpu.instances.add(mig_uuid=mig, energy_j=100.0 * len(calls), power_w=0.0)  # +100 J per call
+            return gpu_partitioner_pb2.GetEnergyResponse(gpus=[gpu])
+
+    server = grpc.aio.server()
+    gpu_partitioner_pb2_grpc.add_GpuPartitionerServiceServicer_to_server(FakePartitioner(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake = FakeNvml([("H100-80GB", True)])
+    fake.nvmlInit()
+    monkeypatch.setattr(engine_backend, "load_nvml", lambda: fake)
+    emu = EngineEmulator(EmulatorConfig(host="127.0.0.1", port=0, profile="llama3-8b@H100-80GB-MIG-3g.40gb",
+                                        time_scale=5.0))
+    await emu.start()
+    try:
+        stub = await profiler(import_published=False, gpu_partitioner_addr=f"127.0.0.1:{port}",
+                              engine_cuda_visible_devices=mig)
+        spec = profiler_pb2.SweepSpec(
+            backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=emu.url, engine_modelled_s_per_wall_s=5.0,
+            workload="sharegpt", request_rates_per_s=[2.0], point_duration_s=3.0,
+            slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9),
+            configs=[config(model="meta-llama/Meta-Llama-3-8B-Instruct", mig_profile="3g.40gb")],
+            method=common_pb2.ProfileMethod(warmup_s=0.5))
+        sweep = (await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))).sweep
+        final = await wait_state(stub, sweep.id, {profiler_pb2.SWEEP_STATE_SUCCEEDED, profiler_pb2.SWEEP_STATE_FAILED},
+                                 timeout_s=120)
+        assert final.state == profiler_pb2.SWEEP_STATE_SUCCEEDED, final.error
+        point = (await stub.GetProfile(profiler_pb2.GetProfileRequest(
+            config_key=final.profile_ids[0].rsplit("@", 1)[0]))).profile.points[0]
+        assert point.power_source == "gpu_partitioner_mig_split" and len(calls) == 2
+        assert 0 < point.power_w < 100.0 / 0.05 and point.power_w != 60.0  # 100 J over the window, not NVML's 60 W
+    finally:
+        await emu.stop()
+        await server.stop(0)
