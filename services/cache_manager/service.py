@@ -199,9 +199,9 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 index = self.indexes[pool]
                 cur = self._cur_id.get(pool)
                 if cur is None or index.journal_id > cur:
-                    if cur is not None:
-                        self._prev_id[pool] = cur
                     await asyncio.to_thread(self.snapshots.save, pool, index)
+                    if cur is not None:  # only once written: a failed save leaves the ids on the safe side
+                        self._prev_id[pool] = cur
                     self._cur_id[pool] = index.journal_id
                     written += 1
                 elif self._prev_id.get(pool) != cur:
