@@ -252,14 +252,15 @@ def layout_classes(gpu_model: str) -> dict[tuple[str, ...], tuple[tuple[Placemen
     return {k: tuple(v) for k, v in out.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Pattern:
-    """A GPU's layout class with a variant per instance (a multiset of (profile, variant))."""
+    """A GPU's layout class with a variant per instance (a multiset of (profile, variant)). Compared by identity:
+    each pattern is enumerated once per (pool, GPU model), and solvers key dictionaries by it."""
 
     gpu_model: str
     profiles: tuple[str, ...]
     kinds: tuple[tuple[str, str], ...]  # sorted (profile, variant) per instance
-    counts: dict[tuple[str, str], int] = field(compare=False, hash=False, default_factory=dict)
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def label(self) -> str:
         parts = [f"{n}x {p}:{v or '-'}" if n > 1 else f"{p}:{v or '-'}" for (p, v), n in sorted(self.counts.items())]
