@@ -342,7 +342,7 @@ class EngineBackend:
         base = self._base(spec)
         model = self._served_model(config) or config.model
         scale = spec.engine_modelled_s_per_wall_s or 1.0
-        warmup = method.warmup_requests(rate_per_s) + method.cache_prefill_requests
+        warmup = method.warmup_requests(rate_per_s) + method.prefill_requests(rate_per_s, config)
         pw = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
                                     measured=method.measured_requests(rate_per_s), seed=spec.seed,
                                     arrival=method.arrival)

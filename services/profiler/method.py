@@ -36,6 +36,15 @@ class Method:
     def warmup_requests(self, rate_per_s: float) -> int:
         return math.ceil(rate_per_s * self.warmup_s)
 
+    def prefill_requests(self, rate_per_s: float, config: common_pb2.ProfileConfig) -> int:
+        """Requests sent before the warm-up to fill the cache (GreenCache measures on a cache filled first): the
+        method's count, else one measurement window's worth for a configuration with a cache size, else none."""
+        if self.cache_prefill_requests:
+            return self.cache_prefill_requests
+        if config.cache_dram_bytes or config.cache_disk_bytes:
+            return self.measured_requests(rate_per_s)
+        return 0
+
 
 def resolve(spec: profiler_pb2.SweepSpec) -> Method:
     """Defaults applied to the spec's method (the spec itself was validated)."""

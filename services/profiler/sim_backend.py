@@ -1,9 +1,9 @@
 """Simulator backend: a sweep point in virtual time through ``greenserve.simulator``.
 
 One engine (the configuration's performance profile, its LMCache DRAM/disk capacities converted from bytes
-to tokens with the profile's KV bytes per token) replays the point's workload; the warm-up requests (the
-method's warm-up at the rate, or its cache pre-fill count if larger) fill the prefix and LMCache tiers and
-are not measured. Power is the model's mean over the replay (idle included).
+to tokens with the profile's KV bytes per token) replays the point's workload; the cache pre-fill requests and
+the warm-up requests (the method's warm-up at the rate) fill the prefix and LMCache tiers and are not
+measured. Power is the model's mean over the replay (idle included).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def simulate_point(config: common_pb2.ProfileConfig, rate_per_s: float, spec: pr
     replaces the configuration's data-file profile (a calibrated model version)."""
     profile = profile or simulator_profile(config)
     kv = profile.kv_bytes_per_token
-    warmup = max(method.warmup_requests(rate_per_s), method.cache_prefill_requests)
+    warmup = method.warmup_requests(rate_per_s) + method.prefill_requests(rate_per_s, config)
     point_wl = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
                                       measured=method.measured_requests(rate_per_s), seed=spec.seed,
                                       arrival=method.arrival)

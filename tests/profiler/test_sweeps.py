@@ -158,3 +158,15 @@ def test_simulator_point_is_deterministic_and_cache_helps_multiturn() -> None:
     assert a == b
     cached = simulate_point(config(cache_dram_bytes=16 << 30), 4.0, spec, method)
     assert cached.cache_hit_fraction >= a.cache_hit_fraction
+
+
+def test_cache_configurations_are_prefilled_before_measurement() -> None:
+    spec = sim_spec(workload="multiturn", seed=1)
+    method = resolve(spec)
+    assert method.prefill_requests(2.0, config()) == 0
+    assert method.prefill_requests(2.0, config(cache_dram_bytes=1 << 30)) == method.measured_requests(2.0) == 120
+    spec.method.cache_prefill_requests = 7
+    assert resolve(spec).prefill_requests(2.0, config(cache_dram_bytes=1 << 30)) == 7
+    # the pre-fill is not measured: the point stands on the measured requests only
+    point = simulate_point(config(cache_dram_bytes=8 << 30), 2.0, sim_spec(workload="multiturn", seed=1), method)
+    assert point.requests == 120
