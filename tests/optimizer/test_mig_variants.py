@@ -10,6 +10,7 @@ import pytest
 from greenserve.common import carbon
 from greenserve.common.errors import InvalidArgument
 from greenserve.gpu_partitioner.geometry import Placement, geometry
+from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers import default_solvers, mig_search
@@ -59,7 +60,7 @@ def _brute_force(problem: mv.Problem) -> float:
             counts[(0, p)] = counts.get((0, p), 0) + 1
             started = mp.restarts(state, p)[0]
             change_g += problem.change_g(started, MODEL)
-            restarted += len(started)
+            restarted += len(started) + mp.stopped(state, p)
         result = mv.evaluate(problem, counts)
         if result is None:
             continue
@@ -265,3 +266,28 @@ def test_catalogue_cites_every_quality_figure() -> None:
         assert 0 < v.quality_fraction <= 1 and v.source and v.baseline_score > 0
         assert v.to_proto().quality_source.startswith(v.source)
     assert mp.family("llama3-8b-instruct")[0].quality_fraction == 1.0
+
+
+def test_a_gpu_is_kept_as_it_runs_when_nothing_needs_it_to_change() -> None:
+    """The demo's GPU: two 3g.20gb engines of BF16 8B (which the memory check says do not fit), the pool's load
+    carried by engines elsewhere: the plan keeps both engines where they are (no stop, no start)."""
+    fleet = common_pb2.FleetInventory()
+    pool = fleet.pools.add()
+    pool.CopyFrom(_pool([]))
+    pool.model = "meta-llama/Meta-Llama-3-8B-Instruct"
+    pool.variants.add(name="8b-bf16", model=pool.model, quality_fraction=1.0, simulator_model="llama3-8b")
+    pool.engines.add(id="elsewhere", hardware="A100-80GB", model_variant="8b-bf16")
+    gpu = fleet.gpus.add(uuid="GPU-0", model=common_pb2.GPU_MODEL_A100_40GB, pool="chat", mig_enabled=True,
+                         reported_by="operator")
+    for start in (0, 4):
+        gpu.instances.add(profile="3g.20gb", placement_start=start, placement_size=4)
+    validate_fleet(fleet)
+    inputs = _inputs(fleet, load=1.0)
+    inputs.declared = fleet
+    inputs.capabilities = {"elsewhere": Capability(6.0, 55.0, 70.0, "predicted", "x")}
+    plan = mv.MigVariantsSolver().solve(inputs)
+    for hour in plan.per_interval:
+        (layout,) = hour
+        assert [(p.profile, p.start, p.pool, p.model_variant) for p in layout.placements] == [
+            ("3g.20gb", 0, "chat", "8b-bf16"), ("3g.20gb", 4, "chat", "8b-bf16")]
+    assert "no engine restarted" in " ".join(plan.explanation)

@@ -261,6 +261,7 @@ class Pattern:
     profiles: tuple[str, ...]
     kinds: tuple[tuple[str, str], ...]  # sorted (profile, variant) per instance
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    layout: tuple[Placement, ...] = ()  # set for a "keep" pattern: exactly the layout a GPU has now
 
     def label(self) -> str:
         parts = [f"{n}x {p}:{v or '-'}" if n > 1 else f"{p}:{v or '-'}" for (p, v), n in sorted(self.counts.items())]
@@ -270,6 +271,16 @@ class Pattern:
 def make_pattern(gpu_model: str, profiles: tuple[str, ...], kinds: Iterable[tuple[str, str]]) -> Pattern:
     ks = tuple(sorted(kinds))
     return Pattern(gpu_model, profiles, ks, dict(Counter(ks)))
+
+
+def keep_pattern(gpu_model: str, state: tuple[tuple[Placement, str], ...]) -> Pattern | None:
+    """The pattern "this GPU stays exactly as it is" (None when its layout breaks the GPU's rules). Its layout
+    need not be maximal nor its variants fit the model's memory check: it is what runs now."""
+    layout = tuple(sorted(p for p, _ in state))
+    if not layout or not geometry(gpu_model).is_valid(layout):
+        return None
+    ks = tuple(sorted((p.profile, v) for p, v in state))
+    return Pattern(gpu_model, tuple(sorted(p.profile for p in layout)), ks, dict(Counter(ks)), layout)
 
 
 def enumerate_patterns(gpu_model: str, variants_by_profile: dict[str, list[str]]) -> list[Pattern]:
@@ -293,6 +304,14 @@ def ged(a: dict[tuple[str, str], int], b: dict[tuple[str, str], int]) -> int:
 
 
 @lru_cache(maxsize=65536)
+def stopped(current: tuple[tuple[Placement, str], ...], pattern: Pattern) -> int:
+    """Engines of ``current`` that taking ``pattern`` (as ``restarts`` lays it out) stops."""
+    _, layout, variants = restarts(current, pattern)
+    target = {(p, v) for p, v in zip(layout, variants) if v}
+    return sum(1 for p, v in current if v and (p, v) not in target)
+
+
+@lru_cache(maxsize=65536)
 def restarts(current: tuple[tuple[Placement, str], ...], pattern: Pattern
              ) -> tuple[list[tuple[str, str]], tuple[Placement, ...], list[str]]:
     """The fewest engines a GPU in state ``current`` ((placement, variant) per instance) must (re)start to take
@@ -301,7 +320,13 @@ def restarts(current: tuple[tuple[Placement, str], ...], pattern: Pattern
     there (the gpu-partitioner keeps a GI whose profile and placement do not change, ``planner.plan``)."""
     cur = dict(current)
     best: tuple[list[tuple[str, str]], tuple[Placement, ...], list[str]] | None = None
-    for layout in layout_classes(pattern.gpu_model)[pattern.profiles]:
+    if pattern.layout:
+        layouts: tuple[tuple[Placement, ...], ...] = (pattern.layout,)
+        if set(cur) == set(pattern.layout) and Counter((p.profile, v) for p, v in cur.items()) == Counter(pattern.counts):
+            return [], pattern.layout, [cur[p] for p in pattern.layout]
+    else:
+        layouts = layout_classes(pattern.gpu_model)[pattern.profiles]
+    for layout in layouts:
         left = Counter(pattern.counts)
         variants: list[str | None] = [None] * len(layout)
         for i, p in enumerate(layout):  # keep an instance where placement and variant already match

@@ -101,7 +101,7 @@ class Problem:
         """Idle power of a GPU in the pattern: each engine's idle power, plus the GPU's idle power share of the
         SMs no engine holds (the GPU idles whole whatever its layout; an empty or missing slice saves nothing)."""
         model = pattern.gpu_model
-        engines = [(p, v) for p, v in pattern.kinds if v]
+        engines = [(p, v) for p, v in pattern.kinds if v and (model, p, v) in self.options]
         rest = self.gpu_idle_w(model) - sum(self.none_idle_w[(model, p)] for p, _ in engines)
         return sum(self.options[(model, p, v)].idle_power_w for p, v in engines) + max(0.0, rest)
 
@@ -109,7 +109,9 @@ class Problem:
         return gpu_idle_w(model)
 
     def kinds_of(self, pattern: mp.Pattern) -> dict[Kind, int]:
-        return {(pattern.gpu_model, p, v): n for (p, v), n in pattern.counts.items() if v}
+        """Engines of a pattern that serve (a kept engine the model has no option for serves nothing here)."""
+        return {(pattern.gpu_model, p, v): n for (p, v), n in pattern.counts.items()
+                if v and (pattern.gpu_model, p, v) in self.options}
 
     def change_g(self, started: list[tuple[str, str]], gpu_model: str) -> float:
         return sum(self.options[(gpu_model, p, v)].idle_power_w for p, v in started) * self.change_s * self.g_per_j()
@@ -301,13 +303,18 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
         idle = {p: problem.pattern_idle_w(p) for p in group.patterns}
         for state, count in sorted(Counter(group.states).items()):
             row = []
-            for pattern in group.patterns:
+            keep = mp.keep_pattern(group.gpu_model, state)
+            candidates = group.patterns if keep is None else [*group.patterns, keep]
+            if keep is not None:
+                idle[keep] = problem.pattern_idle_w(keep)
+            for pattern in candidates:
                 started_kinds = mp.restarts(state, pattern)[0]
                 cost_g = problem.change_g(started_kinds, group.gpu_model)
+                changes = len(started_kinds) + mp.stopped(state, pattern)
                 col = model.column(-(idle_coef * idle[pattern] + lam * 100.0 * cost_g / problem.base_carbon_g
-                                     + TIE_BREAK * len(started_kinds)), 0.0, count, integer=True)
+                                     + TIE_BREAK * changes), 0.0, count, integer=True)
                 z[(gi, state, pattern)] = col
-                change[(gi, state, pattern)] = (cost_g, len(started_kinds))
+                change[(gi, state, pattern)] = (cost_g, len(started_kinds), changes)
                 n_cols[(gi, pattern)].append(col)
                 row.append(col)
             model.row(count, count, {c: 1.0 for c in row})
@@ -346,7 +353,7 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
     counts: Counter[tuple[int, mp.Pattern]] = Counter()
     transitions = {}
     change_total = 0.0
-    n_restart = 0
+    n_restart = n_changes = 0
     for key, col in z.items():
         n = int(round(x[col]))
         if n:
@@ -354,9 +361,10 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
             counts[(key[0], key[2])] += n
             change_total += change[key][0] * n
             n_restart += change[key][1] * n
+            n_changes += change[key][2] * n
     flows = {k: max(0.0, x[c]) for k, c in y.items() if x[c] > 1e-12}
     f, d_c, d_a, carbon = score(problem, dict(counts), flows, load)
-    objective_value = f - lam * 100.0 * change_total / problem.base_carbon_g - TIE_BREAK * n_restart
+    objective_value = f - lam * 100.0 * change_total / problem.base_carbon_g - TIE_BREAK * n_changes
     sol_status = "optimal"
     if mip_gap is not None and mip_gap > 1e-6 and (bound is None or bound - objective_value > 1e-6):
         sol_status = "within gap"
@@ -465,8 +473,9 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
                     state.append((Placement(start=pl.start, size=pl.size, profile=pl.profile), v))
         members.append((gpu.uuid, gpu_model_of(gpu), tuple(sorted(state))))
     planned = {g.uuid for g in gpus}
+    # The pool's engines the plan does not move (on no planned GPU) take load first.
     fixed = sum(headroom * inputs.capabilities[e.id].capacity_requests_per_s for e in pool.engines
-                if e.id in inputs.capabilities and e.gpu_uuid and e.gpu_uuid not in planned)
+                if e.id in inputs.capabilities and e.gpu_uuid not in planned)
     return make_setup(pool, members, table.option, fixed)
 
 
