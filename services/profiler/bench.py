@@ -2,8 +2,9 @@
 
 Part 1 (always): a profiler started in-process (its own SQLite file in a temporary folder) runs one
 SWEEP_BACKEND_SIMULATOR sweep of 17 LMCache DRAM sizes (0..16 GiB) x 10 request rates of one model through
-StartSweep/WatchSweep, every point persisted. Figures: points, seconds (StartSweep to the last event),
-points_per_second.
+StartSweep/WatchSweep, every point persisted (cache sizes pre-filled first). Figures: points, seconds (StartSweep
+to the last event), points_per_second, cpu_seconds (of this process; wall time on a shared machine is
+inflated by other jobs).
 
 Part 2 (``--agreement``): a real emulated engine (``greenserve-engine-sim`` in its own process, time scale 1)
 is swept by the ENGINE backend over a rate ladder, and the same configuration by the SIMULATOR backend.
@@ -206,13 +207,16 @@ async def _run(ns: argparse.Namespace) -> dict[str, Any]:
                                                                else common_pb2.LADDER_STOP_RULE_STOP_BELOW_TARGET)))
                 _log(f"part 1: simulator sweep, {ns.cache_sizes} cache sizes x {ns.rates} rates of "
                      f"{ns.model}@{ns.hardware}, workload {ns.workload}")
+                cpu0 = time.process_time()
                 sweep, points, seconds = await _sweep(stub, spec)
+                cpu_s = time.process_time() - cpu0
                 out: dict[str, Any] = {
                     "bench": "profiler", "points": len(points), "seconds": round(seconds, 3),
                     "points_per_second": round(len(points) / seconds, 2) if seconds else None,
                     "state": profiler_pb2.SweepState.Name(sweep.state), "skipped_points": sweep.skipped_points,
                     "profiles": len(sweep.profile_ids), "workload": ns.workload,
-                    "requests_simulated": int(sum(p.requests for p in points)),
+                    "requests_measured": int(sum(p.requests for p in points)),
+                    "cpu_seconds": round(cpu_s, 3),  # this process (client and profiler): what the load cannot inflate
                     "within_30_s": seconds <= 30.0,
                 }
                 if ns.agreement:

@@ -94,7 +94,13 @@ def _poisson_times(rng: np.random.Generator, n: int, rate_per_s: float) -> list[
 
 def build(name: str, rate_per_s: float, *, warmup: int, measured: int, seed: int = 0,
           arrival: str = "poisson") -> PointWorkload:
-    """The requests of one point: ``warmup + measured`` requests offered at ``rate_per_s``."""
+    """The requests of one point: ``warmup + measured`` requests offered at ``rate_per_s``. Deterministic, so the
+    last few are cached: a sweep offers the same requests to every cache size (callers must not mutate them)."""
+    return _build(name, float(rate_per_s), int(warmup), int(measured), int(seed), arrival)
+
+
+@functools.lru_cache(maxsize=32)
+def _build(name: str, rate_per_s: float, warmup: int, measured: int, seed: int, arrival: str) -> PointWorkload:
     if not (math.isfinite(rate_per_s) and rate_per_s > 0):
         raise ValueError(f"rate_per_s: must be finite and > 0, got {rate_per_s}")
     if warmup < 0 or measured < 1:
