@@ -11,7 +11,6 @@ from greenserve.simulator.perf_model import EngineProfile, list_profiles, load_p
 from greenserve.v1 import common_pb2
 
 MAX_KEY_CHARS = 255
-_FORBIDDEN = set("|@/:= \t\n")
 
 
 def _mode_name(mode: int) -> str:
