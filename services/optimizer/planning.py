@@ -243,8 +243,10 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
             target = cache_by_pool.get(pool.name)
             storage = 0.0
             if target is not None:
-                storage = carbon.cache_tiers_embodied_g(dram_bytes=target.dram_bytes, disk_bytes=target.disk_bytes,
-                                                        duration_s=3600.0, params=inputs.params)
+                # A target sizes each LMCache server of the pool: one beside each engine.
+                storage = max(1, len(pool.engines)) * carbon.cache_tiers_embodied_g(
+                    dram_bytes=target.dram_bytes, disk_bytes=target.disk_bytes, duration_s=3600.0,
+                    params=inputs.params)
             attainment = fig.attainment_fraction if fig else (pool.slo.attainment_fraction if load <= 0 else 0.0)
             pi = interval.pools.add(pool=pool.name, ci_g_per_kwh=ci, load_requests_per_s=load,
                                     load_upper_requests_per_s=upper,

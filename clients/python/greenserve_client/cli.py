@@ -124,6 +124,8 @@ DELEGATED_COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("greenserve_client.commands.fleet", "the fleet inventory the optimizer plans over: set, show"),
     "plan": ("greenserve_client.commands.plan", "plans: compute, list, show, explain, status, activate, diff"),
     "profile": ("greenserve_client.commands.profile", "profiling sweeps and profiles: sweep, list, show, plot, import"),
+    "evaluate": ("greenserve_client.commands.evaluate", "replay real-CI days through the planner and the simulator, "
+                 "strategies side by side, with a report"),
     "bench": ("greenserve_client.commands.bench", "benchmarks; the last line printed is one JSON object"),
 }
 

@@ -63,6 +63,7 @@ class PoolCacheModel:
     rho: float
     source: str
     ci: list[float]
+    servers: int = 1  # LMCache servers the target applies to (one beside each engine)
 
 
 def candidate_sizes(limit: int, step: int) -> list[int]:
@@ -233,7 +234,9 @@ class GreenCacheIlp:
                 storage = carbon.cache_tiers_embodied_g(
                     dram_bytes=size if tier == "dram" else 0, disk_bytes=size if tier == "disk" else 0,
                     duration_s=3600.0, params=inputs.params)  # GreenCache Eq. 4 per tier
-                row_c.append(carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci[h], pue=pue) + storage)
+                # The target is the size of each of the pool's LMCache servers (one beside each engine).
+                row_c.append(carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci[h], pue=pue)
+                             + storage * n_engines)
                 row_a.append(a_ttft)
                 row_b.append(a_tpot)
             carbon_rows.append(row_c)
@@ -241,13 +244,13 @@ class GreenCacheIlp:
             tpot_rows.append(row_b)
             requests.append(rates[h] * 3600.0)
         return PoolCacheModel(pool.name, tier, sizes, requests, carbon_rows, ttft_rows, tpot_rows,
-                              pool.slo.attainment_fraction, grid.source, ci)
+                              pool.slo.attainment_fraction, grid.source, ci, servers=n_engines)
 
     @staticmethod
     def _storage_g(m: PoolCacheModel, size: int, inputs: PlanningInputs) -> float:
-        return carbon.cache_tiers_embodied_g(dram_bytes=size if m.tier == "dram" else 0,
-                                             disk_bytes=size if m.tier == "disk" else 0, duration_s=3600.0,
-                                             params=inputs.params)
+        return m.servers * carbon.cache_tiers_embodied_g(dram_bytes=size if m.tier == "dram" else 0,
+                                                         disk_bytes=size if m.tier == "disk" else 0,
+                                                         duration_s=3600.0, params=inputs.params)
 
     def solve(self, inputs: PlanningInputs) -> KnobPlan:
         started = time.perf_counter()

@@ -1,0 +1,106 @@
+"""`greenserve evaluate`: real grid CI and a real load shape through the forecaster's models, the planner and the
+simulator, hour by hour, strategies side by side; writes a report folder (result.json, PNG plots, index.html) and
+prints one JSON object with per-strategy totals on its last line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from greenserve.common.strict_json import dumps
+
+DEFAULT_DAY = "2022-07-06"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from greenserve.evaluation.day import STRATEGIES
+    from greenserve.evaluation.grids import SHIPPED_REGIONS
+
+    parser = argparse.ArgumentParser(prog="greenserve evaluate", description=__doc__.splitlines()[0])
+    parser.add_argument("--grids", default=",".join(SHIPPED_REGIONS),
+                        help=f"shipped grids to evaluate, comma-separated (default {','.join(SHIPPED_REGIONS)})")
+    parser.add_argument("--ci-csv", type=Path, help="evaluate this hourly CI CSV instead of the shipped grids")
+    parser.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
+    parser.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh)")
+    parser.add_argument("--region", help="region name of --ci-csv (default: the file name)")
+    parser.add_argument("--day", default=DEFAULT_DAY, help=f"the UTC day to evaluate (default {DEFAULT_DAY}, "
+                        "GreenCache's evaluation day); the 14 days before it are the CI history")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
+    parser.add_argument("--scenario", type=Path, help="scenario file (YAML/JSON); default: one chat pool of 4 "
+                        "Llama-3 8B engines on A100-80GB with up to 64 GiB of DRAM cache each")
+    parser.add_argument("--forecast", default="auto",
+                        help="forecaster model (auto, seasonal_naive, ...) or 'oracle' (the actual values)")
+    parser.add_argument("--hours", type=int, default=24, help="hours of the day to replay (1..24)")
+    parser.add_argument("--window-s", type=float, default=600.0, help="seconds of traffic replayed per hour (60..3600)")
+    parser.add_argument("--workers", type=int, default=0, help="processes (default: one per usable core)")
+    parser.add_argument("--out", type=Path, default=Path("evaluation-report"), help="report folder")
+    parser.add_argument("--ray-address", help="run the days on a Ray cluster instead of local processes")
+    parser.add_argument("--json", action="store_true", help="accepted for symmetry: the last line is always JSON")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from greenserve.evaluation import grids, report, run, scenario
+    from greenserve.evaluation.day import STRATEGIES
+    from greenserve.forecaster.forecast_models import MODELS
+
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    prog = "greenserve evaluate"
+    strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        parser.error(f"--strategies: unknown {unknown or 'none given'}; known: {', '.join(STRATEGIES)}")
+    if ns.forecast != "oracle" and ns.forecast not in MODELS:
+        parser.error(f"--forecast: unknown model {ns.forecast!r}; known: oracle, {', '.join(MODELS)}")
+    if not 1 <= ns.hours <= 24:
+        parser.error("--hours: must be in 1..24")
+    if not 60 <= ns.window_s <= 3600:
+        parser.error("--window-s: must be in 60..3600")
+    if ns.workers < 0:
+        parser.error("--workers: must be >= 0")
+    if ns.ray_address:
+        print(f"{prog}: error: --ray-address: Ray is not installed with greenserve (pip install 'ray[default]'); "
+              f"the local process pool runs the same jobs", file=sys.stderr)
+        return 2
+    try:
+        day = datetime.fromisoformat(ns.day).replace(tzinfo=UTC)
+    except ValueError:
+        parser.error(f"--day: not a date: {ns.day!r}")
+    try:
+        if ns.ci_csv is not None:
+            if not ns.time_column or not ns.value_column:
+                parser.error("--ci-csv needs --time-column and --value-column")
+            series = grids.read_csv(ns.ci_csv, time_column=ns.time_column, value_column=ns.value_column,
+                                    region=ns.region)
+        else:
+            shipped = grids.shipped()
+            wanted = [g.strip() for g in ns.grids.split(",") if g.strip()]
+            missing = [g for g in wanted if g not in shipped]
+            if missing or not wanted:
+                parser.error(f"--grids: unknown {missing or 'none given'}; shipped: {', '.join(shipped)}")
+            series = {g: shipped[g] for g in wanted}
+        chosen = scenario.load(ns.scenario) if ns.scenario else scenario.Scenario()
+    except (grids.GridDataError, scenario.ScenarioError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    total = len(series) * len(strategies)
+    with tqdm(total=total, desc="evaluate", unit="day", file=sys.stderr, disable=None) as bar:
+        try:
+            result = run.evaluate(series, day_start_s=int(day.timestamp()), strategies=strategies, scenario=chosen,
+                                  forecast_model=ns.forecast, window_s=ns.window_s, hours=ns.hours,
+                                  workers=ns.workers or None,
+                                  progress=lambda region, strategy: (bar.set_postfix_str(f"{region}/{strategy}"),
+                                                                     bar.update(1)))
+        except (grids.GridDataError, ValueError) as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+    index = report.write(result, ns.out)
+    print(f"report: {index}", file=sys.stderr)
+    print(dumps({"day": result["day"], "summary": result["summary"], "report": str(index)}))
+    return 0
