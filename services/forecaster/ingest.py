@@ -245,16 +245,20 @@ def series_gaps(db: Database, series_id: int, resolution_s: int,
     return gaps
 
 
-def load_points(db: Database, series_id: int, start_s: int | None = None,
-                end_s: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The stored points in ``[start_s, end_s)`` as (times, values), in time order: what is stored, no grid."""
+def load_points(db: Database, series_id: int, start_s: int | None = None, end_s: int | None = None,
+                limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The stored points in ``[start_s, end_s)`` as (times, values), in time order (the first ``limit``):
+    what is stored, no grid."""
     with db.session(readonly=True) as s:
         q = select(Point.ts, Point.value).where(Point.series_id == series_id)
         if start_s is not None:
             q = q.where(Point.ts >= to_dt(start_s))
         if end_s is not None:
             q = q.where(Point.ts < to_dt(end_s))
-        rows = s.execute(q.order_by(Point.ts)).all()
+        q = q.order_by(Point.ts)
+        if limit is not None:
+            q = q.limit(limit)
+        rows = s.execute(q).all()
     return (np.array([to_s(t) for t, _ in rows], dtype=np.int64),
             np.array([v for _, v in rows], dtype=np.float64))
 

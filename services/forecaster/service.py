@@ -34,7 +34,7 @@ from sqlalchemy import select
 from greenserve.common import clock
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
-from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from greenserve.common.server import Registration, registration
 from greenserve.forecaster import fitting, ingest
 from greenserve.forecaster.backtest import backtest_span_hours, check_windows
@@ -51,6 +51,9 @@ log = logging.getLogger("greenserve.forecaster")
 
 MAX_HORIZON_STEPS = 168
 DEFAULT_HORIZON_STEPS = 24
+#: Most points one GetPoints reply carries (about 4.4 MB; the default message limit is 16 MiB): a wider range is
+#: refused with RESOURCE_EXHAUSTED, never built whole in memory.
+MAX_POINTS_PER_REPLY = 200_000
 #: Points a series needs before it is fitted (two days of hourly data: one to learn, one to check).
 MIN_FIT_POINTS = 48
 
@@ -367,7 +370,10 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         return await asyncio.to_thread(self._points_reply, state, start, end)
 
     def _points_reply(self, state: SeriesState, start: int | None, end: int | None) -> forecaster_pb2.GetPointsResponse:
-        times, values = ingest.load_points(self.db, state.series_id, start, end)
+        times, values = ingest.load_points(self.db, state.series_id, start, end, limit=MAX_POINTS_PER_REPLY + 1)
+        if len(times) > MAX_POINTS_PER_REPLY:
+            raise ResourceExhausted(f"the range holds more than {MAX_POINTS_PER_REPLY} points, the most one GetPoints "
+                                    f"reply carries: ask for a narrower start/end")
         points = [common_pb2.TimeSeriesPoint(time=ts_proto(t), value=v)
                   for t, v in zip(times.tolist(), values.tolist(), strict=True)]
         return forecaster_pb2.GetPointsResponse(points=points, resolution_s=state.resolution_s)

@@ -91,7 +91,8 @@ class ForecasterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetPoints(self, request, context):
-        """Returns stored points of a series in a time range.
+        """Returns stored points of a series in a time range (at most 200,000 per reply; a range holding more is
+        RESOURCE_EXHAUSTED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

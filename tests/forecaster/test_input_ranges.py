@@ -12,6 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.common.errors import error_detail_from_rpc_error
 from greenserve.forecaster.forecast_models import Prediction
 from greenserve.forecaster.ingest import MAX_POINT_VALUE
+from greenserve.forecaster import service as service_module
 from greenserve.forecaster.service import ForecasterSettings, build, finite_prediction
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
@@ -172,3 +173,18 @@ async def test_stream_load_is_all_or_nothing_and_keeps_open_hours_across_a_resta
                                                              (hour9, pytest.approx(1.0))]
         tokens = await stored_points(stub, load_ref("a", common_pb2.UNIT_INPUT_TOKENS_PER_S))
         assert tokens == [(hour8, pytest.approx(20.0)), (hour9, pytest.approx(10.0))]
+
+
+async def test_get_points_refuses_a_reply_over_its_limit_and_serves_a_narrower_range(start_inprocess,
+                                                                                     monkeypatch) -> None:
+    monkeypatch.setattr(service_module, "MAX_POINTS_PER_REPLY", 3)
+    svc = await start_inprocess(ForecasterSettings, build, **SETTINGS)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        await stub.IngestPoints(request([DAY0_S + i * 3600 for i in range(5)], [1.0, 2.0, 3.0, 4.0, 5.0]))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetPoints(forecaster_pb2.GetPointsRequest(series=CI_FR))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 points" in err.value.details()
+        reply = await stub.GetPoints(forecaster_pb2.GetPointsRequest(
+            series=CI_FR, start=Timestamp(seconds=DAY0_S + 3600), end=Timestamp(seconds=DAY0_S + 4 * 3600)))
+        assert [p.value for p in reply.points] == [2.0, 3.0, 4.0]
