@@ -34,6 +34,11 @@ STRINGS = [
     "MIG-0", "US-CAL-CISO", "DE", "carbon", "load", "lru", "lcs", "meta-llama/Meta-Llama-3-8B-Instruct",
 ]
 HUGE_STRING_CHARS = 100_000
+# Size budget of one case (characters of strings and bytes, plus BUDGET_PER_ELEMENT per repeated element), so
+# that nested repeated fields of huge strings stay one oversized request, not gigabytes in the harness.
+CASE_BUDGET = 400_000
+BUDGET_PER_ELEMENT = 64
+OVERSIZED_BYTES = 1_150_000  # above the 1 MiB message limit the fuzzed servers run with
 
 
 @dataclass
@@ -88,6 +93,7 @@ class MessageFuzzer:
         self.corpus = corpus
         self.closed_url = closed_url
         self.plausible = False
+        self.budget = CASE_BUDGET
         self._hour = (NOW_S // 3600) * 3600 - 60 * 86_400  # plausible times: hourly, increasing, from 60 days ago
 
     # ------------------------------------------------------------------ plausible values
@@ -145,6 +151,13 @@ class MessageFuzzer:
         return min(max(value, lo), hi)
 
     def _string(self, fd: FieldDescriptor) -> str:
+        value = self._draw_string(fd)
+        if len(value) > self.budget:
+            value = value[: max(0, min(self.budget, 64))]
+        self.budget -= len(value)
+        return value
+
+    def _draw_string(self, fd: FieldDescriptor) -> str:
         rng = self.rng
         roll = rng.random()
         if roll < 0.3 and self.corpus.strings:
@@ -171,7 +184,8 @@ class MessageFuzzer:
         if t == F.TYPE_STRING:
             return self._string(fd)
         if t == F.TYPE_BYTES:
-            n = rng.choice([0, 1, 16, 300, 70_000])
+            n = min(rng.choice([0, 1, 16, 300, 70_000]), max(0, self.budget))
+            self.budget -= n
             return rng.randbytes(n)
         if t == F.TYPE_ENUM:
             values = [v.number for v in fd.enum_type.values]
@@ -227,6 +241,8 @@ class MessageFuzzer:
                 n = rng.choice([1, 1, 2, 3, 24])
             else:
                 n = rng.choice([0, 1, 1, 2, 3, 5]) if rng.random() < 0.95 else rng.choice([200, 3000])
+            n = min(n, max(0, self.budget // BUDGET_PER_ELEMENT))
+            self.budget -= n * BUDGET_PER_ELEMENT
             for _ in range(n):
                 if fd.type == F.TYPE_MESSAGE:
                     if depth >= 4:
@@ -247,6 +263,7 @@ class MessageFuzzer:
     def case(self, request_cls: type) -> tuple[str, bytes]:
         """One fuzz case for `request_cls`: (kind, serialized bytes)."""
         rng = self.rng
+        self.budget = CASE_BUDGET
         roll = rng.random()
         if roll < 0.05:
             return "empty", b""
@@ -260,13 +277,15 @@ class MessageFuzzer:
             return "adversarial", self.fill(request_cls()).SerializeToString()
         good = self.plausible_message(request_cls).SerializeToString()
         kind = rng.choice(["truncated", "random", "wrong_wire_type", "bad_utf8", "unknown_field", "deep_nesting",
-                           "bad_length"])
+                           "bad_length", "oversized"])
         if kind == "truncated":
             if len(good) < 2:
                 return "random", rng.randbytes(rng.randint(1, 32))
             return kind, good[: rng.randint(1, len(good) - 1)]
         if kind == "random":
             return kind, rng.randbytes(rng.randint(1, 64))
+        if kind == "oversized":  # past any --max-message-bytes the harness sets: an unknown field of 1.1 MiB
+            return kind, good + _varint(999 << 3 | 2) + _varint(OVERSIZED_BYTES) + b"x" * OVERSIZED_BYTES
         fields = list(request_cls.DESCRIPTOR.fields) or [None]
         fd = rng.choice(fields)
         number = fd.number if fd is not None else 1

@@ -57,6 +57,12 @@ STREAM_TIMEOUT_S = 0.5  # server streams stay open; the deadline ends them
 STREAM_READS = 3
 STREAM_BATCH = 25  # server-stream cases run this many at once (each waits for its deadline)
 HEALTH_EVERY = 50
+TOKEN = "fuzz-token"  # every fuzzed service requires it; a few cases come without it (or with a wrong one)
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+STRANGERS = [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),),
+             (("authorization", f"Basic {TOKEN}"),), (("authorization", f"Bearer {TOKEN}x"),)]
+STRANGER_SHARE = 0.05
+PROBES_PER_READ = 1  # plausible requests of each List*/Get* RPC kept as state probes (besides the empty one)
 
 # How to start each service in-process: module, settings class, settings for a fast, standalone instance.
 SERVICES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -166,50 +172,91 @@ class Target:
     channel: grpc.aio.Channel
     db_path: Path | None
     corpus: Corpus = field(default_factory=Corpus)
-    unimplemented: dict[str, bool] = field(default_factory=dict)
+    probes: list[tuple[str, bytes]] = field(default_factory=list)
+    _conn: sqlite3.Connection | None = None
+    _db_version: int | None = None
+    _db_cache: dict[str, str] | None = None
+
+    def reads(self) -> list[Rpc]:
+        return [rpc for rpc in RPCS if rpc.service == self.rpc_service and not rpc.client_streaming
+                and not rpc.server_streaming and rpc.name.startswith(("List", "Get"))
+                and rpc.path not in VOLATILE_READS]
+
+    async def find_probes(self, rng: random.Random) -> None:
+        """State probes: each List*/Get* RPC with an empty request, and with up to PROBES_PER_READ plausible
+        requests it answers OK (names from the corpus, so they see what the fuzz stored), kept only when two
+        calls in a row agree (a reply that moves by itself is no state)."""
+        fuzzer = MessageFuzzer(rng, self.corpus)
+        probes: list[tuple[str, bytes]] = []
+        for rpc in self.reads():
+            found = [b""]
+            for _ in range(12):
+                if len(found) > PROBES_PER_READ:
+                    break
+                payload = fuzzer.plausible_message(rpc.input_cls).SerializeToString()
+                code, _, _ = await self.unary(rpc.path, payload)
+                if code == grpc.StatusCode.OK and payload not in found:
+                    found.append(payload)
+            for payload in found:
+                first, second = await self.unary(rpc.path, payload), await self.unary(rpc.path, payload)
+                if first[:2] == second[:2]:
+                    probes.append((rpc.path, payload))
+        self.probes = probes
 
     async def state(self) -> dict[str, Any]:
-        """Database rows (minus volatile tables) and the replies of the List*/Get* reads to an empty request."""
-        snapshot: dict[str, Any] = {"db": await asyncio.to_thread(self._db_rows)}
-        for rpc in RPCS:
-            if (rpc.service != self.rpc_service or rpc.client_streaming or rpc.server_streaming
-                    or not rpc.name.startswith(("List", "Get")) or rpc.path in VOLATILE_READS):
-                continue
-            code, reply, _ = await self.unary(rpc.path, b"")
-            snapshot[rpc.name] = (code.name, reply)
+        """Database rows (minus volatile tables) and the replies of the state probes (asked at once)."""
+        replies = await asyncio.gather(*(self.unary(path, payload) for path, payload in self.probes))
+        snapshot: dict[str, Any] = {
+            f"{path.rsplit('/', 1)[1]}({payload.hex()[:16]})": (code.name, reply)
+            for (path, payload), (code, reply, _) in zip(self.probes, replies)
+        }
+        snapshot["db"] = await self._db_digest()
         return snapshot
 
-    def _db_rows(self) -> dict[str, str]:
+    async def _db_digest(self) -> dict[str, str]:
+        """A digest per table; recomputed only when SQLite's data_version says another connection committed."""
         if self.db_path is None or not self.db_path.exists():
             return {}
+        if self._conn is None:
+            self._conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._db_version or self._db_cache is None:
+            self._db_cache = await asyncio.to_thread(self._db_rows)
+            self._db_version = version
+        return self._db_cache
+
+    def _db_rows(self) -> dict[str, str]:
+        assert self._conn is not None
         skip = VOLATILE_TABLES.get(self.rpc_service, set()) | {"alembic_version"}
         out: dict[str, str] = {}
-        with sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10) as conn:
-            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            for table in sorted(t for t in tables if t not in skip and not t.startswith("sqlite_")):
-                digest = hashlib.sha256()
-                for row in sorted(repr(r) for r in conn.execute(f'SELECT * FROM "{table}"')):
-                    digest.update(row.encode())
-                out[table] = digest.hexdigest()
+        conn = self._conn
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in sorted(t for t in tables if t not in skip and not t.startswith("sqlite_")):
+            digest = hashlib.sha256()
+            for row in sorted(repr(r) for r in conn.execute(f'SELECT * FROM "{table}"')):
+                digest.update(row.encode())
+            out[table] = digest.hexdigest()
         return out
 
-    async def unary(self, path: str, payload: bytes, timeout: float = UNARY_TIMEOUT_S) -> tuple[grpc.StatusCode, bytes | None, Any]:
+    async def unary(self, path: str, payload: bytes, metadata: Any = AUTH) -> tuple[grpc.StatusCode, bytes | None, Any]:
         call = self.channel.unary_unary(path, request_serializer=None, response_deserializer=None)
         try:
-            return grpc.StatusCode.OK, await call(payload, timeout=timeout), None
+            return grpc.StatusCode.OK, await call(payload, timeout=UNARY_TIMEOUT_S, metadata=metadata), None
         except grpc.aio.AioRpcError as exc:
             return exc.code(), None, exc
 
-    async def client_stream(self, path: str, payloads: list[bytes]) -> tuple[grpc.StatusCode, bytes | None, Any]:
+    async def client_stream(self, path: str, payloads: list[bytes],
+                            metadata: Any = AUTH) -> tuple[grpc.StatusCode, bytes | None, Any]:
         call = self.channel.stream_unary(path, request_serializer=None, response_deserializer=None)
         try:
-            return grpc.StatusCode.OK, await call(iter(payloads), timeout=UNARY_TIMEOUT_S), None
+            return grpc.StatusCode.OK, await call(iter(payloads), timeout=UNARY_TIMEOUT_S, metadata=metadata), None
         except grpc.aio.AioRpcError as exc:
             return exc.code(), None, exc
 
-    async def server_stream(self, path: str, payload: bytes) -> tuple[grpc.StatusCode, list[bytes], Any]:
+    async def server_stream(self, path: str, payload: bytes,
+                            metadata: Any = AUTH) -> tuple[grpc.StatusCode, list[bytes], Any]:
         call = self.channel.unary_stream(path, request_serializer=None, response_deserializer=None)(
-            payload, timeout=STREAM_TIMEOUT_S)
+            payload, timeout=STREAM_TIMEOUT_S, metadata=metadata)
         replies: list[bytes] = []
         try:
             async for reply in call:
@@ -224,6 +271,7 @@ class Target:
             return grpc.StatusCode.OK, replies, None
 
     async def healthy(self) -> bool:
+        """Both health entries SERVING, asked without a token (probes need none)."""
         stub = health_pb2_grpc.HealthStub(self.channel)
         for name in ("", self.rpc_service):
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=UNARY_TIMEOUT_S)
@@ -257,7 +305,7 @@ class Fleet:
             deps[setting], server = await start_empty_router()
             self.companions.append(server)
         data_dir = self.root / settings_cls.service_name
-        values = {"host": "127.0.0.1", "port": 0, "data_dir": data_dir, "log_level": "WARNING",
+        values = {"host": "127.0.0.1", "port": 0, "data_dir": data_dir, "log_level": "WARNING", "auth_token": TOKEN,
                   "max_message_bytes": 1024 * 1024, **deps, **overrides}
         settings = settings_cls.model_validate(values)
         telemetry = setup_telemetry(settings.service_name, span_exporter=InMemorySpanExporter(),
@@ -273,6 +321,8 @@ class Fleet:
     async def stop(self) -> None:
         if self.current is not None:
             await self.current.channel.close()
+            if self.current._conn is not None:
+                self.current._conn.close()
             await self.current.server.stop(0)
             self.current.telemetry.shutdown()
             self.current = None
@@ -316,29 +366,38 @@ async def test_fuzz_rpc(fleet: Fleet, rpc: Rpc) -> None:
     rng = random.Random(f"{seed}:{rpc.path}")
     fuzzer = MessageFuzzer(rng, target.corpus)
     unimplemented = await _probe_unimplemented(target, rpc)
+    await target.find_probes(random.Random(f"{seed}:probes:{rpc.path}"))
     failures: list[str] = []
     seen: dict[str, int] = {}
     before = await target.state()
     n = fuzz_cases()
-    pending: list[tuple[str, tuple[grpc.StatusCode, list[bytes], Any]]] = []
+    pending: list[tuple[str, Any, tuple[grpc.StatusCode, list[bytes], Any]]] = []
     for index in range(n):
+        stranger = rng.random() < STRANGER_SHARE
+        metadata = rng.choice(STRANGERS) if stranger else AUTH
         if rpc.server_streaming:
             if not pending:  # server streams wait for their deadline: run a batch at once, check one by one
-                batch = [fuzzer.case(rpc.input_cls) for _ in range(min(STREAM_BATCH, n - index))]
-                results = await asyncio.gather(*(target.server_stream(rpc.path, p) for _, p in batch))
-                pending = [(k, r) for (k, _), r in zip(batch, results)]
-            kind, (code, replies, error) = pending.pop(0)
+                batch = [(*fuzzer.case(rpc.input_cls), metadata) for _ in range(min(STREAM_BATCH, n - index))]
+                results = await asyncio.gather(*(target.server_stream(rpc.path, p, m) for _, p, m in batch))
+                pending = [(k, m, r) for (k, _, m), r in zip(batch, results)]
+            kind, metadata, (code, replies, error) = pending.pop(0)
+            stranger = metadata is not AUTH
         elif rpc.client_streaming:
             kind, payloads = fuzzer.stream(rpc.input_cls)
-            code, reply, error = await target.client_stream(rpc.path, payloads)
+            code, reply, error = await target.client_stream(rpc.path, payloads, metadata)
             replies = [] if reply is None else [reply]
         else:
             kind, payload = fuzzer.case(rpc.input_cls)
-            code, reply, error = await target.unary(rpc.path, payload)
+            code, reply, error = await target.unary(rpc.path, payload, metadata)
             replies = [] if reply is None else [reply]
         seen[code.name] = seen.get(code.name, 0) + 1
-        where = f"case {index} ({kind}) of {rpc.path}, GREENSERVE_FUZZ_SEED={seed}"
+        where = f"case {index} ({kind}{', no valid token' if stranger else ''}) of {rpc.path}, GREENSERVE_FUZZ_SEED={seed}"
         details = (error.details() or "")[:200] if error is not None else ""
+        # Without a valid token: UNAUTHENTICATED; a message over the size limit is refused by the gRPC core
+        # (RESOURCE_EXHAUSTED) before any interceptor sees the call.
+        expected = {grpc.StatusCode.UNAUTHENTICATED} | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if "oversized" in kind else set())
+        if stranger and code not in expected:
+            failures.append(f"{where}: a call without a valid token got {code.name} {details!r}")
         ok_code = (
             code in CLEAN_CODES
             or (code == grpc.StatusCode.UNIMPLEMENTED and unimplemented)
