@@ -265,7 +265,9 @@ def load_points(db: Database, series_id: int, start_s: int | None = None, end_s:
 
 def load_grid(db: Database, series_id: int, resolution_s: int, start_s: int | None = None,
               end_s: int | None = None) -> tuple[int, np.ndarray]:
-    """Stored points on a regular grid (NaN where missing): (first time, values)."""
+    """Stored points on a regular grid (NaN where missing): (first time, values). The grid spans the first to the
+    last stored point of the range: callers bound the range (a fit window, a backtest's days), never the whole
+    series (issue 21: a sparse series over decades made a grid of gigabytes)."""
     with db.session(readonly=True) as s:
         q = select(Point.ts, Point.value).where(Point.series_id == series_id)
         if start_s is not None:
