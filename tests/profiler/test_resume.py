@@ -47,7 +47,7 @@ def test_sigkill_mid_sweep_resumes_without_loss_or_repeat(tmp_path: Path) -> Non
     port = free_port()
     rates = [0.5 * (i + 1) for i in range(10)]
     spec = sim_spec(rates=rates, configs=[config(cache_dram_bytes=g << 30) for g in range(8)], workload="poisson",
-                    point_duration_s=120.0)
+                    point_duration_s=40.0)
     spec.method.stop_rule = common_pb2.LADDER_STOP_RULE_FULL_LADDER
     proc = _start(port, db_url, tmp_path / "run1.log")
     try:
