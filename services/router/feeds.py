@@ -9,16 +9,16 @@ routing never waits: losing telemetry must not slow requests.
 from __future__ import annotations
 
 import asyncio
-
-from greenserve.common.tasks import cancel_and_wait
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+
+from greenserve.common.clock import now_s
+from greenserve.common.tasks import cancel_and_wait
 from greenserve.v1 import (
     cache_manager_pb2,
     cache_manager_pb2_grpc,
@@ -110,7 +110,7 @@ class LoadFeed(_BoundedFeed):
     name = "load-feed"
 
     def __init__(self, channel: grpc.aio.Channel | None, interval_s: float = 10.0, max_items: int = 10_000,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = now_s) -> None:
         super().__init__(max_items, interval_s, batch_max=1000)
         self._stub = forecaster_pb2_grpc.ForecasterServiceStub(channel) if channel is not None else None
         self.clock = clock
@@ -152,7 +152,7 @@ class AccessFeed(_BoundedFeed):
     name = "access-feed"
 
     def __init__(self, channel: grpc.aio.Channel | None, interval_s: float = 1.0, max_items: int = 100_000,
-                 bytes_per_token: int = 131072, clock: Callable[[], float] = time.time) -> None:
+                 bytes_per_token: int = 131072, clock: Callable[[], float] = now_s) -> None:
         super().__init__(max_items, interval_s, batch_max=5000)
         self._stub = cache_manager_pb2_grpc.CacheManagerServiceStub(channel) if channel is not None else None
         self.bytes_per_token = bytes_per_token
