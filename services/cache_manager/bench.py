@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from greenserve.cache_manager import policies, read_or_recompute
+from greenserve.cache_manager import policies, read_or_recompute, traces
 from greenserve.cache_manager.index import CacheIndex
 
 DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
@@ -41,23 +41,37 @@ def _log(msg: str) -> None:
 
 
 def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") -> int:
-    """Token hit rate of FIFO / LRU / LCS / LCS+TTL at capacities 1 %..100 % of the trace's unique blocks."""
+    """Token hit rate of FIFO / LRU / LCS / LCS+TTL / Adaptive at capacities 1 %..100 % of each trace's
+    unique blocks: the Mooncake trace (or --trace files) and GreenCache's workload shapes."""
     parser = argparse.ArgumentParser(prog=prog, description=policy_main.__doc__)
-    parser.add_argument("--trace", type=Path, default=None, help="JSONL trace (Mooncake layout); default: "
+    parser.add_argument("--trace", type=Path, action="append", default=None,
+                        help="JSONL trace (Mooncake layout), repeatable; default: "
                         "../shared/data/mooncake_fast25/conversation_trace.jsonl")
+    parser.add_argument("--shapes", type=str, default=",".join(traces.SHAPES),
+                        help=f"comma-separated synthetic trace shapes also replayed ({', '.join(traces.SHAPES)}; "
+                        "'none' for none; default all)")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests (smoke runs)")
     parser.add_argument("--capacities", type=str, default=None,
                         help="comma-separated fractions of unique blocks (default 0.01,...,1.0)")
+    parser.add_argument("--policies", type=str, default=",".join(policies.POLICIES),
+                        help=f"comma-separated policies (default {','.join(policies.POLICIES)})")
     parser.add_argument("--ttl-period-s", type=float, default=600.0, help="LCS+TTL: TTL recompute period")
     parser.add_argument("--ttl-window-s", type=float, default=1800.0, help="LCS+TTL: access window of a recompute")
     parser.add_argument("--top-k", type=int, default=16, help="prefix groups besides the residual (Kareto K)")
     parser.add_argument("--ablations", action="store_true",
-                        help=f"also replay {', '.join(policies.ABLATIONS)} (key 'ablations')")
+                        help=f"also replay {', '.join(policies.ABLATIONS)} on the first trace (key 'ablations')")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
-    path = ns.trace or default_trace()
-    if not path.is_file():
-        parser.error(f"trace file not found: {path}")
+    paths = ns.trace or [default_trace()]
+    for path in paths:
+        if not path.is_file():
+            parser.error(f"trace file not found: {path}")
+    shapes = [] if ns.shapes.strip() == "none" else [x.strip() for x in ns.shapes.split(",") if x.strip()]
+    if any(x not in traces.SHAPES for x in shapes):
+        parser.error(f"--shapes must name shapes among {', '.join(traces.SHAPES)} (or 'none')")
+    names = [x.strip() for x in ns.policies.split(",") if x.strip()]
+    if not names or any(x not in policies.POLICIES for x in names):
+        parser.error(f"--policies must name policies among {', '.join(policies.POLICIES)}")
     if ns.limit is not None and ns.limit <= 0:
         parser.error("--limit must be positive")
     if ns.ttl_period_s <= 0 or ns.ttl_window_s <= 0 or ns.top_k < 1:
@@ -70,35 +84,56 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
     if not fractions or any(not (0 < f <= 1) for f in fractions):
         parser.error("--capacities must be fractions in (0, 1]")
     started_all = time.perf_counter()
-    trace = policies.load_trace(path, ns.limit)
-    if not trace:
-        parser.error(f"trace {path} has no requests")
-    compiled = policies.compile_trace(trace)
-    n_unique = compiled.n_blocks
-    _log(f"{len(trace)} requests, {n_unique} unique blocks from {path.name}")
+    loaded: list[tuple[str, list[policies.Request]]] = []
+    for path in paths:
+        trace = policies.load_trace(path, ns.limit)
+        if not trace:
+            parser.error(f"trace {path} has no requests")
+        loaded.append((path.name, trace))
+    for shape in shapes:
+        trace = traces.shape(shape)
+        loaded.append((shape, trace[:ns.limit] if ns.limit else trace))
 
-    def run(names: tuple[str, ...]) -> tuple[dict[str, list[float]], dict[str, float]]:
+    def run(compiled: policies.Compiled, names: tuple[str, ...] | list[str]
+            ) -> tuple[dict[str, list[float]], dict[str, float]]:
         table: dict[str, list[float]] = {}
         seconds: dict[str, float] = {}
         for policy in names:
             started = time.perf_counter()
             table[policy] = [
-                round(policies.replay(compiled, policy, max(1, int(round(f * n_unique))),
+                round(policies.replay(compiled, policy, max(1, int(round(f * compiled.n_blocks))),
                                       ttl_period_s=ns.ttl_period_s, ttl_window_s=ns.ttl_window_s,
                                       top_k=ns.top_k), 6)
                 for f in fractions
             ]
             seconds[policy] = round(time.perf_counter() - started, 2)
-            _log(f"{policy}: {table[policy]} ({seconds[policy]} s)")
+            _log(f"  {policy}: {table[policy]} ({seconds[policy]} s)")
         return table, seconds
 
-    table, seconds = run(policies.POLICIES)
-    out: dict[str, object] = {"capacities": fractions, "hit_rate": table, "requests": len(trace),
-                              "unique_blocks": n_unique}
-    if ns.ablations:
-        out["ablations"], more = run(policies.ABLATIONS)
-        seconds.update(more)
-    out["seconds"] = {**seconds, "total": round(time.perf_counter() - started_all, 2)}
+    per_trace: dict[str, dict[str, object]] = {}
+    out: dict[str, object] = {"capacities": fractions}
+    for k, (name, trace) in enumerate(loaded):
+        compiled = policies.compile_trace(trace)
+        _log(f"{name}: {len(trace)} requests, {compiled.n_blocks} unique blocks")
+        table, seconds = run(compiled, names)
+        entry: dict[str, object] = {"requests": len(trace), "unique_blocks": compiled.n_blocks, "hit_rate": table,
+                                    "seconds": seconds}
+        if "LRU" in table:
+            entry["minus_lru"] = {p: [round(a - b, 6) for a, b in zip(rates, table["LRU"])]
+                                  for p, rates in table.items() if p != "LRU"}
+        per_trace[name] = entry
+        if k == 0:  # the first trace also at the top level (the layout before the shapes were added)
+            out.update({"hit_rate": table, "requests": len(trace), "unique_blocks": compiled.n_blocks})
+            if ns.ablations:
+                out["ablations"], more = run(compiled, policies.ABLATIONS)
+                seconds.update(more)
+            out["seconds"] = dict(seconds)
+    out["traces"] = per_trace
+    worst = {p: min(min(e["minus_lru"][p]) for e in per_trace.values())  # type: ignore[index]
+             for p in names if p != "LRU" and "LRU" in names}
+    if worst:
+        out["worst_minus_lru"] = worst
+    out["seconds"]["total"] = round(time.perf_counter() - started_all, 2)  # type: ignore[index]
     print(json.dumps(out))
     return 0
 

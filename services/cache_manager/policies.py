@@ -1,4 +1,4 @@
-"""Trace replay of cache replacement policies: FIFO, LRU, LCS, LCS + group TTL (token hit rate).
+"""Trace replay of cache replacement policies: FIFO, LRU, LCS, LCS + group TTL, adaptive LRU/LCS (token hit rate).
 
 The trace is the Mooncake FAST'25 JSONL layout: one request per line with `timestamp` (ms), `input_length`
 (tokens) and `hash_ids` (chained 512-token prefix-block ids). A request's cached prefix is its leading run
@@ -11,6 +11,8 @@ partial last block too), so LCS gives every entry Size = 512 tokens' worth and #
 - LCS: `CacheIndex` (GreenCache Eq. 7, see index.py for the definitions; hits decaying with idle time,
   tau estimated online from the stream, every request's blocks fed to `observe_accesses`) with the prefix
   chain of each block, so only leaves are evicted, through the index's exact incremental choice.
+- Adaptive: LRU or LCS, whichever a pair of shadow caches shows earning more hit tokens recently
+  (`_replay_adaptive`); guards LCS against traffic where its frequency term misleads it.
 - LCS+TTL: LCS plus Kareto group TTLs (group_ttl.py): every `ttl_period_s` the TTLs are recomputed from
   the accesses of the last `ttl_window_s` with a budget of capacity x window block-seconds, and every
   `ttl_sweep_s` entries idle past their group's TTL are deleted (leaves first), as the service does.
@@ -30,7 +32,7 @@ from greenserve.cache_manager import group_ttl
 from greenserve.cache_manager.index import CacheIndex
 
 BLOCK_TOKENS = 512
-POLICIES = ("FIFO", "LRU", "LCS", "LCS+TTL")
+POLICIES = ("FIFO", "LRU", "LCS", "LCS+TTL", "Adaptive")
 ABLATIONS = ("LCS-no-decay", "LCS-no-decay-no-reset", "LCS-reset", "LCS-no-chain", "LRU-chain")
 
 
@@ -135,6 +137,8 @@ def replay(trace: list[Request] | Compiled, policy: str, capacity_blocks: int, *
     ct = trace if isinstance(trace, Compiled) else compile_trace(trace)
     if policy in ("FIFO", "LRU"):
         return _replay_ordered(ct, capacity_blocks, lru=policy == "LRU")
+    if policy == "Adaptive":
+        return _replay_adaptive(ct, capacity_blocks)
     if policy == "LRU-chain":
         return _replay_lcs(ct, capacity_blocks, recency_only=True)
     if policy in ("LCS", "LCS+TTL", "LCS-no-decay", "LCS-no-decay-no-reset", "LCS-reset", "LCS-no-chain"):
@@ -168,6 +172,133 @@ def _replay_ordered(ct: Compiled, capacity: int, *, lru: bool) -> float:
     return hit_tokens / total if total else 0.0
 
 
+class _OrderedCache:
+    """The FIFO / LRU cache of the replay, one request at a time (`step`, same contract as `_LcsCache`)."""
+
+    def __init__(self, ct: Compiled, capacity: int, *, lru: bool) -> None:
+        self.ct, self.capacity, self.lru = ct, capacity, lru
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.stored: list[int] = []
+        self.evicted: list[int] = []
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.cache
+
+    def step(self, r: int) -> float:
+        cache, capacity = self.cache, self.capacity
+        self.stored, self.evicted = [], []
+        hit_tokens = 0
+        prefix = True
+        for b, t in zip(self.ct.block_lists[r], self.ct.token_lists[r]):
+            if b in cache:
+                if prefix:
+                    hit_tokens += t
+                if self.lru:
+                    cache.move_to_end(b)
+            else:
+                prefix = False
+                if capacity > 0:
+                    if len(cache) >= capacity:
+                        self.evicted.append(cache.popitem(last=False)[0])
+                    cache[b] = None
+                    self.stored.append(b)
+        return float(hit_tokens)
+
+
+# Adaptive policy: defaults of the leader choice (see `_replay_adaptive`).
+ADAPTIVE_HALF_LIFE_TURNOVERS = 2.0
+ADAPTIVE_MARGIN = 0.05
+
+
+def _replay_adaptive(ct: Compiled, capacity: int, *, half_life_turnovers: float = ADAPTIVE_HALF_LIFE_TURNOVERS,
+                     margin: float = ADAPTIVE_MARGIN, start_leader: int = 0,
+                     trace_leader: list[int] | None = None) -> float:
+    """LRU / LCS chosen online by shadow (ghost) caches, the way set dueling (DIP, Qureshi et al. ISCA'07)
+    and ARC's ghost lists learn which policy the stream rewards.
+
+    Two metadata-only shadow caches of the same capacity, one LRU and one LCS, see every request; each
+    counts the tokens it would have hit, in an exponentially decayed sum whose half-life is
+    `half_life_turnovers` x capacity block references (one turnover: as many references as the cache
+    holds blocks). LRU leads first; LCS takes over when its sum exceeds LRU's by `margin` (relative), and
+    LRU takes back as soon as its sum is the larger: the burden of proof is on LCS, because a switch costs
+    hits while the real cache converges to the new leader's contents. The real cache evicts first its
+    blocks neither shadow holds, then those the leader does not hold (in the order the leader dropped
+    them), and only when none is left its least recently used block; so once it holds what the leader
+    holds it makes exactly the leader's choices. `trace_leader`, when given, receives the leader
+    (0 LRU, 1 LCS) in force at each request.
+    """
+    shadows = (_OrderedCache(ct, capacity, lru=True), _LcsCache(ct, capacity))
+    real: OrderedDict[int, None] = OrderedDict()
+    # Per shadow: real blocks it does not hold, oldest drop first.
+    outside: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
+    half_life_refs = max(1.0, half_life_turnovers * capacity)
+    earned = [0.0, 0.0]
+    leader = start_leader
+    hit_tokens = 0
+    for r in range(len(ct.times_s)):
+        if trace_leader is not None:
+            trace_leader.append(leader)
+        decay = 0.5 ** ((ct.offsets[r + 1] - ct.offsets[r]) / half_life_refs)
+        for k, shadow in enumerate(shadows):
+            earned[k] = earned[k] * decay + shadow.step(r)
+            out = outside[k]
+            dropped = shadow.evicted
+            for b in (dropped.tolist() if isinstance(dropped, np.ndarray) else dropped):
+                if b in real:
+                    out[b] = None
+            kept = shadow.stored
+            for b in (kept.tolist() if isinstance(kept, np.ndarray) else kept):
+                out.pop(b, None)
+        ids = ct.block_lists[r]
+        prefix = True
+        missing: list[int] = []
+        for b, t in zip(ids, ct.token_lists[r]):
+            if b in real:
+                if prefix:
+                    hit_tokens += t
+                real.move_to_end(b)
+            else:
+                prefix = False
+                missing.append(b)
+        if missing and capacity > 0:
+            need = len(missing) - (capacity - len(real))
+            if need > 0:
+                request = set(ids)
+                for victim in _victims(outside[leader], outside[1 - leader], real, request, need):
+                    del real[victim]
+                    outside[0].pop(victim, None)
+                    outside[1].pop(victim, None)
+            for b in missing[:max(0, capacity - len(real))]:
+                real[b] = None
+                for k, shadow in enumerate(shadows):
+                    if b not in shadow:
+                        outside[k][b] = None
+        if leader == 0 and earned[1] > earned[0] * (1.0 + margin):
+            leader = 1
+        elif leader == 1 and earned[0] > earned[1]:
+            leader = 0
+    total = int(ct.input_tokens.sum())
+    return hit_tokens / total if total else 0.0
+
+
+def _victims(leader_out: OrderedDict[int, None], other_out: OrderedDict[int, None], real: OrderedDict[int, None],
+             request: set[int], need: int) -> list[int]:
+    """`need` blocks of `real` outside `request`: first those neither shadow holds, then those the leader
+    does not hold (in the order the leader dropped them), then the least recently used."""
+    out: list[int] = []
+    taken: set[int] = set()
+    for source, also in ((leader_out, other_out), (leader_out, None), (real, None)):
+        if len(out) >= need:
+            break
+        for b in source:
+            if b not in request and b not in taken and (also is None or b in also):
+                out.append(b)
+                taken.add(b)
+                if len(out) >= need:
+                    break
+    return out
+
+
 class _Recency(CacheIndex):
     """Ablation: the LCS machinery with a score of 1/Age (LRU order, prefix chain and leaves first)."""
 
@@ -178,77 +309,103 @@ class _Recency(CacheIndex):
         return 1.0
 
 
-def _replay_lcs(ct: Compiled, capacity: int, *, ttl: bool = False, reset: bool = False, chain: bool = True,
-                hit_decay: str | float = "online",
-                recency_only: bool = False, ttl_period_s: float = 600.0, ttl_window_s: float = 1800.0,
-                ttl_sweep_s: float = 10.0, top_k: int = 16) -> float:
-    cls = _Recency if recency_only else CacheIndex
-    if recency_only:
-        reset, hit_decay = True, "none"
-    index = cls(truncation_reset=reset, hit_decay=hit_decay, initial_capacity=max(ct.n_blocks, 16))
-    index.ensure_capacity(ct.n_blocks)
-    live = index.key_hash  # non-zero = cached (slot = dense block id)
-    offsets, blocks, tokens, parents = ct.offsets, ct.blocks, ct.tokens, ct.parents
-    size = np.full(1, float(BLOCK_TOKENS))
+def _replay_lcs(ct: Compiled, capacity: int, **opts: object) -> float:
+    cache = _LcsCache(ct, capacity, **opts)  # type: ignore[arg-type]
     hit_tokens = 0.0
-    # TTL state
-    ttl_by_group = np.empty(0)
-    residual: float | None = None
-    next_ttl_s = float(ct.times_s[0]) + ttl_period_s if len(ct.times_s) else 0.0
-    next_sweep_s = next_ttl_s
     for r in range(len(ct.times_s)):
+        hit_tokens += cache.step(r)
+    total = float(ct.input_tokens.sum())
+    return hit_tokens / total if total else 0.0
+
+
+class _LcsCache:
+    """The LCS cache of the replay, one request at a time (`step`); after a step, `stored` and `evicted`
+    hold the dense block ids it stored and dropped (the adaptive policy follows them)."""
+
+    def __init__(self, ct: Compiled, capacity: int, *, ttl: bool = False, reset: bool = False, chain: bool = True,
+                 hit_decay: str | float = "online", recency_only: bool = False, ttl_period_s: float = 600.0,
+                 ttl_window_s: float = 1800.0, ttl_sweep_s: float = 10.0, top_k: int = 16) -> None:
+        cls = _Recency if recency_only else CacheIndex
+        if recency_only:
+            reset, hit_decay = True, "none"
+        self.ct, self.capacity, self.ttl, self.chain = ct, capacity, ttl, chain
+        self.ttl_period_s, self.ttl_window_s, self.ttl_sweep_s, self.top_k = ttl_period_s, ttl_window_s, \
+            ttl_sweep_s, top_k
+        self.index = cls(truncation_reset=reset, hit_decay=hit_decay, initial_capacity=max(ct.n_blocks, 16))
+        self.index.ensure_capacity(ct.n_blocks)
+        self.live = self.index.key_hash  # non-zero = cached (slot = dense block id)
+        self._size = np.full(1, float(BLOCK_TOKENS))
+        self._ttl_by_group = np.empty(0)
+        self._residual: float | None = None
+        self._next_ttl_s = float(ct.times_s[0]) + ttl_period_s if len(ct.times_s) else 0.0
+        self._next_sweep_s = self._next_ttl_s
+        self.stored: np.ndarray = np.empty(0, dtype=np.int64)
+        self.evicted: np.ndarray = np.empty(0, dtype=np.int64)
+
+    def __contains__(self, block: int) -> bool:
+        return bool(self.live[block] != 0)
+
+    def step(self, r: int) -> float:
+        """Serve request `r`: hit tokens of its cached prefix; then store its missing blocks (evicting)."""
+        ct, index, capacity = self.ct, self.index, self.capacity
+        self.stored = self.evicted = np.empty(0, dtype=np.int64)
         now = float(ct.times_s[r])
-        a, b = int(offsets[r]), int(offsets[r + 1])
+        a, b = int(ct.offsets[r]), int(ct.offsets[r + 1])
         if a == b:
-            continue
-        ids = blocks[a:b]
+            return 0.0
+        ids = ct.blocks[a:b]
         index.observe_accesses(ids, now)
-        if ttl:
-            if now >= next_ttl_s:
-                ttl_by_group, residual = _compute_ttls(ct.window_stats(r, ttl_window_s, top_k), capacity,
-                                                       ttl_window_s, ct.group_names)
-                next_ttl_s = now + ttl_period_s
-            if now >= next_sweep_s and (len(ttl_by_group) or residual is not None):
-                _expire(index, now, ttl_by_group, residual)
-                next_sweep_s = now + ttl_sweep_s
-        present = live[ids] != 0
+        expired = np.empty(0, dtype=np.int64)
+        if self.ttl:
+            if now >= self._next_ttl_s:
+                self._ttl_by_group, self._residual = _compute_ttls(
+                    ct.window_stats(r, self.ttl_window_s, self.top_k), capacity, self.ttl_window_s, ct.group_names)
+                self._next_ttl_s = now + self.ttl_period_s
+            if now >= self._next_sweep_s and (len(self._ttl_by_group) or self._residual is not None):
+                expired = _expire(index, now, self._ttl_by_group, self._residual)
+                self._next_sweep_s = now + self.ttl_sweep_s
+        present = self.live[ids] != 0
         first_miss = int(np.argmin(present)) if not present.all() else len(ids)
+        hit_tokens = 0.0
         if first_miss:
             hit = ids[:first_miss]
-            ht = tokens[a:a + first_miss]
-            hit_tokens += float(ht.sum())
+            ht = ct.tokens[a:a + first_miss]
+            hit_tokens = float(ht.sum())
             index.hit_slots(hit, hit_tokens=ht, now_s=now)
+        self.evicted = expired
         if first_miss == len(ids):
-            continue
+            return hit_tokens
         rest_present = present[first_miss:]
         later = ids[first_miss:][rest_present]
         if len(later):
             index.touch_slots(later, now)
         miss_pos = first_miss + np.flatnonzero(~rest_present)
         if capacity <= 0:
-            continue
+            return hit_tokens
         need = len(miss_pos) - (capacity - len(index))
         if need > 0:
             victims = index.choose_victims(need, now, exclude=ids[present])
             index.remove_slots(victims)
+            self.evicted = np.concatenate([expired, victims]) if len(expired) else victims
         room = capacity - len(index)
         if room <= 0:
-            continue
+            return hit_tokens
         miss_pos = miss_pos[:room]
         new = ids[miss_pos]
-        par = parents[a + miss_pos] if chain else np.full(len(new), -1)
-        index.store_slots(new, tokens=tokens[a + miss_pos], size_bytes=np.broadcast_to(size, len(new)), now_s=now,
-                          parents=par, group=int(ct.groups[r]) if int(ct.groups[r]) < 0xFFFF else None)
-    total = float(ct.input_tokens.sum())
-    return hit_tokens / total if total else 0.0
+        par = ct.parents[a + miss_pos] if self.chain else np.full(len(new), -1)
+        index.store_slots(new, tokens=ct.tokens[a + miss_pos], size_bytes=np.broadcast_to(self._size, len(new)),
+                          now_s=now, parents=par,
+                          group=int(ct.groups[r]) if int(ct.groups[r]) < 0xFFFF else None)
+        self.stored = new
+        return hit_tokens
 
 
-def _expire(index: CacheIndex, now: float, ttl_by_group: np.ndarray, residual: float | None) -> None:
-    """Delete entries idle past their group's TTL; an expired entry with a live unexpired child stays
-    (its child needs it as prefix), so chains are only cut from the leaves."""
+def _expire(index: CacheIndex, now: float, ttl_by_group: np.ndarray, residual: float | None) -> np.ndarray:
+    """Delete entries idle past their group's TTL (returns their slots); an expired entry with a live
+    unexpired child stays (its child needs it as prefix), so chains are only cut from the leaves."""
     expired = index.expired(now, ttl_by_group, residual)
     if not len(expired):
-        return
+        return np.empty(0, dtype=np.int64)
     n = index._n
     removable = np.zeros(n, dtype=np.bool_)
     removable[expired] = True
@@ -260,7 +417,9 @@ def _expire(index: CacheIndex, now: float, ttl_by_group: np.ndarray, residual: f
         if not blocked.any():
             break
         removable[keep_parent[blocked]] = False
-    index.remove_slots(np.flatnonzero(removable))
+    gone = np.flatnonzero(removable)
+    index.remove_slots(gone)
+    return gone
 
 
 def _compute_ttls(stats: list[group_ttl.GroupStats], capacity: int, window_s: float,

@@ -16,10 +16,11 @@ def _last_json(capsys) -> dict:
 def test_cache_policy_smoke(capsys) -> None:
     if not bench.default_trace().is_file():
         pytest.skip(f"shared Mooncake trace not found at {bench.default_trace()}")
-    assert bench.policy_main(["--limit", "300", "--capacities", "0.05,1.0", "--ablations", "--json"]) == 0
+    assert bench.policy_main(["--limit", "300", "--capacities", "0.05,1.0", "--ablations", "--shapes", "none",
+                              "--json"]) == 0
     out = _last_json(capsys)
     assert out["capacities"] == [0.05, 1.0]
-    assert set(out["hit_rate"]) == {"FIFO", "LRU", "LCS", "LCS+TTL"}
+    assert set(out["hit_rate"]) == {"FIFO", "LRU", "LCS", "LCS+TTL", "Adaptive"}
     assert set(out["ablations"]) == {"LCS-no-decay", "LCS-no-decay-no-reset", "LCS-reset", "LCS-no-chain", "LRU-chain"}
     assert out["seconds"]["total"] > 0
     for rates in list(out["hit_rate"].values()) + list(out["ablations"].values()):
@@ -33,15 +34,28 @@ def test_cache_policy_custom_trace(tmp_path, capsys) -> None:
     trace = tmp_path / "t.jsonl"
     rows = [{"timestamp": i * 1000, "input_length": 1024, "hash_ids": [0, 1 + i % 3]} for i in range(30)]
     trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert bench.policy_main(["--trace", str(trace), "--capacities", "1.0"]) == 0
+    assert bench.policy_main(["--trace", str(trace), "--capacities", "1.0", "--shapes", "none"]) == 0
     out = _last_json(capsys)
     # 4 unique blocks, all fit: only the first touch of each block misses.
     assert out["hit_rate"]["LRU"] == [pytest.approx((30 * 1024 - 4 * 512) / (30 * 1024))]
 
 
-def test_cache_policy_bad_flags() -> None:
+def test_cache_policy_shapes(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 512, "hash_ids": [7]}) + "\n")
+    assert bench.policy_main(["--trace", str(trace), "--shapes", "stale-hot,zipf-0.7", "--limit", "400",
+                              "--capacities", "0.05,1.0", "--policies", "LRU,Adaptive"]) == 0
+    out = _last_json(capsys)
+    assert set(out["traces"]) == {"t.jsonl", "stale-hot", "zipf-0.7"}
+    for entry in out["traces"].values():
+        assert set(entry["hit_rate"]) == {"LRU", "Adaptive"} and set(entry["minus_lru"]) == {"Adaptive"}
+    assert out["worst_minus_lru"]["Adaptive"] == min(min(e["minus_lru"]["Adaptive"]) for e in out["traces"].values())
+
+
+@pytest.mark.parametrize("flags", [["--capacities", "0,2"], ["--shapes", "nope"], ["--policies", "LRU,MRU"]])
+def test_cache_policy_bad_flags(flags) -> None:
     with pytest.raises(SystemExit) as exc:
-        bench.policy_main(["--capacities", "0,2"])
+        bench.policy_main(flags)
     assert exc.value.code == 2
 
 
