@@ -61,6 +61,7 @@ State = tuple[tuple[Placement, str], ...]  # one GPU's instances of the pool: (p
 # in-flight requests in ~30 s, loads an 8B model and captures CUDA graphs in ~90 s, and its prefix cache refills
 # in ~60 s; set ``change_s`` from measurements of your engines.
 DEFAULT_CHANGE_S = 180.0
+THREADS = 1
 TIE_BREAK = 1e-4  # objective points per restarted engine: among equal plans, the one that changes least
 
 
@@ -93,6 +94,8 @@ class Problem:
     max_ged: int | None = None
     previous_graph: dict[Kind, int] | None = None
     notes: list[str] = field(default_factory=list)
+    # Hour-independent figures of patterns and transitions, shared by the hours of one pool (see ``PoolSetup``).
+    memo: dict = field(default_factory=dict, repr=False)
 
     def g_per_j(self) -> float:
         return self.pue * self.ci_g_per_kwh / 3.6e6
@@ -100,18 +103,34 @@ class Problem:
     def pattern_idle_w(self, pattern: mp.Pattern) -> float:
         """Idle power of a GPU in the pattern: each engine's idle power, plus the GPU's idle power share of the
         SMs no engine holds (the GPU idles whole whatever its layout; an empty or missing slice saves nothing)."""
-        model = pattern.gpu_model
-        engines = [(p, v) for p, v in pattern.kinds if v and (model, p, v) in self.options]
-        rest = self.gpu_idle_w(model) - sum(self.none_idle_w[(model, p)] for p, _ in engines)
-        return sum(self.options[(model, p, v)].idle_power_w for p, v in engines) + max(0.0, rest)
+        key = ("idle", pattern)
+        if key not in self.memo:
+            model = pattern.gpu_model
+            engines = [(p, v) for p, v in pattern.kinds if v and (model, p, v) in self.options]
+            rest = self.gpu_idle_w(model) - sum(self.none_idle_w[(model, p)] for p, _ in engines)
+            self.memo[key] = sum(self.options[(model, p, v)].idle_power_w for p, v in engines) + max(0.0, rest)
+        return self.memo[key]
+
+    def transition(self, state: State, pattern: mp.Pattern, state_key: tuple | None = None) -> tuple[float, int, int]:
+        """(idle power of the engines started, engines started, engines started + stopped) to go from ``state``
+        to ``pattern``."""
+        key = ("move", state if state_key is None else state_key, pattern)
+        if key not in self.memo:
+            started = mp.restarts(state, pattern)[0]
+            watts = sum(self.options[(pattern.gpu_model, p, v)].idle_power_w for p, v in started)
+            self.memo[key] = (watts, len(started), len(started) + mp.stopped(state, pattern))
+        return self.memo[key]
 
     def gpu_idle_w(self, model: str) -> float:
         return gpu_idle_w(model)
 
     def kinds_of(self, pattern: mp.Pattern) -> dict[Kind, int]:
         """Engines of a pattern that serve (a kept engine the model has no option for serves nothing here)."""
-        return {(pattern.gpu_model, p, v): n for (p, v), n in pattern.counts.items()
-                if v and (pattern.gpu_model, p, v) in self.options}
+        key = ("kinds", pattern)
+        if key not in self.memo:
+            self.memo[key] = {(pattern.gpu_model, p, v): n for (p, v), n in pattern.counts.items()
+                              if v and (pattern.gpu_model, p, v) in self.options}
+        return self.memo[key]
 
     def change_g(self, started: list[tuple[str, str]], gpu_model: str) -> float:
         return sum(self.options[(gpu_model, p, v)].idle_power_w for p, v in started) * self.change_s * self.g_per_j()
@@ -133,6 +152,7 @@ class Solution:
     bound: float | None = None
     mip_gap: float | None = None
     solve_s: float = 0.0
+    solve_cpu_s: float = 0.0  # this process's CPU time (the wall time on a loaded machine overstates the work)
     transitions: dict[tuple[int, State, mp.Pattern], int] = field(default_factory=dict)
 
 
@@ -254,6 +274,7 @@ class _Milp:
 
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", THREADS)
         h.setOptionValue("mip_rel_gap", gap_rel)
         if time_limit_s is not None:
             h.setOptionValue("time_limit", float(time_limit_s))
@@ -261,9 +282,6 @@ class _Milp:
         h.addCols(n, np.array(self.cost, dtype=float), np.array([clip(v) for v in self.lower], dtype=float),
                   np.array([clip(v) for v in self.upper], dtype=float), 0, np.array([], dtype=np.int32),
                   np.array([], dtype=np.int32), np.array([], dtype=float))
-        if self.integer:
-            h.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
-                                    np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
         starts, index, value = [], [], []
         for _, _, coefficients in self.rows:
             starts.append(len(index))
@@ -274,6 +292,15 @@ class _Milp:
                   np.array([clip(r[1]) for r in self.rows], dtype=float), len(index),
                   np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value, dtype=float))
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        # The LP relaxation first: when its optimum is integral it is the MILP's optimum (its bound is met).
+        h.run()
+        if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+            x = list(h.getSolution().col_value)
+            if all(abs(x[c] - round(x[c])) <= 1e-7 for c in self.integer):
+                return True, x, float(h.getInfo().objective_function_value), 0.0
+        if self.integer:
+            h.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
+                                    np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
         h.run()
         status = h.getModelStatus()
         if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit) or \
@@ -287,6 +314,7 @@ class _Milp:
 
 def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float | None = None) -> Solution:
     started = time.perf_counter()
+    started_cpu = time.process_time()
     load = problem.load_rps
     servable = max_servable(problem)
     if load > servable + 1e-9:
@@ -294,27 +322,33 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
                              f"within the SLO ({servable:.2f} req/s); planned for {servable:.2f}")
         load = servable
     model = _Milp()
-    z: dict[tuple[int, State, mp.Pattern], int] = {}
-    change: dict[tuple[int, State, mp.Pattern], tuple[float, int]] = {}
+    z: dict[tuple[int, tuple, mp.Pattern], int] = {}
+    change: dict[tuple[int, tuple, mp.Pattern], tuple[float, int, int, State]] = {}
     n_cols: dict[tuple[int, mp.Pattern], list[int]] = defaultdict(list)
     lam = problem.weight
     idle_coef = lam * 100.0 * 3600.0 * problem.g_per_j() / problem.base_carbon_g
     for gi, group in enumerate(problem.groups):
         idle = {p: problem.pattern_idle_w(p) for p in group.patterns}
-        for state, count in sorted(Counter(group.states).items()):
+        classes: dict[tuple, tuple[State, int]] = {}
+        for state in group.states:  # states keyed by plain tuples: hashing Placement dataclasses is slow
+            skey = tuple((p.start, p.size, p.profile, v) for p, v in state)
+            classes[skey] = (state, classes[skey][1] + 1 if skey in classes else 1)
+        change_coef = problem.change_s * problem.g_per_j()
+        for skey, (state, count) in sorted(classes.items()):
             row = []
-            keep = mp.keep_pattern(group.gpu_model, state)
+            if ("keep", skey) not in problem.memo:
+                problem.memo[("keep", skey)] = mp.keep_pattern(group.gpu_model, state)
+            keep = problem.memo[("keep", skey)]
             candidates = group.patterns if keep is None else [*group.patterns, keep]
             if keep is not None:
                 idle[keep] = problem.pattern_idle_w(keep)
             for pattern in candidates:
-                started_kinds = mp.restarts(state, pattern)[0]
-                cost_g = problem.change_g(started_kinds, group.gpu_model)
-                changes = len(started_kinds) + mp.stopped(state, pattern)
+                watts, n_started, changes = problem.transition(state, pattern, skey)
+                cost_g = watts * change_coef
                 col = model.column(-(idle_coef * idle[pattern] + lam * 100.0 * cost_g / problem.base_carbon_g
                                      + TIE_BREAK * changes), 0.0, count, integer=True)
-                z[(gi, state, pattern)] = col
-                change[(gi, state, pattern)] = (cost_g, len(started_kinds), changes)
+                z[(gi, skey, pattern)] = col
+                change[(gi, skey, pattern)] = (cost_g, n_started, changes, state)
                 n_cols[(gi, pattern)].append(col)
                 row.append(col)
             model.row(count, count, {c: 1.0 for c in row})
@@ -357,7 +391,7 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
     for key, col in z.items():
         n = int(round(x[col]))
         if n:
-            transitions[key] = n
+            transitions[(key[0], change[key][3], key[2])] = n
             counts[(key[0], key[2])] += n
             change_total += change[key][0] * n
             n_restart += change[key][1] * n
@@ -369,7 +403,8 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
     if mip_gap is not None and mip_gap > 1e-6 and (bound is None or bound - objective_value > 1e-6):
         sol_status = "within gap"
     return Solution(dict(counts), flows, objective_value, f, d_c, d_a, carbon, change_total, n_restart,
-                    sum(flows.values()), sol_status, bound, mip_gap, time.perf_counter() - started, transitions)
+                    sum(flows.values()), sol_status, bound, mip_gap, time.perf_counter() - started,
+                    time.process_time() - started_cpu, transitions)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -450,6 +485,7 @@ class PoolSetup:
     fixed_capacity_rps: float  # the pool's engines the plan does not touch
     base_power_w: float  # BASE's idle power (best variant on each GPU whole)
     base_energy_per_request_j: float
+    memo: dict = field(default_factory=dict, repr=False)  # shared by the hours' problems
 
 
 def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, headroom: float,
@@ -563,7 +599,8 @@ def problem_for(setup: PoolSetup, states: list[list[State]] | None, load_rps: fl
     states = states if states is not None else [list(g.states) for g in setup.groups]
     groups = [Group(g.gpu_model, g.uuids, st, g.patterns) for g, st in zip(setup.groups, states)]
     return Problem(setup.pool.name, load_rps, ci, base_carbon_g(setup, load_rps, base_ci, pue), pue, weight, groups,
-                   setup.options, setup.none_idle, headroom, max_accuracy_loss, change_s, max_ged, previous_graph)
+                   setup.options, setup.none_idle, headroom, max_accuracy_loss, change_s, max_ged, previous_graph,
+                   memo=setup.memo)
 
 
 class MigVariantsSolver:
@@ -594,6 +631,7 @@ class MigVariantsSolver:
 
     def solve(self, inputs: PlanningInputs) -> KnobPlan:
         started = time.perf_counter()
+        started_cpu = time.process_time()
         kept = in_force_layouts(inputs)[0]
         hours: list[dict[str, common_pb2.MigLayout]] = [{m.gpu_uuid: m for m in h} for h in kept]
         in_force = hours[0] if hours else {}
@@ -647,7 +685,8 @@ class MigVariantsSolver:
             return KnobPlan(per_interval, detail="MIG layouts kept: no pool has MIG-capable GPUs assigned",
                             status="kept")
         detail = (f"CLOVER objective (lambda {inputs.carbon_weight_fraction:g}) solved exactly (HiGHS MILP) for "
-                  f"{planned_pools} pool(s), {n_gpus} GPU(s) over {inputs.horizon_hours} h in {took:.2f} s: "
+                  f"{planned_pools} pool(s), {n_gpus} GPU(s) over {inputs.horizon_hours} h in {took:.2f} s "
+                  f"({time.process_time() - started_cpu:.2f} s CPU): "
                   f"{solved_hours} pool-hour(s) solved"
                   + (f" (worst MIP gap {worst_gap:.2%})" if worst_gap > 0 else " (each proven optimal)")
                   + (f", {kept_hours} kept the previous hour's configuration (CI and load within "
