@@ -66,7 +66,7 @@ class HttpLimits:
     max_body_bytes_in_flight: int = 256 * 1024 * 1024
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    keepalive_timeout_s: float = 15.0
+    keepalive_timeout_s: float = 75.0
     max_connections: int = 1024
     max_requests_per_connection: int = 1000
 

@@ -76,8 +76,10 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
                                          description="seconds a new HTTP connection gets to send a complete request head")
     http_body_timeout_s: float = Field(30.0, gt=0, le=3600,
                                        description="seconds an HTTP request body gets to arrive in full (408 after)")
-    http_keepalive_timeout_s: float = Field(15.0, gt=0, le=3600,
-                                            description="seconds an idle HTTP keep-alive connection is kept open")
+    http_keepalive_timeout_s: float = Field(
+        75.0, gt=0, le=3600,
+        description="seconds an idle HTTP keep-alive connection is kept open (longer than the idle timeouts of "
+        "client pools, 5-60 s, so that a client never reuses a connection the router is closing)")
     http_max_requests_per_connection: int = Field(1000, ge=1, le=10_000_000,
                                                   description="requests one HTTP keep-alive connection may carry")
     scrape_interval_s: float = Field(0.5, gt=0, le=60, description="seconds between /metrics scrapes of each engine")

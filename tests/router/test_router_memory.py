@@ -132,7 +132,8 @@ async def test_router_memory_levels_off_under_a_sustained_stream(tmp_path: Path,
     third = max(1, len(samples) // 3)
     first, last = max(samples[:third]), max(samples[-third:])
     print(f"router RSS MiB: start {samples[0]:.1f}, max {max(samples):.1f}, first third max {first:.1f}, "
-          f"last third max {last:.1f}; requests ok {counts['ok']}, refused {counts['refused']}")
+          f"last third max {last:.1f}; requests ok {counts['ok']}, refused {counts['refused']}; every 5 s: "
+          f"{[round(x, 1) for x in samples[::25]]}")
     assert counts["ok"] >= 200, counts
     assert max(samples) < RSS_BOUND_MIB, samples
     assert last - first < GROWTH_LIMIT_MIB, samples
