@@ -73,7 +73,7 @@ class SnapshotStore:
                 continue
             try:
                 index = CacheIndex.load(path)
-            except Exception as exc:  # noqa: BLE001 - any unreadable file (BadZipFile, KeyError, ValueError, OSError...)
+            except Exception as exc:  # noqa: BLE001 - unreadable: BadZipFile, KeyError, ValueError, OSError...
                 self._move_aside(path, exc)
                 found.append(None)  # type: ignore[arg-type]
                 continue

@@ -1,63 +1,30 @@
 """The cache-manager process under 16 concurrent writers, then SIGKILL and a restart (issue 21).
 
 16 clients write at once (access streams that store new entries and evict some of their earlier ones,
-server registrations, deregistrations) with checkpoints every 0.7 s or 1,000 events; while they are still writing the process
-is killed with SIGKILL and started again. Before the kill no call may fail; after the restart the service
-holds exactly the acknowledged writes: every acknowledged store is there unless an acknowledged evict
-removed it, nothing that was never sent is there, and each stream that was in flight at the kill was applied
-whole or not at all.
+server registrations, deregistrations) with checkpoints every 0.7 s or 1,000 events; while they are still
+writing the process is killed with SIGKILL and started again. Before the kill no call may fail; after the
+restart the service holds exactly the acknowledged writes: every acknowledged store is there unless an
+acknowledged evict removed it, nothing that was never sent is there, and each stream that was in flight at
+the kill was applied whole or not at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import pytest
 
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from tests.cache_manager.process import start_cache_manager
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 CLIENTS = 16
 WRITE_S = 2.0
-SERVICE = "greenserve.v1.CacheManagerService"
-
-
-def start_cache_manager(data_dir: Path, port: int, **flags: object) -> subprocess.Popen:
-    """`python -m greenserve.cache_manager` on `port`, SERVING; its log goes to `<data_dir>/service.log`."""
-    env = {**os.environ, "GREENSERVE_FOLLOW_PLANS": "false"}
-    argv = [sys.executable, "-m", "greenserve.cache_manager", "--host", "127.0.0.1", "--port", str(port),
-            "--data-dir", str(data_dir)]
-    for name, value in flags.items():
-        argv += [f"--{name.replace('_', '-')}", str(value)]
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / "service.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=out)
-    deadline = time.monotonic() + 60
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"exited {proc.returncode}: {log.read_text()[-2000:]}"
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=1).status == 1:
-                    return proc
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"cache-manager not SERVING within 60 s: {log.read_text()[-2000:]}")
 
 
 @dataclass
@@ -123,7 +90,8 @@ async def _restored(address: str, pool: str) -> tuple[set[str], set[str]]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pbg.CacheManagerServiceStub(channel)
         try:
-            entries = (await stub.ListEvictionCandidates(pb.ListEvictionCandidatesRequest(pool=pool, limit=10000))).entries
+            entries = (await stub.ListEvictionCandidates(
+                pb.ListEvictionCandidatesRequest(pool=pool, limit=10000))).entries
         except grpc.aio.AioRpcError as exc:
             assert exc.code() == grpc.StatusCode.NOT_FOUND
             entries = []
@@ -210,7 +178,8 @@ async def test_sigkill_before_any_checkpoint_replays_the_journal(tmp_path) -> No
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = pbg.CacheManagerServiceStub(channel)
-            entries = (await stub.ListEvictionCandidates(pb.ListEvictionCandidatesRequest(pool="p1", limit=100))).entries
+            entries = (await stub.ListEvictionCandidates(
+                pb.ListEvictionCandidatesRequest(pool="p1", limit=100))).entries
         assert {e.entry_key for e in entries} == {f"{i:04x}" for i in range(49)}
         assert {e.entry_key for e in entries if e.hits == 1} == {f"{i:04x}" for i in range(10)}
         assert "61 journaled events replayed" in (tmp_path / "service.log").read_text()

@@ -206,8 +206,8 @@ async def test_group_ttl_ranges_and_out_of_order_events(start_inprocess, tmp_pat
     try:
         now = int(time.time())
         # Two reporters' events interleaved: times go back and forth.
-        items = [_store("p1", f"{i % 5:02x}", conversation_id=f"c{i % 3}", time=Timestamp(seconds=now - 100 + i * 37 % 90))
-                 for i in range(40)]
+        items = [_store("p1", f"{i % 5:02x}", conversation_id=f"c{i % 3}",
+                        time=Timestamp(seconds=now - 100 + i * 37 % 90)) for i in range(40)]
         items += [_store("p1", "aa", conversation_id="d", time=Timestamp(seconds=t))
                   for t in (now - 10, now - 3000, now - 20, now - 3100)]
         await stub.ReportAccesses(_stream(items))
