@@ -78,8 +78,11 @@ def gpu_hardware(gpu: common_pb2.Gpu) -> str:
     return gpu.hardware or GPU_HARDWARE.get(gpu.model, gpu.name.replace("NVIDIA ", "").replace(" ", "-"))
 
 
-def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = frozenset()) -> None:
-    """InvalidArgument naming the first bad field; ``known_gpus`` are the UUIDs reported by gpu-partitioners."""
+def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = frozenset(),
+                   reported_models: dict[str, int] | None = None) -> None:
+    """InvalidArgument naming the first bad field; ``known_gpus`` are the UUIDs reported by gpu-partitioners,
+    ``reported_models`` their models (a declared MIG layout is checked against the GPU's model, declared or
+    reported)."""
     if len(fleet.pools) > MAX_POOLS:
         raise InvalidArgument("fleet.pools", f"at most {MAX_POOLS} pools")
     if len(fleet.gpus) > MAX_GPUS:
@@ -157,7 +160,7 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
     for i, gpu in enumerate(fleet.gpus):
         if gpu.pool and gpu.pool not in pools:
             raise InvalidArgument(f"fleet.gpus[{i}].pool", f"unknown pool {gpu.pool}")
-        _mig_layout(f"fleet.gpus[{i}]", gpu)
+        _mig_layout(f"fleet.gpus[{i}]", gpu, gpu.model or (reported_models or {}).get(gpu.uuid, 0))
 
 
 def _simulator_model(field: str, name: str) -> None:
@@ -170,15 +173,17 @@ def _simulator_model(field: str, name: str) -> None:
                                      f"stored profile the variant's capacity could not be predicted")
 
 
-def _mig_layout(path: str, gpu: common_pb2.Gpu) -> None:
-    """A declared MIG layout must be one the GPU can hold (the gpu-partitioner's geometry rules)."""
-    if not gpu.instances:
+def _mig_layout(path: str, gpu: common_pb2.Gpu, model: int) -> None:
+    """A declared MIG layout must be one the GPU can hold (the gpu-partitioner's geometry rules). A GPU whose model
+    is neither declared nor reported yet is checked when its gpu-partitioner reports it (the enforcer refuses a
+    layout the device cannot hold)."""
+    if not gpu.instances or model == common_pb2.GPU_MODEL_UNSPECIFIED:
         return
     from greenserve.gpu_partitioner.geometry import LayoutError, Placement, geometry
 
-    name = GPU_HARDWARE.get(gpu.model)
+    name = GPU_HARDWARE.get(model)
     if name is None:
-        raise InvalidArgument(f"{path}.instances", "MIG instances on a GPU whose model has no MIG (set model)")
+        raise InvalidArgument(f"{path}.instances", "MIG instances on a GPU whose model has no MIG")
     geo = geometry(name)
     placed = []
     for j, inst in enumerate(gpu.instances):
@@ -292,7 +297,7 @@ class FleetStore:
         with self._lock:
             reports = dict(self.reports)
         known = {gpu.uuid for report in reports.values() for gpu in report.gpus}
-        validate_fleet(fleet, known)
+        validate_fleet(fleet, known, {gpu.uuid: gpu.model for report in reports.values() for gpu in report.gpus})
         check_conflicts(fleet, reports)
         now = utcnow()
         body = fleet.SerializeToString()

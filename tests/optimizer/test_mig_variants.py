@@ -259,6 +259,12 @@ def test_layout_a_gpu_cannot_hold_is_refused_naming_the_field() -> None:
     with pytest.raises(InvalidArgument) as err:
         validate_fleet(fleet)
     assert "fleet.gpus[0].instances[2].profile" in str(err.value)
+    # A GPU declared without its model (the demo's: its gpu-partitioner reports it) is checked by the reported one.
+    gpu.ClearField("model")
+    validate_fleet(fleet)
+    with pytest.raises(InvalidArgument) as err:
+        validate_fleet(fleet, {"GPU-0"}, {"GPU-0": common_pb2.GPU_MODEL_A100_40GB})
+    assert "fleet.gpus[0].instances[2].profile" in str(err.value)
 
 
 def test_catalogue_cites_every_quality_figure() -> None:
