@@ -132,8 +132,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._service = service_name
         self._tracer = telemetry.tracer
         tokens = [token] if isinstance(token, str) else list(token or ())
-        # Every accepted "Bearer <token>" (two during a token rotation); None: auth off.
-        self._expected_auth = [f"Bearer {t}".encode() for t in tokens if t] or None
+        # Every accepted bearer token (two during a token rotation); None: auth off.
+        self._expected_auth = [t.encode() for t in tokens if t] or None
         self._undecodable_log = _RateLimitedWarning(log, UNDECODABLE_LOG_INTERVAL_S)
         meter = telemetry.meter
         self._requests = meter.create_counter("greenserve.rpc.server.requests", unit="{request}", description="RPCs served")
@@ -151,7 +151,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         metadata = {k: v for k, v in (details.invocation_metadata or ())}
         if self._expected_auth is not None and not method.startswith(AUTH_EXEMPT_PREFIXES):
             given = metadata.get("authorization", "")
-            given_bytes = given.encode() if isinstance(given, str) else given
+            given = given.decode(errors="replace") if isinstance(given, bytes) else given
+            scheme, _, credentials = given.strip().partition(" ")  # RFC 6750: the scheme in any case
+            given_bytes = credentials.strip().encode() if scheme.lower() == "bearer" else b""
             # Compare with every accepted token (no early exit: the time taken does not say which one was close).
             matches = [hmac.compare_digest(given_bytes, expected) for expected in self._expected_auth]
             if not any(matches):

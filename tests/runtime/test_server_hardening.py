@@ -134,3 +134,16 @@ async def test_two_tokens_are_accepted_during_a_rotation(start_inprocess, tmp_pa
     assert await status("new-token,old-token") == grpc.StatusCode.UNAUTHENTICATED
     assert await status("other") == grpc.StatusCode.UNAUTHENTICATED
     assert await status(None) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_bearer_scheme_in_any_case_and_nothing_else_is_accepted(start_inprocess) -> None:
+    svc = await start_inprocess(OptimizerSettings, build, auth_token="s3cret")
+    request = optimizer_pb2.EstimateCarbonRequest(energy_kwh=1, ci_g_per_kwh=1, duration_s=1)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = optimizer_pb2_grpc.OptimizerServiceStub(channel)
+        for header in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret "):
+            await stub.EstimateCarbon(request, timeout=5, metadata=(("authorization", header),))
+        for header in ("s3cret", "Basic s3cret", "Bearer s3cret2", "Bearer", "Bearer s3cre", "Bearers3cret"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.EstimateCarbon(request, timeout=5, metadata=(("authorization", header),))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, header
