@@ -210,6 +210,8 @@ def test_solver_plans_valid_layouts_with_variants_and_leaves_other_gpus() -> Non
     fleet.gpus.add(uuid="GPU-0", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat", mig_enabled=True)
     fleet.gpus.add(uuid="GPU-1", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat", mig_enabled=True)
     fleet.gpus.add(uuid="GPU-x", model=common_pb2.GPU_MODEL_OTHER, pool="chat")
+    fleet.gpus.add(uuid="GPU-whole", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat")  # MIG off: runs whole
+    pool.engines.add(id="whole", hardware="A100-80GB", gpu_uuid="GPU-whole")
     validate_fleet(fleet)
     solver = next(s for s in default_solvers() if s.knob == "mig_layouts")
     assert solver.name == "mig_layouts.clover_exact"
@@ -218,7 +220,7 @@ def test_solver_plans_valid_layouts_with_variants_and_leaves_other_gpus() -> Non
     names = {v.name for v in pool.variants}
     for hour in plan.per_interval:
         layouts = {m.gpu_uuid: m for m in hour}
-        assert set(layouts) == {"GPU-0", "GPU-1"}  # the non-MIG GPU is not planned
+        assert set(layouts) == {"GPU-0", "GPU-1"}  # neither the non-MIG GPU nor the one running whole
         engines = []
         for layout in layouts.values():
             geometry("A100-80GB").validate([Placement(p.start, p.size, p.profile) for p in layout.placements])

@@ -101,14 +101,15 @@ class Problem:
         return self.pue * self.ci_g_per_kwh / 3.6e6
 
     def pattern_idle_w(self, pattern: mp.Pattern) -> float:
-        """Idle power of a GPU in the pattern: each engine's idle power, plus the GPU's idle power share of the
-        SMs no engine holds (the GPU idles whole whatever its layout; an empty or missing slice saves nothing)."""
+        """Idle power of a GPU in the pattern: its engines' idle power, and never less than the whole GPU's (the GPU
+        idles whole whatever its layout: an empty slice or a stopped engine saves nothing; the simulator's slice
+        shares add up to the GPU's within rounding, which must not decide a plan)."""
         key = ("idle", pattern)
         if key not in self.memo:
             model = pattern.gpu_model
-            engines = [(p, v) for p, v in pattern.kinds if v and (model, p, v) in self.options]
-            rest = self.gpu_idle_w(model) - sum(self.none_idle_w[(model, p)] for p, _ in engines)
-            self.memo[key] = sum(self.options[(model, p, v)].idle_power_w for p, v in engines) + max(0.0, rest)
+            engines = sum(self.options[(model, p, v)].idle_power_w for p, v in pattern.kinds
+                          if v and (model, p, v) in self.options)
+            self.memo[key] = max(self.gpu_idle_w(model), engines)
         return self.memo[key]
 
     def transition(self, state: State, pattern: mp.Pattern, state_key: tuple | None = None) -> tuple[float, int, int]:
@@ -490,14 +491,28 @@ class PoolSetup:
 
 def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, headroom: float,
                in_force: dict[str, common_pb2.MigLayout]) -> PoolSetup | None:
-    """The pool's MIG-capable GPUs with their states in force, and the options of its variants on their slices."""
-    gpus = [g for g in inputs.fleet.gpus if g.pool == pool.name and gpu_model_of(g) is not None]
+    """The pool's MIG GPUs with their states in force, and the options of its variants on their slices. A GPU is
+    planned when its model has MIG and MIG is in use on it (enabled, instances declared or reported, or a layout in
+    force): a GPU running whole (MIG off, e.g. one of a tensor-parallel engine's GPUs) stays as it is."""
+    gpus = [g for g in inputs.fleet.gpus if g.pool == pool.name and gpu_model_of(g) is not None
+            and (g.mig_enabled or g.instances or (g.uuid in in_force and in_force[g.uuid].placements))]
     if not gpus:
         return None
     table = OptionTable(inputs, pool, pool_index)
     variants = pool_variants(pool)
     names = {variant_name(v): (v.name if v is not None else "") for v in variants}
     default = variant_name(variants[0])
+    # What runs on each instance now: the variant of the pool's engine on it (by MIG UUID or the instance's engine
+    # id), which the layout in force may not say (a layout declared in the fleet names no variant).
+    by_mig = {e.mig_uuid: e for e in pool.engines if e.mig_uuid}
+    by_id = {e.id: e for e in pool.engines}
+    running: dict[tuple[str, int, str], str] = {}
+    for gpu in gpus:
+        for inst in gpu.instances:
+            engine = by_mig.get(inst.uuid) if inst.uuid else None
+            engine = engine or by_id.get(inst.engine_id)
+            if engine is not None:
+                running[(gpu.uuid, inst.placement_start, inst.profile)] = engine.model_variant
     members = []
     for gpu in gpus:
         layout = in_force.get(gpu.uuid)
@@ -505,7 +520,8 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
         if layout is not None:
             for pl in layout.placements:
                 if pl.pool == pool.name:
-                    v = next((k for k, n in names.items() if n == pl.model_variant), default) if pl.model_variant else default
+                    name = running.get((gpu.uuid, pl.start, pl.profile), pl.model_variant)
+                    v = next((k for k, n in names.items() if n == name), default) if name else default
                     state.append((Placement(start=pl.start, size=pl.size, profile=pl.profile), v))
         members.append((gpu.uuid, gpu_model_of(gpu), tuple(sorted(state))))
     planned = {g.uuid for g in gpus}
@@ -546,8 +562,7 @@ def make_setup(pool: common_pb2.Pool, members: list[tuple[str, str, State]],
                     key=lambda p: geometry(model).profile(p).compute_slices)
         opt = next((options[(model, whole, variant_name(v))] for v in variants
                     if (model, whole, variant_name(v)) in options), None)
-        base_idle += (opt.idle_power_w + gpu_idle_w(model) - none_idle[(model, whole)] if opt
-                      else gpu_idle_w(model)) * len(group.uuids)
+        base_idle += max(gpu_idle_w(model), opt.idle_power_w if opt else 0.0) * len(group.uuids)
         if opt:
             base_e.append(opt.energy_per_request_j)
     base_e_req = sum(base_e) / len(base_e) if base_e else 0.0
