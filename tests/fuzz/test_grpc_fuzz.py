@@ -293,8 +293,9 @@ class Fleet:
         self.current: Target | None = None
         self.companions: list[grpc.aio.Server] = []
 
-    async def get(self, rpc_service: str) -> Target:
-        if self.current is not None and self.current.rpc_service == rpc_service:
+    async def get(self, rpc_service: str, build: Any = None) -> Target:
+        """The running service (started now if needed); `build` replaces the service's own (harness self-test)."""
+        if self.current is not None and self.current.rpc_service == rpc_service and build is None:
             return self.current
         await self.stop()
         if rpc_service not in SERVICES:
@@ -302,6 +303,7 @@ class Fleet:
         module_name, settings_name, overrides = SERVICES[rpc_service]
         module = importlib.import_module(module_name)
         settings_cls = getattr(module, settings_name)
+        build = build or module.build
         dead = f"127.0.0.1:{free_port()}"  # the services it calls: nothing listens there
         deps = {name: dead for name in ("forecaster_addr", "profiler_addr", "optimizer_addr", "cache_manager_addr",
                                         "gpu_partitioner_addr", "router_addr") if name in settings_cls.model_fields}
@@ -315,7 +317,7 @@ class Fleet:
         settings = settings_cls.model_validate(values)
         telemetry = setup_telemetry(settings.service_name, span_exporter=InMemorySpanExporter(),
                                     metric_reader=InMemoryMetricReader(), install_global=False)
-        server = await start_service(settings, module.build, telemetry=telemetry)
+        server = await start_service(settings, build, telemetry=telemetry)
         url = settings.database_url
         db_path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=[
@@ -375,7 +377,16 @@ async def _probe_unimplemented(target: Target, rpc: Rpc) -> bool:
 @pytest.mark.parametrize("rpc", _params())
 async def test_fuzz_rpc(fleet: Fleet, rpc: Rpc) -> None:
     target = await fleet.get(rpc.service)
-    seed = fuzz_seed()
+    n = fuzz_cases()
+    failures, seen, unimplemented = await fuzz_rpc(target, rpc, n, fuzz_seed())
+    print(f"{rpc.path}: {n} cases{' (UNIMPLEMENTED)' if unimplemented else ''}: {dict(sorted(seen.items()))}")
+    assert await target.healthy(), f"{rpc.service} no longer SERVING after fuzzing {rpc.name}"
+    assert not failures, "\n".join(failures)
+
+
+async def fuzz_rpc(target: Target, rpc: Rpc, n: int, seed: int) -> tuple[list[str], dict[str, int], bool]:
+    """Send `n` cases to `rpc`; returns the failures found (at most 8), the codes seen, and whether the RPC is
+    (honestly) unimplemented."""
     rng = random.Random(f"{seed}:{rpc.path}")
     fuzzer = MessageFuzzer(rng, target.corpus)
     unimplemented = await _probe_unimplemented(target, rpc)
@@ -383,7 +394,6 @@ async def test_fuzz_rpc(fleet: Fleet, rpc: Rpc) -> None:
     failures: list[str] = []
     seen: dict[str, int] = {}
     before = await target.state()
-    n = fuzz_cases()
     pending: list[tuple[str, Any, tuple[grpc.StatusCode, list[bytes], Any]]] = []
     for index in range(n):
         stranger = rng.random() < STRANGER_SHARE
@@ -442,6 +452,4 @@ async def test_fuzz_rpc(fleet: Fleet, rpc: Rpc) -> None:
             failures.append(f"{where}: health check not SERVING")
         if len(failures) >= 8:
             break
-    print(f"{rpc.path}: {n} cases{' (UNIMPLEMENTED)' if unimplemented else ''}: {dict(sorted(seen.items()))}")
-    assert await target.healthy(), f"{rpc.service} no longer SERVING after fuzzing {rpc.name}"
-    assert not failures, "\n".join(failures)
+    return failures, seen, unimplemented
