@@ -257,16 +257,24 @@ async def test_client_disconnect_is_logged_at_info(emulators, router, caplog) ->
             await resp.content.readline()
             await asyncio.sleep(0.02 * (i % 4))
             resp.close()
+    # the same over gRPC: a caller cancelling its Generate stream
+    for _ in range(4):
+        call = r.stub.Generate(router_pb2.GenerateRequest(request=router_pb2.RequestDescriptor(
+            model=emus[0].model, completion=router_pb2.CompletionInput(prompt="hello")),
+            sampling=router_pb2.SamplingParams(max_tokens=5000)))
+        await call.read()
+        call.cancel()
     engine = next(iter(r.core.registry.engines.values()))
     for _ in range(100):
         if engine.in_flight == 0:
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.2)
+    assert engine.in_flight == 0
 
     def from_router(rec: logging.LogRecord) -> bool:  # the emulated engine logs through aiohttp.server too
         text = rec.exc_text or ("".join(traceback.format_exception(*rec.exc_info)) if rec.exc_info else "")
-        return rec.name.startswith("greenserve.router") or "router/http_front.py" in text
+        return rec.name.startswith(("greenserve.router", "greenserve.server")) or "services/router/" in text
 
     errors = [rec for rec in caplog.records if rec.levelno >= logging.ERROR and from_router(rec)]
     assert not errors, [(rec.name, rec.getMessage()) for rec in errors]
