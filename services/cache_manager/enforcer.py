@@ -15,8 +15,11 @@ resize.py), under the servicer's lock so no RPC resize interleaves. What it repo
   sizes (entries evicted by a shrink stay evicted: LMCache cannot take them back). ``FAILED`` when a roll-back
   itself fails, naming the servers left at the new size.
 * ``APPLIED``: every server of every target pool holds its target, e.g. ``pool chat: dram 1.0 GiB -> 2.0 GiB
-  (s1)``; a pool of the plan without a registered server and a disk (L2) target (LMCache 0.5.6 sizes L2 at
-  server start) are said in the detail, not failures. Re-applying the same interval changes nothing.
+  (s1); disk 3.0 GiB -> 2.0 GiB (s1)``. The disk (L2) size is applied at run time, without a restart, as the
+  L2 quota of the default salt on servers whose L2 adapter evicts by IsolatedLRU (disk_tier.py); a pool of the
+  plan without a registered server, or a disk target a server cannot take (no L2 adapter, or L2 adapters
+  without quota enforcement), is said in the detail with the reason and leaves that server's disk size as it
+  was. Re-applying the same interval changes nothing.
 
 The plan in force is kept in ``<data_dir>/cache_manager_plan.pb`` (``plan_file_store``), so a restart during an
 optimizer outage keeps following it.
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from greenserve.cache_manager.disk_tier import NO_L2_ADAPTER, why_not_sizable
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError
 from greenserve.cache_manager.models import LmcacheServer
 from greenserve.common.app import ServiceContext
@@ -90,6 +94,14 @@ class _Step:
     before_bytes: int
     target_bytes: int
     evicted: int = 0
+    disk_before_bytes: int | None = None  # None: the disk tier is not sized on this server
+    disk_target_bytes: int | None = None
+    dram_done: bool = False
+    disk_done: bool = False
+
+    @property
+    def disk_changes(self) -> bool:
+        return self.disk_target_bytes is not None and self.disk_before_bytes != self.disk_target_bytes
 
 
 class CacheEnforcer:
@@ -149,16 +161,26 @@ class CacheEnforcer:
             steps[target.pool] = []
             for row in servers:
                 admin = self.servicer._admin(row.url)  # noqa: SLF001
+                step = None
                 try:
                     state = await admin.state()
+                    step = _Step(row, state.l1_total_bytes, target.dram_bytes)
+                    if state.l2_adapters:
+                        disk = await admin.disk_state()
+                        reason = why_not_sizable(disk)
+                        if reason:
+                            notes.append(f"pool {target.pool}: disk target {gib(target.disk_bytes)} not applied on "
+                                         f"{row.id}: {reason}")
+                        else:
+                            step.disk_before_bytes, step.disk_target_bytes = disk.quota_bytes or 0, target.disk_bytes
+                    elif target.disk_bytes:
+                        notes.append(f"pool {target.pool}: disk target {gib(target.disk_bytes)} not applied on "
+                                     f"{row.id}: {NO_L2_ADAPTER}")
                 except LmcacheError as exc:
                     return steps, notes, f"pool {target.pool}: server {row.id} unreachable: {exc}"
                 finally:
                     await admin.aclose()
-                steps[target.pool].append(_Step(row, state.l1_total_bytes, target.dram_bytes))
-            if target.disk_bytes:
-                notes.append(f"pool {target.pool}: disk target {gib(target.disk_bytes)} not applied (LMCache 0.5.6 "
-                             "sizes its L2 at server start)")
+                steps[target.pool].append(step)
         return steps, notes, ""
 
     async def _apply(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval,
@@ -167,16 +189,28 @@ class CacheEnforcer:
         done: list[_Step] = []
         for pool, pool_steps in steps.items():
             for step in pool_steps:
-                if step.before_bytes == step.target_bytes:
-                    continue
-                outcome = await svc._resize(step.row, step.target_bytes)  # noqa: SLF001
-                if not outcome.applied:
-                    reason = (f"pool {pool}: resizing server {step.row.id} from {gib(step.before_bytes)} to "
-                              f"{gib(step.target_bytes)} failed: {outcome.detail}")
-                    self._record(plan, step, False, reason)
-                    return await self._roll_back(plan, done, reason)
-                step.evicted = outcome.evicted_entries
-                done.append(step)
+                if step.before_bytes != step.target_bytes:
+                    outcome = await svc._resize(step.row, step.target_bytes)  # noqa: SLF001
+                    if not outcome.applied:
+                        reason = (f"pool {pool}: resizing server {step.row.id} from {gib(step.before_bytes)} to "
+                                  f"{gib(step.target_bytes)} failed: {outcome.detail}")
+                        self._record(plan, step, False, reason)
+                        return await self._roll_back(plan, done, reason)
+                    step.evicted = outcome.evicted_entries
+                    step.dram_done = True
+                    done.append(step)
+                if step.disk_changes:
+                    disk_outcome = await svc._resize_disk(step.row, step.disk_target_bytes)  # noqa: SLF001
+                    if not disk_outcome.applied:
+                        reason = (f"pool {pool}: sizing the disk tier of server {step.row.id} from "
+                                  f"{gib(step.disk_before_bytes or 0)} to {gib(step.disk_target_bytes or 0)} failed: "
+                                  f"{disk_outcome.detail}")
+                        self._record(plan, step, False, reason)
+                        return await self._roll_back(plan, done, reason)
+                    step.evicted += disk_outcome.evicted_entries
+                    step.disk_done = True
+                    if not step.dram_done:
+                        done.append(step)
         lines = []
         for target in interval.cache_targets:
             if target.pool not in steps:
@@ -192,6 +226,14 @@ class CacheEnforcer:
                     line += f", {evicted} lowest-LCS entries evicted first"
             else:
                 line = f"pool {target.pool}: dram {gib(target.dram_bytes)} already in force ({ids})"
+            sized = [s for s in pool_steps if s.disk_target_bytes is not None]
+            disk_changed = [s for s in sized if s.disk_changes]
+            if disk_changed:
+                before = " / ".join(sorted({gib(s.disk_before_bytes or 0) for s in disk_changed}))
+                line += (f"; disk {before} -> {gib(target.disk_bytes)} without restart "
+                         f"({', '.join(s.row.id for s in disk_changed)})")
+            elif sized:
+                line += f"; disk {gib(target.disk_bytes)} already in force ({', '.join(s.row.id for s in sized)})"
             if target.ttl_s > 0:  # as ApplyCachePlan: the plan's pool-wide TTL
                 svc.ttls.setdefault(target.pool, {})["*"] = target.ttl_s
                 line += f", TTL {target.ttl_s:g} s"
@@ -205,6 +247,15 @@ class CacheEnforcer:
             return Outcome(FAILED, f"{reason}; nothing changed")
         back, stuck = [], []
         for step in reversed(done):
+            if step.disk_done and step.disk_before_bytes is not None:
+                disk_outcome = await self.servicer._resize_disk(step.row, step.disk_before_bytes)  # noqa: SLF001
+                if disk_outcome.applied:
+                    back.append(f"{step.row.id} disk to {gib(step.disk_before_bytes)}")
+                else:
+                    stuck.append(f"{step.row.id} disk stays at {gib(step.disk_target_bytes or 0)} "
+                                 f"({disk_outcome.detail})")
+            if not step.dram_done:
+                continue
             outcome = await self.servicer._resize(step.row, step.before_bytes)  # noqa: SLF001
             if outcome.applied:
                 back.append(f"{step.row.id} to {gib(step.before_bytes)}")

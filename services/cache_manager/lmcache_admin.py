@@ -109,6 +109,23 @@ class LmcacheState:
     l2_adapters: int
 
 
+@dataclass(frozen=True)
+class DiskTierState:
+    """What one server reports about its L2 (disk) tier: adapters, how they evict, the salt's quota and usage."""
+
+    adapters: int
+    eviction_policies: tuple[str, ...]  # per L2 adapter with eviction configured ("IsolatedLRU", "LRU", ...)
+    base_paths: tuple[str, ...]  # fs adapters' folders
+    quota_bytes: int | None  # the salt's quota; None when none is registered
+    used_bytes: int  # the salt's bytes on L2 (summed over adapters); every salt's when it has no quota
+    total_used_bytes: int  # every salt's bytes on L2
+
+    @property
+    def quota_enforced(self) -> bool:
+        """Whether LMCache enforces per-salt quotas on L2 (an adapter evicting by IsolatedLRU)."""
+        return "IsolatedLRU" in self.eviction_policies
+
+
 def salt_path(salt: str) -> str:
     return "_default" if salt == "" else salt
 
@@ -208,6 +225,27 @@ class LmcacheAdmin:
             )
         except (AttributeError, TypeError, ValueError) as exc:  # not LMCache's /status shape
             raise LmcacheError(f"GET {self.url}/status: unexpected answer: {type(exc).__name__}: {exc}") from exc
+
+    async def disk_state(self, salt: str = "") -> DiskTierState:
+        """The L2 tier as `/status` (l2_eviction_controller, l2_adapters) and `/quota` describe it."""
+        body = await self._call("GET", "/status") or {}
+        quotas = await self.quotas()
+        try:
+            sm = body.get("storage_manager", {})
+            evictions = sm.get("l2_eviction_controller", {}).get("adapters", []) or []
+            adapters = sm.get("l2_adapters", []) or []
+            mine = quotas.get(salt)
+            return DiskTierState(
+                adapters=int(sm.get("num_l2_adapters", len(adapters))),
+                eviction_policies=tuple(str(a.get("eviction_policy", "")) for a in evictions),
+                base_paths=tuple(str(a["base_path"]) for a in adapters if a.get("base_path")),
+                quota_bytes=None if mine is None else int(round(float(mine.get("limit_gb", 0.0)) * GIB)),
+                used_bytes=(sum(int(a.get("total_bytes_used", 0)) for a in evictions) if mine is None
+                            else int(round(float(mine.get("current_usage_gb", 0.0)) * GIB))),
+                total_used_bytes=sum(int(a.get("total_bytes_used", 0)) for a in evictions),
+            )
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            raise LmcacheError(f"GET {self.url}/status: unexpected L2 description: {type(exc).__name__}: {exc}") from exc
 
     async def quotas(self) -> dict[str, dict[str, float]]:
         body = await self._call("GET", "/quota")

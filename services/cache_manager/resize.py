@@ -82,8 +82,23 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
         for k in keys:
             index.remove(k)
         evicted, removed = len(keys), tuple(keys)
-    cmd = restart_command.format(server_id=server_id, url=admin.url, l1_size_bytes=target_bytes,
-                                 l1_size_gb=f"{target_bytes / GIB:.6g}")
+    # LMCache keeps L2 quotas in memory only (QuotaManager): a restart forgets them, and an IsolatedLRU L2 then
+    # empties every salt without a quota at its next cycle. Read them now, put them back after the restart.
+    quotas: dict[str, int] = {}
+    if state.l2_adapters:
+        try:
+            quotas = {salt: int(round(float(q.get("limit_gb", 0.0)) * GIB))
+                      for salt, q in (await admin.quotas()).items()}
+        except LmcacheError as exc:
+            return ResizeOutcome(False, f"cannot read the L2 quotas to keep across the restart: {exc}; previous "
+                                 f"size {current} bytes stays in force", current, evicted, removed)
+    try:
+        cmd = restart_command.format(server_id=server_id, url=admin.url, l1_size_bytes=target_bytes,
+                                     l1_size_gb=f"{target_bytes / GIB:.6g}")
+    except (KeyError, IndexError, ValueError) as exc:  # e.g. a literal { } not doubled in the template
+        return ResizeOutcome(False, f"--lmcache-restart-command is not a valid template ({type(exc).__name__}: "
+                             f"{exc}; literal braces must be doubled); previous size {current} bytes stays in force",
+                             current, evicted, removed)
     try:
         proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
@@ -101,7 +116,17 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
     if after.l1_total_bytes != target_bytes:
         return ResizeOutcome(False, f"after restart L1 is {after.l1_total_bytes} bytes, not {target_bytes}",
                              after.l1_total_bytes, evicted, removed)
+    restored = ""
+    if quotas:
+        try:
+            for salt, limit in quotas.items():
+                await admin.set_quota(salt, limit)
+        except LmcacheError as exc:
+            return ResizeOutcome(False, f"L1 resized by restart, but re-applying the L2 quotas it forgot failed: "
+                                 f"{exc}", after.l1_total_bytes, evicted, removed)
+        restored = f"; re-applied {len(quotas)} L2 quota(s) the restart forgot"
     kind = "shrunk" if target_bytes < current else "grown (new space starts cold: warm-up)"
     return ResizeOutcome(True, f"L1 {kind} from {current} to {target_bytes} bytes by controlled restart; "
-                         f"{evicted} lowest-LCS entries evicted first (LMCache deleted {deleted} objects)",
+                         f"{evicted} lowest-LCS entries evicted first (LMCache deleted {deleted} objects)"
+                         f"{restored}",
                          target_bytes, evicted, removed)

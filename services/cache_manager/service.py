@@ -25,7 +25,8 @@ from pydantic import Field
 from sqlalchemy import select
 
 from greenserve.cache_manager import group_ttl, journal, read_or_recompute
-from greenserve.cache_manager.enforcer import follow_plans
+from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
+from greenserve.cache_manager.enforcer import follow_plans, on_this_host
 from greenserve.cache_manager.index import CacheIndex
 from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError, check_admin_url
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
@@ -254,15 +255,18 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
 
     async def _describe(self, row: LmcacheServer) -> cache_manager_pb2.CacheServer:
         admin = self._admin(row.url)
+        disk = 0
         try:
             state = await admin.state()
             reachable, dram, used = True, state.l1_total_bytes, state.l1_used_bytes
+            if state.l2_adapters:  # the disk size in force: the default salt's L2 quota (disk_tier.py)
+                disk = (await admin.disk_state()).quota_bytes or 0
         except LmcacheError:
             reachable, dram, used = False, 0, 0
         finally:
             await admin.aclose()
         return cache_manager_pb2.CacheServer(id=row.id, pool=row.pool, url=row.url, dram_bytes=dram,
-                                             dram_used_bytes=used, reachable=reachable,
+                                             disk_bytes=disk, dram_used_bytes=used, reachable=reachable,
                                              applied_plan_version=self._last_plan(row.id))
 
     # ----- servers -------------------------------------------------------------------------------
@@ -327,7 +331,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         async with self._lock:
             for t in request.targets:
                 for row in self._servers(t.pool):
-                    results.append(await self._apply_one(row, request.plan_version, t.dram_bytes, t.ttl_s))
+                    results.append(await self._apply_one(row, request.plan_version, t.dram_bytes, t.ttl_s,
+                                                         t.disk_bytes))
         return cache_manager_pb2.ApplyCachePlanResponse(results=results)
 
     @staticmethod
@@ -347,7 +352,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                     raise InvalidArgument(f"{field}[{i}].{name}", "must be 0-2^50 bytes (a negative size arrives "
                                           "as a huge uint64)")
 
-    async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float):
+    async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float, disk: int = 0):
         with self.ctx.db.session() as s:
             done = s.scalar(select(CacheApplication).where(
                 CacheApplication.server_id == row.id, CacheApplication.plan_version == version,
@@ -358,12 +363,20 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                     detail=f"plan version {version} already applied: {done.detail}")
         outcome = await self._resize(row, dram)
         detail = outcome.detail
+        disk_in_force = 0
+        if outcome.applied:
+            # The disk tier after the DRAM one (disk_tier.py); a disk size LMCache cannot take leaves the
+            # previous one and says why, without undoing the DRAM size.
+            disk_outcome = await self._resize_disk(row, disk)
+            disk_in_force = disk_outcome.disk_bytes
+            detail += f"; {disk_outcome.detail}"
         if outcome.applied and ttl_s > 0:
             self.ttls.setdefault(row.pool, {})["*"] = ttl_s
             detail += f"; TTL {ttl_s:g} s in force for pool {row.pool}"
-        self._record(row.id, version, outcome.dram_bytes if outcome.applied else dram, None, outcome.applied, detail)
+        self._record(row.id, version, outcome.dram_bytes if outcome.applied else dram,
+                     disk_in_force if outcome.applied else None, outcome.applied, detail)
         return cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=outcome.applied, detail=detail,
-                                                  dram_bytes=outcome.dram_bytes)
+                                                  dram_bytes=outcome.dram_bytes, disk_bytes=disk_in_force)
 
     async def _resize(self, row: LmcacheServer, dram: int):
         """Resize one server (the caller holds the lock); entries it evicts are journaled."""
@@ -371,6 +384,16 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         try:
             outcome = await resize_server(admin, row.id, self.indexes.get(row.pool), dram, _now_s(),
                                           self.settings.lmcache_restart_command)
+        finally:
+            await admin.aclose()
+        await self._journal_evictions(row.pool, outcome.evicted_keys)
+        return outcome
+
+    async def _resize_disk(self, row: LmcacheServer, disk: int) -> DiskOutcome:
+        """Size one server's disk tier at run time (the caller holds the lock); evictions are journaled."""
+        admin = self._admin(row.url)
+        try:
+            outcome = await resize_disk(admin, self.indexes.get(row.pool), disk, _now_s(), local=on_this_host(row.url))
         finally:
             await admin.aclose()
         await self._journal_evictions(row.pool, outcome.evicted_keys)
@@ -384,10 +407,17 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             raise InvalidArgument("disk_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
         async with self._lock:
             outcome = await self._resize(row, request.dram_bytes)
+            applied, detail, evicted = outcome.applied, outcome.detail, outcome.evicted_entries
+            disk = 0
+            if request.HasField("disk_bytes") and outcome.applied:
+                disk_outcome = await self._resize_disk(row, request.disk_bytes)
+                applied, disk = disk_outcome.applied, disk_outcome.disk_bytes
+                detail += f"; {disk_outcome.detail}"
+                evicted += disk_outcome.evicted_entries
         return cache_manager_pb2.ResizeCacheResponse(
-            result=cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=outcome.applied,
-                                                      detail=outcome.detail, dram_bytes=outcome.dram_bytes),
-            evicted_entries=outcome.evicted_entries)
+            result=cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=applied, detail=detail,
+                                                      dram_bytes=outcome.dram_bytes, disk_bytes=disk),
+            evicted_entries=evicted)
 
     async def SetQuota(self, request, context):  # noqa: N802
         row = self._server(request.server_id)

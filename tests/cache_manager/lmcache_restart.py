@@ -2,7 +2,8 @@
 
 Kills the process in PIDFILE, starts `lmcache server` again on the same ports with --l1-size-gb SIZE, writes
 the new pid, waits for /healthcheck. Runs with any python (only the standard library).
-Usage: python lmcache_restart.py PIDFILE LMCACHE_BIN HTTP_PORT RPC_PORT LOGFILE SIZE_GB
+Usage: python lmcache_restart.py PIDFILE LMCACHE_BIN HTTP_PORT RPC_PORT LOGFILE SIZE_GB [SERVER_ARGS...]
+(SERVER_ARGS, e.g. --l2-adapter JSON, are passed on to `lmcache server`.)
 """
 
 import os
@@ -27,7 +28,8 @@ def main() -> int:
         except ProcessLookupError:
             break
     proc = subprocess.Popen([lmcache, "server", "--l1-size-gb", size_gb, "--eviction-policy", "LRU",
-                             "--http-port", http_port, "--port", rpc_port, "--supported-transfer-mode", "auto"],
+                             "--http-port", http_port, "--port", rpc_port, "--supported-transfer-mode", "auto",
+                             *sys.argv[7:]],
                             stdout=open(logfile, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"})
     open(pidfile, "w").write(str(proc.pid))
