@@ -40,7 +40,7 @@ from greenserve.router.upstream import (
     split_events,
 )
 from greenserve.router.http_guard import CappedSite, ConnectionGuard, HttpLimits, auth_middleware
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 log = logging.getLogger("greenserve.router.http")
 
@@ -151,6 +151,16 @@ class HttpFront:
                                                 "keepalive_timeout": self.limits.keepalive_timeout_s}
         self.guard = ConnectionGuard(self.limits, self._handler_kwargs)
         self.body_bytes_in_flight = 0  # request body bytes held by the handlers running now
+        guard = self.guard
+        for name, doc, read in (
+                ("greenserve_router_http_connections", "open HTTP connections", lambda: len(guard.live)),
+                ("greenserve_router_http_connections_refused", "HTTP connections refused at --http-max-connections",
+                 lambda: guard.refused),
+                ("greenserve_router_http_head_timeouts", "HTTP connections closed without a request head in time",
+                 lambda: guard.head_timeouts),
+                ("greenserve_router_http_body_bytes_in_flight", "request body bytes held by HTTP requests in flight",
+                 lambda: self.body_bytes_in_flight)):
+            Gauge(name, doc, registry=core.prom).set_function(read)
         app = web.Application(client_max_size=self.limits.max_body_bytes,
                               middlewares=[self.guard.middleware(), auth_middleware(tokens)])
         app.on_response_prepare.append(self.guard.on_response_prepare)

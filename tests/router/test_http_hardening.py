@@ -135,6 +135,11 @@ async def test_slow_heads_are_cut_and_the_connection_cap_answers_503(router) -> 
         async with s.get(r.http + "/v1/models") as resp:
             assert resp.status == 200
     assert r.servicer.http.guard.head_timeouts >= 4 and r.servicer.http.guard.refused >= 1
+    async with aiohttp.ClientSession() as s:
+        async with s.get(r.http + "/metrics") as resp:
+            metrics = await resp.text()
+    assert "greenserve_router_http_connections_refused 1.0" in metrics
+    assert "greenserve_router_http_head_timeouts 4.0" in metrics
 
 
 async def test_keepalive_request_limit_and_body_timeout(router) -> None:
