@@ -264,8 +264,9 @@ class Pattern:
     layout: tuple[Placement, ...] = ()  # set for a "keep" pattern: exactly the layout a GPU has now
 
     def label(self) -> str:
-        parts = [f"{n}x {p}:{v or '-'}" if n > 1 else f"{p}:{v or '-'}" for (p, v), n in sorted(self.counts.items())]
-        return "{" + ", ".join(parts) + "}"
+        """``{2x 3g.40gb:8b-fp8, 1g.10gb:8b-awq}``: the instances with an engine (others are not created)."""
+        parts = [f"{n}x {p}:{v}" if n > 1 else f"{p}:{v}" for (p, v), n in sorted(self.counts.items()) if v]
+        return "{" + ", ".join(parts) + "}" if parts else "{no engine}"
 
 
 def make_pattern(gpu_model: str, profiles: tuple[str, ...], kinds: Iterable[tuple[str, str]]) -> Pattern:

@@ -586,10 +586,11 @@ def to_layouts(setup: PoolSetup, problem: Problem, solution: Solution
             msg = common_pb2.MigLayout(gpu_uuid=uuid)
             st = []
             for pl, v in zip(layout, variants):
-                msg.placements.add(profile=pl.profile, start=pl.start, size=pl.size,
-                                   pool=setup.pool.name if v else "", model_variant=setup.variant_names.get(v, "") if v else "")
-                if v:
-                    st.append((pl, v))
+                if not v:  # an instance without an engine is not created (a subset of a valid layout is valid)
+                    continue
+                msg.placements.add(profile=pl.profile, start=pl.start, size=pl.size, pool=setup.pool.name,
+                                   model_variant=setup.variant_names.get(v, ""))
+                st.append((pl, v))
             out[uuid] = msg
             states_out.append(tuple(sorted(st)))
         new_states.append(states_out)
@@ -741,8 +742,7 @@ def explain_line(pool: str, hour: int, problem: Problem, solution: Solution, pre
         for group in problem.groups:
             was = Counter(mp.make_pattern(group.gpu_model, (), [(pl.profile, v) for pl, v in st]).label()
                           for st in group.states)
-            parts.append("was " + ", ".join(f"{n}x {label if label != '{}' else 'no engine'}"
-                                           for label, n in was.most_common()))
+            parts.append("was " + ", ".join(f"{n}x {label}" for label, n in was.most_common()))
     sources = sorted({o.source for o in problem.options.values()})
     change = (f"; {solution.restarts} engine(s) restarted, change cost {solution.change_g:.1f} g"
               if solution.restarts else "; no engine restarted")
