@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,6 +48,7 @@ from greenserve.simulator.perf_model import (
     SpecDecodeConfig,
     load_profile,
 )
+from greenserve.simulator.tiers import PrefixTiers
 from greenserve.simulator.workloads import Workload
 
 __all__ = [
@@ -280,16 +281,11 @@ class _Engine:
         "c1",
         "cap_tokens",
         "decoded_tokens",
-        "disk",
-        "disk_cap",
-        "dram",
-        "dram_cap",
         "energy_active_j",
         "energy_idle_j",
         "fin_heap",
         "fpt",
         "hash_tokens",
-        "hbm",
         "hbm_cap_blocks",
         "idle_since",
         "idle_w",
@@ -319,6 +315,7 @@ class _Engine:
         "state",
         "step_extra",
         "steps",
+        "tiers",
         "version",
         "w0",
         "waiting",
@@ -353,13 +350,9 @@ class _Engine:
         self.run_c0 = 0
         self.planned: list[tuple[int, int]] = []
         self.step_extra = 0.0
-        self.hbm: OrderedDict[int, None] = OrderedDict()  # LRU order: oldest first
-        self.dram: OrderedDict[int, None] = OrderedDict()
-        self.disk: OrderedDict[int, None] = OrderedDict()
+        self.tiers = PrefixTiers(hash_tokens, spec.dram_capacity_tokens, spec.disk_capacity_tokens)
         self.hash_tokens = hash_tokens
         self.hbm_cap_blocks = self.cap_tokens // hash_tokens
-        self.dram_cap = spec.dram_capacity_tokens // hash_tokens
-        self.disk_cap = spec.disk_capacity_tokens // hash_tokens
         self.max_seqs = profile.max_num_seqs
         self.max_batched = profile.max_num_batched_tokens
         self.n_prefilling = 0
@@ -380,65 +373,16 @@ class _Engine:
         self.steps = 0
         self.batch_time_sum = 0.0
 
-    # -- prefix cache ---------------------------------------------------------------------------------
+    # -- prefix cache (tiers.py) ----------------------------------------------------------------------
     def cached_prefix_blocks(self, hashes: tuple[int, ...]) -> int:
-        """Leading blocks present in HBM or DRAM (what a prefix-aware router can see)."""
-        hbm, dram = self.hbm, self.dram
-        n = 0
-        for h in hashes:
-            if h in hbm or h in dram:
-                n += 1
-            else:
-                break
-        return n
+        return self.tiers.cached_prefix_blocks(hashes)
 
     def lookup(self, hashes: tuple[int, ...]) -> tuple[int, int, int]:
-        """Leading blocks by fastest tier holding them, as a monotone split (HBM, then DRAM, then disk)."""
-        hbm, dram, disk = self.hbm, self.dram, self.disk
-        nh = nd = nk = 0
-        tier = 0
-        for h in hashes:
-            if tier == 0 and h in hbm:
-                nh += 1
-                continue
-            if tier <= 1 and (h in dram or h in hbm):
-                tier = 1
-                nd += 1
-                continue
-            if h in disk or h in dram or h in hbm:
-                tier = 2
-                nk += 1
-                continue
-            break
-        if nh:  # LRU touch of the HBM hits
-            touch = hbm.move_to_end
-            for h in hashes[:nh]:
-                touch(h)
-        return nh, nd, nk
+        return self.tiers.lookup(hashes)
 
     def store(self, hashes: tuple[int, ...]) -> None:
-        """Write-through of a prefilled prompt's blocks: HBM prefix cache (free pool), LMCache L1 and L2."""
-        if self.prefix_caching:
-            cap = (self.cap_tokens - self.reserved) // self.hash_tokens
-            self._put(self.hbm, hashes, max(0, cap))
-        if self.dram_cap:
-            self._put(self.dram, hashes, self.dram_cap)
-        if self.disk_cap:
-            self._put(self.disk, hashes, self.disk_cap)
-
-    @staticmethod
-    def _put(cache: OrderedDict, hashes: tuple[int, ...], cap: int) -> None:
-        touch = cache.move_to_end
-        for h in hashes:
-            if h in cache:
-                touch(h)
-            else:
-                cache[h] = None
-        excess = len(cache) - cap
-        if excess > 0:
-            pop = cache.popitem
-            for _ in range(excess):
-                pop(last=False)
+        free = (self.cap_tokens - self.reserved) // self.hash_tokens if self.prefix_caching else None
+        self.tiers.store(hashes, free)
 
     # -- decode-run timing ----------------------------------------------------------------------------
     def _lines(self, B: int) -> tuple[float, float, float, float]:
