@@ -22,6 +22,10 @@ from tests.fuzz.conftest import fuzz_cases, fuzz_seed
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 TIMEOUT_S = 20.0
+TOKEN = "fuzz-token"  # the router front requires it; STRANGER_SHARE of the cases come without it
+STRANGER_SHARE = 0.05
+STRANGER_HEADERS = [None, "Bearer wrong", TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer"]
+MAX_BODY_BYTES = 64 * 1024  # the router's --http-max-body-bytes here, so "oversized" cases stay cheap
 JSON_VALUES: list[Any] = [None, True, False, 0, -1, 1, 2**31, 2**63, 10**30, -(10**30), 1e308, -1e308, 0.5, "",
                           "x" * 100_000, "a\x00b", "\n", "🙂", [], {}, [1, 2], {"a": {"b": None}}, "NaN", "-1"]
 
@@ -77,7 +81,7 @@ def http_case(path: str, method: str, rng: random.Random) -> tuple[str, str, dic
     headers = {"content-type": "application/json"}
     kind = rng.choice(["template", "template", "mutated", "mutated", "random_json", "deep_json", "bad_json",
                        "random_bytes", "content_type", "huge_header", "many_headers", "wrong_method", "query",
-                       "bad_encoding", "empty"])
+                       "bad_encoding", "empty", "oversized"])
     body: bytes = json.dumps(template(path, rng)).encode()
     suffix = ""
     if kind == "mutated":
@@ -110,6 +114,8 @@ def http_case(path: str, method: str, rng: random.Random) -> tuple[str, str, dic
         body = rng.randbytes(64)
     elif kind == "empty":
         body = b""
+    elif kind == "oversized":
+        body = json.dumps({**template(path, rng), "prompt": "x" * (MAX_BODY_BYTES + 1000)}).encode()
     return kind, method, headers, body, suffix
 
 
@@ -124,7 +130,10 @@ def routes(app: Any) -> list[tuple[str, str]]:
     return sorted(set(out))
 
 
-async def fuzz_routes(base_url: str, app: Any, label: str, after_case: Any = None) -> list[str]:
+async def fuzz_routes(base_url: str, app: Any, label: str, after_case: Any = None, token: str | None = None,
+                      open_paths: frozenset[str] = frozenset()) -> list[str]:
+    """Fuzz every route; with `token`, most cases carry it and STRANGER_SHARE of them carry none or a wrong
+    one (those must be refused with a 4xx on every path but `open_paths`)."""
     failures: list[str] = []
     seed = fuzz_seed()
     async with httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT_S) as client:
@@ -133,7 +142,13 @@ async def fuzz_routes(base_url: str, app: Any, label: str, after_case: Any = Non
             counts: dict[int, int] = {}
             for index in range(fuzz_cases()):
                 kind, verb, headers, body, suffix = http_case(path, method, rng)
-                where = f"{label} {method} {path} case {index} ({kind}), GREENSERVE_FUZZ_SEED={seed}"
+                stranger = token is not None and rng.random() < STRANGER_SHARE
+                if token is not None:
+                    header = rng.choice(STRANGER_HEADERS) if stranger else f"Bearer {token}"
+                    if header is not None:
+                        headers["authorization"] = header
+                where = (f"{label} {method} {path} case {index} ({kind}{', no valid token' if stranger else ''}), "
+                         f"GREENSERVE_FUZZ_SEED={seed}")
                 try:
                     reply = await client.request(verb, path + suffix, headers=headers, content=body)
                 except httpx.HTTPError as exc:
@@ -146,6 +161,8 @@ async def fuzz_routes(base_url: str, app: Any, label: str, after_case: Any = Non
                     counts[reply.status_code] = counts.get(reply.status_code, 0) + 1
                     if reply.status_code >= 500:
                         failures.append(f"{where}: {reply.status_code} {reply.text[:200]!r}")
+                    elif stranger and path not in open_paths and reply.status_code < 400:
+                        failures.append(f"{where}: a request without a valid token got {reply.status_code}")
                 if after_case is not None:
                     after_case(path)
                 if len(failures) >= 8:
@@ -179,9 +196,11 @@ async def test_fuzz_engine_emulator_routes(emulator: EngineEmulator) -> None:
 
 async def test_fuzz_router_http_front_routes(emulator: EngineEmulator, start_inprocess) -> None:
     values = {"http_port": 0, "watch_plans": False, "feeds": False, "scrape_interval_s": 0.1,
-              "health_interval_s": 0.2, "probe_timeout_s": 0.5, "engines": emulator.url, "log_level": "WARNING"}
+              "health_interval_s": 0.2, "probe_timeout_s": 0.5, "engines": emulator.url, "log_level": "WARNING",
+              "auth_token": TOKEN, "http_max_body_bytes": MAX_BODY_BYTES}
     running = await start_inprocess(RouterSettings, build, **values)
     front = running.server.registrations[0].servicer.http
     assert front is not None
-    failures = await fuzz_routes(f"http://127.0.0.1:{front.port}", front.app, "router")
+    failures = await fuzz_routes(f"http://127.0.0.1:{front.port}", front.app, "router", token=TOKEN,
+                                 open_paths=frozenset({"/health"}))
     assert not failures, "\n".join(failures)

@@ -118,7 +118,7 @@ def _message_text(i: int, message: Any) -> tuple[str, str]:
     if not isinstance(message, dict):
         raise bad(where, "must be an object with role and content")
     role = message.get("role")
-    if role not in CHAT_ROLES:
+    if not isinstance(role, str) or role not in CHAT_ROLES:  # a dict or list role is unhashable: check the type first
         raise bad(f"{where}.role", f"must be one of {', '.join(sorted(CHAT_ROLES))}, got {role!r}")
     content = message.get("content")
     if content is None:
