@@ -116,6 +116,34 @@ def cmd_up(ns: argparse.Namespace) -> int:
     )
 
 
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from greenserve_client.demo import DemoOptions, run
+
+    if not 0 < ns.minutes <= 24 * 60 or not 1 <= ns.hours <= 24 or ns.peak_requests_per_s <= 0 or not (
+            10 <= ns.startup_s <= 3600):
+        print("greenserve demo: error: --minutes in (0, 1440], --hours in 1..24, --peak-requests-per-s > 0, "
+              "--startup-s in 10..3600",
+              file=sys.stderr)
+        return 2
+    if ns.router_http_port <= 0:
+        print("greenserve demo: error: --router-http-port: the demo needs a fixed HTTP port", file=sys.stderr)
+        return 2
+    options = DemoOptions(grid=ns.grid, day=ns.day, minutes=ns.minutes, hours=ns.hours,
+                          peak_requests_per_s=ns.peak_requests_per_s, pool=ns.pool, startup_s=ns.startup_s)
+    ports = {info.name: getattr(ns, f"{info.name}_port") for info in SERVICES}
+    fleet = supervisor.FleetOptions(engines=max(ns.engines, 1), engine_profile=ns.engine_profile,
+                                    engine_time_scale=ns.engine_time_scale, lmcache=ns.lmcache,
+                                    lmcache_l1_size_gb=ns.lmcache_l1_size_gb, pool=ns.pool,
+                                    router_http_port=ns.router_http_port)
+    try:
+        return run(options, out=ns.out, up_kwargs=dict(host=ns.host, ports=ports, data_dir=ns.data_dir,
+                                                        startup_timeout_s=ns.startup_timeout_s,
+                                                        extra_args=ns.service_args, fleet=fleet))
+    except ValueError as exc:
+        print(f"greenserve demo: error: {exc}", file=sys.stderr)
+        return 2
+
+
 # command -> (module with `main(argv) -> int`, one-line help); imported lazily so that `greenserve status`
 # does not pay for numpy/pmdarima.
 DELEGATED_COMMANDS: dict[str, tuple[str, str]] = {
@@ -137,11 +165,7 @@ def _run_delegated(ns: argparse.Namespace) -> int:
     return int(module.main(ns.args))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="greenserve", description="greenserve: carbon-aware control plane for LLM serving")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    up = sub.add_parser("up", help="start all six services on this machine and stop them on Ctrl-C")
+def _add_up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address every service binds (default 127.0.0.1)")
     up.add_argument("--data-dir", type=Path, default=Path(".greenserve"), help="SQLite files and logs (default .greenserve)")
     up.add_argument("--startup-timeout-s", type=float, default=60.0, help="wait this long for SERVING (default 60)")
@@ -161,7 +185,28 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"router's OpenAI-compatible HTTP port (default {DEFAULT_ROUTER_HTTP_PORT}; 0: free; -1: off)")
     up.add_argument("--service-arg", dest="service_args", action="append", default=[], metavar="ARG",
                     help="extra flag passed to every service, e.g. --service-arg=--log-level=DEBUG")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="greenserve", description="greenserve: carbon-aware control plane for LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start all six services on this machine and stop them on Ctrl-C")
+    _add_up_arguments(up)
     up.set_defaults(func=cmd_up)
+    demo = sub.add_parser("demo", help="the whole loop through one day of a real grid on a virtual clock, then a "
+                          "report (greenserve up's fleet)")
+    _add_up_arguments(demo)
+    demo.add_argument("--grid", default="ES", help="shipped grid whose CI the day replays: FR, FI, ES, CISO (default ES)")
+    demo.add_argument("--day", default="2022-07-06", help="the UTC day (default 2022-07-06)")
+    demo.add_argument("--minutes", type=float, default=20.0, help="real minutes the day lasts (default 20)")
+    demo.add_argument("--hours", type=int, default=24, help="virtual hours to run (1..24, default 24)")
+    demo.add_argument("--peak-requests-per-s", type=float, default=2.0,
+                      help="the load shape's peak, requests per second through the router (default 2)")
+    demo.add_argument("--out", type=Path, default=Path("demo-report"), help="report folder (default demo-report)")
+    demo.add_argument("--startup-s", type=float, default=150.0,
+                      help="real seconds the services get to start before the virtual day begins (default 150)")
+    demo.set_defaults(func=cmd_demo)
 
     status = sub.add_parser("status", help="show the health of each service")
     for info in SERVICES:
@@ -184,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("startup_timeout_s", "timeout_s"):
         if getattr(ns, name, 1.0) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
-    if ns.command == "up":
+    if ns.command in ("up", "demo"):
         if ns.engines < 0:
             parser.error(f"--engines must be >= 0, got {ns.engines}")
         if ns.engine_time_scale <= 0 or ns.lmcache_l1_size_gb <= 0:

@@ -52,6 +52,10 @@ class LocalLoopOptions:
     # LMCache 0.5.6 needs a controlled restart (the cache-manager's --lmcache-restart-command).
     cache_dram_limit_bytes: int = 0
     gpu_wait_s: float = 30.0
+    region: str = REGION
+    # History to ingest instead of the shifted demo slices: (Unix seconds, value) points, load in requests/s.
+    ci_history: tuple[tuple[float, float], ...] | None = None
+    load_history: tuple[tuple[float, float], ...] | None = None
 
 
 def _rows(name: str) -> list[list[str]]:
@@ -78,18 +82,33 @@ def _points(values: list[tuple[float, float]]) -> list[common_pb2.TimeSeriesPoin
     return out
 
 
-async def seed_history(forecaster: grpc.aio.Channel, pool: str, peak_requests_per_s: float) -> None:
-    ci, load = demo_history(now_s())
-    peak = max(v for _, v in load) or 1.0
-    load = [(t, v / peak * peak_requests_per_s) for t, v in load]
-    stub = forecaster_pb2_grpc.ForecasterServiceStub(forecaster)
-    await stub.IngestPoints(forecaster_pb2.IngestPointsRequest(
-        series=common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=REGION,
-                                    carbon_signal=common_pb2.CARBON_SIGNAL_DIRECT, unit=common_pb2.UNIT_G_PER_KWH),
-        resolution_s=3600, points=_points(ci), source="demo:electricitymaps-es-2023"))
-    await stub.IngestPoints(forecaster_pb2.IngestPointsRequest(
-        series=common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool, unit=common_pb2.UNIT_REQUESTS_PER_S),
-        resolution_s=3600, points=_points(load), source="demo:azure2024-conv"))
+async def ingest(forecaster: grpc.aio.Channel, ref: common_pb2.SeriesRef, points: list[tuple[float, float]],
+                 source: str) -> None:
+    if points:
+        await forecaster_pb2_grpc.ForecasterServiceStub(forecaster).IngestPoints(forecaster_pb2.IngestPointsRequest(
+            series=ref, resolution_s=3600, points=_points(points), source=source))
+
+
+def ci_ref(region: str) -> common_pb2.SeriesRef:
+    return common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region,
+                                carbon_signal=common_pb2.CARBON_SIGNAL_DIRECT, unit=common_pb2.UNIT_G_PER_KWH)
+
+
+def load_ref(pool: str) -> common_pb2.SeriesRef:
+    return common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool, unit=common_pb2.UNIT_REQUESTS_PER_S)
+
+
+async def seed_history(forecaster: grpc.aio.Channel, options: LocalLoopOptions) -> None:
+    if options.ci_history is not None and options.load_history is not None:
+        ci, load = list(options.ci_history), list(options.load_history)
+        source = "demo"
+    else:
+        ci, load = demo_history(now_s())
+        peak = max(v for _, v in load) or 1.0
+        load = [(t, v / peak * options.peak_requests_per_s) for t, v in load]
+        source = "demo:electricitymaps-es-2023 / azure2024-conv"
+    await ingest(forecaster, ci_ref(options.region), ci, source)
+    await ingest(forecaster, load_ref(options.pool), load, source)
 
 
 async def _reported_gpus(stub: optimizer_pb2_grpc.OptimizerServiceStub, wait_s: float) -> list[common_pb2.Gpu]:
@@ -105,7 +124,7 @@ async def _reported_gpus(stub: optimizer_pb2_grpc.OptimizerServiceStub, wait_s: 
 def demo_fleet(options: LocalLoopOptions, engines: list[common_pb2.Engine],
                gpus: list[common_pb2.Gpu]) -> common_pb2.FleetInventory:
     pool = common_pb2.Pool(
-        name=options.pool, model=options.model, region=REGION,
+        name=options.pool, model=options.model, region=options.region,
         slo=common_pb2.Slo(ttft_s=2.0, tpot_s=0.2, attainment_fraction=0.9),
         max_cache_dram_bytes=options.cache_dram_limit_bytes, mean_prompt_tokens=1024, mean_output_tokens=128,
         variants=[common_pb2.ModelVariant(name="8b-bf16", model=options.model, quality_fraction=1.0,
@@ -115,7 +134,7 @@ def demo_fleet(options: LocalLoopOptions, engines: list[common_pb2.Engine],
                          hardware="A100-80GB", model_variant="8b-bf16")
     fleet = common_pb2.FleetInventory(pools=[pool])
     for gpu in gpus[:1]:
-        declared = fleet.gpus.add(uuid=gpu.uuid, node=gpu.node, pool=options.pool)
+        declared = fleet.gpus.add(uuid=gpu.uuid, node=gpu.node, pool=options.pool, model=gpu.model)
         shape = DEMO_LAYOUTS.get(gpu.model)
         if shape is not None:
             profile, size = shape
@@ -129,7 +148,7 @@ async def start_local_loop(addresses: dict[str, str], options: LocalLoopOptions)
     channels = {name: create_channel(ChannelConfig(address=addr, default_timeout_s=30.0))
                 for name, addr in addresses.items()}
     try:
-        await seed_history(channels["forecaster"], options.pool, options.peak_requests_per_s)
+        await seed_history(channels["forecaster"], options)
         router = router_pb2_grpc.RouterServiceStub(channels["router"])
         engines = [s.engine for s in (await router.ListEngines(router_pb2.ListEnginesRequest())).engines
                    if s.engine.pool == options.pool]

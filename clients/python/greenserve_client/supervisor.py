@@ -14,7 +14,9 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +117,10 @@ async def _wait_serving(children: list[Child], timeout_s: float) -> None:
 
 
 def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: float, extra_args: list[str],
-       fleet: FleetOptions | None = None) -> int:
+       fleet: FleetOptions | None = None, loop_options: LocalLoopOptions | None = None,
+       after_start: Callable[[dict[str, str], str], int] | None = None) -> int:
+    """Starts everything, then waits for Ctrl-C/SIGTERM, a dead process, or ``after_start`` (run in a thread with
+    the services' addresses and the router's HTTP URL) to return; stops everything in order."""
     fleet = fleet or FleetOptions(engines=0, lmcache="off")
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
@@ -190,7 +195,7 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         if fleet.loop and engines:
             try:
                 plan = asyncio.run(start_local_loop({c.info.name: c.address for c in children},
-                                                    LocalLoopOptions(pool=fleet.pool)))
+                                                    loop_options or LocalLoopOptions(pool=fleet.pool)))
                 print(f"control loop: {first_plan_summary(plan)} (greenserve plan status shows its enforcement)",
                       flush=True)
             except grpc.RpcError as exc:  # the services keep running; the scheduler retries on its own
@@ -198,7 +203,20 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
                 print(f"greenserve up: warning: first plan not computed ({detail}); the optimizer retries on "
                       f"its schedule", file=sys.stderr, flush=True)
         print("all services SERVING; press Ctrl-C to stop", flush=True)
-        while not stop_requested:
+        outcome: dict[str, int] = {}
+        if after_start is not None:
+            http_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            addresses = {c.info.name: c.address for c in children}
+
+            def work() -> None:
+                try:
+                    outcome["code"] = after_start(addresses, f"http://{http_host}:{fleet.router_http_port}")
+                except Exception as exc:  # noqa: BLE001 - reported, then everything stops
+                    print(f"greenserve: error: {exc!r}", file=sys.stderr, flush=True)
+                    outcome["code"] = 1
+
+            threading.Thread(target=work, name="after-start", daemon=True).start()
+        while not stop_requested and "code" not in outcome:
             dead = [c for c in children if c.process.poll() is not None]
             dead_cars = [car for car in cars if car.process.poll() is not None]
             if dead or dead_cars:
@@ -218,7 +236,7 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
             print(f"greenserve up: unclean exit: {bad}", file=sys.stderr)
             return 1
         print("all services stopped", flush=True)
-        return 0
+        return outcome.get("code", 0)
     finally:
         if any(c.process.poll() is None for c in children):
             stop_all(children)

@@ -1,0 +1,250 @@
+"""`greenserve demo`: the whole system through one day of a real grid on a virtual clock, then a report.
+
+Every service, the emulated engines, the real LMCache server and the simulated MIG GPU run as `greenserve up` runs
+them, but on one virtual clock (``--clock-start/--clock-speed/--clock-anchor-s`` given to every process): by default
+6 July 2022 (GreenCache's evaluation day) lived in 20 minutes. As the clock passes each hour, the grid's actual CI
+for it is fed to the forecaster; the Azure 2024 conversation load shape is replayed through the router's
+OpenAI-compatible front; the optimizer re-plans ahead of each virtual hour and on events, and the router, the
+cache-manager and the gpu-partitioner enforce each plan. Every virtual hour the demo records what was planned (the
+plan in force, its expected carbon), what was applied (each component's enforcement state) and what was measured
+(requests, errors and latency from the client side). At the end it writes ``result.json``, PNG plots and
+``index.html`` into the report folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+
+from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.clock import VirtualClock, hour_floor_s, set_clock
+from greenserve.common.strict_json import dumps
+from greenserve.evaluation import grids
+from greenserve.evaluation.run import load_shape
+from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
+from greenserve_client.local_loop import LocalLoopOptions, ci_ref, ingest
+
+HOUR_S = 3600
+MAX_IN_FLIGHT = 64
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    grid: str = "ES"
+    day: str = "2022-07-06"
+    minutes: float = 20.0
+    hours: int = 24
+    peak_requests_per_s: float = 2.0
+    max_tokens: int = 16
+    model: str = "meta-llama/Meta-Llama-3-8B-Instruct"
+    pool: str = "default"
+    startup_s: float = 150.0  # real seconds the services get to start before the virtual day begins
+
+    @property
+    def day_start_s(self) -> int:
+        return int(datetime.fromisoformat(self.day).replace(tzinfo=UTC).timestamp())
+
+    @property
+    def speed(self) -> float:
+        return self.hours * HOUR_S / (self.minutes * 60.0)
+
+
+def clock_args(options: DemoOptions, anchor_s: float) -> list[str]:
+    return [f"--clock-start={options.day_start_s}", f"--clock-speed={options.speed:g}",
+            f"--clock-anchor-s={anchor_s:.3f}"]
+
+
+def histories(options: DemoOptions, series: grids.GridSeries, until_s: float) -> tuple[
+        list[tuple[float, float]], list[tuple[float, float]], np.ndarray]:
+    """CI and load points before ``until_s`` (load: the shape's days before the demo day, scaled), and the demo
+    day's scaled hourly load."""
+    ci = [(series.start_s + HOUR_S * i, v) for i, v in enumerate(series.values)
+          if series.start_s + HOUR_S * i < until_s]
+    shape = load_shape()
+    scale = options.peak_requests_per_s / float(shape.max())
+    days = len(shape) // 24
+    first = options.day_start_s - (days - 1) * 86400
+    load = [(first + HOUR_S * i, float(v) * scale) for i, v in enumerate(shape[:(days - 1) * 24])
+            if first + HOUR_S * i < until_s]
+    return ci, load, shape[(days - 1) * 24:days * 24] * scale
+
+
+class LoadGenerator:
+    """Open-loop Poisson arrivals through the router's OpenAI-compatible front at the virtual hour's rate."""
+
+    def __init__(self, url: str, options: DemoOptions, day_rates: np.ndarray, clock: VirtualClock) -> None:
+        self.url = url.rstrip("/") + "/v1/completions"
+        self.options = options
+        self.rates = day_rates
+        self.clock = clock
+        self.stats: dict[int, dict[str, list[float] | int]] = defaultdict(lambda: {"latency_s": [], "errors": 0})
+        self.rng = random.Random(7)
+
+    async def run(self, end_s: float) -> None:
+        limits = httpx.Limits(max_connections=MAX_IN_FLIGHT)
+        gate = asyncio.Semaphore(MAX_IN_FLIGHT)
+        async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+            tasks: set[asyncio.Task[None]] = set()
+            while self.clock.now_s() < end_s:
+                hour = int((self.clock.now_s() - self.options.day_start_s) // HOUR_S)
+                rate = float(self.rates[min(max(hour, 0), len(self.rates) - 1)])
+                await asyncio.sleep(self.rng.expovariate(max(rate, 0.01)))
+                if hour < 0:
+                    continue
+                await gate.acquire()
+                task = asyncio.create_task(self._one(client, hour, gate))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one(self, client: httpx.AsyncClient, hour: int, gate: asyncio.Semaphore) -> None:
+        started = time.perf_counter()
+        try:
+            reply = await client.post(self.url, json={"model": self.options.model, "prompt": "Tell me about carbon.",
+                                                      "max_tokens": self.options.max_tokens})
+            if reply.status_code == 200:
+                self.stats[hour]["latency_s"].append(time.perf_counter() - started)  # type: ignore[union-attr]
+            else:
+                self.stats[hour]["errors"] += 1  # type: ignore[operator]
+        except httpx.HTTPError:
+            self.stats[hour]["errors"] += 1  # type: ignore[operator]
+        finally:
+            gate.release()
+
+
+async def _snapshot(optimizer: optimizer_pb2_grpc.OptimizerServiceStub,
+                    cache: cache_manager_pb2_grpc.CacheManagerServiceStub) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        status = await optimizer.GetPlanStatus(optimizer_pb2.GetPlanStatusRequest(), timeout=10)
+        plan = (await optimizer.GetPlan(optimizer_pb2.GetPlanRequest(), timeout=10)).plan
+        out.update(plan_version=plan.version, trigger=plan.trigger, fleet_matches_plan=status.fleet_matches_plan,
+                   expected_total_g=plan.intervals[0].expected_carbon.total_g if plan.intervals else 0.0,
+                   enforcement={f"{r.component}/{r.instance}": optimizer_pb2.EnforcementState.Name(r.state)
+                                for r in status.reports})
+    except grpc.aio.AioRpcError as exc:
+        out["plan_error"] = exc.details()
+    try:
+        servers = (await cache.ListCacheServers(cache_manager_pb2.ListCacheServersRequest(), timeout=10)).servers
+        out["cache_dram_bytes"] = sum(s.dram_bytes for s in servers)
+    except grpc.aio.AioRpcError as exc:
+        out["cache_error"] = exc.details()
+    return out
+
+
+async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, series: grids.GridSeries,
+                day_rates: np.ndarray, clock: VirtualClock) -> dict[str, Any]:
+    """Feeds CI hour by hour, replays the load, snapshots the loop every virtual hour; returns the result."""
+    channels = {n: create_channel(ChannelConfig(address=a, default_timeout_s=30.0)) for n, a in addresses.items()}
+    optimizer = optimizer_pb2_grpc.OptimizerServiceStub(channels["optimizer"])
+    cache = cache_manager_pb2_grpc.CacheManagerServiceStub(channels["cache_manager"])
+    end_s = options.day_start_s + options.hours * HOUR_S
+    generator = LoadGenerator(http_url, options, day_rates, clock)
+    load_task = asyncio.create_task(generator.run(end_s))
+    fed_until = hour_floor_s(clock.now_s())
+    hours: list[dict[str, Any]] = []
+    try:
+        next_hour = options.day_start_s
+        while next_hour < end_s:
+            await clock.sleep_until(next_hour + 60.0)  # a virtual minute into the hour: the plan for it is in force
+            now = clock.now_s()
+            # The actual CI of the hours that began, as a grid feed would deliver it.
+            new = [(t, v) for t, v in ((series.start_s + HOUR_S * i, v) for i, v in enumerate(series.values))
+                   if fed_until <= t <= now]
+            await ingest(channels["forecaster"], ci_ref(options.grid), new, "demo:feed")
+            fed_until = hour_floor_s(now) + HOUR_S
+            record = {"hour": int((next_hour - options.day_start_s) // HOUR_S),
+                      "ci_actual_g_per_kwh": float(series.window(int(next_hour), 1)[0])}
+            record.update(await _snapshot(optimizer, cache))
+            hours.append(record)
+            print(f"demo: {datetime.fromtimestamp(next_hour, UTC):%H:%M} CI {record['ci_actual_g_per_kwh']:.0f} "
+                  f"g/kWh, plan v{record.get('plan_version', '?')} ({record.get('trigger', '')}), fleet matches: "
+                  f"{record.get('fleet_matches_plan', '?')}", flush=True)
+            next_hour += HOUR_S
+        await load_task
+    finally:
+        load_task.cancel()
+        for channel in channels.values():
+            await channel.close()
+    for record in hours:
+        stats = generator.stats.get(record["hour"], {"latency_s": [], "errors": 0})
+        latencies = stats["latency_s"]
+        record["requests_ok"] = len(latencies)  # type: ignore[arg-type]
+        record["requests_failed"] = stats["errors"]
+        record["latency_p50_s"] = float(np.percentile(latencies, 50)) if latencies else None
+        record["latency_p99_s"] = float(np.percentile(latencies, 99)) if latencies else None
+        record["load_target_requests_per_s"] = float(day_rates[min(record["hour"], len(day_rates) - 1)])
+    return {"grid": options.grid, "day": options.day, "minutes": options.minutes, "speed": options.speed,
+            "hours": hours}
+
+
+def write_report(result: dict[str, Any], out: Path) -> Path:
+    from greenserve.evaluation.report import _plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(dumps(result) + "\n")
+    hours = result["hours"]
+    plots = {
+        "ci": ("grid CI (actual, fed hour by hour)", "gCO2e/kWh", {"actual": [h["ci_actual_g_per_kwh"] for h in hours]}),
+        "plans": ("plan version in force", "version", {"plan": [h.get("plan_version", 0) for h in hours]}),
+        "expected_carbon": ("expected carbon of the hour (plan)", "gCO2e",
+                            {"planned": [h.get("expected_total_g", 0.0) for h in hours]}),
+        "requests": ("requests through the router per virtual hour", "requests",
+                     {"ok": [h["requests_ok"] for h in hours], "failed": [h["requests_failed"] for h in hours]}),
+        "latency": ("client-side latency (p50)", "s", {"p50": [h["latency_p50_s"] or 0.0 for h in hours]}),
+    }
+    images = []
+    for name, (title, ylabel, series) in plots.items():
+        _plot(out / f"{name}.png", title, ylabel, series)
+        images.append(f'<img src="{name}.png" alt="{title}">')
+    rows = "".join(
+        f"<tr><td>{h['hour']:02d}:00</td><td>{h['ci_actual_g_per_kwh']:.0f}</td><td>{h.get('plan_version', '')}"
+        f" {h.get('trigger', '')}</td><td>{h.get('fleet_matches_plan', '')}</td>"
+        f"<td>{', '.join(f'{k}: {v}' for k, v in h.get('enforcement', {}).items())}</td>"
+        f"<td>{h['requests_ok']}/{h['requests_ok'] + h['requests_failed']}</td></tr>" for h in hours)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>greenserve demo</title>"
+            f"<style>body{{font-family:sans-serif;max-width:70em;margin:auto}}td,th{{border:1px solid #ccc;"
+            f"padding:2px 6px}}table{{border-collapse:collapse}}img{{max-width:100%}}</style></head><body>"
+            f"<h1>greenserve demo: {result['grid']} on {result['day']}</h1><p>{len(hours)} virtual hours in "
+            f"{result['minutes']:g} minutes ({result['speed']:g}x).</p><table><tr><th>hour</th><th>CI</th>"
+            f"<th>plan in force</th><th>fleet matches</th><th>enforcement</th><th>requests ok</th></tr>{rows}</table>"
+            + "".join(images) + "</body></html>")
+    index = out / "index.html"
+    index.write_text(page)
+    return index
+
+
+def run(options: DemoOptions, *, up_kwargs: dict[str, Any], out: Path) -> int:
+    """Starts the fleet on the virtual clock, drives the day, writes the report, stops everything."""
+    from greenserve_client import supervisor
+
+    series = grids.shipped().get(options.grid)
+    if series is None:
+        raise ValueError(f"--grid: unknown {options.grid!r}; shipped: {', '.join(grids.SHIPPED_REGIONS)}")
+    series.window(options.day_start_s, options.hours)  # the day is covered (raises naming the span)
+    anchor = time.time() + options.startup_s
+    clock = VirtualClock(options.day_start_s, options.speed, anchor)
+    set_clock(clock)
+    ci, load, day_rates = histories(options, series, options.day_start_s - HOUR_S * 2)
+    loop_options = LocalLoopOptions(pool=options.pool, model=options.model, region=options.grid,
+                                    ci_history=tuple(ci), load_history=tuple(load))
+
+    def after_start(addresses: dict[str, str], http_url: str) -> int:
+        result = asyncio.run(drive(addresses, http_url, options, series, day_rates, clock))
+        index = write_report(result, out)
+        print(f"demo report: {index}", flush=True)
+        return 0
+
+    extra = list(up_kwargs.pop("extra_args", [])) + clock_args(options, anchor)
+    return supervisor.up(**up_kwargs, extra_args=extra, loop_options=loop_options, after_start=after_start)
