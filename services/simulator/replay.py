@@ -33,10 +33,11 @@ write-through at prefill completion and LRU; generated tokens are not cached (LM
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,7 +49,7 @@ from greenserve.simulator.perf_model import (
     SpecDecodeConfig,
     load_profile,
 )
-from greenserve.simulator.tiers import PrefixTiers
+from greenserve.simulator.tiers import DISK_MEDIA, PrefixTiers, TierSpec
 from greenserve.simulator.workloads import Workload
 
 __all__ = [
@@ -82,6 +83,10 @@ class EngineSpec:
     ``role``: ``"both"`` (normal), ``"prefill"`` or ``"decode"`` (PD disaggregation).
     ``spec``: speculative decoding on this engine (draft on the same GPU or, disaggregated, elsewhere).
     ``prefix_caching``: vLLM automatic prefix caching in HBM (default on in vLLM V1).
+    ``dram_policy`` / ``disk_policy``: eviction of each LMCache tier, ``LRU``, ``FIFO`` or ``LCS`` (tiers.py).
+    ``disk_ttl_s`` / ``disk_group_ttls_s``: idle TTLs making the disk tier elastic (tiers.py; LRU only).
+    ``disk_medium``: ``nvme``, ``sata-ssd`` or ``hdd`` (tiers.DISK_MEDIA) for the disk's bandwidth and
+    latency; empty: the profile's.
     """
 
     profile: EngineProfile | str = DEFAULT_PROFILE
@@ -90,10 +95,24 @@ class EngineSpec:
     role: str = "both"
     spec: SpecDecodeConfig | None = None
     prefix_caching: bool = True
+    dram_policy: str = "LRU"
+    disk_policy: str = "LRU"
+    disk_ttl_s: float = 0.0
+    disk_group_ttls_s: Mapping[int, float] | None = None
+    disk_medium: str = ""
 
     def resolved_profile(self) -> EngineProfile:
-        """The profile object (loading it by name if needed)."""
-        return self.profile if isinstance(self.profile, EngineProfile) else load_profile(self.profile)
+        """The profile object (loading it by name if needed), with the disk medium's bandwidth if one is named."""
+        profile = self.profile if isinstance(self.profile, EngineProfile) else load_profile(self.profile)
+        if self.disk_medium:
+            bw, lat = DISK_MEDIA[self.disk_medium]
+            profile = dataclasses.replace(profile, disk_bandwidth_bytes_per_s=bw, disk_latency_s=lat)
+        return profile
+
+    def tier_specs(self) -> tuple[TierSpec, TierSpec]:
+        """The LMCache DRAM and disk tiers (ValueError naming the field when one is invalid)."""
+        return (TierSpec(self.dram_capacity_tokens, self.dram_policy),
+                TierSpec(self.disk_capacity_tokens, self.disk_policy, self.disk_ttl_s, self.disk_group_ttls_s))
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,9 @@ class FleetConfig:
         for e in self.engines:
             if e.dram_capacity_tokens < 0 or e.disk_capacity_tokens < 0:
                 raise ValueError("dram_capacity_tokens: tier capacities must be >= 0")
+            if e.disk_medium and e.disk_medium not in DISK_MEDIA:
+                raise ValueError(f"disk_medium: must be one of {sorted(DISK_MEDIA)} or empty, got {e.disk_medium!r}")
+            e.tier_specs()
 
     @classmethod
     def uniform(cls, n: int, profile: EngineProfile | str = DEFAULT_PROFILE, *, policy: Any = "least_loaded",
@@ -350,7 +372,7 @@ class _Engine:
         self.run_c0 = 0
         self.planned: list[tuple[int, int]] = []
         self.step_extra = 0.0
-        self.tiers = PrefixTiers(hash_tokens, spec.dram_capacity_tokens, spec.disk_capacity_tokens)
+        self.tiers = PrefixTiers(hash_tokens, *spec.tier_specs())
         self.hash_tokens = hash_tokens
         self.hbm_cap_blocks = self.cap_tokens // hash_tokens
         self.max_seqs = profile.max_num_seqs
@@ -377,12 +399,12 @@ class _Engine:
     def cached_prefix_blocks(self, hashes: tuple[int, ...]) -> int:
         return self.tiers.cached_prefix_blocks(hashes)
 
-    def lookup(self, hashes: tuple[int, ...]) -> tuple[int, int, int]:
-        return self.tiers.lookup(hashes)
+    def lookup(self, hashes: tuple[int, ...], now: float) -> tuple[int, int, int]:
+        return self.tiers.lookup(hashes, now)
 
-    def store(self, hashes: tuple[int, ...]) -> None:
+    def store(self, hashes: tuple[int, ...], now: float) -> None:
         free = (self.cap_tokens - self.reserved) // self.hash_tokens if self.prefix_caching else None
-        self.tiers.store(hashes, free)
+        self.tiers.store(hashes, free, now)
 
     # -- decode-run timing ----------------------------------------------------------------------------
     def _lines(self, B: int) -> tuple[float, float, float, float]:
@@ -464,6 +486,9 @@ class ReplayResult:
     data_version: str
     profiles: list[str] = field(default_factory=list)
     events: int = 0
+    # LMCache tiers' time-integral of size over the replay, block-seconds summed over engines ("dram", "disk"):
+    # an elastic (TTL) disk tier's cost is its average size, block_seconds / makespan_s.
+    tier_block_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def completed(self) -> np.ndarray:
@@ -818,7 +843,7 @@ class _Sim:
         if not hashes:
             return
         ht = eng.hash_tokens
-        nh, nd, nk = eng.lookup(hashes)
+        nh, nd, nk = eng.lookup(hashes, now)
         p = self.prompt[r]
         cap = p - 1  # the last prompt token is always computed
         h_tok = min(nh * ht, cap)
@@ -885,7 +910,7 @@ class _Sim:
                     if self.hashes:
                         h = self.hashes[r]
                         if h:
-                            eng.store(h)
+                            eng.store(h, now)
                     if eng.role == "prefill":
                         eng.reserved -= self.need[r]
                         eng.outstanding -= 1
@@ -983,6 +1008,8 @@ class _Sim:
             data_version=self.engines[0].pm.profile.data_version,
             profiles=[e.pm.profile.name for e in self.engines],
             events=self.events,
+            tier_block_seconds={name: sum(e.tiers.block_seconds(name, end) for e in self.engines)
+                                for name in ("dram", "disk")},
         )
 
 
