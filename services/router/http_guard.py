@@ -255,5 +255,6 @@ class CappedSite(web.SockSite):
         extra: dict[str, Any] = {}
         if self._ssl_context is not None:
             extra["ssl_handshake_timeout"] = self._guard.limits.header_timeout_s
-        self._server = await loop.create_server(self._guard.factory(self._runner), sock=self._sock,  # type: ignore[arg-type]
-                                                ssl=self._ssl_context, backlog=self._backlog, **extra)
+        factory = self._guard.factory(self._runner)  # type: ignore[arg-type]
+        self._server = await loop.create_server(factory, sock=self._sock, ssl=self._ssl_context,
+                                                backlog=self._backlog, **extra)

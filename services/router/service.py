@@ -72,8 +72,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         None, ge=1, le=1_000_000,
         description="open HTTP connections above which new ones get 503 and are closed (default: half the file "
         "descriptor limit less 64, at most 4096)")
-    http_header_timeout_s: float = Field(10.0, gt=0, le=3600,
-                                         description="seconds a new HTTP connection gets to send a complete request head")
+    http_header_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="seconds a new HTTP connection gets to send a complete request head")
     http_body_timeout_s: float = Field(30.0, gt=0, le=3600,
                                        description="seconds an HTTP request body gets to arrive in full (408 after)")
     http_keepalive_timeout_s: float = Field(

@@ -237,9 +237,18 @@ async def test_grpc_generate_over_the_message_limit_is_resource_exhausted(router
     assert str(r.core.config.max_in_flight) in info.value.details()
 
 
-@pytest.mark.parametrize("payload", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 70 + b"1" + b"}" * 70,
-                                     json.dumps({"model": "m", "prompt": "x", "x": [[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]
-                                                * 1}).replace("[]", "[" * 60 + "]" * 60).encode()])
+def _nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("payload", [
+    b"[" * 100_000 + b"]" * 100_000,  # past the parser's own recursion limit (was a 500)
+    b'{"a":' * 70 + b"1" + b"}" * 70,  # 70 levels of objects
+    json.dumps({"model": "m", "prompt": "x", "x": _nested(64)}).encode(),  # 65 levels inside a real request
+])
 async def test_deeply_nested_json_is_a_400(router, payload: bytes) -> None:
     r = await router([])
     async with aiohttp.ClientSession() as s:

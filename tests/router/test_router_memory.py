@@ -65,7 +65,8 @@ async def _worker(w: int, http: str, grpc_address: str, model: str, stop: asynci
                 counts["ok"] += 1
                 continue
             if kind == 1:  # refused before the body is read, or as malformed
-                bad = [b"[" * 5000 + b"]" * 5000, b"{not json", b'{"model":"m","prompt":' + b"[" * 70 + b"]" * 70 + b"}"]
+                bad = [b"[" * 5000 + b"]" * 5000, b"{not json",
+                       b'{"model":"m","prompt":' + b"[" * 70 + b"]" * 70 + b"}"]
                 async with s.post(http + "/v1/completions", data=bad[n % 3],
                                   headers={"Content-Type": "application/json"}) as resp:
                     assert resp.status == 400, await resp.text()
