@@ -17,6 +17,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "forecaster": ("greenserve.forecaster.bench:main", "day-ahead CI and load MAPE vs seasonal naive"),
     "router": ("greenserve.router.bench:main", "added TTFT and throughput through the router vs direct"),
     "cache-policy": ("greenserve.cache_manager.bench:policy_main", "token hit rate of FIFO/LRU/LCS/LCS+TTL/Adaptive"),
+    "cache-pareto": ("greenserve.optimizer.solvers.cache_pareto:bench_main",
+                     "Kareto adaptive Pareto search vs full grid: evaluations and hypervolume"),
     "cache-eviction": ("greenserve.cache_manager.bench:eviction_main", "eviction choice latency over 1M entries"),
     "plan": ("greenserve.optimizer.bench:main", "ComputePlan time (16 pools, 64 GPUs, 24 h) and WatchPlans delivery"),
     "cache-plan": ("greenserve.optimizer.bench_cache:main", "GreenCache ILP solve time: 24 h x 17 sizes, 168 h x 64 sizes x 16 pools"),
