@@ -49,11 +49,17 @@ def _setup(n: int, states: list[mv.State] | None = None) -> mv.PoolSetup:
 
 
 def _brute_force(problem: mv.Problem) -> float:
-    """Best objective over every tuple of per-GPU patterns (each GPU chosen independently, with its own change)."""
+    """Best objective over every tuple of per-GPU patterns (each GPU chosen independently, with its own change;
+    a GPU may also stay exactly as it runs)."""
     (group,) = problem.groups
     best = -math.inf
-    assert len(set(group.states)) == 1  # GPUs alike: unordered choices cover every assignment
-    for choice in itertools.combinations_with_replacement(group.patterns, len(group.uuids)):
+    if len(set(group.states)) == 1:  # GPUs alike: unordered choices cover every assignment
+        keep = mp.keep_pattern(MODEL, group.states[0])
+        choices = itertools.combinations_with_replacement(group.patterns + ([keep] if keep else []), len(group.uuids))
+    else:
+        choices = itertools.product(*[group.patterns + [k for k in (mp.keep_pattern(MODEL, st),) if k]
+                                      for st in group.states])
+    for choice in choices:
         counts: dict = {}
         change_g, restarted = 0.0, 0
         for state, p in zip(group.states, choice):
@@ -93,6 +99,21 @@ def test_exact_optimum_equals_brute_force(weight: float, cap: float | None, load
         assert sum(solution.flows.values()) == pytest.approx(load)  # the SLA holds: all load within capacity
         if cap is not None:
             assert solution.d_accuracy >= -100 * cap - 1e-6
+
+
+@pytest.mark.parametrize("change_s", [0.0, 600.0, 36000.0])
+def test_exact_optimum_with_change_costs_equals_brute_force(change_s: float) -> None:
+    """Two GPUs in different states (one whole "big", one 3g "small" + 3g "big"): the exact plan with its change
+    costs equals the best of every per-GPU choice (staying as it runs included)."""
+    whole = ((Placement(0, 8, "7g.40gb"), "big"),)
+    split = ((Placement(0, 4, "3g.20gb"), "small"), (Placement(4, 4, "3g.20gb"), "big"))
+    setup = _setup(2, [whole, split])
+    for load, weight in ((6.0, 0.7), (11.0, 0.3)):
+        problem = mv.problem_for(setup, None, load, 400.0, 300.0, 1.5, weight, change_s=change_s)
+        solution = mv.solve_exact(problem)
+        assert solution.objective == pytest.approx(_brute_force(problem), abs=1e-5)
+        if change_s == 36000.0:
+            assert solution.restarts == 0  # ten hours of idle carbon per restart: nothing is worth it
 
 
 def test_pattern_aggregation_loses_nothing_on_one_gpu() -> None:

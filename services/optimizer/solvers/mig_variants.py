@@ -273,35 +273,42 @@ class _Milp:
         def clip(v: float) -> float:
             return inf if v == math.inf else -inf if v == -math.inf else v
 
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", THREADS)
-        h.setOptionValue("mip_rel_gap", gap_rel)
-        if time_limit_s is not None:
-            h.setOptionValue("time_limit", float(time_limit_s))
-        n = len(self.cost)
-        h.addCols(n, np.array(self.cost, dtype=float), np.array([clip(v) for v in self.lower], dtype=float),
-                  np.array([clip(v) for v in self.upper], dtype=float), 0, np.array([], dtype=np.int32),
-                  np.array([], dtype=np.int32), np.array([], dtype=float))
-        starts, index, value = [], [], []
-        for _, _, coefficients in self.rows:
-            starts.append(len(index))
-            for c, v in coefficients.items():
-                index.append(c)
-                value.append(v)
-        h.addRows(len(self.rows), np.array([clip(r[0]) for r in self.rows], dtype=float),
-                  np.array([clip(r[1]) for r in self.rows], dtype=float), len(index),
-                  np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value, dtype=float))
-        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        def load(integer: bool) -> highspy.Highs:
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            h.setOptionValue("threads", THREADS)
+            h.setOptionValue("mip_rel_gap", gap_rel)
+            if time_limit_s is not None:
+                h.setOptionValue("time_limit", float(time_limit_s))
+            n = len(self.cost)
+            h.addCols(n, np.array(self.cost, dtype=float), np.array([clip(v) for v in self.lower], dtype=float),
+                      np.array([clip(v) for v in self.upper], dtype=float), 0, np.array([], dtype=np.int32),
+                      np.array([], dtype=np.int32), np.array([], dtype=float))
+            if integer and self.integer:
+                h.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
+                                        np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
+            starts, index, value = [], [], []
+            for _, _, coefficients in self.rows:
+                starts.append(len(index))
+                for c, v in coefficients.items():
+                    index.append(c)
+                    value.append(v)
+            h.addRows(len(self.rows), np.array([clip(r[0]) for r in self.rows], dtype=float),
+                      np.array([clip(r[1]) for r in self.rows], dtype=float), len(index),
+                      np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value, dtype=float))
+            h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+            return h
+
         # The LP relaxation first: when its optimum is integral it is the MILP's optimum (its bound is met).
+        # The MILP then runs on a model of its own: HiGHS 1.16 re-run as a MIP on the object that just solved the
+        # relaxation returned a wrong incumbent with gap 0 (caught by the brute-force test).
+        h = load(integer=False)
         h.run()
         if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
             x = list(h.getSolution().col_value)
             if all(abs(x[c] - round(x[c])) <= 1e-7 for c in self.integer):
                 return True, x, float(h.getInfo().objective_function_value), 0.0
-        if self.integer:
-            h.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
-                                    np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
+        h = load(integer=True)
         h.run()
         status = h.getModelStatus()
         if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit) or \
