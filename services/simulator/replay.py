@@ -27,7 +27,7 @@ decoding sequence counts one token, a prefill chunk its tokens). Idle engines dr
 Simplifications (documented in docs/simulator.md): the full KV reservation is taken at admission (vLLM
 allocates on demand and preempts; here nothing is preempted); a decode run's energy uses the utilisation
 at its middle context; prefix caching is at the trace's hash-block granularity; LMCache tiers are
-write-through at prefill completion and LRU; generated tokens are not cached (LMCache
+write-through at prefill completion and evict by LRU, FIFO or LCS (tiers.py); generated tokens are not cached (LMCache
 ``save_decode_cache`` default false).
 """
 
