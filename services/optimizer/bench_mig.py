@@ -61,7 +61,8 @@ def _setup(n: int) -> mig_variants.PoolSetup:
 def _problem(setup: mig_variants.PoolSetup, ns: argparse.Namespace) -> mig_variants.Problem:
     best = mp.family(FAMILY)[0].name
     whole = max((p for c in mp.layout_classes(GPU_MODEL) for p in c), key=lambda p: int(p.split("g")[0]))
-    base_cap = ns.headroom * setup.options[(GPU_MODEL, whole, best)].capacity_requests_per_s * len(setup.groups[0].uuids)
+    per_gpu = ns.headroom * setup.options[(GPU_MODEL, whole, best)].capacity_requests_per_s
+    base_cap = per_gpu * len(setup.groups[0].uuids)
     return mig_variants.problem_for(setup, None, ns.load_fraction * base_cap, ns.ci, ns.base_ci, ns.pue, ns.weight,
                                     headroom=ns.headroom, change_s=ns.change_s)
 
@@ -88,7 +89,8 @@ def _searches(problem: mig_variants.Problem, optimum: float, ns: argparse.Namesp
             "gap_relative_median": statistics.median(gaps) / abs(optimum) if gaps and optimum else None,
             "reached_optimum": sum(1 for g in gaps if g <= 1e-6),
             "evaluations_median": statistics.median(r.evaluations for r, _ in runs),
-            "feasible_evaluation_share": sum(r.feasible_evaluations for r, _ in runs) / max(1, sum(r.evaluations for r, _ in runs)),
+            "feasible_evaluation_share": (sum(r.feasible_evaluations for r, _ in runs)
+                                          / max(1, sum(r.evaluations for r, _ in runs))),
             "wall_s_median": statistics.median(s for _, s in runs),
         }
     return out

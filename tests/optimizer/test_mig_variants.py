@@ -259,7 +259,8 @@ def test_solver_plans_valid_layouts_with_variants_and_leaves_other_gpus() -> Non
 def test_variant_without_profile_or_simulator_model_is_refused_naming_the_field() -> None:
     pool = _pool([("mystery", 1.0)])
     with pytest.raises(mp.NoOption) as err:
-        mp.predicted_option(pool, MODEL, "7g.40gb", pool.variants[0], None, "fleet.pools[0].variants[0].simulator_model")
+        mp.predicted_option(pool, MODEL, "7g.40gb", pool.variants[0], None,
+                            "fleet.pools[0].variants[0].simulator_model")
     assert err.value.field == "fleet.pools[0].variants[0].simulator_model"
     fleet = common_pb2.FleetInventory(pools=[pool])
     fleet.pools[0].variants[0].simulator_model = "gpt-17"

@@ -21,7 +21,7 @@ import itertools
 import math
 import tomllib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -183,7 +183,8 @@ def scaled_engine_profile(sim_model: str, gpu_model: str, profile: str, bytes_pe
     prof = geo.profile(profile)
     gpus = _sim_gpus()
     gpu_key = gpu_model if gpu_model in gpus else next(
-        (k for k in gpus if k.split("-")[0] == gpu_model.split("-")[0]), "H100-80GB" if gpu_model.startswith("H") else "A100-80GB")
+        (k for k in gpus if k.split("-")[0] == gpu_model.split("-")[0]),
+        "H100-80GB" if gpu_model.startswith("H") else "A100-80GB")
     gpu = gpus[gpu_key]
     sm = slice_sm_fraction(gpu_model, profile, geo)
     bw = prof.memory_slices / geo.memory_slices
@@ -200,11 +201,9 @@ def scaled_engine_profile(sim_model: str, gpu_model: str, profile: str, bytes_pe
 
 def fits(engine: perf_model.EngineProfile, prompt: int, output: int) -> bool:
     """The weights, vLLM's reserve and one request's KV cache fit the slice at vLLM's memory utilisation."""
-    room = engine.memory_bytes * engine.gpu_memory_utilization - engine.weight_bytes - engine.non_kv_reserve_bytes_per_gpu
+    room = (engine.memory_bytes * engine.gpu_memory_utilization - engine.weight_bytes
+            - engine.non_kv_reserve_bytes_per_gpu)
     return room >= engine.kv_bytes_per_token * (prompt + output)
-
-
-CapabilityLookup = Callable[[str, str, common_pb2.ModelVariant | None], Option | None]
 
 
 def predicted_option(pool: common_pb2.Pool, gpu_model: str, profile: str, variant: common_pb2.ModelVariant | None,
@@ -323,7 +322,8 @@ def restarts(current: tuple[tuple[Placement, str], ...], pattern: Pattern
     best: tuple[list[tuple[str, str]], tuple[Placement, ...], list[str]] | None = None
     if pattern.layout:
         layouts: tuple[tuple[Placement, ...], ...] = (pattern.layout,)
-        if set(cur) == set(pattern.layout) and Counter((p.profile, v) for p, v in cur.items()) == Counter(pattern.counts):
+        same_kinds = Counter((p.profile, v) for p, v in cur.items()) == Counter(pattern.counts)
+        if set(cur) == set(pattern.layout) and same_kinds:
             return [], pattern.layout, [cur[p] for p in pattern.layout]
     else:
         layouts = layout_classes(pattern.gpu_model)[pattern.profiles]

@@ -583,10 +583,11 @@ def to_layouts(setup: PoolSetup, problem: Problem, solution: Solution
     out: dict[str, common_pb2.MigLayout] = {}
     new_states: list[list[State]] = []
     for gi, group in enumerate(problem.groups):
-        want: dict[tuple[State, mp.Pattern], int] = {(s, p): n for (g, s, p), n in solution.transitions.items() if g == gi}
+        want: dict[tuple[State, mp.Pattern], int] = {
+            (s, p): n for (g, s, p), n in solution.transitions.items() if g == gi}
         states_out: list[State] = []
         for uuid, state in zip(group.uuids, group.states):
-            pattern = next(p for (s, p), n in sorted(want.items(), key=lambda kv: mp.restarts(kv[0][0], kv[0][1])[0].__len__())
+            pattern = next(p for (s, p), n in sorted(want.items(), key=lambda kv: len(mp.restarts(*kv[0])[0]))
                            if s == state and n > 0)
             want[(state, pattern)] -= 1
             _, layout, variants = mp.restarts(state, pattern)
