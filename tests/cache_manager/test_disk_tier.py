@@ -196,3 +196,45 @@ def test_l2_without_quota_enforcement_is_not_sizable() -> None:
     assert "no L2 adapter" in why_not_sizable(none)
     ok = DiskTierState(1, ("IsolatedLRU",), (), 5, 0, 0)
     assert why_not_sizable(ok) == ""
+
+
+@pytest.mark.slow  # shares the module's LMCache server with an L2 adapter
+async def test_plan_follower_applies_disk_targets_without_restart(tmp_path, l2_server) -> None:
+    from greenserve.cache_manager.enforcer import CacheEnforcer
+    from greenserve.cache_manager.models import LmcacheServer
+    from greenserve.cache_manager.service import CacheManagerServicer
+    from greenserve.common.app import ServiceContext
+    from greenserve.common.persistence import Database, utcnow
+    from greenserve.common.plan_follow import APPLIED
+
+    from tests.plan_peer import interval
+
+    server, _ = l2_server
+    settings = CacheManagerSettings.model_validate({"data_dir": tmp_path, "follow_plans": False})
+    db = Database.open(f"sqlite:///{tmp_path / 'cm.db'}", "cache_manager")
+    try:
+        servicer = CacheManagerServicer(ServiceContext(settings=settings, db=db, telemetry=None))  # type: ignore[arg-type]
+        with db.session() as s:
+            s.add(LmcacheServer(id="s1", pool="chat", url=server.http_url, registered_at=utcnow()))
+            s.commit()
+        enforcer = CacheEnforcer(servicer)
+        dram = int(server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"])
+        pid = server.pidfile.read_text()
+
+        async def apply(version: int, disk: int):
+            now = time.time()
+            iv = interval(now - 60, now + 3600, pools=[common_pb2.PoolInterval(pool="chat")],
+                          cache_targets=[common_pb2.CacheTarget(pool="chat", dram_bytes=dram, disk_bytes=disk)])
+            plan = common_pb2.Plan(version=version, intervals=[iv])
+            return await enforcer.reconcile(plan, plan.intervals[0])
+
+        out = await apply(1, 1 << 30)
+        assert out.state == APPLIED and "-> 1.0 GiB without restart (s1)" in out.detail, out.detail
+        out = await apply(2, 2 << 30)
+        assert out.state == APPLIED and "disk 1.0 GiB -> 2.0 GiB without restart (s1)" in out.detail, out.detail
+        out = await apply(3, 2 << 30)
+        assert out.state == APPLIED and "disk 2.0 GiB already in force (s1)" in out.detail, out.detail
+        assert _quota(server)["limit_gb"] == pytest.approx(2.0)
+        assert server.pidfile.read_text() == pid
+    finally:
+        db.close()
