@@ -321,3 +321,26 @@ def test_a_gpu_is_kept_as_it_runs_when_nothing_needs_it_to_change() -> None:
         assert [(p.profile, p.start, p.pool, p.model_variant) for p in layout.placements] == [
             ("3g.20gb", 0, "chat", "8b-bf16"), ("3g.20gb", 4, "chat", "8b-bf16")]
     assert "no engine restarted" in " ".join(plan.explanation)
+
+
+def test_the_state_is_what_runs_on_a_reported_gpu() -> None:
+    """A reported GPU's engines (not the layout declared in the fleet) are the state the change cost starts from."""
+    fleet = common_pb2.FleetInventory()
+    pool = fleet.pools.add()
+    pool.CopyFrom(_pool([]))
+    pool.model = "meta-llama/Meta-Llama-3-8B-Instruct"
+    pool.variants.extend(v.to_proto() for v in mp.family("llama3-8b-instruct")[:2])
+    gpu = fleet.gpus.add(uuid="GPU-0", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat", mig_enabled=True,
+                         reported_by="gpu-partitioner/n1")
+    gpu.instances.add(uuid="MIG-a", profile="7g.80gb", placement_start=0, placement_size=8, engine_id="e7")
+    pool.engines.add(id="e7", gpu_uuid="GPU-0", mig_uuid="MIG-a", model_variant=pool.variants[1].name)
+    declared = common_pb2.FleetInventory()
+    declared.CopyFrom(fleet)
+    declared.gpus[0].ClearField("instances")
+    declared.gpus[0].instances.add(profile="3g.40gb", placement_start=0, placement_size=4)
+    inputs = _inputs(fleet, load=0.0)
+    inputs.declared = declared
+    from greenserve.optimizer.solvers.keep_current import _mig_layouts
+    in_force = {m.gpu_uuid: m for m in _mig_layouts(inputs)[0][0]}
+    setup = mv.setup_pool(inputs, pool, 0, 0.9, in_force)
+    assert setup.groups[0].states == [((Placement(0, 8, "7g.80gb"), pool.variants[1].name),)]

@@ -524,7 +524,17 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
     for gpu in gpus:
         layout = in_force.get(gpu.uuid)
         state: list[tuple[Placement, str]] = []
-        if layout is not None:
+        # The state: the pool's engines running on the GPU's reported instances when there are any (reality),
+        # else the layout in force as keep-current sees it (the plan in force or the operator's declaration).
+        if gpu.reported_by != "operator":
+            for inst in gpu.instances:
+                key = (gpu.uuid, inst.placement_start, inst.profile)
+                if key in running and inst.placement_size:
+                    name = running[key]
+                    v = next((k for k, n in names.items() if n == name), default) if name else default
+                    state.append((Placement(start=inst.placement_start, size=inst.placement_size,
+                                            profile=inst.profile), v))
+        if not state and layout is not None:
             for pl in layout.placements:
                 if pl.pool == pool.name:
                     name = running.get((gpu.uuid, pl.start, pl.profile), pl.model_variant)
