@@ -3,8 +3,8 @@
 * ``cache_targets``: the sizes of the plan in force, else the sizes the pool's LMCache servers hold now (from the
   cache-manager), each clamped to the pool's declared limits (``max_cache_dram_bytes`` / ``max_cache_disk_bytes``
   when set): a limit lowered in the fleet file is enforced by the next plan.
-* ``mig_layouts``: per GPU, the layout of the plan in force, else the layout the operator declared for the GPU in
-  the fleet (its ``instances``, the engines' pool being the GPU's pool), else the layout the GPU has now.
+* ``mig_layouts``: per GPU, the layout the operator declared for it in the fleet (its ``instances``, the engines'
+  pool being the GPU's pool), else the layout of the plan in force, else the layout the GPU has now.
 * ``serving_modes`` and anything else: the plan in force's targets (nothing without a plan).
 """
 
@@ -67,12 +67,12 @@ def _mig_layouts(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
         by_gpu = {layout.gpu_uuid: layout for layout in hour}
         layouts: list[Message] = []
         for gpu in inputs.fleet.gpus:
-            if gpu.uuid in by_gpu:
-                layouts.append(by_gpu[gpu.uuid])
-                sources.add("plan in force")
-            elif gpu.uuid in declared:
+            if gpu.uuid in declared:  # the operator's layout wins: changing it in the fleet is how one asks
                 layouts.append(_layout(declared[gpu.uuid], pool_of, default_variant, use_gpu_pool=True))
                 sources.add("declared in the fleet")
+            elif gpu.uuid in by_gpu:
+                layouts.append(by_gpu[gpu.uuid])
+                sources.add("plan in force")
             elif gpu.mig_enabled and gpu.reported_by != "operator":
                 layouts.append(_layout(gpu, pool_of, default_variant, use_gpu_pool=False,
                                        engine_variants=engine_variants))
