@@ -245,7 +245,8 @@ class LmcacheAdmin:
                 total_used_bytes=sum(int(a.get("total_bytes_used", 0)) for a in evictions),
             )
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            raise LmcacheError(f"GET {self.url}/status: unexpected L2 description: {type(exc).__name__}: {exc}") from exc
+            raise LmcacheError(f"GET {self.url}/status: unexpected L2 description: {type(exc).__name__}: "
+                               f"{exc}") from exc
 
     async def quotas(self) -> dict[str, dict[str, float]]:
         body = await self._call("GET", "/quota")

@@ -49,7 +49,7 @@ from greenserve.simulator.perf_model import (
     SpecDecodeConfig,
     load_profile,
 )
-from greenserve.simulator.tiers import DISK_MEDIA, PrefixTiers, TierSpec
+from greenserve.simulator.tiers import DISK_MEDIA, PrefixTiers, TierSpec, allocated_byte_seconds, storage_embodied_g
 from greenserve.simulator.workloads import Workload
 
 __all__ = [
@@ -489,6 +489,8 @@ class ReplayResult:
     # LMCache tiers' time-integral of size over the replay, block-seconds summed over engines ("dram", "disk"):
     # an elastic (TTL) disk tier's cost is its average size, block_seconds / makespan_s.
     tier_block_seconds: dict[str, float] = field(default_factory=dict)
+    # Bytes x seconds of storage allocated per tier (tiers.allocated_byte_seconds): what carbon() charges.
+    tier_allocated_byte_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def completed(self) -> np.ndarray:
@@ -516,14 +518,17 @@ class ReplayResult:
         return {"ttft": float(ok_t.mean()), "tpot": float(ok_p.mean()), "both": float((ok_t & ok_p).mean())}
 
     def carbon(self, ci_g_per_kwh: Sequence[float] | float, *, ci_step_s: float = 3600.0, pue: float = 1.0,
-               embodied_g_per_engine: float = 0.0, lifetime_s: float = 5 * 365 * 24 * 3600.0) -> dict[str, Any]:
+               embodied_g_per_engine: float = 0.0, lifetime_s: float = 5 * 365 * 24 * 3600.0,
+               storage_params: Any = None) -> dict[str, Any]:
         """Operational (+ optional amortised embodied) carbon per request and in total.
 
         ``ci_g_per_kwh``: a constant or a series (one value per ``ci_step_s`` from the replay's time 0);
         each request's energy is charged at the CI of its arrival step (GreenCache Eq. 2 via
         ``greenserve.common.carbon.operational_g``). Embodied: ``greenserve.common.carbon.request_carbon``
         with the engine's mean batch size (GreenLLM Eq. 1) when ``embodied_g_per_engine`` > 0.
-        Idle energy is charged to the fleet total at the mean CI.
+        Idle energy is charged to the fleet total at the mean CI. With ``storage_params`` (a
+        ``carbon.CarbonParams``) the embodied carbon of the allocated DRAM and disk tiers (GreenCache Eq. 4) is
+        added to the total (``storage_embodied_g`` per tier).
         """
         from greenserve.common import carbon as cm
 
@@ -553,9 +558,10 @@ class ReplayResult:
         idle_j = self.fleet_energy_j - float(np.nansum(self.energy_j))
         idle_g = cm.operational_g(energy_kwh=cm.energy_kwh_from_j(energy_j=max(idle_j, 0.0)),
                                   ci_g_per_kwh=float(series.mean()), pue=pue)
-        total = float(per_request.sum() + embodied.sum() + idle_g)
+        storage = storage_embodied_g(self.tier_allocated_byte_seconds, storage_params) if storage_params else {}
+        total = float(per_request.sum() + embodied.sum() + idle_g + sum(storage.values()))
         return {"per_request_operational_g": per_request, "per_request_embodied_g": embodied,
-                "idle_operational_g": idle_g, "total_g": total,
+                "idle_operational_g": idle_g, "storage_embodied_g": storage, "total_g": total,
                 "mean_request_g": float((per_request + embodied)[self.completed].mean()) if self.completed.any() else math.nan}
 
     def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict[str, Any]:
@@ -1010,6 +1016,10 @@ class _Sim:
             events=self.events,
             tier_block_seconds={name: sum(e.tiers.block_seconds(name, end) for e in self.engines)
                                 for name in ("dram", "disk")},
+            tier_allocated_byte_seconds={
+                name: sum(allocated_byte_seconds(getattr(e.tiers, name), e.pm._kv_bytes_per_token, end,
+                                                 max(0.0, end - start)) for e in self.engines)
+                for name in ("dram", "disk")},
         )
 
 

@@ -188,6 +188,30 @@ class Tier:
         index.store_slots(np.asarray(slots, dtype=np.int64), tokens=size, size_bytes=size, now_s=now, parents=parents)
 
 
+def allocated_byte_seconds(tier: Tier, kv_bytes_per_token: float, end: float, duration_s: float) -> float:
+    """What GreenCache Eq. 4 charges a tier for over the replay, as bytes x seconds: a fixed-capacity tier its
+    whole capacity for `duration_s` (storage is allocated whether used or not), an elastic tier what it held
+    (Kareto's Capacity x TTL cost)."""
+    if not tier.on:
+        return 0.0
+    block_bytes = tier.hash_tokens * kv_bytes_per_token
+    if tier.spec.elastic:
+        tier._account(end)
+        return tier.block_seconds * block_bytes
+    return tier.cap * block_bytes * duration_s
+
+
+def storage_embodied_g(byte_seconds: dict[str, float], params: object) -> dict[str, float]:
+    """Embodied carbon of the allocated DRAM and disk tiers (GreenCache Eq. 4, DRAM by its footnote 1):
+    S x T x C_e^Unit / LT, with S x T given as byte-seconds; `params` is a `carbon.CarbonParams`."""
+    from greenserve.common import carbon as cm
+
+    rates = {"dram": (params.dram_embodied_g_per_tb, params.dram_lifetime_s),  # type: ignore[attr-defined]
+             "disk": (params.ssd_embodied_g_per_tb, params.ssd_lifetime_s)}  # type: ignore[attr-defined]
+    return {tier: cm.cache_embodied_g(duration_s=1.0, lifetime_s=rates[tier][1], ssd_embodied_g_per_tb=rates[tier][0],
+                                      allocated_bytes=byte_seconds.get(tier, 0.0)) for tier in rates}
+
+
 class PrefixTiers:
     """HBM / DRAM / disk contents of one engine (hot path: plain attributes)."""
 

@@ -213,7 +213,8 @@ async def test_plan_follower_applies_disk_targets_without_restart(tmp_path, l2_s
     settings = CacheManagerSettings.model_validate({"data_dir": tmp_path, "follow_plans": False})
     db = Database.open(f"sqlite:///{tmp_path / 'cm.db'}", "cache_manager")
     try:
-        servicer = CacheManagerServicer(ServiceContext(settings=settings, db=db, telemetry=None))  # type: ignore[arg-type]
+        ctx = ServiceContext(settings=settings, db=db, telemetry=None)  # type: ignore[arg-type]
+        servicer = CacheManagerServicer(ctx)
         with db.session() as s:
             s.add(LmcacheServer(id="s1", pool="chat", url=server.http_url, registered_at=utcnow()))
             s.commit()

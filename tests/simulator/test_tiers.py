@@ -80,3 +80,20 @@ def test_replay_with_lcs_dram_and_elastic_disk() -> None:
         assert res.tier_block_seconds["disk"] > 0 and res.tier_block_seconds["dram"] > 0
     # The elastic tier holds blocks only while they are within their TTL: less than the unbounded content.
     assert elastic.tier_block_seconds["disk"] < fixed.tier_block_seconds["disk"]
+
+
+def test_storage_embodied_carbon_of_allocated_tiers() -> None:
+    from greenserve.common.carbon import CarbonParams
+
+    w = multi_turn_workload(30, 0.5, seed=4)
+    cap = 1 << 16
+    res = replay(w, FleetConfig(engines=(EngineSpec(dram_capacity_tokens=cap, disk_capacity_tokens=4 * cap),)))
+    kvb = EngineSpec().resolved_profile().kv_bytes_per_token
+    # A fixed tier is charged its whole capacity for the whole replay (GreenCache Eq. 4: S_alloc x T).
+    assert res.tier_allocated_byte_seconds["dram"] == pytest.approx(cap * kvb * res.makespan_s)
+    assert res.tier_allocated_byte_seconds["disk"] == pytest.approx(4 * cap * kvb * res.makespan_s)
+    params = CarbonParams.load()
+    out = res.carbon(100.0, storage_params=params)
+    want_disk = 4 * cap * kvb / 1e12 * res.makespan_s / params.ssd_lifetime_s * params.ssd_embodied_g_per_tb
+    assert out["storage_embodied_g"]["disk"] == pytest.approx(want_disk)
+    assert out["total_g"] == pytest.approx(res.carbon(100.0)["total_g"] + sum(out["storage_embodied_g"].values()))
