@@ -21,6 +21,7 @@ from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
 from tests.cache_manager.process import start_cache_manager
 from tests.conftest import free_port
+from tests.process import sigkill_while_writing
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 CLIENTS = 16
@@ -106,16 +107,8 @@ async def test_sixteen_writers_sigkill_restart_holds_exactly_the_acknowledged_wr
     proc = start_cache_manager(tmp_path, port, **flags)
     killed = asyncio.Event()
     clients = [Client(c) for c in range(CLIENTS)]
-    try:
-        tasks = [asyncio.create_task(_run_client(cl, address, killed)) for cl in clients]
-        await asyncio.sleep(WRITE_S)
-        killed.set()
-        proc.send_signal(signal.SIGKILL)  # while the clients are still writing
-        proc.wait(timeout=30)
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    tasks = [asyncio.create_task(_run_client(cl, address, killed)) for cl in clients]
+    await sigkill_while_writing(proc, tasks, killed, WRITE_S)
     errors = [e for cl in clients for e in cl.errors]
     assert errors == [], errors[:5]
     assert sum(len(cl.acked_stores) for cl in clients) >= CLIENTS * 20, "too few writes to mean anything"

@@ -18,6 +18,7 @@ from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
 from tests.cache_manager.process import start_cache_manager
 from tests.conftest import free_port
+from tests.process import rss_bytes
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 CAP = 1000
@@ -25,14 +26,6 @@ STREAM_S = 90.0  # safety bound on a loaded machine; about 5 s on an idle one
 STREAMS = 12
 PER_STREAM = 500
 MIB = 1024 * 1024
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 async def test_sustained_access_stream_levels_off(tmp_path) -> None:

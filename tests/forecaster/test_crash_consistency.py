@@ -12,7 +12,6 @@ rate of the samples sent before the kill.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 from tests.conftest import free_port
+from tests.process import sigkill_while_writing
 
 from .process import start_forecaster
 
@@ -126,15 +126,7 @@ async def test_writes_hold_exactly_the_acknowledged_ones_after_sigkill(tmp_path:
     clients = [Client(c) for c in range(CLIENTS)]
     killed = asyncio.Event()
     tasks = [asyncio.create_task(_run_client(cl, address, base_s, killed)) for cl in clients]
-    try:
-        await asyncio.sleep(WRITE_S)
-        killed.set()  # the kill lands while every client is writing
-        proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    await sigkill_while_writing(proc, tasks, killed, WRITE_S)
     errors = [e for cl in clients for e in cl.errors]
     assert not errors, errors[:10]
     writes = sum(cl.acked for cl in clients)

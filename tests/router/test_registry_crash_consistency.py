@@ -11,55 +11,34 @@ kill either fully applied or not at all.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.conftest import free_port
+from tests.process import sigkill_while_writing, start_service_process
 
 pytestmark = pytest.mark.timeout(180)
 CLIENTS = 16
 ENGINES_PER_CLIENT = 3
 WRITE_S = 2.5
-SERVICE = "greenserve.v1.RouterService"
 # (mig_uuid, gpu_uuid, kind, idle_power_w, busy_power_w, drained) of an engine; None: not registered
 Facts = tuple[str, str, int, float, float, bool] | None
 
 
 def start_router(data_dir: Path, port: int) -> subprocess.Popen:
     """`python -m greenserve.router` on `port` (no HTTP front, no peers), SERVING; log in `<data_dir>/router.log`."""
-    env = {**os.environ, "GREENSERVE_WATCH_PLANS": "false", "GREENSERVE_FEEDS": "false",
-           "GREENSERVE_HTTP_PORT": "-1", "GREENSERVE_HEALTH_INTERVAL_S": "5", "GREENSERVE_SCRAPE_INTERVAL_S": "5",
-           "GREENSERVE_STALE_AFTER_S": "10", "GREENSERVE_LOG_LEVEL": "WARNING"}
-    argv = [sys.executable, "-m", "greenserve.router", "--host", "127.0.0.1", "--port", str(port),
-            "--data-dir", str(data_dir)]
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / "router.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=out)
-    deadline = time.monotonic() + 60
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"exited {proc.returncode}: {log.read_text()[-2000:]}"
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=1).status == 1:
-                    return proc
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"router not SERVING within 60 s: {log.read_text()[-2000:]}")
+    env = {"GREENSERVE_WATCH_PLANS": "false", "GREENSERVE_FEEDS": "false", "GREENSERVE_HTTP_PORT": "-1",
+           "GREENSERVE_HEALTH_INTERVAL_S": "5", "GREENSERVE_SCRAPE_INTERVAL_S": "5", "GREENSERVE_STALE_AFTER_S": "10",
+           "GREENSERVE_LOG_LEVEL": "WARNING"}
+    return start_service_process("greenserve.router", "greenserve.v1.RouterService", data_dir, port, env=env,
+                                 log_name="router.log")
 
 
 @dataclass
@@ -135,16 +114,7 @@ async def test_registry_holds_exactly_the_acknowledged_writes_after_sigkill(tmp_
     clients = [Client(c) for c in range(CLIENTS)]
     killed = asyncio.Event()
     tasks = [asyncio.create_task(_run_client(cl, address, killed)) for cl in clients]
-    try:
-        await asyncio.sleep(WRITE_S)
-        # the kill lands while every client is writing
-        killed.set()
-        proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    await sigkill_while_writing(proc, tasks, killed, WRITE_S)
     errors = [e for cl in clients for e in cl.errors]
     assert not errors, errors[:10]
     writes = sum(cl.writes for cl in clients)
