@@ -34,6 +34,7 @@ from greenserve.router.receipt import (
     load_router_defaults,
 )
 from greenserve.router.upstream import Call, Dispatcher, make_session
+from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -64,6 +65,8 @@ class CoreConfig:
     default_busy_power_w: float | None = None
     default_idle_power_w: float | None = None
     watch_plans: bool = True
+    slo_window_s: float = 300.0  # SLO attainment reported to the optimizer over this window
+    slo_report_interval_s: float = 60.0
     feeds: bool = True
     load_feed_interval_s: float = 10.0
     access_feed_interval_s: float = 1.0
@@ -110,6 +113,9 @@ class RouterCore:
                                    known_engines=lambda: set(self.registry.engines)) \
             if self._optimizer is not None else None
         self.receipt_metrics = ReceiptMetrics(meter)
+        self.attainment = AttainmentWindow(config.slo_window_s)
+        self.attainment_reporter = AttainmentReporter(self.attainment, self._optimizer, config.slo_report_interval_s) \
+            if self._optimizer is not None else None
         self.dispatcher: Dispatcher | None = None
         self.in_flight = 0
         self.rejected = 0
@@ -182,8 +188,12 @@ class RouterCore:
             self.access_feed.start()
         if self.watcher is not None:
             self.watcher.start()
+        if self.attainment_reporter is not None:
+            self.attainment_reporter.start()
 
     async def stop(self) -> None:
+        if self.attainment_reporter is not None:
+            await self.attainment_reporter.stop()
         if self.watcher is not None:
             await self.watcher.stop()
         await self.monitor.stop()
@@ -376,6 +386,7 @@ class RouterCore:
             ci_g_per_kwh=self.ci.get(region), plan_version=call.decision.plan_version)
         receipt = compute_receipt(m, self.carbon_settings, self.plans.pool_slo.get(engine.pool))
         self.receipt_metrics.record(receipt, protocol)
+        self.attainment.record(engine.pool, receipt.slo_met)
         ok = self._prom_ok.get(protocol)
         if ok is None:
             ok = self._prom_ok[protocol] = self._prom_requests.labels(protocol, "ok")

@@ -112,6 +112,9 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     default_busy_power_w: float | None = Field(None, ge=0, description="engine power when serving (default: data file)")
     default_idle_power_w: float | None = Field(None, ge=0, description="engine idle power (default: data file)")
     watch_plans: bool = Field(True, description="subscribe to the optimizer's WatchPlans")
+    slo_window_s: float = Field(300.0, ge=10, le=86400,
+                                description="SLO attainment per pool over this window is reported to the optimizer")
+    slo_report_interval_s: float = Field(60.0, ge=1, le=3600, description="how often that report is sent")
     feeds: bool = Field(True, description="send load to the forecaster and prefix accesses to the cache-manager")
     load_feed_interval_s: float = Field(10.0, gt=0, description="load window sent to the forecaster, seconds")
     access_feed_interval_s: float = Field(1.0, gt=0, description="seconds between access-event batches")
@@ -147,6 +150,7 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             default_pool=self.default_pool, region=self.region, fallback_ci_g_per_kwh=self.fallback_ci_g_per_kwh,
             ci_refresh_s=self.ci_refresh_s, default_busy_power_w=self.default_busy_power_w,
             default_idle_power_w=self.default_idle_power_w, watch_plans=self.watch_plans, feeds=self.feeds,
+            slo_window_s=self.slo_window_s, slo_report_interval_s=self.slo_report_interval_s,
             load_feed_interval_s=self.load_feed_interval_s, access_feed_interval_s=self.access_feed_interval_s,
         )
 

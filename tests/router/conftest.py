@@ -75,4 +75,4 @@ async def router(start_inprocess: Callable[..., Any]) -> AsyncIterator[Callable[
         await channel.close()
 
 
-from tests.optimizer.conftest import forecaster  # noqa: E402,F401  (the optimizer-down test needs one)
+from tests.optimizer.conftest import forecaster, optimizer  # noqa: E402,F401  (tests of the router with the optimizer)
