@@ -93,7 +93,7 @@ async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_byte
     reason = why_not_sizable(state)
     if reason:
         if target_bytes == 0 and state.adapters == 0:
-            return DiskOutcome(True, "no disk tier, as the target says", 0)
+            return DiskOutcome(True, "", 0)  # no disk tier, and none asked for: nothing to say
         return DiskOutcome(False, f"disk target not applied: {reason}; nothing changed", current,
                            used_bytes=state.used_bytes)
     if local:

@@ -369,7 +369,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             # previous one and says why, without undoing the DRAM size.
             disk_outcome = await self._resize_disk(row, disk)
             disk_in_force = disk_outcome.disk_bytes
-            detail += f"; {disk_outcome.detail}"
+            detail += f"; {disk_outcome.detail}" if disk_outcome.detail else ""
         if outcome.applied and ttl_s > 0:
             self.ttls.setdefault(row.pool, {})["*"] = ttl_s
             detail += f"; TTL {ttl_s:g} s in force for pool {row.pool}"
@@ -412,7 +412,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             if request.HasField("disk_bytes") and outcome.applied:
                 disk_outcome = await self._resize_disk(row, request.disk_bytes)
                 applied, disk = disk_outcome.applied, disk_outcome.disk_bytes
-                detail += f"; {disk_outcome.detail}"
+                detail += f"; {disk_outcome.detail}" if disk_outcome.detail else ""
                 evicted += disk_outcome.evicted_entries
         return cache_manager_pb2.ResizeCacheResponse(
             result=cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=applied, detail=detail,
