@@ -65,7 +65,9 @@ def engine_id_for(node: str, mig_uuid: str) -> str:
 
 
 class RouterEngines:
-    """The router calls the enforcer makes: list, drain/undrain, register and deregister engines."""
+    """The router calls of the gpu-partitioner: list, drain/undrain, register and deregister engines. It is the
+    enforcer's router and the journaled apply's `RouterLink` (a drained engine is one whose state the router
+    reports as DRAINED: draining and nothing in flight)."""
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config

@@ -23,7 +23,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.app import ServiceContext
-from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.client import ChannelConfig
 from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
@@ -40,14 +40,13 @@ from greenserve.gpu_partitioner.backend import MigBackend, NotFoundError
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
+from greenserve.gpu_partitioner.enforcer import RouterEngines
 from greenserve.gpu_partitioner.follow import PlanFollowSettings, inventory_of, start_following
 from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError, Placement
 from greenserve.v1 import (
     common_pb2,
     gpu_partitioner_pb2,
     gpu_partitioner_pb2_grpc,
-    router_pb2,
-    router_pb2_grpc,
 )
 from pydantic import Field
 
@@ -153,51 +152,11 @@ def _record_proto(result: ApplyResult) -> gpu_partitioner_pb2.ApplyRecord:
     return record
 
 
-class GrpcRouterLink:
-    """RouterLink over RouterService (ListEngines, Drain with wait, Undrain); a drained engine is one whose
-    state the router reports as DRAINED (draining and nothing in flight)."""
-
-    def __init__(self, config: ChannelConfig) -> None:
-        self.config = config
-        self._channel: grpc.aio.Channel | None = None
-
-    def _stub(self) -> router_pb2_grpc.RouterServiceStub:
-        if self._channel is None:
-            self._channel = create_channel(self.config)
-        return router_pb2_grpc.RouterServiceStub(self._channel)
-
-    async def engines_by_mig_uuid(self) -> dict[str, list[str]]:
-        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
-        out: dict[str, list[str]] = {}
-        for status in reply.engines:
-            if status.engine.mig_uuid:
-                out.setdefault(status.engine.mig_uuid, []).append(status.engine.id)
-        return out
-
-    async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
-        wanted = set(mig_uuids)
-        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
-        return sorted((s.engine.id, s.engine.mig_uuid) for s in reply.engines
-                      if s.engine.mig_uuid in wanted and s.engine.state != common_pb2.ENGINE_STATE_DRAINED)
-
-    async def drain(self, engine_ids: Sequence[str], timeout_s: float) -> list[str]:
-        reply = await self._stub().Drain(
-            router_pb2.DrainRequest(engine_ids=list(engine_ids), wait=True, timeout_s=timeout_s), timeout=timeout_s + 5.0)
-        return list(reply.busy_engine_ids)
-
-    async def undrain(self, engine_ids: Sequence[str]) -> None:
-        await self._stub().Undrain(router_pb2.UndrainRequest(engine_ids=list(engine_ids)), timeout=10.0)
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-
-
 class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServicer):
     """greenserve.v1.GpuPartitionerService."""
 
     def __init__(self, ctx: ServiceContext, backend: MigBackend, coordinator: ApplyCoordinator,
-                 energy: EnergyAccountant, router: GrpcRouterLink | None, backend_note: str = "") -> None:
+                 energy: EnergyAccountant, router: RouterEngines | None, backend_note: str = "") -> None:
         self.ctx = ctx
         self.backend = backend
         self.coordinator = coordinator
@@ -402,7 +361,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     assert isinstance(settings, GpuPartitionerSettings)
     backend, note = open_backend(settings, ctx)
     log.info("MIG backend", extra={"backend": backend.kind, "note": note})
-    router = GrpcRouterLink(ChannelConfig(address=settings.router_addr, token=settings.token(), tls_ca=settings.tls_ca))
+    router = RouterEngines(ChannelConfig(address=settings.router_addr, token=settings.token(), tls_ca=settings.tls_ca))
     energy = EnergyAccountant(ctx.db)
     coordinator = ApplyCoordinator(ctx.db, backend, router, energy=energy, recovery_policy=settings.recovery_policy,
                                    require_router=settings.require_router)

@@ -16,7 +16,7 @@ from greenserve.gpu_partitioner.backend import (
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
 from greenserve.gpu_partitioner.geometry import LayoutError, Placement
 from greenserve.gpu_partitioner.models import ApplyJournalEntry
-from greenserve.gpu_partitioner.service import GrpcRouterLink
+from greenserve.gpu_partitioner.enforcer import RouterEngines
 
 from tests.gpu_partitioner.conftest import RunningRouter, make_harness
 
@@ -89,8 +89,8 @@ def _setup(kind: str, db: Database, router: RunningRouter) -> tuple[Any, str, di
     return h, gpu_uuid, uuids
 
 
-def _link(router: RunningRouter) -> GrpcRouterLink:
-    return GrpcRouterLink(ChannelConfig(address=router.address, default_timeout_s=5.0))
+def _link(router: RunningRouter) -> RouterEngines:
+    return RouterEngines(ChannelConfig(address=router.address, default_timeout_s=5.0))
 
 
 @pytest.mark.parametrize("kind", ["simulated", "nvml"])
@@ -175,7 +175,7 @@ async def test_unreachable_router_refuses_to_destroy(db: Database) -> None:
     h = make_harness("simulated", db, [("A100-40GB", True)])
     gpu_uuid = h.backend.list_gpus()[0].uuid
     h.backend.create_instance(gpu_uuid, Placement(0, 8, "7g.40gb"))
-    dead = GrpcRouterLink(ChannelConfig(address="127.0.0.1:1", default_timeout_s=1.0))
+    dead = RouterEngines(ChannelConfig(address="127.0.0.1:1", default_timeout_s=1.0))
     coordinator = ApplyCoordinator(db, h.backend, dead)
     result = await coordinator.apply(gpu_uuid, [Placement(0, 4, "4g.20gb")])
     assert result.state == "rolled_back" and "router unreachable" in result.error
