@@ -109,3 +109,11 @@ def test_bad_sweep_input_exits_2_naming_it(run, profiler_addr: str, args: list[s
             "--ttft-slo-s", "1", "--tpot-slo-s", "0.1"]
     out = run(profiler_addr, *base, *args)
     assert out.returncode == 2 and needle in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("action", ["show", "calibrate"])
+@pytest.mark.parametrize("version", ["-1", "4294967296", "x"])
+def test_bad_profile_version_exits_2_naming_it(run, profiler_addr: str, action: str, version: str) -> None:
+    # versions are uint32 on the wire: one past it used to end in a ValueError traceback
+    out = run(profiler_addr, action, "some-key", f"--version={version}")
+    assert out.returncode == 2 and "--version" in out.stderr, out.stderr

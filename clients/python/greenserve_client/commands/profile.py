@@ -51,6 +51,17 @@ def _floats(text: str, flag: str) -> list[float]:
     return values
 
 
+def _profile_version(text: str) -> int:
+    """A stored profile's version (a uint32 on the wire); 0 is the latest."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a profile version: {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"a profile version is 0 (latest) to {2**32 - 1}, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="profiling sweeps and stored profiles")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -97,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="one profile and its points")
     show.add_argument("config_key")
-    show.add_argument("--version", type=int, default=0, help="version (default latest)")
+    show.add_argument("--version", type=_profile_version, default=0, help="version (default latest)")
     show.add_argument("--json", action="store_true", help="print one JSON object")
 
     plot = sub.add_parser("plot", help="PNG of latency percentiles, attainment and power against rate")
@@ -106,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
 
     cal = sub.add_parser("calibrate", help="fit the simulator's model to a measured profile")
     cal.add_argument("config_key")
-    cal.add_argument("--version", type=int, default=0, help="profile version (default latest)")
+    cal.add_argument("--version", type=_profile_version, default=0, help="profile version (default latest)")
     cal.add_argument("--json", action="store_true", help="print one JSON object")
 
     imp = sub.add_parser("import", help="store the profiles of a TOML file")
@@ -310,8 +321,6 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
                              for p in reply.profiles], ["config_key", "version", "source", "points", "facts", "note"])
             return 0
         if ns.action == "show":
-            if ns.version < 0:
-                return _fail("--version: must be >= 0")
             profile = asyncio.run(_unary(ns, "GetProfile", profiler_pb2.GetProfileRequest(
                 config_key=ns.config_key, version=ns.version))).profile
             if ns.json:
@@ -346,8 +355,6 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
             print(ns.out)
             return 0
         if ns.action == "calibrate":
-            if ns.version < 0:
-                return _fail("--version: must be >= 0")
             version = asyncio.run(_unary(ns, "Calibrate", profiler_pb2.CalibrateRequest(
                 config_key=ns.config_key, version=ns.version))).model_version
             if ns.json:
