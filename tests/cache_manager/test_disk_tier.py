@@ -71,6 +71,20 @@ def l2_server(tmp_path_factory: pytest.TempPathFactory):
             proc.kill()
 
 
+def _restart_command(server: LmcacheProc, folder: Path) -> str:
+    """The controlled restart of the tests, keeping the L2 adapter (literal braces doubled for the template)."""
+    return (f"{sys.executable} {HERE / 'lmcache_restart.py'} {server.pidfile} {server.bin} {server.http_port} "
+            f"{server.rpc_port} {server.logfile} {{l1_size_gb}} --l2-adapter "
+            + shlex.quote(_l2_spec(folder)).replace("{", "{{").replace("}", "}}"))
+
+
+def _bench_io(server: LmcacheProc, mode: str, sequences: int) -> dict:
+    out = subprocess.run([str(server.python), str(HERE / "lmcache_bench_io.py"), mode, server.rpc_url, str(sequences)],
+                         capture_output=True, text=True, timeout=120, env=LMCACHE_ENV, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _key(obj: dict) -> str:
     return entry_key(obj["chunk_hash_hex"], obj["model_name"], obj["kv_rank"], obj["cache_salt"],
                      obj["object_group_id"])
@@ -100,10 +114,8 @@ def _wait(cond, timeout_s: float = 20.0) -> None:
 async def test_disk_tier_resized_without_restart_lowest_lcs_first_and_l1_restart_cost(
         start_inprocess, tmp_path, l2_server) -> None:
     server, folder = l2_server
-    restart = (f"{sys.executable} {HERE / 'lmcache_restart.py'} {server.pidfile} {server.bin} {server.http_port} "
-               f"{server.rpc_port} {server.logfile} {{l1_size_gb}} --l2-adapter "
-               + shlex.quote(_l2_spec(folder)).replace("{", "{{").replace("}", "}}"))
-    svc = await start_inprocess(CacheManagerSettings, build, data_dir=tmp_path / "cm", lmcache_restart_command=restart)
+    svc = await start_inprocess(CacheManagerSettings, build, data_dir=tmp_path / "cm",
+                                lmcache_restart_command=_restart_command(server, folder))
     channel = grpc.aio.insecure_channel(svc.address)
     stub = pbg.CacheManagerServiceStub(channel)
     try:
@@ -239,3 +251,29 @@ async def test_plan_follower_applies_disk_targets_without_restart(tmp_path, l2_s
         assert server.pidfile.read_text() == pid
     finally:
         db.close()
+
+
+@pytest.mark.slow  # shares the module's LMCache server; one controlled restart
+async def test_l1_restart_rewarms_from_l2_on_lookup(start_inprocess, tmp_path, l2_server) -> None:
+    server, folder = l2_server
+    svc = await start_inprocess(CacheManagerSettings, build, data_dir=tmp_path / "cm",
+                                lmcache_restart_command=_restart_command(server, folder))
+    channel = grpc.aio.insecure_channel(svc.address)
+    stub = pbg.CacheManagerServiceStub(channel)
+    try:
+        await stub.RegisterCacheServer(pb.RegisterCacheServerRequest(
+            server=pb.CacheServer(id="s1", pool="p1", url=server.http_url)))
+        dram = int(server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"])
+        resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram, disk_bytes=1 << 30))
+        assert resp.result.applied, resp.result.detail
+        before = _l1_objects(server)
+        assert _bench_io(server, "store", 4) == {"stored": 4}  # 8 chunks, written through to L2
+        _wait(lambda: _l1_objects(server) >= before + 8)
+        resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram // 2))
+        assert resp.result.applied, resp.result.detail
+        assert _l1_objects(server) == 0  # the restart lost L1
+        hits = _bench_io(server, "lookup", 4)["results"]
+        assert hits == [[2, 2]] * 4  # every chunk found on L2 ...
+        _wait(lambda: _l1_objects(server) >= 8)  # ... and prefetched back into L1
+    finally:
+        await channel.close()
