@@ -58,6 +58,8 @@ class Registration:
 
 # Undecodable request bytes: at most one WARNING line per this many seconds (the count of the others rides on it).
 UNDECODABLE_LOG_INTERVAL_S = 10.0
+# Seconds a request stream's end waits for the gRPC core to cancel a call it cut (checked_stream).
+STREAM_END_WAIT_S = 0.02
 
 
 class _Undecodable:
@@ -252,6 +254,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 if isinstance(item, _Undecodable):
                     raise interceptor._refuse_undecodable(method, item, call.peer)
                 yield item
+            # A stream the gRPC core cut (a message over --max-message-bytes: the client already has
+            # RESOURCE_EXHAUSTED) ends like a clean half-close; the core cancels the handler a moment later. Give
+            # it that moment here, so a handler never applies a batch whose caller was told it failed.
+            deadline = time.monotonic() + STREAM_END_WAIT_S
+            while not call.context.done() and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            if call.context.done():
+                raise asyncio.CancelledError("the call ended while its request stream was read")
 
         def checked(call: _Call, request: Any) -> Any:
             if handler.request_streaming:

@@ -147,3 +147,32 @@ async def test_bearer_scheme_in_any_case_and_nothing_else_is_accepted(start_inpr
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.EstimateCarbon(request, timeout=5, metadata=(("authorization", header),))
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, header
+
+
+async def test_a_request_stream_cut_for_size_is_never_applied(start_inprocess) -> None:
+    """A message over --max-message-bytes in a client stream: the caller gets RESOURCE_EXHAUSTED, and the handler
+    (which reads the whole stream, then applies it) must not apply the messages before it."""
+    from greenserve.common.server import registration
+    from greenserve.v1 import forecaster_pb2, forecaster_pb2_grpc
+
+    applied: list[int] = []
+
+    class Recorder(forecaster_pb2_grpc.ForecasterServiceServicer):
+        async def StreamLoad(self, request_iterator, context):  # noqa: N802 - gRPC method name
+            samples = [s async for s in request_iterator]
+            applied.append(len(samples))
+            return forecaster_pb2.StreamLoadResponse(accepted_samples=len(samples))
+
+    svc = await start_inprocess(
+        OptimizerSettings, lambda ctx: [registration(forecaster_pb2, forecaster_pb2_grpc, "ForecasterService",
+                                                     Recorder())], max_message_bytes=64 * 1024)
+    oversized = b"\x0a\x80\x80\x08" + b"x" * 131_072  # field 1 (pool), 128 KiB
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        call = channel.stream_unary("/greenserve.v1.ForecasterService/StreamLoad", None, None)
+        for i in range(40):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(iter([b""] * (1 + i % 3) + [oversized]), timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        reply = await call(iter([b"", b""]), timeout=10)
+    assert forecaster_pb2.StreamLoadResponse.FromString(reply).accepted_samples == 2
+    assert applied == [2], "only the stream that arrived whole was applied"
