@@ -161,8 +161,14 @@ async def test_disk_tier_resized_without_restart_lowest_lcs_first_and_l1_restart
         again = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram, disk_bytes=target))
         assert again.result.applied and "already in force" in again.result.detail
 
-        # What an L1 restart (a DRAM resize) loses: every L1 object; the L2 files stay, and the quota the
-        # restart forgot is put back.
+        # Grow again (no restart) and store 4 more sequences with LMCache's bench client: 8 more chunks.
+        resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram, disk_bytes=8 * MIB))
+        assert resp.result.applied and "grown" in resp.result.detail, resp.result.detail
+        assert _bench_io(server, "store", 4) == {"stored": 4}
+        _wait(lambda: len(_files(folder)) == 16 and _l1_objects(server) == 16)
+
+        # What an L1 restart (a DRAM resize) loses: every L1 object; the L2 files stay, the quota the restart
+        # forgot is put back, and a lookup re-warms L1 from L2.
         l1_before, l2_before = _l1_objects(server), len(_files(folder))
         resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram * 2))
         assert resp.result.applied, resp.result.detail
@@ -170,9 +176,11 @@ async def test_disk_tier_resized_without_restart_lowest_lcs_first_and_l1_restart
         assert server.pidfile.read_text() != pid
         l1_after, l2_after = _l1_objects(server), len(_files(folder))
         print(f"L1 restart: L1 objects {l1_before} -> {l1_after}, L2 files {l2_before} -> {l2_after}")
-        assert l1_before == 16 - 8 and l1_after == 0  # the 8 deleted by key left L1 too
-        assert l2_after == l2_before == 8
-        assert _quota(server)["limit_gb"] * (1 << 30) == pytest.approx(target, rel=1e-6)
+        assert l1_before == 16 and l1_after == 0
+        assert l2_after == l2_before == 16
+        assert _quota(server)["limit_gb"] * (1 << 30) == pytest.approx(8 * MIB, rel=1e-6)
+        assert _bench_io(server, "lookup", 4)["results"] == [[2, 2]] * 4  # every chunk found on L2 ...
+        _wait(lambda: _l1_objects(server) >= 8)  # ... and prefetched back into L1
     finally:
         await channel.close()
 
@@ -251,29 +259,3 @@ async def test_plan_follower_applies_disk_targets_without_restart(tmp_path, l2_s
         assert server.pidfile.read_text() == pid
     finally:
         db.close()
-
-
-@pytest.mark.slow  # shares the module's LMCache server; one controlled restart
-async def test_l1_restart_rewarms_from_l2_on_lookup(start_inprocess, tmp_path, l2_server) -> None:
-    server, folder = l2_server
-    svc = await start_inprocess(CacheManagerSettings, build, data_dir=tmp_path / "cm",
-                                lmcache_restart_command=_restart_command(server, folder))
-    channel = grpc.aio.insecure_channel(svc.address)
-    stub = pbg.CacheManagerServiceStub(channel)
-    try:
-        await stub.RegisterCacheServer(pb.RegisterCacheServerRequest(
-            server=pb.CacheServer(id="s1", pool="p1", url=server.http_url)))
-        dram = int(server.status()["storage_manager"]["l1_manager"]["memory_total_bytes"])
-        resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram, disk_bytes=1 << 30))
-        assert resp.result.applied, resp.result.detail
-        before = _l1_objects(server)
-        assert _bench_io(server, "store", 4) == {"stored": 4}  # 8 chunks, written through to L2
-        _wait(lambda: _l1_objects(server) >= before + 8)
-        resp = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=dram // 2))
-        assert resp.result.applied, resp.result.detail
-        assert _l1_objects(server) == 0  # the restart lost L1
-        hits = _bench_io(server, "lookup", 4)["results"]
-        assert hits == [[2, 2]] * 4  # every chunk found on L2 ...
-        _wait(lambda: _l1_objects(server) >= 8)  # ... and prefetched back into L1
-    finally:
-        await channel.close()
