@@ -99,6 +99,7 @@ class EngineSpec:
     disk_policy: str = "LRU"
     disk_ttl_s: float = 0.0
     disk_group_ttls_s: Mapping[int, float] | None = None
+    disk_group_depth: int = 0
     disk_medium: str = ""
 
     def resolved_profile(self) -> EngineProfile:
@@ -112,7 +113,8 @@ class EngineSpec:
     def tier_specs(self) -> tuple[TierSpec, TierSpec]:
         """The LMCache DRAM and disk tiers (ValueError naming the field when one is invalid)."""
         return (TierSpec(self.dram_capacity_tokens, self.dram_policy),
-                TierSpec(self.disk_capacity_tokens, self.disk_policy, self.disk_ttl_s, self.disk_group_ttls_s))
+                TierSpec(self.disk_capacity_tokens, self.disk_policy, self.disk_ttl_s, self.disk_group_ttls_s,
+                         self.disk_group_depth))
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ class TierSpec:
     capacity_tokens: int = 0
     policy: str = "LRU"
     ttl_s: float = 0.0  # idle TTL of every block (0: none); > 0 makes the tier elastic
-    group_ttls_s: Mapping[int, float] | None = None  # TTL per group (the prompt's first block); others: ttl_s
+    group_ttls_s: Mapping[int, float] | None = None  # TTL per group (a prompt block, see group_depth); others: ttl_s
+    group_depth: int = 0  # which block of a prompt names its group: 0 the first; 1 when all prompts share block 0
 
     def __post_init__(self) -> None:
         if self.capacity_tokens < 0:
@@ -59,6 +60,8 @@ class TierSpec:
         ttls = list((self.group_ttls_s or {}).values()) + [self.ttl_s]
         if any(not (t >= 0) for t in ttls):
             raise ValueError("ttl_s: TTLs must be >= 0 s")
+        if self.group_depth < 0:
+            raise ValueError("group_depth: must be >= 0")
         if self.elastic and self.policy != "LRU":
             raise ValueError("policy: TTLs (an elastic tier) need the LRU policy")
 
@@ -128,7 +131,7 @@ class Tier:
             self._put_lcs(hashes, now)
             return
         blocks = self.blocks
-        group = hashes[0]
+        group = hashes[min(self.spec.group_depth, len(hashes) - 1)]
         lru = self.policy == "LRU"
         for h in hashes:
             if h in blocks:
