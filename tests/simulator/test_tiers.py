@@ -97,3 +97,16 @@ def test_storage_embodied_carbon_of_allocated_tiers() -> None:
     want_disk = 4 * cap * kvb / 1e12 * res.makespan_s / params.ssd_lifetime_s * params.ssd_embodied_g_per_tb
     assert out["storage_embodied_g"]["disk"] == pytest.approx(want_disk)
     assert out["total_g"] == pytest.approx(res.carbon(100.0)["total_g"] + sum(out["storage_embodied_g"].values()))
+
+
+def test_group_depth_names_the_group_by_a_deeper_block() -> None:
+    # Every prompt shares block 0 (a system prompt); the group is the second block.
+    tier = Tier(TierSpec(0, "LRU", ttl_s=10.0, group_ttls_s={5: 100.0}, group_depth=1), 16)
+    tier.put((0, 5, 6), 0.0)
+    tier.put((0, 7, 8), 0.0)
+    tier.expire(50.0)
+    # Group 5 keeps its blocks for 100 s (block 0 too: a block belongs to the group that stored it first);
+    # group 7 lost its own after 10 s.
+    assert set(tier.blocks) == {0, 5, 6}
+    with pytest.raises(ValueError, match="group_depth"):
+        TierSpec(0, "LRU", ttl_s=1.0, group_depth=-1)
