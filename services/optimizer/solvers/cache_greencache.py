@@ -276,10 +276,13 @@ class GreenCacheIlp:
         current = inputs.current_interval(0)
         for m in models:
             picks = chosen[m.pool]
+            # The tier not sized keeps what is in force (a 0 would ask LMCache to drop it).
+            dram_now, disk_now = inputs.cache_sizes.get(m.pool, (0, 0))
             for h, k in enumerate(picks):
                 size = m.sizes[k]
                 per_interval[h].append(common_pb2.CacheTarget(
-                    pool=m.pool, dram_bytes=size if m.tier == "dram" else 0, disk_bytes=size if m.tier == "disk" else 0))
+                    pool=m.pool, dram_bytes=size if m.tier == "dram" else dram_now,
+                    disk_bytes=size if m.tier == "disk" else disk_now))
             plan_g = total_carbon(m, picks)
             none_g = total_carbon(m, [0] * hours)
             full_g = total_carbon(m, [len(m.sizes) - 1] * hours)
