@@ -10,9 +10,19 @@ tests/fuzz/messages.py, sent as raw bytes to an in-process server on a SQLite fi
   services it calls are a closed port), never a bare UNAVAILABLE;
 - for server streams, DEADLINE_EXCEEDED when the (short) deadline ends an open stream;
 
-never INTERNAL or UNKNOWN. A refused call must leave the state as it was: the service's database (every table
-but the few written by background work, VOLATILE_TABLES) and the replies of its List*/Get* RPCs to an empty
-request are compared before and after. The service must still answer its health check afterwards.
+never INTERNAL or UNKNOWN. Every service requires a token; 5 % of the cases carry none or a wrong one and must
+get UNAUTHENTICATED (or RESOURCE_EXHAUSTED for an oversized message, which the gRPC core refuses first).
+
+A refused call must leave the state as it was: the service's database (every table but the few written by
+background work, VOLATILE_TABLES; re-read only when SQLite's data_version moved) and the replies of up to
+MAX_PROBES state probes (its List*/Get* RPCs with an empty request and with a plausible one they answer OK) are
+compared before and after. When they differ, the state is read again after QUIET_S: what still moves is work an
+earlier accepted call started (a sweep, a refit) and is left out from then on; what stays changed is reported.
+The service must still answer its health check (without a token) every HEALTH_EVERY cases and at the end.
+
+Reproduce a failure with the seed, RPC and case index it names: GREENSERVE_FUZZ_SEED=... GREENSERVE_FUZZ_N=...
+.venv/bin/python -m pytest tests/fuzz/test_grpc_fuzz.py -k Service.Rpc. tests/fuzz/test_harness_self_check.py
+shows the harness reporting planted defects.
 """
 
 from __future__ import annotations
