@@ -21,8 +21,10 @@ are taken and the plan says the SLO is out of reach.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -156,9 +158,12 @@ def solve_ilp(models: list[PoolCacheModel], *, per_hour_slo: bool = False, fleet
     chosen: dict[str, list[int]] = {}
     objective = 0.0
     gap = 0.0
-    for p, m in enumerate(models):
-        picks, status, value, g = _solve([m], [options[p]], per_hour_slo=per_hour_slo, fleet_limit_bytes=0,
-                                         time_limit_s=time_limit_s)
+    # Independent pools in parallel (HiGHS releases the GIL while it solves).
+    workers = max(1, min(len(models), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="greencache") as pool:
+        answers = list(pool.map(lambda p: _solve([models[p]], [options[p]], per_hour_slo=per_hour_slo,
+                                                 fleet_limit_bytes=0, time_limit_s=time_limit_s), range(len(models))))
+    for picks, status, value, g in answers:
         if status != "Optimal":
             return {}, status, math.nan, math.nan
         chosen.update(picks)
