@@ -4,11 +4,8 @@ and Ctrl-C (SIGINT) stops every one of them cleanly."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -17,58 +14,23 @@ import pytest
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, router_pb2, router_pb2_grpc
 from greenserve_client.services import SERVICES
 from greenserve_client.sidecars import find_lmcache
-from tests.conftest import free_port
-
-CLI = [sys.executable, "-m", "greenserve_client.cli"]
-
-
-def _ports() -> dict[str, int]:
-    ports: dict[str, int] = {}
-    while len(set(ports.values())) < len(SERVICES):
-        ports = {s.name: free_port() for s in SERVICES}
-    return ports
-
-
-def _port_flags(ports: dict[str, int], kind: str) -> list[str]:
-    return [f"--{s.display}-{kind}={'127.0.0.1:' if kind == 'addr' else ''}{ports[s.name]}" for s in SERVICES]
-
-
-def _pids_alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            alive.append(pid)
-        except ProcessLookupError:
-            pass
-    return alive
+from tests.up_process import CLI, pids_alive, port_flags, service_ports, start_up
 
 
 @pytest.mark.slow
 def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
-    ports = _ports()
+    ports = service_ports()
     # The main job's local fleet: one emulated engine handed to the router, and LMCache when installed.
     lmcache = "on" if find_lmcache() is not None else "off"
-    up = subprocess.Popen([*CLI, "up", "--data-dir", str(tmp_path), *_port_flags(ports, "port"), "--engines=1",
-                           "--engine-time-scale=20", "--router-http-port=0", f"--lmcache={lmcache}"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
+    up, lines = start_up(tmp_path, ports, "--engines=1", "--engine-time-scale=20", "--router-http-port=0",
+                         f"--lmcache={lmcache}", ready_within_s=90)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = up.stdout.readline()
-            assert line or up.poll() is None, f"up exited {up.returncode}: {up.stderr.read()}"
-            lines.append(line)
-            if "all services SERVING" in line:
-                break
-        else:
-            pytest.fail(f"up did not report SERVING: {lines}")
         table = [line.split() for line in lines if line.split() and line.split()[0] in {s.display for s in SERVICES}]
         assert [row[0] for row in table] == [s.display for s in SERVICES]
         pids = [int(row[2]) for row in table]
         assert len(set(pids)) == 6, "each service is its own process"
 
-        status = subprocess.run([*CLI, "status", "--json", *_port_flags(ports, "addr")],
+        status = subprocess.run([*CLI, "status", "--json", *port_flags(ports, "addr")],
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         rows = json.loads(status.stdout.strip().splitlines()[-1])["services"]
@@ -96,12 +58,12 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         assert up.wait(timeout=60) == 0, up.stderr.read()
         rest = up.stdout.read()
         assert "all services stopped" in rest
-        assert not _pids_alive(pids), "no service or sidecar process outlives `greenserve up`"
+        assert not pids_alive(pids), "no service or sidecar process outlives `greenserve up`"
     finally:
         if up.poll() is None:
             up.kill()
 
-    down = subprocess.run([*CLI, "status", *_port_flags(ports, "addr"), "--timeout-s", "1"],
+    down = subprocess.run([*CLI, "status", *port_flags(ports, "addr"), "--timeout-s", "1"],
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 1 and "UNREACHABLE" in down.stdout
 
@@ -109,12 +71,12 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
 def test_up_fails_fast_when_a_service_cannot_start(tmp_path: Path) -> None:
     import socket
 
-    ports = _ports()
+    ports = service_ports()
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", ports["router"]))
         blocker.listen()
         result = subprocess.run([*CLI, "up", "--data-dir", str(tmp_path), "--startup-timeout-s", "60",
-                                 *_port_flags(ports, "port")], capture_output=True, text=True, timeout=120)
+                                 *port_flags(ports, "port")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "router exited" in result.stderr and "cannot bind" in result.stderr
 

@@ -11,17 +11,16 @@ import pytest
 
 from greenserve.evaluation.report import plotted_series
 from greenserve_client.sidecars import find_lmcache
-from tests.cli.test_up_status import CLI, _port_flags, _ports
 from tests.conftest import free_port
-from tests.integration.test_loop_up import _engine_pids
+from tests.up_process import CLI, engine_pids, port_flags, service_ports
 
 
 @pytest.mark.slow
 def test_demo_one_virtual_hour(tmp_path: Path) -> None:
-    ports = _ports()
+    ports = service_ports()
     out = tmp_path / "report"
     lmcache = "on" if find_lmcache() is not None else "off"
-    run = subprocess.run([*CLI, "demo", "--data-dir", str(tmp_path / "data"), *_port_flags(ports, "port"),
+    run = subprocess.run([*CLI, "demo", "--data-dir", str(tmp_path / "data"), *port_flags(ports, "port"),
                           f"--router-http-port={free_port()}", "--hours=1", "--minutes=1", "--startup-s=90",
                           "--engine-time-scale=10", f"--lmcache={lmcache}", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
@@ -36,4 +35,4 @@ def test_demo_one_virtual_hour(tmp_path: Path) -> None:
     assert plotted_series(out / "ci.png") == {"actual": [hour["ci_actual_g_per_kwh"]]}
     assert plotted_series(out / "requests.png") == {"ok": [hour["requests_ok"]], "failed": [0]}
     assert "plan in force" in (out / "index.html").read_text()
-    assert not _engine_pids(tmp_path / "data"), "no engine outlives the demo"
+    assert not engine_pids(tmp_path / "data"), "no engine outlives the demo"

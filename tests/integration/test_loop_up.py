@@ -4,9 +4,7 @@ are routed on it, and Ctrl-C leaves no process (the engines the gpu-partitioner 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 from greenserve.v1 import gpu_partitioner_pb2, gpu_partitioner_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
 from greenserve.v1 import router_pb2, router_pb2_grpc
 from greenserve_client.sidecars import find_lmcache
-from tests.cli.test_up_status import CLI, _pids_alive, _port_flags, _ports
+from tests.up_process import engine_pids, pids_alive, service_ports, start_up
 
 
 def _plan_status(port: int) -> optimizer_pb2.GetPlanStatusResponse:
@@ -27,22 +25,11 @@ def _plan_status(port: int) -> optimizer_pb2.GetPlanStatusResponse:
 
 @pytest.mark.slow
 def test_up_runs_the_loop(tmp_path: Path) -> None:
-    ports = _ports()
+    ports = service_ports()
     lmcache = "on" if find_lmcache() is not None else "off"
-    up = subprocess.Popen([*CLI, "up", "--data-dir", str(tmp_path), *_port_flags(ports, "port"), "--engines=2",
-                           "--engine-time-scale=20", "--router-http-port=0", f"--lmcache={lmcache}"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
+    up, lines = start_up(tmp_path, ports, "--engines=2", "--engine-time-scale=20", "--router-http-port=0",
+                         f"--lmcache={lmcache}", ready_within_s=150)
     try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            line = up.stdout.readline()
-            assert line or up.poll() is None, f"up exited {up.returncode}: {up.stderr.read()}"
-            lines.append(line)
-            if "all services SERVING" in line:
-                break
-        else:
-            pytest.fail(f"up did not report SERVING: {lines}")
         assert any(line.startswith("control loop: plan v1 in force") for line in lines), lines
         pids = {row[0]: int(row[2]) for row in (line.split() for line in lines)
                 if len(row) > 2 and row[2].isdigit()}
@@ -77,25 +64,10 @@ def test_up_runs_the_loop(tmp_path: Path) -> None:
             assert route.plan_version == plan.version
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0, up.stderr.read()
-        assert not _pids_alive(list(pids.values())), "no service, engine or sidecar outlives `greenserve up`"
-        assert not _pids_alive([int(p) for p in _engine_pids(tmp_path)]), "engines on MIG instances stopped too"
+        assert not pids_alive(list(pids.values())), "no service, engine or sidecar outlives `greenserve up`"
+        assert not pids_alive([int(p) for p in engine_pids(tmp_path)]), "engines on MIG instances stopped too"
     finally:
         if up.poll() is None:
             up.kill()
             up.wait()
-
-
-def _engine_pids(data_dir: Path) -> list[str]:
-    """PIDs of processes whose command line names this test's data dir (engines the gpu-partitioner started)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if str(data_dir) in cmdline and "engine" in cmdline:
-                out.append(entry.name)
-    return out
-
 
