@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
-from sqlalchemy import func, insert, select
+from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
 
 from greenserve.common.errors import InvalidArgument
@@ -245,17 +245,22 @@ def series_gaps(db: Database, series_id: int, resolution_s: int,
     return gaps
 
 
+def _points_in_range(series_id: int, start_s: int | None, end_s: int | None) -> Select:
+    """(ts, value) of the series' points in ``[start_s, end_s)`` (None: unbounded), in time order."""
+    q = select(Point.ts, Point.value).where(Point.series_id == series_id)
+    if start_s is not None:
+        q = q.where(Point.ts >= to_dt(start_s))
+    if end_s is not None:
+        q = q.where(Point.ts < to_dt(end_s))
+    return q.order_by(Point.ts)
+
+
 def load_points(db: Database, series_id: int, start_s: int | None = None, end_s: int | None = None,
                 limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The stored points in ``[start_s, end_s)`` as (times, values), in time order (the first ``limit``):
     what is stored, no grid."""
     with db.session(readonly=True) as s:
-        q = select(Point.ts, Point.value).where(Point.series_id == series_id)
-        if start_s is not None:
-            q = q.where(Point.ts >= to_dt(start_s))
-        if end_s is not None:
-            q = q.where(Point.ts < to_dt(end_s))
-        q = q.order_by(Point.ts)
+        q = _points_in_range(series_id, start_s, end_s)
         if limit is not None:
             q = q.limit(limit)
         rows = s.execute(q).all()
@@ -269,12 +274,7 @@ def load_grid(db: Database, series_id: int, resolution_s: int, start_s: int | No
     last stored point of the range: callers bound the range (a fit window, a backtest's days), never the whole
     series (issue 21: a sparse series over decades made a grid of gigabytes)."""
     with db.session(readonly=True) as s:
-        q = select(Point.ts, Point.value).where(Point.series_id == series_id)
-        if start_s is not None:
-            q = q.where(Point.ts >= to_dt(start_s))
-        if end_s is not None:
-            q = q.where(Point.ts < to_dt(end_s))
-        rows = s.execute(q.order_by(Point.ts)).all()
+        rows = s.execute(_points_in_range(series_id, start_s, end_s)).all()
     if not rows:
         return (start_s or 0), np.empty(0)
     times = np.array([to_s(t) for t, _ in rows], dtype=np.int64)
