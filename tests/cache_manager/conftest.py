@@ -6,12 +6,14 @@ Module-scoped: each start costs a few seconds. Tests that need it skip, saying w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,18 +72,20 @@ def _wait_healthy(url: str, proc: subprocess.Popen, logfile: Path) -> None:
     raise RuntimeError(f"lmcache server not healthy in 90 s: {logfile.read_text()[-2000:]}")
 
 
-@pytest.fixture(scope="module")
-def lmcache_server(tmp_path_factory: pytest.TempPathFactory):
+@contextlib.contextmanager
+def running_lmcache_server(work: Path, *extra_args: str) -> Iterator[LmcacheProc]:
+    """A `lmcache server` (L1 0.25 GB, LRU) with its log and pidfile in `work`, `extra_args` added to its command
+    line (e.g. an `--l2-adapter`), once healthy; skips the test when the LMCache virtualenv is absent. On exit
+    it is stopped, and so is the process a controlled restart (lmcache_restart.py) left in the pidfile."""
     venv = lmcache_venv()
     binary = venv / "bin" / "lmcache"
     if not binary.exists():
         pytest.skip(f"LMCache virtualenv not found at {venv}: run scripts/install-lmcache.sh")
-    work = tmp_path_factory.mktemp("lmcache")
     http_port, rpc_port = free_port(), free_port()
     logfile, pidfile = work / "server.log", work / "server.pid"
     proc = subprocess.Popen(
         [str(binary), "server", "--l1-size-gb", "0.25", "--eviction-policy", "LRU", "--http-port", str(http_port),
-         "--port", str(rpc_port), "--supported-transfer-mode", "auto"],
+         "--port", str(rpc_port), "--supported-transfer-mode", "auto", *extra_args],
         stdout=open(logfile, "wb"), stderr=subprocess.STDOUT, env=LMCACHE_ENV, start_new_session=True)
     pidfile.write_text(str(proc.pid))
     url = f"http://127.0.0.1:{http_port}"
@@ -100,3 +104,9 @@ def lmcache_server(tmp_path_factory: pytest.TempPathFactory):
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def lmcache_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmcacheProc]:
+    with running_lmcache_server(tmp_path_factory.mktemp("lmcache")) as server:
+        yield server
