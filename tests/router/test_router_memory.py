@@ -26,6 +26,7 @@ import pytest
 
 from greenserve.v1 import router_pb2, router_pb2_grpc
 from tests.conftest import free_port
+from tests.process import rss_bytes
 
 pytestmark = pytest.mark.timeout(180)
 WORKERS = 12
@@ -35,14 +36,6 @@ RSS_BOUND_MIB = 400
 """The stated bound (docs/router.md): a router with these caps stays under it (measured: see the docs)."""
 GROWTH_LIMIT_MIB = 12
 """Largest rise allowed between the first and the last third of the measured window (levelled off)."""
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 async def _worker(w: int, http: str, grpc_address: str, model: str, stop: asyncio.Event,
@@ -118,7 +111,7 @@ async def test_router_memory_levels_off_under_a_sustained_stream(tmp_path: Path,
         samples: list[float] = []
         started = time.monotonic()
         while time.monotonic() - started < LOAD_S:
-            samples.append(rss_mib(proc.pid))
+            samples.append(rss_bytes(proc.pid) / 2**20)
             if any(t.done() for t in workers):
                 break
             await asyncio.sleep(0.2)
