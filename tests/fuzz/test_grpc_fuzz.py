@@ -74,7 +74,7 @@ STRANGERS = [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN)
              (("authorization", f"Basic {TOKEN}"),), (("authorization", f"Bearer {TOKEN}x"),)]
 STRANGER_SHARE = 0.05
 PROBES_PER_READ = 1  # plausible requests of each List*/Get* RPC kept as state probes (besides the empty one)
-MAX_PROBES = 6  # state probes asked after every case (each costs a call)
+MAX_PROBES = 4  # state probes asked after every case (each costs a call: the bulk of the CPU time)
 
 # How to start each service in-process: module, settings class, settings for a fast, standalone instance.
 SERVICES: dict[str, tuple[str, str, dict[str, Any]]] = {
