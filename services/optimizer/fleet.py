@@ -262,6 +262,10 @@ def check_conflicts(declared: common_pb2.FleetInventory, reports: dict[str, opti
                                   f"GPU {gpu.uuid} is declared on node {gpu.node} but reported by node {node}")
 
 
+def _gpu_facts(report: optimizer_pb2.ReportGpusRequest) -> set[tuple[str, int, int, bool]]:
+    return {(g.uuid, g.model, g.memory_bytes, g.mig_enabled) for g in report.gpus}
+
+
 class FleetStore:
     """Declared inventory + node reports, persisted; ``merged()`` is what planners see."""
 
@@ -316,7 +320,9 @@ class FleetStore:
         return self.merged()
 
     def report_gpus(self, request: optimizer_pb2.ReportGpusRequest) -> tuple[common_pb2.FleetInventory, bool]:
-        """Stores a node's report (blocking); returns the merged view and whether anything changed."""
+        """Stores a node's report (blocking); returns the merged view and whether the fleet changed materially:
+        GPUs added, removed or changed in model, memory or MIG mode. New MIG instances and engines are what enforcing
+        a plan produces, so they are stored but do not count (re-planning on them would chase its own tail)."""
         validate_gpu_report(request)
         with self._lock:
             previous = self.reports.get(request.node)
@@ -324,6 +330,7 @@ class FleetStore:
             deterministic=True
         ):
             return self.merged(), False
+        material = previous is None or _gpu_facts(previous) != _gpu_facts(request)
         # A report is reality: it is kept even when it contradicts the declared node (the merge takes its node).
         body = request.SerializeToString()
         with self.db.session() as s:
@@ -336,4 +343,4 @@ class FleetStore:
             self.reports[request.node] = request
             self._merged = None
             self.generation += 1
-        return self.merged(), True
+        return self.merged(), material
