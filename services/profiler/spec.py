@@ -76,7 +76,11 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
     if spec.model_version and spec.backend != profiler_pb2.SWEEP_BACKEND_SIMULATOR:
         raise InvalidArgument(f"{field}.model_version", "a calibrated model version is for the SIMULATOR backend")
     if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE:
-        url = urlparse(spec.engine_url)
+        try:
+            url = urlparse(spec.engine_url)
+            url.port  # noqa: B018 - raises ValueError on a port out of 0..65535 or not a number
+        except ValueError:  # e.g. "http://[::1" (Invalid IPv6 URL)
+            raise InvalidArgument(f"{field}.engine_url", f"must be an http(s) base URL, got {spec.engine_url!r}") from None
         if spec.engine_url and (url.scheme not in ("http", "https") or not url.netloc):
             raise InvalidArgument(f"{field}.engine_url", f"must be an http(s) base URL, got {spec.engine_url!r}")
         if any(c.cache_dram_bytes or c.cache_disk_bytes for c in spec.configs) and not spec.cache_server_id:

@@ -355,7 +355,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                             ("gpu_uuid", models.UUID_MAX_CHARS), ("mig_uuid", models.UUID_MAX_CHARS)):
             if len(getattr(e, name)) > limit:
                 raise InvalidArgument(f"engine.{name}", f"must be at most {limit} characters")
-        parsed = urlparse(e.url)
+        try:
+            parsed = urlparse(e.url)
+            parsed.port  # noqa: B018 - raises ValueError on a port out of 0..65535 or not a number
+        except ValueError as exc:  # e.g. "http://[::1" (Invalid IPv6 URL)
+            raise InvalidArgument("engine.url", f"must be an http(s)://host:port URL ({exc}), got {e.url!r}") from None
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise InvalidArgument("engine.url", f"must be an http(s)://host:port URL, got {e.url!r}")
         if e.kind not in common_pb2.EngineKind.values():
