@@ -79,3 +79,9 @@ async def test_a_clean_rpc_passes_and_a_stranger_is_refused(faulty) -> None:
     # The unimplemented RPCs of this servicer answer UNIMPLEMENTED to every well-formed request: accepted.
     failures, seen, unimplemented = await fuzz_rpc(faulty, rpc("ListProfiles"), CASES, seed=1)
     assert unimplemented and not failures and seen.get("UNIMPLEMENTED", 0) > 0
+
+
+async def test_server_metrics_tell_a_server_internal_from_the_client_write_artifact(faulty) -> None:
+    before = faulty.server_count(rpc("GetProfile").path, "INTERNAL")
+    code, _, _ = await faulty.unary(rpc("GetProfile").path, b"")
+    assert code.name == "INTERNAL" and faulty.server_count(rpc("GetProfile").path, "INTERNAL") == before + 1
