@@ -21,10 +21,8 @@ are taken and the plan says the SLO is out of reach.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -158,11 +156,10 @@ def solve_ilp(models: list[PoolCacheModel], *, per_hour_slo: bool = False, fleet
     chosen: dict[str, list[int]] = {}
     objective = 0.0
     gap = 0.0
-    # Independent pools in parallel (HiGHS releases the GIL while it solves).
-    workers = max(1, min(len(models), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="greencache") as pool:
-        answers = list(pool.map(lambda p: _solve([models[p]], [options[p]], per_hour_slo=per_hour_slo,
-                                                 fleet_limit_bytes=0, time_limit_s=time_limit_s), range(len(models))))
+    # Pools one after another: HiGHS's task scheduler is global to the process, and solving in several Python
+    # threads at once left it unusable for later solves in other threads (the MIG solver then found nothing).
+    answers = [_solve([m], [options[p]], per_hour_slo=per_hour_slo, fleet_limit_bytes=0, time_limit_s=time_limit_s)
+               for p, m in enumerate(models)]
     for picks, status, value, g in answers:
         if status != "Optimal":
             return {}, status, math.nan, math.nan

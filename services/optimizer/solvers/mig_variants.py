@@ -61,7 +61,6 @@ State = tuple[tuple[Placement, str], ...]  # one GPU's instances of the pool: (p
 # in-flight requests in ~30 s, loads an 8B model and captures CUDA graphs in ~90 s, and its prefix cache refills
 # in ~60 s; set ``change_s`` from measurements of your engines.
 DEFAULT_CHANGE_S = 180.0
-THREADS = 1
 TIE_BREAK = 1e-4  # objective points per restarted engine: among equal plans, the one that changes least
 
 
@@ -276,7 +275,8 @@ class _Milp:
         def load(integer: bool) -> highspy.Highs:
             h = highspy.Highs()
             h.setOptionValue("output_flag", False)
-            h.setOptionValue("threads", THREADS)
+            # No "threads" option: HiGHS's scheduler is global to the process and is fixed by the first solve
+            # (PuLP's, for the cache ILP); asking for another thread count afterwards makes every run fail.
             h.setOptionValue("mip_rel_gap", gap_rel)
             if time_limit_s is not None:
                 h.setOptionValue("time_limit", float(time_limit_s))
