@@ -1,9 +1,9 @@
-"""Resident memory of the optimizer and the gpu-partitioner under a sustained stream of work levels off under a
+"""Resident memory of the optimizer, the gpu-partitioner and the profiler under a sustained stream of work levels off under a
 stated bound (issue 21; the bounds are in docs/optimizer.md and docs/gpu_partitioner.md, "Memory").
 
 Optimizer: plans computed and activated one after another (each stored, published to a watcher and read back),
 enforcement and GPU reports from ever new instances and nodes. Gpu-partitioner: inventory, layout enumeration and
-diff requests. After a warm-up, the rise between the first and the last third of the window must stay small."""
+diff requests. Profiler: profiles stored, read and listed. After a warm-up, the rise between the first and the last third of the window must stay small."""
 
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from greenserve.v1 import (
 )
 
 from tests.conftest import free_port
-from tests.optimizer.conftest import ci_ref, engine, ingest_daily, load_ref, pool
+from tests.optimizer.conftest import ci_ref, engine, forecaster, ingest_daily, load_ref, pool  # noqa: F401
 from tests.process import rss_bytes, start_service_process
 
 LOAD_S = float(os.environ.get("GREENSERVE_MEMORY_TEST_S", "8"))
 OPTIMIZER_RSS_BOUND_MIB = 500
 PARTITIONER_RSS_BOUND_MIB = 300
+PROFILER_RSS_BOUND_MIB = 400
 GROWTH_LIMIT_MIB = 16
 MIB = 1 << 20
 
@@ -123,6 +124,41 @@ async def test_gpu_partitioner_memory_levels_off(tmp_path) -> None:
         print(f"gpu-partitioner RSS first {first:.1f} last {last:.1f} peak {peak:.1f} MiB")
         assert peak < PARTITIONER_RSS_BOUND_MIB, (first, last, peak)
         assert last - first < GROWTH_LIMIT_MIB, (first, last, peak)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+async def test_profiler_memory_levels_off(tmp_path) -> None:
+    from greenserve.v1 import profiler_pb2, profiler_pb2_grpc
+
+    from tests.profiler.test_store import measured
+
+    port = free_port()
+    proc = await asyncio.to_thread(
+        start_service_process, "greenserve.profiler", "greenserve.v1.ProfilerService", tmp_path / "pr", port, env={},
+        log_name="profiler.log", extra_args=["--log-level=WARNING"])
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
+            stop, samples, n = asyncio.Event(), [], 0
+            deadline = time.monotonic() + 1.0 + LOAD_S
+            sampler = None
+            while time.monotonic() < deadline:
+                n += 1
+                stored = (await stub.PutProfile(profiler_pb2.PutProfileRequest(
+                    profile=measured(cache_dram_bytes=(n % 40) << 30)))).profile
+                await stub.GetProfile(profiler_pb2.GetProfileRequest(config_key=stored.config_key))
+                await stub.ListProfiles(profiler_pb2.ListProfilesRequest(latest_only=True))
+                if sampler is None and time.monotonic() > deadline - LOAD_S:
+                    sampler = asyncio.create_task(_sample(proc.pid, stop, samples))
+            stop.set()
+            await sampler
+        first, last, peak = _levelled(samples)
+        print(f"profiler RSS first {first:.1f} last {last:.1f} peak {peak:.1f} MiB over {n} profiles")
+        assert peak < PROFILER_RSS_BOUND_MIB, (first, last, peak)
+        assert last - first < GROWTH_LIMIT_MIB, (first, last, peak, n)
     finally:
         proc.kill()
         proc.wait(10)
