@@ -10,7 +10,9 @@ Per point (GreenLLM Sec. V-A, GreenCache Sec. 5.2):
 2. open-loop arrivals at the rate (Poisson, or the trace's inter-arrivals rescaled): cache pre-fill and
    warm-up requests first (not measured), then the measured requests; every request is a streamed
    ``/v1/completions`` call with the workload's prompt as token ids (shared prefix blocks get the same ids,
-   so prefix reuse is real) and ``max_tokens`` = its output length with ``ignore_eos``;
+   so prefix reuse is real; the rest is unique to the request, the point and the backend instance, so a point
+   never hits the engine's cache with an earlier point's prompts) and ``max_tokens`` = its output length with
+   ``ignore_eos``;
 3. per request, client side: TTFT (first streamed token), TPOT ((end - TTFT) / (tokens - 1)), end-to-end;
 4. ``/metrics`` is scraped when the window opens and closes (prefix-cache and LMCache hits, the engine's own
    latency histograms for the agreement figure) and every sampling interval (batch size = running requests);
@@ -26,9 +28,11 @@ arrivals are sent s times faster and client-side latencies multiplied by s, so p
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
+import secrets
 import time
 from typing import Any
 
@@ -38,7 +42,7 @@ import numpy as np
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.errors import FailedPrecondition, InvalidArgument
 from greenserve.profiler import engine_metrics, workload_catalog
-from greenserve.profiler.keys import simulator_profile, simulator_profile_name
+from greenserve.profiler.keys import config_key, simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
 from greenserve.profiler.power import NvmlPowerMeter, load_nvml
@@ -51,9 +55,10 @@ RESIZE_TIMEOUT_S = 600.0  # a size change is a controlled LMCache restart; the c
 VOCAB_LOW, VOCAB_HIGH = 100, 30_000  # token ids every Llama tokenizer (32k or 128k vocab) accepts
 
 
-def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_tokens: int, request_seed: int) -> list[int]:
+def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_tokens: int, request_seed: int,
+                     point_seed: int = 0) -> list[int]:
     """Token ids of a prompt: each shared prefix block is the same ids wherever it appears (prefix reuse is real
-    on the engine); the rest is unique to the request."""
+    on the engine); the rest is unique to the request (``request_seed``) within its point (``point_seed``)."""
     ids: list[int] = []
     for block in block_hashes:
         if len(ids) + block_tokens > prompt_tokens:
@@ -62,7 +67,7 @@ def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_to
         ids.extend(rng.integers(VOCAB_LOW, VOCAB_HIGH, block_tokens).tolist())
     rest = prompt_tokens - len(ids)
     if rest > 0:
-        rng = np.random.default_rng([request_seed, 13])
+        rng = np.random.default_rng([request_seed, point_seed, 13])
         ids.extend(rng.integers(VOCAB_LOW, VOCAB_HIGH, rest).tolist())
     return ids
 
@@ -82,6 +87,9 @@ class EngineBackend:
         self._url = ""  # the engine the profiler started for the configuration in measurement
         self._supervisor: Any = None
         self._launch_note = ""
+        # the engine keeps its prefix cache between points (and across a restart of the profiler): a point's
+        # unshared prompt tokens are salted with this instance and the point, so they never repeat earlier ones
+        self._prompt_nonce = secrets.randbits(63)
         #: the last point's /metrics window and its means (the bench compares them with client-side figures)
         self.last_window: engine_metrics.WindowMetrics | None = None
         #: CPU seconds this process used per wall second during the last window (> ~0.8: the client may be the
@@ -348,7 +356,9 @@ class EngineBackend:
                                     arrival=method.arrival)
         wl = pw.workload
         hashes = wl.block_hashes or [()] * len(wl)
-        prompts = [prompt_token_ids(p, h, wl.hash_block_tokens, spec.seed * 1_000_003 + i)
+        point_id = f"{self._prompt_nonce}|{spec.workload}|{config_key(config)}|{rate_per_s!r}".encode()
+        point_seed = int.from_bytes(hashlib.blake2b(point_id, digest_size=8).digest(), "big")
+        prompts = [prompt_token_ids(p, h, wl.hash_block_tokens, spec.seed * 1_000_003 + i, point_seed)
                    for i, (p, h) in enumerate(zip(wl.prompt_tokens, hashes))]
         timeout_wall_s = method.request_timeout_s / scale
         meter = self._power_meter(method.power_interval_s / scale)

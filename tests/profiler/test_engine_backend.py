@@ -217,3 +217,34 @@ async def test_mig_configuration_takes_its_share_from_the_gpu_partitioner(profil
     finally:
         await emu.stop()
         await server.stop(0)
+
+
+async def test_points_of_a_ladder_do_not_reuse_each_others_prompts() -> None:
+    """Requests of a workload without shared prefix blocks are unique across the ladder: the engine keeps its
+    prefix cache from point to point (vLLM's automatic prefix caching), so a point that re-sent the previous
+    point's prompts would measure cache hits the workload does not have (the simulator replays each point on an
+    empty cache)."""
+    from greenserve.profiler.method import resolve
+    from greenserve.profiler.settings_view import EngineSettingsView
+
+    emu = EngineEmulator(EmulatorConfig(host="127.0.0.1", port=0, profile="llama3-8b@H100-80GB", time_scale=20.0))
+    await emu.start()
+    backend = engine_backend.EngineBackend(EngineSettingsView(nvml_power="off"))
+    try:
+        spec = profiler_pb2.SweepSpec(
+            backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=emu.url, engine_modelled_s_per_wall_s=20.0,
+            workload="longbench", request_rates_per_s=[1.0, 2.0], point_duration_s=4.0, seed=7,
+            slo=common_pb2.Slo(ttft_s=15.0, tpot_s=0.15, attainment_fraction=0.9),
+            configs=[config(model="llama3-8b")],
+            method=common_pb2.ProfileMethod(warmup_s=1.0, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
+        await backend.prepare(spec)
+        method = resolve(spec)
+        hits = []
+        for rate in spec.request_rates_per_s:
+            point = await backend.measure(spec, spec.configs[0], rate, method)
+            assert point.requests == 4 * rate and point.failed_requests == 0
+            hits.append(point.cache_hit_fraction)
+        assert hits == [0.0, 0.0]  # before: the second point hit the first point's prompts (~40 % of its tokens)
+    finally:
+        await backend.close()
+        await emu.stop()
