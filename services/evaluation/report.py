@@ -17,7 +17,7 @@ SERIES_KEY = "greenserve-series"
 GIB = 1 << 30
 
 
-def _plot(path: Path, title: str, ylabel: str, series: dict[str, list[float]], hline: float | None = None) -> None:
+def plot_series(path: Path, title: str, ylabel: str, series: dict[str, list[float]], hline: float | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,7 +70,7 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
             continue
         images = []
         for name, (title, ylabel, series, hline) in plots_for(region, by_strategy, target).items():
-            _plot(out_dir / f"{name}.png", title, ylabel, series, hline)
+            plot_series(out_dir / f"{name}.png", title, ylabel, series, hline)
             images.append(f'<img src="{html.escape(name)}.png" alt="{html.escape(title)}">')
         rows = []
         for strategy, summary in result["summary"][region].items():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -186,10 +185,6 @@ def _ts(msg: Any, seconds: float) -> None:
     msg.FromNanoseconds(int(round(seconds * 1e9)))
 
 
-def _pool_engines(pool: common_pb2.Pool) -> list[common_pb2.Engine]:
-    return list(pool.engines)
-
-
 def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: list[common_pb2.SolverOutcome], *,
              trigger: str, created_s: float) -> common_pb2.Plan:
     plan = common_pb2.Plan(trigger=trigger)
@@ -230,7 +225,7 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
             fig = figures.get(pool.name)
             rates = fig.engine_rates if fig else {}
             energy_j = 0.0
-            for engine in _pool_engines(pool):
+            for engine in pool.engines:
                 cap = inputs.capabilities.get(engine.id)
                 if cap is None:
                     continue
@@ -285,6 +280,3 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
     plan.explanation = explain(plan, inputs, results)
     return plan
 
-
-def finite(value: float, default: float = 0.0) -> float:
-    return value if math.isfinite(value) else default

@@ -190,7 +190,7 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
 
 
 def write_report(result: dict[str, Any], out: Path) -> Path:
-    from greenserve.evaluation.report import _plot
+    from greenserve.evaluation.report import plot_series
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(dumps(result) + "\n")
@@ -206,7 +206,7 @@ def write_report(result: dict[str, Any], out: Path) -> Path:
     }
     images = []
     for name, (title, ylabel, series) in plots.items():
-        _plot(out / f"{name}.png", title, ylabel, series)
+        plot_series(out / f"{name}.png", title, ylabel, series)
         images.append(f'<img src="{name}.png" alt="{title}">')
     rows = "".join(
         f"<tr><td>{h['hour']:02d}:00</td><td>{h['ci_actual_g_per_kwh']:.0f}</td><td>{h.get('plan_version', '')}"

@@ -217,12 +217,10 @@ class GreenCacheIlp:
         load = inputs.load.get(pool.name)
         hours = inputs.horizon_hours
         rates = [(load.mean[h] if load else 0.0) for h in range(hours)]
-        per_engine_peak = max(rates, default=0.0) / n_engines
         cap = inputs.capabilities.get(engine.id)
         # The ladder depends on the engine only (not on this hour's forecast), so the grid is computed once per
         # engine type and reused by every later plan; rates beyond it extrapolate (attainment falls as 1 / rate).
         ladder = cache_profiles.rate_ladder(cap.capacity_requests_per_s if cap else 1.0, 0.0, n=5)
-        del per_engine_peak
         grid = cache_profiles.predict_grid(profile, tier, tuple(sizes), ladder, pool.slo.ttft_s, pool.slo.tpot_s)
         ci = [inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0 for h in range(hours)]
         pue = inputs.params.pue
