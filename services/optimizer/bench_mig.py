@@ -1,5 +1,5 @@
-"""`greenserve bench mig-plan`: the exact variants-on-MIG solver (``solvers/mig_variants.py``) against CLOVER's
-simulated annealing and random search (BLOVER) on the same instances.
+"""`greenserve bench mig-plan`: the exact variants-on-MIG solver (``solvers/mig_variants.py``, its MILP in
+``mig_milp.py``) against CLOVER's simulated annealing and random search (BLOVER) on the same instances.
 
 Instance (CLOVER Sec. 5.1's setting, with an LLM): one pool serving the Llama-3.1 8B Instruct variants of the
 catalogue (BF16 and GPTQ 4-bit, published quality) on A100-40GB GPUs (7 slices each: 10 GPUs = 70 slices), the
@@ -36,7 +36,7 @@ from typing import Any
 
 from greenserve.common import strict_json
 from greenserve.optimizer.solvers import mig_patterns as mp
-from greenserve.optimizer.solvers import mig_search, mig_variants
+from greenserve.optimizer.solvers import mig_milp, mig_problem, mig_search, mig_setup
 from greenserve.v1 import common_pb2
 
 GPU_MODEL = "A100-40GB"
@@ -51,23 +51,23 @@ def _pool() -> common_pb2.Pool:
     return pool
 
 
-def _setup(n: int) -> mig_variants.PoolSetup:
+def _setup(n: int) -> mig_setup.PoolSetup:
     pool = _pool()
     members = [(f"GPU-{i:05d}", GPU_MODEL, ()) for i in range(n)]
-    return mig_variants.make_setup(pool, members,
-                                   lambda m, p, v: mp.predicted_option(pool, m, p, v, v.simulator_model, "bench"))
+    return mig_setup.make_setup(pool, members,
+                                lambda m, p, v: mp.predicted_option(pool, m, p, v, v.simulator_model, "bench"))
 
 
-def _problem(setup: mig_variants.PoolSetup, ns: argparse.Namespace) -> mig_variants.Problem:
+def _problem(setup: mig_setup.PoolSetup, ns: argparse.Namespace) -> mig_problem.Problem:
     best = mp.family(FAMILY)[0].name
     whole = max((p for c in mp.layout_classes(GPU_MODEL) for p in c), key=lambda p: int(p.split("g")[0]))
     per_gpu = ns.headroom * setup.options[(GPU_MODEL, whole, best)].capacity_requests_per_s
     base_cap = per_gpu * len(setup.groups[0].uuids)
-    return mig_variants.problem_for(setup, None, ns.load_fraction * base_cap, ns.ci, ns.base_ci, ns.pue, ns.weight,
+    return mig_setup.problem_for(setup, None, ns.load_fraction * base_cap, ns.ci, ns.base_ci, ns.pue, ns.weight,
                                     headroom=ns.headroom, change_s=ns.change_s)
 
 
-def _searches(problem: mig_variants.Problem, optimum: float, ns: argparse.Namespace) -> dict[str, Any]:
+def _searches(problem: mig_problem.Problem, optimum: float, ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sa_runs, rnd_runs = [], []
     for seed in range(ns.seeds):
@@ -103,7 +103,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     print(f"capabilities of {len(setup.options)} (variant, slice) pairs in {predict_s:.1f} s; "
           f"{len(setup.groups[0].patterns)} patterns", file=sys.stderr)
     small = _problem(setup, ns)
-    sol = mig_variants.solve_exact(small, gap_rel=0.0)
+    sol = mig_milp.solve_exact(small, gap_rel=0.0)
     print(f"{ns.gpus} GPUs: f* = {sol.f:.3f} ({sol.status}, gap {sol.mip_gap}) in {sol.solve_s:.3f} s", file=sys.stderr)
     searches = _searches(small, sol.f, ns)
     t = time.perf_counter()
@@ -116,17 +116,17 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "wall_s": (time.perf_counter() - t) / len(wide),
     }
     light = _problem(setup, argparse.Namespace(**{**vars(ns), "load_fraction": ns.light_load_fraction}))
-    light_sol = mig_variants.solve_exact(light, gap_rel=0.0)
+    light_sol = mig_milp.solve_exact(light, gap_rel=0.0)
     light_searches = _searches(light, light_sol.f, ns)
     large_setup = _setup(ns.large_gpus)
     large = _problem(large_setup, ns)
-    lsol = mig_variants.solve_exact(large, gap_rel=ns.gap)
+    lsol = mig_milp.solve_exact(large, gap_rel=ns.gap)
     print(f"{ns.large_gpus} GPUs: f = {lsol.f:.3f}, bound {lsol.bound}, gap {lsol.mip_gap} in {lsol.solve_s:.3f} s",
           file=sys.stderr)
     large_searches = _searches(large, lsol.f, argparse.Namespace(**{**vars(ns), "seeds": ns.large_seeds})) \
         if ns.large_seeds else {}
 
-    def describe(problem: mig_variants.Problem, s: mig_variants.Solution) -> dict[str, Any]:
+    def describe(problem: mig_problem.Problem, s: mig_problem.Solution) -> dict[str, Any]:
         return {
             "gpus": sum(len(g.uuids) for g in problem.groups),
             "slices": 7 * sum(len(g.uuids) for g in problem.groups),

@@ -15,6 +15,9 @@ from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers import default_solvers, mig_search
 from greenserve.optimizer.solvers import mig_patterns as mp
+from greenserve.optimizer.solvers import mig_milp as milp
+from greenserve.optimizer.solvers import mig_problem as mpb
+from greenserve.optimizer.solvers import mig_setup as ms
 from greenserve.optimizer.solvers import mig_variants as mv
 from greenserve.v1 import common_pb2
 
@@ -34,7 +37,7 @@ def fake_option(gpu_model: str, profile: str, variant: common_pb2.ModelVariant |
     more per SM and spends less energy per request. Idle power is the slice's share of the GPU's."""
     geo = geometry(gpu_model)
     cs = geo.profile(profile).compute_slices
-    share = mv.none_idle_w(gpu_model, profile)
+    share = mpb.none_idle_w(gpu_model, profile)
     if variant.name == "big":
         if cs < 3:
             return None
@@ -42,13 +45,13 @@ def fake_option(gpu_model: str, profile: str, variant: common_pb2.ModelVariant |
     return mp.Option(1.6 * cs ** 0.9, share, 60.0, variant.quality_fraction, "test", "")
 
 
-def _setup(n: int, states: list[mv.State] | None = None) -> mv.PoolSetup:
+def _setup(n: int, states: list[mpb.State] | None = None) -> ms.PoolSetup:
     pool = _pool([("big", 1.0), ("small", 0.9)])
     states = states or [()] * n
-    return mv.make_setup(pool, [(f"GPU-{i}", MODEL, states[i]) for i in range(n)], fake_option)
+    return ms.make_setup(pool, [(f"GPU-{i}", MODEL, states[i]) for i in range(n)], fake_option)
 
 
-def _brute_force(problem: mv.Problem) -> float:
+def _brute_force(problem: mpb.Problem) -> float:
     """Best objective over every tuple of per-GPU patterns (each GPU chosen independently, with its own change;
     a GPU may also stay exactly as it runs)."""
     (group,) = problem.groups
@@ -67,10 +70,10 @@ def _brute_force(problem: mv.Problem) -> float:
             started = mp.restarts(state, p)[0]
             change_g += problem.change_g(started, MODEL)
             restarted += len(started) + mp.stopped(state, p)
-        result = mv.evaluate(problem, counts)
+        result = mpb.evaluate(problem, counts)
         if result is None:
             continue
-        value = (result[0] - problem.weight * 100 * change_g / problem.base_carbon_g - mv.TIE_BREAK * restarted)
+        value = (result[0] - problem.weight * 100 * change_g / problem.base_carbon_g - mpb.TIE_BREAK * restarted)
         best = max(best, value)
     return best
 
@@ -92,8 +95,8 @@ def test_patterns_follow_the_partitioner_geometry() -> None:
 def test_exact_optimum_equals_brute_force(weight: float, cap: float | None, load: float, gpus: int) -> None:
     setup = _setup(gpus)
     if True:
-        problem = mv.problem_for(setup, None, load, 400.0, 300.0, 1.5, weight, max_accuracy_loss=cap, change_s=0.0)
-        solution = mv.solve_exact(problem)
+        problem = ms.problem_for(setup, None, load, 400.0, 300.0, 1.5, weight, max_accuracy_loss=cap, change_s=0.0)
+        solution = milp.solve_exact(problem)
         assert solution.status == "optimal"
         assert solution.objective == pytest.approx(_brute_force(problem), abs=1e-5)
         assert sum(solution.flows.values()) == pytest.approx(load)  # the SLA holds: all load within capacity
@@ -109,8 +112,8 @@ def test_exact_optimum_with_change_costs_equals_brute_force(change_s: float) -> 
     split = ((Placement(0, 4, "3g.20gb"), "small"), (Placement(4, 4, "3g.20gb"), "big"))
     setup = _setup(2, [whole, split])
     for load, weight in ((6.0, 0.7), (11.0, 0.3)):
-        problem = mv.problem_for(setup, None, load, 400.0, 300.0, 1.5, weight, change_s=change_s)
-        solution = mv.solve_exact(problem)
+        problem = ms.problem_for(setup, None, load, 400.0, 300.0, 1.5, weight, change_s=change_s)
+        solution = milp.solve_exact(problem)
         assert solution.objective == pytest.approx(_brute_force(problem), abs=1e-5)
         if change_s == 36000.0:
             assert solution.restarts == 0  # ten hours of idle carbon per restart: nothing is worth it
@@ -119,7 +122,7 @@ def test_exact_optimum_with_change_costs_equals_brute_force(change_s: float) -> 
 def test_pattern_aggregation_loses_nothing_on_one_gpu() -> None:
     """One GPU, every concrete layout x every variant per instance: the best equals the exact solver's."""
     setup = _setup(1)
-    problem = mv.problem_for(setup, None, 4.0, 300.0, 300.0, 1.5, 0.6, change_s=0.0)
+    problem = ms.problem_for(setup, None, 4.0, 300.0, 300.0, 1.5, 0.6, change_s=0.0)
     by_kinds = {(p.profiles, p.kinds): p for p in setup.groups[0].patterns}
     best = -math.inf
     for cls, layouts in mp.layout_classes(MODEL).items():
@@ -127,17 +130,17 @@ def test_pattern_aggregation_loses_nothing_on_one_gpu() -> None:
             options = [[v for v in ("big", "small") if (MODEL, p.profile, v) in setup.options] or [""] for p in layout]
             for combo in itertools.product(*options):
                 kinds = tuple(sorted((p.profile, v) for p, v in zip(layout, combo)))
-                result = mv.evaluate(problem, {(0, by_kinds[(cls, kinds)]): 1})
+                result = mpb.evaluate(problem, {(0, by_kinds[(cls, kinds)]): 1})
                 if result is not None:
                     best = max(best, result[0])
-    assert mv.solve_exact(problem).f == pytest.approx(best, abs=1e-6)
+    assert milp.solve_exact(problem).f == pytest.approx(best, abs=1e-6)
 
 
 def test_overload_is_planned_at_the_most_any_layout_serves() -> None:
     setup = _setup(2)
-    problem = mv.problem_for(setup, None, 1000.0, 300.0, 300.0, 1.5, 0.5, change_s=0.0)
-    solution = mv.solve_exact(problem)
-    assert solution.served_rps == pytest.approx(mv.max_servable(problem))
+    problem = ms.problem_for(setup, None, 1000.0, 300.0, 300.0, 1.5, 0.5, change_s=0.0)
+    solution = milp.solve_exact(problem)
+    assert solution.served_rps == pytest.approx(mpb.max_servable(problem))
     assert any("exceeds" in n for n in problem.notes)
 
 
@@ -148,7 +151,7 @@ def test_sla_violation_never_scores_better_clover_eq6_would() -> None:
         feasible_f, latency_s=0.5, tail_s=1.0)
     # Here an SLA-violating configuration ranks below every feasible one.
     setup = _setup(2)
-    problem = mv.problem_for(setup, None, 13.0, 300.0, 300.0, 1.5, 0.5, change_s=0.0)
+    problem = ms.problem_for(setup, None, 13.0, 300.0, 300.0, 1.5, 0.5, change_s=0.0)
     (group,) = problem.groups
     whole_big = next(p for p in group.patterns if p.kinds == (("7g.40gb", "big"),))
     weak = {(0, whole_big): 2}  # 2 x 6.3 req/s of SLO capacity for 13 req/s
@@ -164,40 +167,40 @@ def test_change_cost_keeps_a_gpu_unless_the_saving_pays_for_it() -> None:
     big = (Placement(0, 8, "7g.40gb"), "big")
     # Low lambda: a near-tie between BF16-like "big" and the reshuffle; the change cost decides.
     setup = _setup(2, [(big,), (big,)])
-    free = mv.solve_exact(mv.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0))
+    free = milp.solve_exact(ms.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0))
     assert free.restarts > 0  # without a change cost the optimum moves to the cheaper variant
-    costly = mv.solve_exact(mv.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=36000.0))
+    costly = milp.solve_exact(ms.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=36000.0))
     assert costly.restarts == 0 and costly.change_g == 0.0
     # The saving of the free plan is below what its restarts would cost under the costly change time.
-    problem = mv.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=36000.0)
+    problem = ms.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=36000.0)
     assert free.f - costly.f < problem.weight * 100 * sum(
         problem.change_g([("7g.40gb", "small")], MODEL) for _ in range(free.restarts)) / problem.base_carbon_g
     # Equal objectives: the state in force is kept (tie-break), at any change cost.
-    same = mv.solve_exact(mv.problem_for(setup, None, 0.0, 300.0, 300.0, 1.5, 0.0, change_s=1.0))
+    same = milp.solve_exact(ms.problem_for(setup, None, 0.0, 300.0, 300.0, 1.5, 0.0, change_s=1.0))
     assert same.restarts == 0
 
 
 def test_graph_edit_distance_bound_between_hours() -> None:
     big = (Placement(0, 8, "7g.40gb"), "big")
     setup = _setup(3, [(big,)] * 3)
-    first = mv.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0)
-    previous = mv.instances_of(first, {(0, next(p for p in first.groups[0].patterns
+    first = ms.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0)
+    previous = mpb.instances_of(first, {(0, next(p for p in first.groups[0].patterns
                                                  if p.kinds == (("7g.40gb", "big"),))): 3})
-    free = mv.solve_exact(mv.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0,
+    free = milp.solve_exact(ms.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0,
                                          max_ged=None, previous_graph=previous))
-    free_ged = mp.ged(mv.graph_of(first, free), previous)
+    free_ged = mp.ged(ms.graph_of(first, free), previous)
     assert free_ged >= 2  # the free optimum moves load to the cheaper variant
-    bounded_problem = mv.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0, max_ged=free_ged - 2,
+    bounded_problem = ms.problem_for(setup, None, 2.0, 300.0, 300.0, 1.5, 0.9, change_s=0.0, max_ged=free_ged - 2,
                                      previous_graph=previous)
-    bounded = mv.solve_exact(bounded_problem)
-    assert mp.ged(mv.graph_of(bounded_problem, bounded), previous) <= free_ged - 2
+    bounded = milp.solve_exact(bounded_problem)
+    assert mp.ged(ms.graph_of(bounded_problem, bounded), previous) <= free_ged - 2
     assert bounded.f < free.f
 
 
 def test_annealing_and_random_search_never_beat_the_optimum() -> None:
     setup = _setup(3)
-    problem = mv.problem_for(setup, None, 8.0, 400.0, 300.0, 1.5, 0.5, change_s=0.0)
-    optimum = mv.solve_exact(problem).f
+    problem = ms.problem_for(setup, None, 8.0, 400.0, 300.0, 1.5, 0.5, change_s=0.0)
+    optimum = milp.solve_exact(problem).f
     for seed in range(3):
         sa = mig_search.anneal(problem, seed=seed)
         rnd = mig_search.random_search(problem, sa.evaluations, seed=seed)
@@ -342,5 +345,5 @@ def test_the_state_is_what_runs_on_a_reported_gpu() -> None:
     inputs.declared = declared
     from greenserve.optimizer.solvers.keep_current import _mig_layouts
     in_force = {m.gpu_uuid: m for m in _mig_layouts(inputs)[0][0]}
-    setup = mv.setup_pool(inputs, pool, 0, 0.9, in_force)
+    setup = ms.setup_pool(inputs, pool, 0, 0.9, in_force)
     assert setup.groups[0].states == [((Placement(0, 8, "7g.80gb"), pool.variants[1].name),)]

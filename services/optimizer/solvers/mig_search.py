@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from greenserve.optimizer.solvers import mig_patterns as mp
-from greenserve.optimizer.solvers.mig_variants import Problem, evaluate, instances_of, max_servable
+from greenserve.optimizer.solvers.mig_problem import Problem, evaluate, instances_of, max_servable
 
 INFEASIBLE = 1e6
 Config = dict[tuple[int, mp.Pattern], int]
