@@ -493,6 +493,9 @@ class ReplayResult:
     tier_block_seconds: dict[str, float] = field(default_factory=dict)
     # Bytes x seconds of storage allocated per tier (tiers.allocated_byte_seconds): what carbon() charges.
     tier_allocated_byte_seconds: dict[str, float] = field(default_factory=dict)
+    # Each engine's prefix-cache contents at the end ({"hbm", "dram", "disk"}: block ids, oldest first): pass them
+    # as replay(..., initial_contents=) to start a later replay where this one ended.
+    tier_contents: list[dict[str, tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def completed(self) -> np.ndarray:
@@ -1022,15 +1025,28 @@ class _Sim:
                 name: sum(allocated_byte_seconds(getattr(e.tiers, name), e.pm._kv_bytes_per_token, end,
                                                  max(0.0, end - start)) for e in self.engines)
                 for name in ("dram", "disk")},
+            tier_contents=[e.tiers.contents() for e in self.engines],
         )
 
 
-def replay(workload: Workload, fleet: FleetConfig) -> ReplayResult:
-    """Replay ``workload`` through ``fleet`` in virtual time; deterministic for the fleet's seed."""
+def replay(workload: Workload, fleet: FleetConfig,
+           initial_contents: Sequence[Mapping[str, Sequence[int]]] | None = None) -> ReplayResult:
+    """Replay ``workload`` through ``fleet`` in virtual time; deterministic for the fleet's seed.
+
+    ``initial_contents``: one mapping per engine of the prefix-cache blocks it holds at the start (as a previous
+    result's ``tier_contents``; the block ids must be the workload's), so that state carries from one replay to
+    the next; an engine's tiers keep what their capacities hold (``PrefixTiers.preload``)."""
     if not isinstance(workload, Workload):
         raise TypeError("workload: must be a Workload")
     if not isinstance(fleet, FleetConfig):
         raise TypeError("fleet: must be a FleetConfig")
     sim = _Sim(workload, fleet)
+    if initial_contents is not None:
+        if len(initial_contents) != len(sim.engines):
+            raise ValueError(f"initial_contents: one mapping per engine ({len(sim.engines)}), "
+                             f"got {len(initial_contents)}")
+        start = float(workload.arrival_s[0]) if len(workload) else 0.0
+        for eng, contents in zip(sim.engines, initial_contents):
+            eng.tiers.preload(contents, eng.hbm_cap_blocks if eng.prefix_caching else None, start)
     sim.run()
     return sim.result()

@@ -25,7 +25,7 @@ profile's figures).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -227,6 +227,24 @@ class PrefixTiers:
         self.hash_tokens = hash_tokens
         self.dram_cap = self.dram.cap
         self.disk_cap = self.disk.cap
+
+    def contents(self) -> dict[str, tuple[int, ...]]:
+        """Blocks held per tier ("hbm", "dram", "disk"), oldest first (eviction order): what `preload` takes to
+        start a later replay where this one ended (the evaluation carries it from hour to hour)."""
+        return {"hbm": tuple(self.hbm), "dram": tuple(self.dram.blocks), "disk": tuple(self.disk.blocks)}
+
+    def preload(self, contents: Mapping[str, Sequence[int]], hbm_free_blocks: int | None, now: float = 0.0) -> None:
+        """Fill the tiers with `contents` (as `contents()` gives them), oldest first, block by block: what exceeds
+        a tier's capacity is evicted by its policy, a tier that is off stays empty. A preloaded block is its own
+        prefix group (elastic tiers) and has no parent (LCS)."""
+        unknown = sorted(set(contents) - {"hbm", "dram", "disk"})
+        if unknown:
+            raise ValueError(f"contents: unknown tier {unknown[0]!r} (hbm, dram or disk)")
+        if hbm_free_blocks is not None:
+            self._put(self.hbm, tuple(contents.get("hbm", ())), max(0, hbm_free_blocks))
+        for tier, name in ((self.dram, "dram"), (self.disk, "disk")):
+            for block in contents.get(name, ()):
+                tier.put((block,), now)
 
     def block_seconds(self, tier: str, end: float) -> float:
         """Time-integral of the `tier` ("dram" / "disk") size up to `end`."""
