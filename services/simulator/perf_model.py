@@ -435,26 +435,45 @@ class PerfModel:
             raise ValueError("uncached_tokens: token counts and batch_size must be >= 0")
         if uncached_tokens == 0:
             return 0.0
-        compute_s = self.prefill_flops(uncached_tokens, batch_size, cached_tokens) / self._prefill_rate
-        kv_read_s = cached_tokens * self._kv_bytes_per_token / self._decode_rate
-        return self._overhead_s + max(compute_s, self._weight_read_s + kv_read_s)
+        return self.step_time_s(self.prefill_flops(uncached_tokens, batch_size, cached_tokens), cached_tokens, 0, 0)
+
+    def step_parts_s(self, prefill_flops: float, prefill_context_tokens: int, decode_batch: int,
+                     decode_context_tokens: int) -> tuple[float, float]:
+        """``(memory_s, compute_s)`` of one engine step, before the per-step overhead: the one cost function
+        of a step that the replay and the emulator both use.
+
+        A vLLM V1 step is one forward pass over every token the scheduler gave out (its scheduler has no
+        prefill or decode phase, only tokens per request; the model runner runs them as one flattened
+        batch): prefill chunks worth ``prefill_flops`` (the sum of ``prefill_flops(chunk, 1, context)``
+        over the chunks) whose sequences already hold ``prefill_context_tokens`` of KV (cached prefix,
+        earlier chunks), plus one decode token for each of ``decode_batch`` sequences holding
+        ``decode_context_tokens`` in total. Memory: the weights once plus every KV token the step
+        attends to; compute: the prefill FLOPs plus the decode tokens' FLOPs and attention.
+        """
+        mem_s = self._weight_read_s + (prefill_context_tokens + decode_context_tokens) * self._kv_bytes_per_token / self._decode_rate
+        compute_s = (prefill_flops / self._prefill_rate
+                     + (decode_batch * self._flops_per_token + self._attn_coeff * decode_context_tokens) / self._decode_compute_rate)
+        return mem_s, compute_s
+
+    def step_time_s(self, prefill_flops: float, prefill_context_tokens: int, decode_batch: int,
+                    decode_context_tokens: int) -> float:
+        """Seconds of one engine step (see ``step_parts_s``): ``overhead + max(memory_s, compute_s)``, one
+        roofline over the whole step; a step with no prefill and no decode costs nothing (none is run)."""
+        if prefill_flops <= 0 and decode_batch <= 0:
+            return 0.0
+        mem_s, compute_s = self.step_parts_s(prefill_flops, prefill_context_tokens, decode_batch, decode_context_tokens)
+        return self._overhead_s + (compute_s if compute_s > mem_s else mem_s)
 
     def decode_step_time_s(self, batch_size: int, total_context_tokens: int) -> float:
         """Seconds of one decode step producing one token for each of ``batch_size`` sequences whose
         contexts sum to ``total_context_tokens``: ``max(weights + KV bytes / bandwidth, FLOPs / rate)``."""
         if batch_size < 0 or total_context_tokens < 0:
             raise ValueError("batch_size: batch_size and total_context_tokens must be >= 0")
-        if batch_size == 0:
-            return 0.0
-        mem_s = self._weight_read_s + total_context_tokens * self._kv_bytes_per_token / self._decode_rate
-        compute_s = (batch_size * self._flops_per_token + self._attn_coeff * total_context_tokens) / self._decode_compute_rate
-        return self._overhead_s + (max(compute_s, mem_s))
+        return self.step_time_s(0.0, 0, batch_size, total_context_tokens)
 
     def decode_step_parts_s(self, batch_size: int, total_context_tokens: int) -> tuple[float, float]:
         """``(memory_s, compute_s)`` of one decode step, for the power model and diagnostics."""
-        mem_s = self._weight_read_s + total_context_tokens * self._kv_bytes_per_token / self._decode_rate
-        compute_s = (batch_size * self._flops_per_token + self._attn_coeff * total_context_tokens) / self._decode_compute_rate
-        return mem_s, compute_s
+        return self.step_parts_s(0.0, 0, batch_size, total_context_tokens)
 
     # -- memory ---------------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> float:
@@ -561,10 +580,16 @@ class PerfModel:
         """Utilisation of a decode step: compute share + ``memory_power_weight`` x memory-bound share."""
         if batch_size <= 0:
             return 0.0
-        mem_s, compute_s = self.decode_step_parts_s(batch_size, total_context_tokens)
-        step = max(mem_s, compute_s)
+        return self.step_utilisation(*self.decode_step_parts_s(batch_size, total_context_tokens))
+
+    def step_utilisation(self, memory_s: float, compute_s: float) -> float:
+        """Utilisation of a step with these ``step_parts_s``: its compute-bound share plus
+        ``memory_power_weight`` times its memory-bound share (1.0 for a step of no length)."""
+        step = compute_s if compute_s > memory_s else memory_s
+        if step <= 0:
+            return 1.0
         u = compute_s / step + self._mem_w * (1.0 - compute_s / step)
-        return min(1.0, u)
+        return u if u < 1.0 else 1.0
 
     def step_energy_j(self, step_s: float, utilisation: float) -> float:
         """Joules drawn by the engine during a step of ``step_s`` at ``utilisation``."""

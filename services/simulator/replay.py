@@ -752,7 +752,7 @@ class _Sim:
             budget = eng.max_batched - B
             planned: list[tuple[int, int]] = []
             flops = 0.0
-            kv_tokens = eng.base_sum + B * eng.S
+            prefill_ctx = 0
             extra = 0.0
             seqs = B + eng.n_prefilling
             prompt, output, done = self.prompt, self.output, self.done
@@ -780,7 +780,7 @@ class _Sim:
                 remaining = prompt[r] - done[r]
                 chunk = min(budget, remaining)
                 flops += pm.prefill_flops(chunk, 1, done[r])
-                kv_tokens += done[r]
+                prefill_ctx += done[r]
                 planned.append((r, chunk))
                 budget -= chunk
                 if chunk < remaining:
@@ -797,12 +797,10 @@ class _Sim:
             if planned:
                 eng.planned = planned
                 tok = sum(c for _, c in planned)
-                mem_s = eng.w0 - eng.o + (kv_tokens) * eng.m1
-                comp_s = flops / pm._prefill_rate + B * eng.fpt + eng.c1 * (eng.base_sum + B * eng.S)
-                core = max(comp_s, mem_s)
-                dt = eng.o + core + extra
-                u = comp_s / core + eng.mem_w * (1.0 - comp_s / core) if core > 0 else 1.0
-                u = min(u, 1.0)
+                # one forward pass over the chunks and the decode batch: the performance model's step cost
+                mem_s, comp_s = pm.step_parts_s(flops, prefill_ctx, B, eng.base_sum + B * eng.S)
+                dt = eng.o + max(comp_s, mem_s) + extra
+                u = pm.step_utilisation(mem_s, comp_s)
                 energy = (eng.idle_w + eng.span_w * u) * dt
                 eng.energy_active_j += energy
                 share = energy / (tok + B)

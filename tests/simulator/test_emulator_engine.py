@@ -98,14 +98,50 @@ async def test_chunked_prefill_and_ttft_grow_with_prompt() -> None:
     assert long.first_token_s - long.arrival_s > short.first_token_s - short.arrival_s
 
 
-def test_step_timer_uses_the_perf_model() -> None:
+def test_step_timer_uses_the_perf_models_one_step_cost() -> None:
     _, pm, _ = load_perf_model(None)
     timer = StepTimer(pm)
-    assert timer.step_time_s(0, 0, 0, 0, 0) == 0.0
-    assert timer.step_time_s(0, 0, 0, 8, 8000) == pytest.approx(pm.decode_step_time_s(8, 8000))
-    assert timer.step_time_s(2000, 1, 0, 0, 0) == pytest.approx(pm.prefill_time_s(2000, batch_size=1))
-    mixed = timer.step_time_s(2000, 1, 0, 8, 8000)
-    assert pm.prefill_time_s(2000) < mixed < pm.prefill_time_s(2000) + pm.decode_step_time_s(8, 8000)
+    assert timer.step([], 0, 0) == (0.0, pm.power_w(0.0))
+    assert timer.step([], 8, 8000)[0] == pytest.approx(pm.decode_step_time_s(8, 8000))
+    assert timer.step([(2000, 0)], 0, 0)[0] == pytest.approx(pm.prefill_time_s(2000, batch_size=1))
+    assert timer.step([(512, 1024)], 0, 0)[0] == pytest.approx(pm.prefill_time_s(512, 1, 1024))
+    # a mixed step is one forward pass: one roofline over the chunks and the decode batch (the weights
+    # streamed once), exactly what the replay charges; less than a prefill step plus a decode step
+    chunks = [(2000, 0), (300, 700)]
+    flops = pm.prefill_flops(2000, 1, 0) + pm.prefill_flops(300, 1, 700)
+    mixed, power_w = timer.step(chunks, 8, 8000)
+    assert mixed == pytest.approx(pm.step_time_s(flops, 700, 8, 8000), rel=1e-12)
+    mem_s, compute_s = pm.step_parts_s(flops, 700, 8, 8000)
+    assert mixed == pytest.approx(pm.profile.step_overhead_s + max(mem_s, compute_s), rel=1e-12)
+    assert max(pm.prefill_time_s(2000), pm.decode_step_time_s(8, 8000)) < mixed
+    assert mixed < pm.prefill_time_s(2000) + pm.prefill_time_s(300, 1, 700) + pm.decode_step_time_s(8, 8000)
+    assert pm.profile.idle_w < power_w <= pm.profile.max_w
+    assert power_w == pytest.approx(pm.power_w(pm.step_utilisation(mem_s, compute_s)))
+
+
+async def test_modelled_energy_counter_and_power_gauge() -> None:
+    engine = _engine(num_blocks=4000)
+    m = engine.metrics
+    idle_w = engine.timer.idle_power_w
+    assert m.engine_power_w == idle_w
+    reqs = [EngineRequest(f"e{i}", list(range(i * 1000, i * 1000 + 500)), max_tokens=20) for i in range(3)]
+    engine.start()
+    e0, t0 = engine.energy_j(), engine.now_s()
+    for r in reqs:
+        engine.add_request(r)
+    while not all(r.finished for r in reqs):
+        await asyncio.sleep(0.001)
+    e1, t1 = engine.energy_j(), engine.now_s()
+    await engine.stop()
+    # busy steps draw more than idle: the mean over the window is between idle and max power
+    assert t1 > t0
+    mean_w = (e1 - e0) / (t1 - t0)
+    assert idle_w < mean_w <= engine.timer.step([(500, 0)], 0, 0)[1] + 1e-9
+    text = m.registry()
+    from prometheus_client import generate_latest
+
+    body = generate_latest(text).decode()
+    assert "greenserve:engine_energy_joules_total{" in body and "greenserve:engine_power_watts{" in body
 
 
 def test_unknown_profile_lists_choices() -> None:

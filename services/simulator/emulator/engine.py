@@ -114,6 +114,7 @@ class _StepPlan:
     prefill: list[tuple[EngineRequest, int]]
     decode: list[EngineRequest]
     duration_s: float
+    power_w: float
 
 
 class EmulatedEngine:
@@ -150,6 +151,10 @@ class EmulatedEngine:
         self._clock_wall = 0.0
         self._step_in_flight_s = 0.0
         self._idle = True
+        # modelled energy: idle power over the whole clock plus each finished step's draw above idle
+        self._step_extra_energy_j = 0.0
+        metrics.engine_power_w = timer.idle_power_w
+        metrics.energy_j = self.energy_j
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -180,6 +185,15 @@ class EmulatedEngine:
         if not self._idle:
             elapsed = min(elapsed, self._step_in_flight_s)
         return self._clock_s + max(0.0, elapsed)
+
+    def energy_j(self) -> float:
+        """Modelled energy (joules) the engine drew since it started, on its modelled clock: idle power over
+        all of it plus, for every finished step, its power above idle x its modelled duration."""
+        try:
+            now = self.now_s()
+        except RuntimeError:  # read outside the event loop: up to the last finished step or idle period
+            now = self._clock_s
+        return self.timer.idle_power_w * now + self._step_extra_energy_j
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
@@ -262,6 +276,7 @@ class EmulatedEngine:
                 continue
             duration_s = plan.duration_s * self.faults.slow_factor
             self._step_in_flight_s = duration_s
+            self.metrics.engine_power_w = plan.power_w
             deadline += duration_s / self.time_scale
             delay = deadline - loop.time()
             if delay > 0:
@@ -274,6 +289,7 @@ class EmulatedEngine:
                 # hung mid-step: the step's results are held back until the hang clears
                 await self._resume.wait()
             self._clock_s += duration_s
+            self._step_extra_energy_j += (plan.power_w - self.timer.idle_power_w) * duration_s
             self._clock_wall = loop.time()
             self._step_in_flight_s = 0.0
             self._complete(plan)
@@ -283,6 +299,7 @@ class EmulatedEngine:
         if not self._idle:
             self._clock_wall = asyncio.get_running_loop().time()
             self._idle = True
+        self.metrics.engine_power_w = self.timer.idle_power_w
 
     def _sync_clock(self, wall: float) -> None:
         self._clock_s += max(0.0, wall - self._clock_wall) * self.time_scale
@@ -353,10 +370,8 @@ class EmulatedEngine:
         self._update_gauges()
         if not prefill and not decode:
             return None
-        prefill_tokens = sum(n for _, n in prefill)
-        prefill_context = sum(r.num_computed_tokens for r, _ in prefill)
-        duration = self.timer.step_time_s(prefill_tokens, len(prefill), prefill_context, len(decode), decode_context)
-        return _StepPlan(prefill, decode, duration)
+        duration, power_w = self.timer.step([(n, r.num_computed_tokens) for r, n in prefill], len(decode), decode_context)
+        return _StepPlan(prefill, decode, duration, power_w)
 
     def _admit(self, prefill: list[tuple[EngineRequest, int]], budget: int) -> None:
         bs = self.shape.block_size_tokens

@@ -10,12 +10,16 @@ Names, types, labels (``model_name``, ``engine``) and histogram buckets follow v
 Latencies are *engine* seconds: wall-clock seconds multiplied by the emulator's ``time_scale``, so a
 profiler that runs the emulator 10x faster still scrapes the latencies the modelled engine would show
 (at ``time_scale=1`` they are plain wall-clock seconds, as in vLLM).
+
+Two metrics are the emulator's own, not vLLM's: ``greenserve:engine_power_watts`` (gauge, the modelled power of
+the step in flight) and ``greenserve:engine_energy_joules_total`` (counter, modelled joules on the modelled
+clock), from the simulator's power model; a profiler without NVML reads its power from them.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -98,6 +102,10 @@ class EngineMetrics:
         self.queue_time = FastHistogram(REQUEST_LATENCY_BUCKETS_S)
         self.block_size_tokens = 0
         self.num_gpu_blocks = 0
+        #: modelled power of the step in flight (idle power between steps), watts
+        self.engine_power_w = 0.0
+        #: modelled energy since the engine started, joules (the engine sets it; read when scraped)
+        self.energy_j: Callable[[], float] = lambda: 0.0
 
     def registry(self) -> CollectorRegistry:
         """A registry holding only this engine's metrics (several engines may share a process)."""
@@ -153,6 +161,12 @@ class _Collector(Collector):
         yield m.queue_time.family(
             "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", labels, values
         )
+        # not vLLM's: the modelled power (simulator performance model) a profiler uses when it has no NVML
+        yield gauge("greenserve:engine_power_watts",
+                    "Modelled power of the engine: the step in flight, idle power between steps (watts).",
+                    m.engine_power_w)
+        yield counter("greenserve:engine_energy_joules",
+                      "Modelled energy the engine drew since it started, on its modelled clock (joules).", m.energy_j())
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

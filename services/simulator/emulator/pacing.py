@@ -1,16 +1,17 @@
-"""Step timing of the emulated engine, taken from the simulator's performance model.
+"""Step timing and power of the emulated engine, taken from the simulator's performance model.
 
-One engine step of vLLM V1's continuous batching runs, in one forward pass, the prefill chunks of
-newly admitted (or still prefilling) requests and one decode token for every running request. The
-emulator charges such a mixed step ``prefill_time_s(prefill tokens, prefill batch) +
-decode_step_time_s(decode batch, decode context)``: the prefill part is compute-bound in the
-uncached tokens, the decode part memory-bound in the weights plus the batch's KV context
-(``greenserve.simulator.perf_model``). Adding them slightly over-charges a mixed step (the weights
-are streamed once per pass, not twice); pure prefill and pure decode steps are exact per the model.
+One engine step of vLLM V1's continuous batching is one forward pass over every token its scheduler
+gave out: the prefill chunks of newly admitted (or still prefilling) requests and one decode token for
+every running request (the scheduler has no prefill or decode phase, only tokens per request; the
+model runner flattens them into one batch). The emulator charges such a step what the replay charges
+it, ``PerfModel.step_time_s``: one roofline over the whole step (the weights streamed once, every KV
+token the step attends to read, the prefill and decode FLOPs together), plus the per-step overhead.
+The step's modelled power is ``PerfModel.power_w`` at that step's utilisation (``step_utilisation``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,37 +34,31 @@ class EngineShape:
 
 
 class StepTimer:
-    """Modelled duration of engine steps (seconds of the modelled engine, before time scaling)."""
+    """Modelled duration and power of engine steps (seconds of the modelled engine, before time scaling)."""
 
     def __init__(self, perf_model: Any) -> None:
         self._pm = perf_model
-        # decode_step_parts_s(0, 0) = (one pass over the weights, no compute)
-        self._weight_pass_s = float(perf_model.decode_step_parts_s(0, 0)[0])
+        #: the engine's modelled draw while no step runs (watts)
+        self.idle_power_w = float(perf_model.power_w(0.0))
 
-    def step_time_s(
-        self,
-        prefill_tokens: int,
-        prefill_batch: int,
-        prefill_context_tokens: int,
-        decode_batch: int,
-        decode_context_tokens: int,
-    ) -> float:
-        """Duration of one step: ``prefill_tokens`` new prompt tokens over ``prefill_batch`` sequences
-        that already hold ``prefill_context_tokens`` (cached or earlier chunks), plus one decode token
-        for each of ``decode_batch`` sequences with ``decode_context_tokens`` of context in total.
-
-        A mixed step pays the prefill step (which includes the per-step overhead and one pass over
-        the weights) plus what the decode batch adds on top: its KV reads or its FLOPs, whichever
-        is larger.
-        """
+    def step(self, prefill_chunks: Iterable[tuple[int, int]], decode_batch: int,
+             decode_context_tokens: int) -> tuple[float, float]:
+        """``(duration_s, power_w)`` of one step: ``prefill_chunks`` as (new prompt tokens, tokens the
+        sequence already holds: cached prefix or earlier chunks), plus one decode token for each of
+        ``decode_batch`` sequences with ``decode_context_tokens`` of context in total. An empty step
+        is ``(0, idle power)``."""
         pm = self._pm
-        if prefill_tokens <= 0:
-            return float(pm.decode_step_time_s(decode_batch, decode_context_tokens)) if decode_batch > 0 else 0.0
-        t = float(pm.prefill_time_s(prefill_tokens, batch_size=max(1, prefill_batch), cached_tokens=prefill_context_tokens))
-        if decode_batch > 0:
-            mem_s, compute_s = pm.decode_step_parts_s(decode_batch, decode_context_tokens)
-            t += max(float(mem_s) - self._weight_pass_s, float(compute_s))
-        return t
+        flops = 0.0
+        context = 0
+        for tokens, held in prefill_chunks:
+            if tokens > 0:
+                flops += pm.prefill_flops(tokens, 1, held)
+                context += held
+        if flops <= 0 and decode_batch <= 0:
+            return 0.0, self.idle_power_w
+        mem_s, compute_s = pm.step_parts_s(flops, context, decode_batch, decode_context_tokens)
+        duration_s = pm.step_time_s(flops, context, decode_batch, decode_context_tokens)
+        return float(duration_s), float(pm.power_w(pm.step_utilisation(mem_s, compute_s)))
 
 
 def load_perf_model(profile_name: str | None) -> tuple[Any, Any, str]:
