@@ -17,9 +17,10 @@ The model is a roofline per engine step, the same decomposition the seeds use to
   recomputing the same tokens; otherwise the tokens are recomputed. ``plan_prefix_reuse`` applies the rule.
 * **power**: ``idle + (max - idle) x utilisation``; a step's utilisation is its compute-bound share plus
   ``memory_power_weight`` times its memory-bound share (prefill ~ 1, small-batch decode ~ 0.6).
-* **modes**: speculative decoding (GreenLLM Sec. II-B/IV: ``k`` draft tokens, acceptance rate ``a``;
-  expected tokens per verify step ``(1 - a^(k+1)) / (1 - a)``, Leviathan et al. 2023) and prefill/decode
-  disaggregation (GreenLLM DPD: the prompt's KV crosses a link of limited bandwidth).
+* **modes**: speculative decoding (GreenLLM Sec. II-B/IV: ``k`` draft tokens, acceptance rate ``r`` read as
+  GreenLLM reports it, accepted / proposed tokens, so a round yields ``1 + k x r`` tokens; for DSD the draft's
+  token ids cross the link first and its probabilities cross while the target verifies, GreenLLM Fig. 2) and
+  prefill/decode disaggregation (GreenLLM DPD: the prompt's KV crosses a link of limited bandwidth).
 
 Every parameter comes from ``data/profiles.toml`` where each number cites its source; ``EngineProfile.sources``
 carries those citations so a caller can show them. ``calibration.calibrate`` refits the efficiency and power
@@ -179,11 +180,17 @@ class EngineProfile:
 class SpecDecodeConfig:
     """Speculative decoding (GreenLLM SpecDecode/DSD): a draft model proposes ``num_speculative_tokens``.
 
-    ``acceptance_rate`` is the per-token probability that the target accepts a draft token; GreenLLM Sec. IV
-    reports 45.7 % (1B draft) and 35.3 % (300M draft) with 3 speculative tokens on Llama 7B.
+    ``acceptance_rate`` is accepted / proposed draft tokens, as GreenLLM Sec. V-A reports it (45.7 % for the 1B
+    draft, 35.3 % for the 300M draft, 3 speculative tokens on Llama 7B) and as vLLM's
+    ``spec_decode_draft_acceptance_rate`` metric measures it: a round of ``k`` proposals yields ``1 + k x r``
+    tokens on average (the accepted ones plus the target's own). (Read as a per-token probability with
+    Leviathan et al.'s ``(1 - r^(k+1)) / (1 - r)`` the same figure gives 1.76 instead of 2.37 tokens at k = 3,
+    r = 0.457: TPOT overstated by a third.)
     ``draft`` is the draft model's profile (on the same GPU for SpecDecode, another GPU for DSD).
-    ``link_bandwidth_bytes_per_s`` is only used for DSD: per step the draft sends its tokens and
-    probability distributions (``vocab_size x 4`` bytes per proposed token) to the target.
+    ``link_bandwidth_bytes_per_s`` is only used for DSD: per round the draft sends its token ids (4 bytes each)
+    and then their probability distributions (``vocab_size x 4`` bytes per proposed token) to the target; the
+    probabilities travel while the target verifies (GreenLLM Fig. 2), so only what outlasts the verify step
+    delays the round.
     """
 
     draft: EngineProfile
@@ -196,8 +203,8 @@ class SpecDecodeConfig:
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens: must be >= 1")
-        if not 0.0 <= self.acceptance_rate < 1.0:
-            raise ValueError("acceptance_rate: must be in [0, 1)")
+        if not 0.0 <= self.acceptance_rate <= 1.0:
+            raise ValueError("acceptance_rate: must be in [0, 1] (accepted / proposed draft tokens)")
         if self.link_bandwidth_bytes_per_s <= 0:
             raise ValueError("link_bandwidth_bytes_per_s: must be > 0")
         if self.vocab_size < 1:
@@ -598,32 +605,42 @@ class PerfModel:
     # -- modes ----------------------------------------------------------------------------------------
     @staticmethod
     def expected_tokens_per_verify(num_speculative_tokens: int, acceptance_rate: float) -> float:
-        """Expected tokens produced per target verify step: ``(1 - a^(k+1)) / (1 - a)`` (Leviathan et al.)."""
-        a, k = acceptance_rate, num_speculative_tokens
-        if not 0.0 <= a < 1.0 or k < 1:
-            raise ValueError("acceptance_rate: must be in [0, 1) with num_speculative_tokens >= 1")
-        return (1.0 - a ** (k + 1)) / (1.0 - a)
+        """Expected tokens per speculative round: ``1 + k x r`` with ``r`` = accepted / proposed draft tokens
+        (GreenLLM's and vLLM's acceptance rate; see ``SpecDecodeConfig``)."""
+        r, k = acceptance_rate, num_speculative_tokens
+        if not 0.0 <= r <= 1.0 or k < 1:
+            raise ValueError("acceptance_rate: must be in [0, 1] with num_speculative_tokens >= 1")
+        return 1.0 + k * r
 
-    def spec_decode_step_time_s(self, spec: SpecDecodeConfig, batch_size: int, total_context_tokens: int) -> float:
-        """Seconds of one speculative round for the batch: ``k`` draft decode steps (on the draft's engine)
-        plus one target verify step over ``k + 1`` tokens per sequence; for DSD plus the transfer of the
-        proposed tokens' probability distributions over the link."""
+    def spec_decode_round_parts_s(self, spec: SpecDecodeConfig, batch_size: int, total_context_tokens: int
+                                  ) -> tuple[float, float, float]:
+        """``(draft_s, verify_s, link_s)`` of one speculative round for the batch: ``k`` draft decode steps (on
+        the draft's engine: the same GPU for SpecDecode, another for DSD), one target verify step over ``k + 1``
+        tokens per sequence, and for DSD the link time the round waits for: the token ids (sent first), plus
+        whatever of the probabilities' transfer outlasts the verify step (GreenLLM Fig. 2: they travel while
+        the target verifies, which needs them only at the end)."""
         if batch_size <= 0:
-            return 0.0
+            return 0.0, 0.0, 0.0
         k = spec.num_speculative_tokens
         draft = PerfModel(spec.draft) if not isinstance(spec.draft, PerfModel) else spec.draft
         draft_s = 0.0
-        ctx = total_context_tokens
         for i in range(k):
-            draft_s += draft.decode_step_time_s(batch_size, ctx + i * batch_size)
-        verify_mem = self._weight_read_s + (total_context_tokens + k * batch_size) * self._kv_bytes_per_token / self._decode_rate
+            draft_s += draft.decode_step_time_s(batch_size, total_context_tokens + i * batch_size)
+        ctx = total_context_tokens + k * batch_size
+        verify_mem = self._weight_read_s + ctx * self._kv_bytes_per_token / self._decode_rate
         verify_compute = (batch_size * (k + 1) * self._flops_per_token
-                          + self._attn_coeff * (total_context_tokens + k * batch_size) * (k + 1)) / self._decode_compute_rate
+                          + self._attn_coeff * ctx * (k + 1)) / self._decode_compute_rate
         verify_s = self._overhead_s + max(verify_mem, verify_compute)
         link_s = 0.0
         if spec.disaggregated:
-            link_s = batch_size * k * (spec.vocab_size * 4 + 4) / spec.link_bandwidth_bytes_per_s
-        return draft_s + verify_s + link_s
+            ids_s = batch_size * k * 4 / spec.link_bandwidth_bytes_per_s
+            probs_s = batch_size * k * spec.vocab_size * 4 / spec.link_bandwidth_bytes_per_s
+            link_s = ids_s + max(0.0, probs_s - verify_s)
+        return draft_s, verify_s, link_s
+
+    def spec_decode_step_time_s(self, spec: SpecDecodeConfig, batch_size: int, total_context_tokens: int) -> float:
+        """Seconds of one speculative round for the batch (``spec_decode_round_parts_s`` summed)."""
+        return sum(self.spec_decode_round_parts_s(spec, batch_size, total_context_tokens))
 
     def spec_decode_tpot_s(self, spec: SpecDecodeConfig, batch_size: int, total_context_tokens: int) -> float:
         """Mean seconds per output token with speculative decoding (round time / expected tokens)."""

@@ -305,6 +305,8 @@ class _Engine:
         "c1",
         "cap_tokens",
         "decoded_tokens",
+        "draft_mem_w",
+        "draft_span_w",
         "energy_active_j",
         "energy_idle_j",
         "fin_heap",
@@ -392,6 +394,14 @@ class _Engine:
         self.idle_w = profile.idle_w
         self.span_w = profile.max_w - profile.idle_w
         self.mem_w = profile.memory_power_weight
+        # DSD: the draft runs on a GPU of its own, charged its own power: its idle draw whenever the engine is on,
+        # its activity during the draft's share of each round; the target's GPU is active only while it verifies.
+        self.draft_span_w = self.draft_mem_w = 0.0
+        if self.spec is not None and self.spec.disaggregated:
+            draft = self.spec.draft
+            self.idle_w += draft.idle_w
+            self.draft_span_w = draft.max_w - draft.idle_w
+            self.draft_mem_w = draft.memory_power_weight
         self.decoded_tokens = 0
         self.prefilled_tokens = 0
         self.steps = 0
@@ -568,6 +578,27 @@ class ReplayResult:
         return {"per_request_operational_g": per_request, "per_request_embodied_g": embodied,
                 "idle_operational_g": idle_g, "storage_embodied_g": storage, "total_g": total,
                 "mean_request_g": float((per_request + embodied)[self.completed].mean()) if self.completed.any() else math.nan}
+
+    def period_carbon(self, ci_g_per_kwh: float, gpu_embodied_g_per_engine: Sequence[float], *,
+                      lifetime_s: float = 5 * 365 * 24 * 3600.0, pue: float = 1.0) -> dict[str, float]:
+        """GreenLLM's accounting (Sec. V-A, Eq. 1-3): over the whole replay, the fleet's energy (idle included:
+        a new GPU waiting for an old one is charged) at ``ci_g_per_kwh``, and each engine's GPUs' embodied carbon
+        (``gpu_embodied_g_per_engine``: one figure per engine, the sum of its GPUs', e.g. A100 + T4 for a DSD
+        pair) amortised over the makespan: Eq. 1 summed over an engine's requests is ``t x C_e / LT`` where
+        ``t`` = the requests' time / mean batch, the engine's busy time; the idle time is charged too.
+        ``per_token_g``: the total over the output tokens of the completed requests."""
+        if len(gpu_embodied_g_per_engine) != len(self.engine_energy_j):
+            raise ValueError("gpu_embodied_g_per_engine: one figure per engine of the fleet")
+        if not math.isfinite(ci_g_per_kwh) or ci_g_per_kwh < 0:
+            raise ValueError("ci_g_per_kwh: must be finite and >= 0")
+        if lifetime_s <= 0:
+            raise ValueError("lifetime_s: must be > 0")
+        operational = self.fleet_energy_j / 3.6e6 * pue * ci_g_per_kwh
+        embodied = float(sum(gpu_embodied_g_per_engine)) * self.makespan_s / lifetime_s
+        tokens = int(self.output_tokens[self.completed].sum())
+        return {"operational_g": operational, "embodied_g": embodied, "total_g": operational + embodied,
+                "output_tokens": tokens,
+                "per_token_g": (operational + embodied) / tokens if tokens else math.nan}
 
     def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict[str, Any]:
         """JSON-ready aggregates: counts, throughput, TTFT/TPOT/e2e percentiles, hit tokens, energy."""
@@ -887,7 +918,14 @@ class _Sim:
             n, B = eng.run_n, eng.B
             dt = now - eng.run_t0
             u = eng.utilisation_at(B, eng.run_c0 + B * n * 0.5)
-            energy = (eng.idle_w + eng.span_w * u) * dt
+            if eng.draft_span_w:  # DSD: each GPU busy for its own share of the rounds
+                draft_s, verify_s, link_s = eng.pm.spec_decode_round_parts_s(
+                    eng.spec, B, int(eng.run_c0 + B * n * 0.5))
+                rnd = draft_s + verify_s + link_s
+                energy = (eng.idle_w + (eng.span_w * u * verify_s + eng.draft_span_w * eng.draft_mem_w * draft_s)
+                          / rnd) * dt
+            else:
+                energy = (eng.idle_w + eng.span_w * u) * dt
             eng.energy_active_j += energy
             eng.A += energy / B
             eng.S += n

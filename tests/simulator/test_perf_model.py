@@ -188,7 +188,9 @@ def test_power_is_linear_between_idle_and_max(model: PerfModel) -> None:
 
 def test_spec_decode_expected_tokens_and_speedup() -> None:
     assert PerfModel.expected_tokens_per_verify(3, 0.0) == 1.0
-    assert PerfModel.expected_tokens_per_verify(3, 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    # accepted / proposed (GreenLLM Sec. V-A): k = 3 proposals at r = 0.5 yield 1 + 3 x 0.5 tokens per round
+    assert PerfModel.expected_tokens_per_verify(3, 0.5) == pytest.approx(2.5)
+    assert PerfModel.expected_tokens_per_verify(3, 1.0) == pytest.approx(4.0)
     target = PerfModel(load_profile("llama2-7b@A100-40GB"))
     spec = SpecDecodeConfig(draft=load_profile("llama3.2-1b@A100-40GB"), num_speculative_tokens=3, acceptance_rate=0.9)
     plain = target.decode_step_time_s(1, 500)
@@ -200,7 +202,7 @@ def test_spec_decode_expected_tokens_and_speedup() -> None:
     local = SpecDecodeConfig(draft=load_profile("llama3.2-1b@T4"), acceptance_rate=0.457)
     assert target.spec_decode_step_time_s(dsd, 4, 2000) > target.spec_decode_step_time_s(local, 4, 2000)
     with pytest.raises(ValueError, match="acceptance_rate"):
-        SpecDecodeConfig(draft=load_profile("llama3.2-1b@T4"), acceptance_rate=1.0)
+        SpecDecodeConfig(draft=load_profile("llama3.2-1b@T4"), acceptance_rate=1.5)
 
 
 def test_disaggregation_ships_kv_over_the_link() -> None:
