@@ -100,3 +100,76 @@ async def test_plan_sizes_the_cache_with_an_explanation(forecaster, optimizer) -
         assert target.pool == "chat" and target.dram_bytes in (0, 4 << 30, 8 << 30) and target.disk_bytes == 0
     assert "vs Full Cache" in plan.explanation and "vs No Cache" in plan.explanation
     assert "pool chat: dram cache" in plan.explanation
+
+
+def _with_restarts(m: PoolCacheModel, rng: random.Random, in_force: int | None) -> PoolCacheModel:
+    m.restart_g = [[rng.uniform(0, 3) for _ in m.sizes] for _ in m.requests]
+    m.in_force_index = in_force
+    m.in_force_restart_g = rng.uniform(0, 3)
+    return m
+
+
+def _brute_restarts(m: PoolCacheModel) -> float | None:
+    best = None
+    n, total = len(m.sizes), sum(m.requests)
+    for picks in itertools.product(range(n), repeat=len(m.requests)):
+        if sum(m.requests[t] * m.ttft[t][k] for t, k in enumerate(picks)) < m.rho * total or \
+                sum(m.requests[t] * m.tpot[t][k] for t, k in enumerate(picks)) < m.rho * total:
+            continue
+        c = sum(m.carbon_g[t][k] for t, k in enumerate(picks))
+        c += sum(m.restart_g[t][picks[t - 1]] for t in range(1, len(picks)) if picks[t] != picks[t - 1])
+        if m.in_force_index is not None and picks[0] != m.in_force_index:
+            c += m.in_force_restart_g
+        best = c if best is None or c < best else best
+    return best
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_restart_charges_are_exact_and_both_backends_agree(seed: int) -> None:
+    rng = random.Random(500 + seed)
+    m = _with_restarts(_random_model(rng, "a", 4, 4, 0.8), rng, in_force=[None, -1, 0, 2][seed % 4])
+    best = _brute_restarts(m)
+    results = [solve_ilp([m], backend=b) for b in ("highs", "pulp-highs", "pulp-cbc")]
+    for chosen, status, objective, gap in results:
+        if best is None:
+            assert status != "Optimal" and not chosen
+        else:
+            assert status == "Optimal" and gap == pytest.approx(0.0, abs=1e-9)
+            assert objective == pytest.approx(best, rel=1e-9)
+
+
+def test_restart_charge_keeps_the_size_when_a_resize_saves_less() -> None:
+    # Hour 1's CI makes size 1 cheaper by 2 g; a resize costs 5 g to leave size 0 and 5 g to come back.
+    m = PoolCacheModel("a", "dram", [0, 10], [1.0] * 3, [[10, 11], [10, 8], [10, 11]], [[1, 1]] * 3, [[1, 1]] * 3,
+                       0.9, "test", [0.0] * 3)
+    chosen, _, objective, _ = solve_ilp([m])
+    assert chosen["a"] == [0, 1, 0] and objective == pytest.approx(28)
+    m.restart_g = [[5.0, 5.0]] * 3
+    m.in_force_index = 0
+    m.in_force_restart_g = 5.0
+    chosen, _, objective, _ = solve_ilp([m])
+    assert chosen["a"] == [0, 0, 0] and objective == pytest.approx(30)
+    m.carbon_g[1] = [10, 0]  # the resize saves 10 g for 5 + 5 g of restarts: a tie with staying (30 g either way)
+    m.carbon_g[2] = [10, 20]
+    _, _, objective, _ = solve_ilp([m])
+    assert objective == pytest.approx(30)
+    m.restart_g = [[2.0, 2.0]] * 3  # cheaper restarts: now the resize pays (10 + 0 + 10 + 2 + 2)
+    chosen, _, objective, _ = solve_ilp([m])
+    assert chosen["a"] == [0, 1, 0] and objective == pytest.approx(24)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pulp_and_highs_agree_on_coupled_pools(seed: int) -> None:
+    rng = random.Random(900 + seed)
+    models = [_random_model(rng, "a", 5, 6, 0.8), _random_model(rng, "b", 5, 6, 0.8)]
+    for per_hour in (False, True):
+        answers = [solve_ilp(models, fleet_limit_bytes=60, per_hour_slo=per_hour, backend=b)
+                   for b in ("highs", "pulp-highs")]
+        assert answers[0][1] == answers[1][1]
+        if answers[0][1] == "Optimal":
+            assert answers[0][2] == pytest.approx(answers[1][2], rel=1e-9)
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        solve_ilp([], backend="glpk")

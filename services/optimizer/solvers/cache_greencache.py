@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import pulp
 
 from greenserve.common import carbon
 from greenserve.optimizer import cache_profiles
 from greenserve.optimizer.capacity import simulator_profile_name
 from greenserve.optimizer.inputs import engine_hardware, engine_variant, guess_simulator_model
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
+from greenserve.optimizer.solvers import cache_ilp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.v1 import common_pb2
 
@@ -64,6 +64,11 @@ class PoolCacheModel:
     source: str
     ci: list[float]
     servers: int = 1  # LMCache servers the target applies to (one beside each engine)
+    # Restart charge (g) of leaving size k at the start of hour t (an L1 resize restarts LMCache: ``restart_g``
+    # in ``GreenCacheIlp.pool_model``); None: resizes are free (the disk tier resizes without a restart).
+    restart_g: list[list[float]] | None = None
+    in_force_index: int | None = None  # the size in force before hour 0 (index into sizes; -1: not a candidate)
+    in_force_restart_g: float = 0.0  # charge of leaving it at the start of hour 0
 
 
 def candidate_sizes(limit: int, step: int) -> list[int]:
@@ -78,89 +83,80 @@ def candidate_sizes(limit: int, step: int) -> list[int]:
     return sizes
 
 
-def undominated(m: PoolCacheModel, t: int, per_hour_slo: bool) -> list[int]:
-    """Sizes of hour ``t`` that no other size beats on carbon, TTFT and TPOT attainment at once (a dominated size is
-    never in an optimal solution of Eq. 6: swapping it for its dominator keeps every constraint and lowers carbon;
-    with a fleet storage limit a smaller dominator is required, so domination there also needs size <=)."""
-    n = len(m.sizes)
-    c = np.asarray(m.carbon_g[t])
-    a = np.asarray(m.ttft[t])
-    b = np.asarray(m.tpot[t])
+def undominated_all(m: PoolCacheModel, per_hour_slo: bool) -> list[list[int]]:
+    """Per hour, the sizes no other size beats on carbon, TTFT and TPOT attainment at once. A dominated size is never
+    in an optimal solution of Eq. 6: swapping it for its dominator keeps every constraint and lowers carbon; with a
+    fleet storage limit the dominator must also be no larger. With restart charges (``restart_g``) the swap can add
+    at most the charge of leaving the replaced size at the start of the hour (``r_in``) and of leaving the dominator
+    at the start of the next hour, so the dominator must be cheaper by that much (still transitive, so removing every
+    dominated size at once is exact). All hours at once, as (hours, sizes, sizes) arrays."""
+    c = np.asarray(m.carbon_g, dtype=np.float64)
+    a = np.asarray(m.ttft, dtype=np.float64)
+    b = np.asarray(m.tpot, dtype=np.float64)
+    hours, n = c.shape
     z = np.asarray(m.sizes, dtype=np.float64)
-    ok = (a >= m.rho) & (b >= m.rho) if per_hour_slo else np.ones(n, dtype=bool)
-    # dom[j, k]: j is at least as good as k everywhere (and allowed); strictly better somewhere, or equal and first.
-    weak = (c[:, None] <= c[None, :]) & (a[:, None] >= a[None, :]) & (b[:, None] >= b[None, :]) & (
-        z[:, None] <= z[None, :]) & ok[:, None]
-    strict = (c[:, None] < c[None, :]) | (a[:, None] > a[None, :]) | (b[:, None] > b[None, :]) | (z[:, None] < z[None, :])
-    earlier = np.arange(n)[:, None] < np.arange(n)[None, :]
+    ok = (a >= m.rho) & (b >= m.rho) if per_hour_slo else np.ones((hours, n), dtype=bool)
+    r_in = np.zeros((hours, n))
+    r_next = np.zeros((hours, n))
+    if m.restart_g is not None:
+        restart = np.asarray(m.restart_g, dtype=np.float64)
+        r_in[1:] = restart[1:]
+        if m.in_force_index is not None and 0 <= m.in_force_index < n:
+            r_in[0, m.in_force_index] = m.in_force_restart_g
+        r_next[:-1] = restart[1:]
+    # dom[t, j, k]: j is at least as good as k (with the charges) and allowed; strictly better somewhere, or equal
+    # and first.
+    weak = ((c[:, :, None] + r_next[:, :, None] + r_in[:, None, :] <= c[:, None, :])
+            & (a[:, :, None] >= a[:, None, :]) & (b[:, :, None] >= b[:, None, :])
+            & (z[None, :, None] <= z[None, None, :]) & ok[:, :, None])
+    strict = ((c[:, :, None] < c[:, None, :]) | (a[:, :, None] > a[:, None, :]) | (b[:, :, None] > b[:, None, :])
+              | (z[None, :, None] < z[None, None, :]))
+    earlier = (np.arange(n)[:, None] < np.arange(n)[None, :])[None]
     dom = weak & (strict | earlier)
-    np.fill_diagonal(dom, False)
-    keep = [k for k in range(n) if ok[k] and not dom[:, k].any()]
-    if not keep:  # no size meets the SLO in this hour: the best-attaining one only
-        keep = [max(range(n), key=lambda k: (min(m.ttft[t][k], m.tpot[t][k]), -k))]
-    return keep
+    dom[:, np.arange(n), np.arange(n)] = False
+    keep_mask = ok & ~dom.any(axis=1)
+    out = []
+    for t in range(hours):
+        keep = [int(k) for k in np.flatnonzero(keep_mask[t])]
+        if not keep:  # no size meets the SLO in this hour: the best-attaining one only
+            keep = [max(range(n), key=lambda k: (min(m.ttft[t][k], m.tpot[t][k]), -k))]
+        out.append(keep)
+    return out
+
+
+def undominated(m: PoolCacheModel, t: int, per_hour_slo: bool) -> list[int]:
+    """Hour ``t``'s undominated sizes (``undominated_all``)."""
+    return undominated_all(m, per_hour_slo)[t]
 
 
 def _solve(models: list[PoolCacheModel], options: list[list[list[int]]], *, per_hour_slo: bool,
-           fleet_limit_bytes: int, time_limit_s: float) -> tuple[dict[str, list[int]], str, float, float]:
-    prob = pulp.LpProblem("greencache", pulp.LpMinimize)
-    x: dict[tuple[int, int, int], pulp.LpVariable] = {}
-    objective = []
-    for p, m in enumerate(models):
-        total = sum(m.requests)
-        ttft_terms, tpot_terms = [], []
-        for t in range(len(m.requests)):
-            row = []
-            for k in options[p][t]:
-                var = prob.add_variable(f"x_{p}_{t}_{k}", cat=pulp.LpBinary)
-                x[(p, t, k)] = var
-                row.append(var)
-                objective.append((var, m.carbon_g[t][k]))
-                if total > 0:
-                    ttft_terms.append((var, m.requests[t] * m.ttft[t][k]))
-                    tpot_terms.append((var, m.requests[t] * m.tpot[t][k]))
-            prob += pulp.lpSum(row) == 1, f"one_size_{p}_{t}"
-        if total > 0 and not per_hour_slo:
-            prob += pulp.LpAffineExpression(ttft_terms) >= m.rho * total, f"ttft_rho_{p}"
-            prob += pulp.LpAffineExpression(tpot_terms) >= m.rho * total, f"tpot_rho_{p}"
-    if fleet_limit_bytes > 0 and models:
-        for t in range(len(models[0].requests)):
-            prob += pulp.LpAffineExpression(
-                [(x[(p, t, k)], m.sizes[k]) for p, m in enumerate(models) for k in options[p][t]]
-            ) <= fleet_limit_bytes, f"fleet_storage_{t}"
-    prob += pulp.LpAffineExpression(objective)
-    prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0))
-    status = pulp.LpStatus[prob.status]
-    if status != "Optimal":
-        return {}, status, math.nan, math.nan
-    chosen = {m.pool: [max(options[p][t], key=lambda k: x[(p, t, k)].value() or 0.0) for t in range(len(m.requests))]
-              for p, m in enumerate(models)}
-    gap = 0.0
-    model = getattr(prob, "solverModel", None)
-    if model is not None:
-        try:
-            gap = max(0.0, float(model.getInfo().mip_gap))
-        except Exception:  # noqa: BLE001 - informational
-            gap = 0.0
-    return chosen, status, float(pulp.value(prob.objective) or 0.0), gap
+           fleet_limit_bytes: int, time_limit_s: float, backend: str) -> tuple[dict[str, list[int]], str, float, float]:
+    arrays = cache_ilp.build(models, options, global_slo=not per_hour_slo, fleet_limit_bytes=fleet_limit_bytes)
+    if backend == "highs":
+        return cache_ilp.solve_highs(arrays, models, time_limit_s=time_limit_s)
+    return cache_ilp.solve_pulp(arrays, models, time_limit_s=time_limit_s, solver=backend.removeprefix("pulp-"))
 
 
 def solve_ilp(models: list[PoolCacheModel], *, per_hour_slo: bool = False, fleet_limit_bytes: int = 0,
-              time_limit_s: float = 30.0) -> tuple[dict[str, list[int]], str, float, float]:
-    """Chosen size index per pool and hour, solver status, objective, MIP gap (0 when proven optimal).
+              time_limit_s: float = 30.0, backend: str = "highs") -> tuple[dict[str, list[int]], str, float, float]:
+    """Chosen size index per pool and hour, solver status, objective (carbon plus restart charges), MIP gap (0 when
+    proven optimal). ``backend``: ``highs`` (the arrays handed to highspy), ``pulp-highs`` or ``pulp-cbc`` (the same
+    model built with PuLP).
 
     Dominated sizes are removed first. Pools are then solved one by one; only when their optima together exceed
     the fleet's storage limit in some hour is the joint model solved (the separate optima are the joint optimum
     whenever they fit: the limit is the only constraint that couples pools)."""
-    options = [[undominated(m, t, per_hour_slo) for t in range(len(m.requests))] for m in models]
+    if backend not in cache_ilp.BACKENDS:
+        raise ValueError(f"backend: must be one of {', '.join(cache_ilp.BACKENDS)}")
+    options = [undominated_all(m, per_hour_slo) for m in models]
     chosen: dict[str, list[int]] = {}
     objective = 0.0
     gap = 0.0
     # Pools one after another: HiGHS's task scheduler is global to the process, and solving in several Python
     # threads at once left it unusable for later solves in other threads (the MIG solver then found nothing).
-    answers = [_solve([m], [options[p]], per_hour_slo=per_hour_slo, fleet_limit_bytes=0, time_limit_s=time_limit_s)
-               for p, m in enumerate(models)]
-    for picks, status, value, g in answers:
+    for p, m in enumerate(models):
+        picks, status, value, g = _solve([m], [options[p]], per_hour_slo=per_hour_slo, fleet_limit_bytes=0,
+                                         time_limit_s=time_limit_s, backend=backend)
         if status != "Optimal":
             return {}, status, math.nan, math.nan
         chosen.update(picks)
@@ -171,7 +167,7 @@ def solve_ilp(models: list[PoolCacheModel], *, per_hour_slo: bool = False, fleet
         used = [sum(m.sizes[chosen[m.pool][t]] for m in models) for t in range(hours)]
         if max(used) > fleet_limit_bytes:
             return _solve(models, options, per_hour_slo=per_hour_slo, fleet_limit_bytes=fleet_limit_bytes,
-                          time_limit_s=time_limit_s)
+                          time_limit_s=time_limit_s, backend=backend)
     return chosen, "Optimal", objective, gap
 
 
