@@ -354,7 +354,7 @@ class Engine(_message.Message):
     def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[EngineKind, str]] = ..., gpu_uuid: _Optional[str] = ..., mig_uuid: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., idle_power_w: _Optional[float] = ..., busy_power_w: _Optional[float] = ..., hardware: _Optional[str] = ..., model_variant: _Optional[str] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("name", "model", "slo", "engines", "region", "variants", "load_series_key", "max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes", "mean_prompt_tokens", "mean_output_tokens")
+    __slots__ = ("name", "model", "slo", "engines", "region", "variants", "load_series_key", "max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes", "mean_prompt_tokens", "mean_output_tokens", "draft")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SLO_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +367,7 @@ class Pool(_message.Message):
     CACHE_STEP_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEAN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     slo: Slo
@@ -379,7 +380,22 @@ class Pool(_message.Message):
     cache_step_bytes: int
     mean_prompt_tokens: int
     mean_output_tokens: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ..., region: _Optional[str] = ..., variants: _Optional[_Iterable[_Union[ModelVariant, _Mapping]]] = ..., load_series_key: _Optional[str] = ..., max_cache_dram_bytes: _Optional[int] = ..., max_cache_disk_bytes: _Optional[int] = ..., cache_step_bytes: _Optional[int] = ..., mean_prompt_tokens: _Optional[int] = ..., mean_output_tokens: _Optional[int] = ...) -> None: ...
+    draft: SpeculativeDraft
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ..., region: _Optional[str] = ..., variants: _Optional[_Iterable[_Union[ModelVariant, _Mapping]]] = ..., load_series_key: _Optional[str] = ..., max_cache_dram_bytes: _Optional[int] = ..., max_cache_disk_bytes: _Optional[int] = ..., cache_step_bytes: _Optional[int] = ..., mean_prompt_tokens: _Optional[int] = ..., mean_output_tokens: _Optional[int] = ..., draft: _Optional[_Union[SpeculativeDraft, _Mapping]] = ...) -> None: ...
+
+class SpeculativeDraft(_message.Message):
+    __slots__ = ("model", "simulator_model", "acceptance_fraction", "num_speculative_tokens", "acceptance_source")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SIMULATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    simulator_model: str
+    acceptance_fraction: float
+    num_speculative_tokens: int
+    acceptance_source: str
+    def __init__(self, model: _Optional[str] = ..., simulator_model: _Optional[str] = ..., acceptance_fraction: _Optional[float] = ..., num_speculative_tokens: _Optional[int] = ..., acceptance_source: _Optional[str] = ...) -> None: ...
 
 class ModelVariant(_message.Message):
     __slots__ = ("name", "model", "quality_fraction", "quality_source", "simulator_model", "vllm_args")
@@ -398,14 +414,16 @@ class ModelVariant(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., quality_fraction: _Optional[float] = ..., quality_source: _Optional[str] = ..., simulator_model: _Optional[str] = ..., vllm_args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FleetInventory(_message.Message):
-    __slots__ = ("pools", "gpus", "max_cache_storage_bytes")
+    __slots__ = ("pools", "gpus", "max_cache_storage_bytes", "link_bandwidth_bytes_per_s")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     MAX_CACHE_STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINK_BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     max_cache_storage_bytes: int
-    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., max_cache_storage_bytes: _Optional[int] = ...) -> None: ...
+    link_bandwidth_bytes_per_s: float
+    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., max_cache_storage_bytes: _Optional[int] = ..., link_bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ProfileConfig(_message.Message):
     __slots__ = ("model", "model_variant", "hardware", "mig_profile", "cache_dram_bytes", "cache_disk_bytes", "serving_mode", "workload")
