@@ -35,9 +35,10 @@ BuildFn = Callable[[ServiceContext], Awaitable[list[Registration]] | list[Regist
 
 
 async def start_service(
-    settings: ServiceSettings, build: BuildFn, *, telemetry: Telemetry | None = None
+    settings: ServiceSettings, build: BuildFn, *, telemetry: Telemetry | None = None, reuse_port: bool = False
 ) -> ServiceServer:
-    """Open the database (migrating it), build the servicers and start serving; returns the server."""
+    """Open the database (migrating it), build the servicers and start serving; returns the server.
+    ``reuse_port``: bind with SO_REUSEPORT (only for worker processes that share a port on purpose)."""
     name = settings.service_name
     set_clock(settings.make_clock())
     telemetry = telemetry or setup_telemetry(name)
@@ -46,7 +47,8 @@ async def start_service(
     try:
         built = build(ctx)
         registrations = await built if asyncio.iscoroutine(built) else built
-        server = ServiceServer(name, settings, list(registrations), telemetry, on_stop=[*ctx.on_stop, db.close])
+        server = ServiceServer(name, settings, list(registrations), telemetry, on_stop=[*ctx.on_stop, db.close],
+                               reuse_port=reuse_port)
         await server.start()
     except BaseException:
         db.close()
@@ -54,8 +56,10 @@ async def start_service(
     return server
 
 
-def run_service(settings_cls: type[ServiceSettings], build: BuildFn, argv: list[str] | None = None) -> int:
-    """Console-script body: parse flags/env, serve until SIGTERM/SIGINT, exit 0 after a clean stop."""
+def run_service(settings_cls: type[ServiceSettings], build: BuildFn, argv: list[str] | None = None, *,
+                reuse_port: bool = False, on_serving: Callable[[ServiceServer], None] | None = None) -> int:
+    """Console-script body: parse flags/env, serve until SIGTERM/SIGINT, exit 0 after a clean stop.
+    ``reuse_port`` and ``on_serving`` (called once serving) are for worker processes (greenserve.router.workers)."""
     prog = "greenserve-" + settings_cls.service_name.replace("_", "-")
     settings = load_settings(settings_cls, argv, prog=prog)
     setup_logging(settings.log_level, settings.log_json)
@@ -63,7 +67,9 @@ def run_service(settings_cls: type[ServiceSettings], build: BuildFn, argv: list[
     async def main() -> None:
         telemetry = setup_telemetry(settings.service_name)
         try:
-            server = await start_service(settings, build, telemetry=telemetry)
+            server = await start_service(settings, build, telemetry=telemetry, reuse_port=reuse_port)
+            if on_serving is not None:
+                on_serving(server)
             loop = asyncio.get_running_loop()
             stop = asyncio.Event()
             import signal

@@ -380,6 +380,9 @@ class ServiceServer:
     telemetry: Telemetry
     on_stop: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
     port: int = 0
+    # SO_REUSEPORT on the listening socket: only for processes that share a port on purpose (the router's
+    # workers, whose supervisor guards the port); off, a second process cannot silently share it.
+    reuse_port: bool = False
     _server: grpc.aio.Server | None = None
     _health: health.aio.HealthServicer | None = None
     _stopped: bool = False
@@ -390,8 +393,9 @@ class ServiceServer:
         options = [
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
-            # Never let a second process silently share the port (grpc enables SO_REUSEPORT by default).
-            ("grpc.so_reuseport", 0),
+            # Never let a second process silently share the port (grpc enables SO_REUSEPORT by default),
+            # unless this server is one of the router's workers (reuse_port).
+            ("grpc.so_reuseport", int(self.reuse_port)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ]

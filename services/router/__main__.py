@@ -11,8 +11,8 @@ loop under load (bench router, 256 streams), i.e. every request in flight.
 import asyncio
 import gc
 
-from greenserve.common.app import run_service
 from greenserve.router.service import RouterSettings, build
+from greenserve.router.workers import run_router
 
 GC_THRESHOLDS = (20_000, 20, 50)
 """Young-generation threshold 20 000 allocations (CPython's default is 700): a request allocates a few
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    return run_service(RouterSettings, build, argv)
+    return run_router(RouterSettings, build, argv)  # one process, a worker, or the supervisor of --workers N
 
 
 if __name__ == "__main__":

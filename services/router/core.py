@@ -133,20 +133,24 @@ class RouterCore:
             "(request sent upstream to first token received); first-attempt requests only",
             buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1), registry=self.prom)
         self._prom_carbon = Counter("greenserve_router_carbon_grams", "gCO2e of finished requests", registry=self.prom)
-        Gauge("greenserve_router_in_flight", "requests in flight", registry=self.prom).set_function(
-            lambda: self.in_flight)
-        Gauge("greenserve_router_plan_version", "plan version in force", registry=self.prom).set_function(
-            lambda: self.plans.version)
-        Gauge("greenserve_router_prefix_index_bytes", "estimated prefix index memory", registry=self.prom
-              ).set_function(self.index.estimated_bytes)
-        Gauge("greenserve_router_feed_dropped", "feed items dropped", ["feed"], registry=self.prom)
+        # multiprocess_mode: how /metrics combines the router's worker processes (workers.py; unused with
+        # one process): levels of live workers are summed, counts of all (dead ones too) summed, versions maxed
+        Gauge("greenserve_router_in_flight", "requests in flight", registry=self.prom,
+              multiprocess_mode="livesum").set_function(lambda: self.in_flight)
+        Gauge("greenserve_router_plan_version", "plan version in force", registry=self.prom,
+              multiprocess_mode="livemax").set_function(lambda: self.plans.version)
+        Gauge("greenserve_router_prefix_index_bytes", "estimated prefix index memory", registry=self.prom,
+              multiprocess_mode="livesum").set_function(self.index.estimated_bytes)
+        Gauge("greenserve_router_feed_dropped", "feed items dropped", ["feed"], registry=self.prom,
+              multiprocess_mode="sum")
         self._feed_gauge = self.prom._names_to_collectors["greenserve_router_feed_dropped"]
         self._feed_gauge.labels("load").set_function(lambda: self.load_feed.dropped)  # type: ignore[attr-defined]
         self._feed_gauge.labels("access").set_function(lambda: self.access_feed.dropped)  # type: ignore[attr-defined]
         Gauge("greenserve_router_retries", "requests retried on another engine before the first token",
-              registry=self.prom).set_function(lambda: self.dispatcher.retries if self.dispatcher else 0)
+              registry=self.prom, multiprocess_mode="sum").set_function(
+            lambda: self.dispatcher.retries if self.dispatcher else 0)
         Gauge("greenserve_router_rejected", "requests refused at the in-flight limit",
-              registry=self.prom).set_function(lambda: self.rejected)
+              registry=self.prom, multiprocess_mode="sum").set_function(lambda: self.rejected)
 
     def _channel(self, cfg: ChannelConfig | None) -> grpc.aio.Channel | None:
         if cfg is None:

@@ -137,12 +137,14 @@ class HttpFront:
     (None: plaintext); ``limits``: connection, timeout and body limits (http_guard.py)."""
 
     def __init__(self, core: RouterCore, host: str, port: int, *, limits: HttpLimits | None = None,
-                 tokens: Sequence[str] = (), ssl: SSLContext | None = None) -> None:
+                 tokens: Sequence[str] = (), ssl: SSLContext | None = None, reuse_port: bool = False) -> None:
         self.core = core
         self.host = host
         self.port = port
         self.limits = limits or HttpLimits()
         self.ssl = ssl
+        self.reuse_port = reuse_port  # SO_REUSEPORT: one of several router workers (workers.py) shares the port
+        self.metrics_registry = core.prom  # what /metrics serves (a worker serves the whole router's: workers.py)
         self.scheme = "https" if ssl is not None else "http"
         # keepalive_timeout: aiohttp's default (3630 s) let idle or silent connections pile up;
         # lingering_time: after a refusal (413, 408) the unread rest of a body is read and dropped this long
@@ -160,7 +162,9 @@ class HttpFront:
                  lambda: guard.head_timeouts),
                 ("greenserve_router_http_body_bytes_in_flight", "request body bytes held by HTTP requests in flight",
                  lambda: self.body_bytes_in_flight)):
-            Gauge(name, doc, registry=core.prom).set_function(read)
+            Gauge(name, doc, registry=core.prom,  # summed over workers; counts of dead ones kept
+                  multiprocess_mode="sum" if name.endswith(("_refused", "_timeouts")) else "livesum"
+                  ).set_function(read)
         app = web.Application(client_max_size=self.limits.max_body_bytes,
                               middlewares=[self.guard.middleware(), auth_middleware(tokens)])
         app.on_response_prepare.append(self.guard.on_response_prepare)
@@ -181,6 +185,8 @@ class HttpFront:
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
@@ -211,7 +217,7 @@ class HttpFront:
         return web.json_response(body, status=200 if routable else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.core.prom), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(self.metrics_registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- generation ---------------------------------------------------------------------------------------
 

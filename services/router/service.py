@@ -49,6 +49,7 @@ from greenserve.router.upstream import (
     event_data,
     split_events,
 )
+from greenserve.router.workers import current_worker
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 from pydantic import Field, model_validator
 
@@ -106,6 +107,10 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     decode_load_weight: float = Field(0.0, ge=0, le=1,
                                       description="load of a decoding request relative to one awaiting its first token")
     max_sessions: int = Field(100_000, ge=1, description="session keys remembered (LRU)")
+    workers: int | None = Field(
+        None, ge=1, le=64,
+        description="worker processes serving both ports (SO_REUSEPORT, Linux) under a supervisor that restarts a "
+        "dead one; default: one per CPU the process may use, at most 8; 1: one process, no supervisor (workers.py)")
     region: str = Field("", description="grid region of the engines when the fleet inventory names none")
     fallback_ci_g_per_kwh: float | None = Field(None, ge=0, description="CI until the forecaster answers (default: data file)")
     ci_refresh_s: float = Field(60.0, gt=0, description="seconds between CI refreshes from the forecaster")
@@ -488,7 +493,10 @@ async def build(ctx: ServiceContext) -> list[Registration]:
             # the HTTP front takes the same credentials as the gRPC side: token, TLS, mTLS
             front = HttpFront(core, settings.http_host or settings.host, settings.http_port,
                               limits=settings.http_limits(), tokens=settings.tokens(),
-                              ssl=ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
+                              ssl=ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca),
+                              reuse_port=(worker := current_worker()) is not None)
+            if worker is not None:  # one of several workers (workers.py): metrics of the whole router
+                worker.attach(core, front, ctx.on_stop)
             await front.start()
         except (OSError, ValueError):
             await core.stop()
