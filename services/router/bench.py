@@ -513,13 +513,15 @@ _PROFILED_ROUTER = (
 
 
 def _start_router(procs: _Procs, engines: list[str], data_dir: str, cpus: list[int] | None,
-                  profile: str | None = None) -> tuple[str, str, subprocess.Popen[bytes]]:
-    """The router in a process of its own; with ``profile``, under cProfile (stats written at exit)."""
+                  profile: str | None = None, workers: int = 1) -> tuple[str, str, subprocess.Popen[bytes]]:
+    """The router in a process of its own (``workers`` > 1: a supervisor and its workers, bench_workers.py);
+    with ``profile``, under cProfile (stats written at exit)."""
     grpc_port, http_port = _free_port(), _free_port()
     entry = ["-c", _PROFILED_ROUTER, profile] if profile else ["-m", "greenserve.router"]
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(grpc_port),
            "--http-port", str(http_port), "--engines", ",".join(engines), "--data-dir", data_dir,
-           "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000"]
+           "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000",
+           "--workers", str(workers)]
     log_file = open(Path(data_dir) / "router.log", "wb")  # noqa: SIM115 - closed with the process
     proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
     url = f"http://127.0.0.1:{http_port}"
