@@ -36,7 +36,7 @@ def start_router(data_dir: Path, port: int) -> subprocess.Popen:
     """`python -m greenserve.router` on `port` (no HTTP front, no peers), SERVING; log in `<data_dir>/router.log`."""
     env = {"GREENSERVE_WATCH_PLANS": "false", "GREENSERVE_FEEDS": "false", "GREENSERVE_HTTP_PORT": "-1",
            "GREENSERVE_HEALTH_INTERVAL_S": "5", "GREENSERVE_SCRAPE_INTERVAL_S": "5", "GREENSERVE_STALE_AFTER_S": "10",
-           "GREENSERVE_LOG_LEVEL": "WARNING"}
+           "GREENSERVE_LOG_LEVEL": "WARNING", "GREENSERVE_WORKERS": "1"}  # the SIGKILL hits the router itself
     return start_service_process("greenserve.router", "greenserve.v1.RouterService", data_dir, port, env=env,
                                  log_name="router.log")
 

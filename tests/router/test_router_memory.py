@@ -88,7 +88,7 @@ async def test_router_memory_levels_off_under_a_sustained_stream(tmp_path: Path,
     argv = [sys.executable, "-m", "greenserve.router", "--host", "127.0.0.1", "--port", str(port),
             "--http-port", str(http_port), "--data-dir", str(tmp_path), "--engines", ",".join(e.url for e in emus),
             "--prefix-index-max-bytes", str(256 * 1024), "--max-sessions", "2000",
-            "--http-max-body-bytes", str(64 * 1024)]
+            "--http-max-body-bytes", str(64 * 1024), "--workers", "1"]  # one process: its RSS is the router's
     with open(tmp_path / "router.log", "ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
     http = f"http://127.0.0.1:{http_port}"
