@@ -8,7 +8,13 @@ import random
 
 import grpc
 import pytest
-from greenserve.optimizer.solvers.cache_greencache import PoolCacheModel, candidate_sizes, solve_ilp
+from greenserve.optimizer.solvers.cache_greencache import (
+    GreenCacheIlp,
+    PoolCacheModel,
+    candidate_sizes,
+    restart_charge,
+    solve_ilp,
+)
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 
 from tests.optimizer.conftest import ci_ref, engine, ingest_daily, load_ref, pool
@@ -100,6 +106,7 @@ async def test_plan_sizes_the_cache_with_an_explanation(forecaster, optimizer) -
         assert target.pool == "chat" and target.dram_bytes in (0, 4 << 30, 8 << 30) and target.disk_bytes == 0
     assert "vs Full Cache" in plan.explanation and "vs No Cache" in plan.explanation
     assert "pool chat: dram cache" in plan.explanation
+    assert "L1 resize(s), each a restart that empties L1: charged" in plan.explanation
 
 
 def _with_restarts(m: PoolCacheModel, rng: random.Random, in_force: int | None) -> PoolCacheModel:
@@ -173,3 +180,16 @@ def test_pulp_and_highs_agree_on_coupled_pools(seed: int) -> None:
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="backend"):
         solve_ilp([], backend="glpk")
+
+
+def test_restart_charge_is_the_lost_hits_energy_over_the_refill() -> None:
+    m = PoolCacheModel("a", "dram", [0, 10, 20], [1.0] * 2, [[0.0] * 3] * 2, [[1.0] * 3] * 2, [[1.0] * 3] * 2, 0.9,
+                       "test", [0.0] * 2)
+    GreenCacheIlp(restart_warmup_s=720.0).charge_restarts(m, [[100.0, 80.0, 70.0], [50.0, 40.0, 60.0]], 15)
+    # half the saving of the size left, over 720 s of a 3600 s hour; a size that saves nothing costs nothing
+    assert m.restart_g == [[0.0, pytest.approx(2.0), pytest.approx(3.0)], [0.0, pytest.approx(1.0), 0.0]]
+    assert m.in_force_index == -1 and m.in_force_restart_g == pytest.approx(2.5)  # 15 lies between 10 and 20
+    assert restart_charge(m, [1, 1]) == (1, pytest.approx(2.5))
+    assert restart_charge(m, [1, 2]) == (2, pytest.approx(2.5 + 1.0))
+    with pytest.raises(ValueError, match="restart_warmup_s"):
+        GreenCacheIlp(restart_warmup_s=-1.0)

@@ -40,6 +40,10 @@ from greenserve.v1 import common_pb2
 log = logging.getLogger("greenserve.optimizer.cache")
 
 MAX_SIZES = 64
+# How long an emptied L1 takes to refill after a restart. Assumption: the window the simulator's cache profiles
+# replay to reach steady state from a cold cache (cache_profiles.WINDOW_MIN_S); multi-turn conversations come back
+# every ~30 s for ~4 turns, so most of what L1 held is asked for again within it.
+DEFAULT_RESTART_WARMUP_S = 600.0
 DEFAULT_STEP_BYTES = 1 << 30
 TB = 10**12
 GIB = 1 << 30
@@ -180,6 +184,20 @@ def total_carbon(m: PoolCacheModel, picks: list[int]) -> float:
     return sum(m.carbon_g[t][k] for t, k in enumerate(picks))
 
 
+def restart_charge(m: PoolCacheModel, picks: list[int]) -> tuple[int, float]:
+    """Resizes the picks make (hour 0 against the size in force) and their restart charge (g)."""
+    if m.restart_g is None:
+        return 0, 0.0
+    count, charge = 0, 0.0
+    if m.in_force_index is not None and picks and picks[0] != m.in_force_index:
+        count, charge = 1, m.in_force_restart_g
+    for t in range(1, len(picks)):
+        if picks[t] != picks[t - 1]:
+            count += 1
+            charge += m.restart_g[t][picks[t - 1]]
+    return count, charge
+
+
 def attainment(m: PoolCacheModel, picks: list[int]) -> float:
     total = sum(m.requests)
     if total <= 0:
@@ -194,9 +212,13 @@ class GreenCacheIlp:
     knob = "cache_targets"
     name = "cache.greencache_ilp"
 
-    def __init__(self, per_hour_slo: bool = False, time_limit_s: float = 8.0) -> None:
+    def __init__(self, per_hour_slo: bool = False, time_limit_s: float = 8.0,
+                 restart_warmup_s: float = DEFAULT_RESTART_WARMUP_S) -> None:
+        if not (restart_warmup_s >= 0 and math.isfinite(restart_warmup_s)):
+            raise ValueError("restart_warmup_s: must be a finite number >= 0")
         self.per_hour_slo = per_hour_slo
         self.time_limit_s = time_limit_s
+        self.restart_warmup_s = restart_warmup_s
 
     def pool_model(self, inputs: PlanningInputs, pool: common_pb2.Pool) -> PoolCacheModel | None:
         tier = "disk" if pool.max_cache_disk_bytes > 0 else "dram" if pool.max_cache_dram_bytes > 0 else ""
@@ -220,10 +242,10 @@ class GreenCacheIlp:
         grid = cache_profiles.predict_grid(profile, tier, tuple(sizes), ladder, pool.slo.ttft_s, pool.slo.tpot_s)
         ci = [inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0 for h in range(hours)]
         pue = inputs.params.pue
-        carbon_rows, ttft_rows, tpot_rows, requests = [], [], [], []
+        carbon_rows, ttft_rows, tpot_rows, requests, operational_rows = [], [], [], [], []
         for h in range(hours):
             per_engine = rates[h] / n_engines
-            row_c, row_a, row_b = [], [], []
+            row_c, row_a, row_b, row_o = [], [], [], []
             for k, size in enumerate(sizes):
                 a_ttft, a_tpot, power_w = grid.at(k, per_engine)
                 energy_kwh = power_w * n_engines * 3600.0 / 3.6e6
@@ -231,16 +253,37 @@ class GreenCacheIlp:
                     dram_bytes=size if tier == "dram" else 0, disk_bytes=size if tier == "disk" else 0,
                     duration_s=3600.0, params=inputs.params)  # GreenCache Eq. 4 per tier
                 # The target is the size of each of the pool's LMCache servers (one beside each engine).
-                row_c.append(carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci[h], pue=pue)
-                             + storage * n_engines)
+                operational = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci[h], pue=pue)
+                row_c.append(operational + storage * n_engines)
+                row_o.append(operational)
                 row_a.append(a_ttft)
                 row_b.append(a_tpot)
             carbon_rows.append(row_c)
+            operational_rows.append(row_o)
             ttft_rows.append(row_a)
             tpot_rows.append(row_b)
             requests.append(rates[h] * 3600.0)
-        return PoolCacheModel(pool.name, tier, sizes, requests, carbon_rows, ttft_rows, tpot_rows,
-                              pool.slo.attainment_fraction, grid.source, ci, servers=n_engines)
+        model = PoolCacheModel(pool.name, tier, sizes, requests, carbon_rows, ttft_rows, tpot_rows,
+                               pool.slo.attainment_fraction, grid.source, ci, servers=n_engines)
+        if tier == "dram":
+            dram_now = inputs.cache_sizes.get(pool.name, (0, 0))[0]
+            self.charge_restarts(model, operational_rows, dram_now)
+        return model
+
+    def charge_restarts(self, m: PoolCacheModel, operational_g: list[list[float]], size_in_force: int) -> None:
+        """An L1 (DRAM) resize restarts LMCache, which loses every L1 object (docs/cache_manager.md: L1 objects
+        16 -> 0). Leaving size ``k`` at the start of hour ``t`` is charged the hits that content would have served
+        while the new L1 refills: the energy the cache of size ``k`` saves in hour ``t`` (operational carbon at size
+        0 minus at size ``k``, at the hour's forecast rate and CI) over ``restart_warmup_s``, halved for a linear
+        refill. An upper bound where a disk tier survives the restart (its prefixes come back by an L2 reload, not a
+        recompute); the attainment lost during the refill is not charged."""
+        factor = 0.5 * self.restart_warmup_s / 3600.0
+        m.restart_g = [[factor * max(0.0, row[0] - v) for v in row] for row in operational_g]
+        if size_in_force in m.sizes:
+            m.in_force_index = m.sizes.index(size_in_force)
+        else:
+            m.in_force_index = -1
+        m.in_force_restart_g = float(np.interp(size_in_force, m.sizes, m.restart_g[0])) if m.restart_g else 0.0
 
     @staticmethod
     def _storage_g(m: PoolCacheModel, size: int, inputs: PlanningInputs) -> float:
@@ -304,7 +347,7 @@ class GreenCacheIlp:
                 f"pool {m.pool}: {m.tier} cache {_size_text(size0)}{was}: {why}; expected attainment "
                 f"{attainment(m, picks):.2f} (target {m.rho:.2f}); over {hours} h saves "
                 f"{_pct(full_g, plan_g)} vs Full Cache ({_size_text(m.sizes[-1])}) and {_pct(none_g, plan_g)} vs "
-                f"No Cache; profile {m.source}")
+                f"No Cache; profile {m.source}" + self._restart_text(m, picks, unreachable))
         if unreachable:
             lines.append("cache: no size assignment meets the SLO for " + ", ".join(unreachable)
                          + " (HiGHS: infeasible); the best-attaining sizes were taken")
@@ -312,6 +355,25 @@ class GreenCacheIlp:
                   f"profiles {build_s:.2f} s, total {time.perf_counter() - started:.2f} s"
                   + ("; per-hour SLO" if self.per_hour_slo else "; SLO over the horizon (global rho)"))
         return KnobPlan(per_interval, explanation=lines, detail=detail)
+
+
+    def _restart_text(self, m: PoolCacheModel, picks: list[int], unreachable: list[str]) -> str:
+        """What the plan's L1 restarts cost, and what the plan would do if they were free."""
+        if m.restart_g is None:
+            return ""
+        count, charge = restart_charge(m, picks)
+        text = (f"; {count} L1 resize(s), each a restart that empties L1: charged {charge:.1f} g (lost hits "
+                f"recomputed over a {self.restart_warmup_s:.0f} s refill)")
+        if m.pool in unreachable:
+            return text
+        free = PoolCacheModel(m.pool, m.tier, m.sizes, m.requests, m.carbon_g, m.ttft, m.tpot, m.rho, m.source, m.ci)
+        free_picks, status, _, _ = solve_ilp([free], per_hour_slo=self.per_hour_slo, time_limit_s=self.time_limit_s)
+        if status == "Optimal" and free_picks[m.pool] != picks:
+            n_free, charge_free = restart_charge(m, free_picks[m.pool])
+            saved = total_carbon(m, picks) - total_carbon(m, free_picks[m.pool])
+            text += (f"; with free restarts the plan would resize {n_free} time(s), {saved:.1f} g less carbon "
+                     f"but {charge_free:.1f} g of restarts")
+        return text
 
 
 def _pct(base: float, plan: float) -> str:
