@@ -14,13 +14,13 @@ through PuLP; ``--restart-g`` charges resizes as a DRAM pool's restarts are char
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
 import time
 
 import numpy as np
-
 from greenserve.common.strict_json import dumps
 from greenserve.optimizer.solvers.cache_greencache import PoolCacheModel, solve_ilp
 from greenserve.optimizer.solvers.cache_ilp import BACKENDS
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     large_picks, large_status, _, large_gap = solve_ilp(large, fleet_limit_bytes=limit, time_limit_s=60.0,
                                                         backend=ns.backend)
     large_s, large_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    resizes = sum(sum(1 for a, b in zip(p, p[1:]) if a != b) for p in large_picks.values())
+    resizes = sum(sum(1 for a, b in itertools.pairwise(p) if a != b) for p in large_picks.values())
     print(f"large: {ns.large_hours} h x {ns.large_sizes} sizes x {ns.large_pools} pools: {large_s:.2f} s "
           f"({large_cpu_s:.2f} s CPU, {large_status}, gap {large_gap}, {resizes} resizes)", file=sys.stderr)
     print(dumps({"small_solve_s": statistics.median(times), "small_solve_s_all": times, "small_status": status,

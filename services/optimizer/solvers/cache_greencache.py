@@ -27,11 +27,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
 from greenserve.common import carbon
 from greenserve.optimizer import cache_profiles
 from greenserve.optimizer.capacity import simulator_profile_name
-from greenserve.optimizer.inputs import engine_hardware, engine_variant, guess_simulator_model
+from greenserve.optimizer.inputs import (
+    engine_hardware,
+    engine_variant,
+    guess_simulator_model,
+)
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
 from greenserve.optimizer.solvers import cache_ilp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
