@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,8 @@ from greenserve.router.monitor import EngineMonitor
 from greenserve.router.plans import PlanStore, PlanWatcher
 from greenserve.router.policy import PolicyConfig, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.shared_state import HEARTBEAT_S, Listener, SharedState, Snapshot, bump, expired, \
+    until_wall_s, wall_to_monotonic
 from greenserve.router.receipt import (
     CarbonIntensityCache,
     CarbonSettings,
@@ -70,6 +74,8 @@ class CoreConfig:
     feeds: bool = True
     load_feed_interval_s: float = 10.0
     access_feed_interval_s: float = 1.0
+    replica_id: str = ""  # in router_replicas; default host:pid
+    state_poll_interval_s: float = 0.25  # the shared state's change counter is read this often (shared_state.py)
 
 
 class RouterCore:
@@ -95,7 +101,17 @@ class RouterCore:
         self.index = PrefixIndex(config.prefix_index_max_bytes)
         self.registry = EngineRegistry(HealthPolicy(config.eject_after_failures, config.eject_base_s,
                                                     config.eject_max_s, config.stale_after_s),
-                                       on_change=self._sync_index)
+                                       on_change=self._sync_index, on_verdict=self._on_verdict)
+        # replicas and workers agree through the database (shared_state.py)
+        self.shared = SharedState(db, config.replica_id or f"{socket.gethostname()}:{os.getpid()}") \
+            if db is not None else None
+        self.state_version = 0
+        self._state_wake = asyncio.Event()
+        self._verdict_writes = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self._state_task: asyncio.Task[None] | None = None
+        self._listener: Listener | None = None
+        self._heartbeat: tuple[int, int, float] = (-1, -1, 0.0)
         self.plans = PlanStore(db)
         self.policy = RoutingPolicy(self.registry, self.index, self.plans, config.policy)
         self.monitor = EngineMonitor(self.registry, scrape_interval_s=config.scrape_interval_s,
@@ -194,8 +210,21 @@ class RouterCore:
             self.watcher.start()
         if self.attainment_reporter is not None:
             self.attainment_reporter.start()
+        if self.shared is not None:
+            self._state_task = asyncio.get_running_loop().create_task(self._follow_state(), name="router-state")
+            if self.shared.db.backend == "postgresql":
+                loop = asyncio.get_running_loop()
+                self._listener = Listener(self.shared.db, lambda: loop.call_soon_threadsafe(self._state_wake.set))
+                self._listener.start()
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+        if self._state_task is not None:
+            self._state_task.cancel()
+            await asyncio.gather(self._state_task, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self.attainment_reporter is not None:
             await self.attainment_reporter.stop()
         if self.watcher is not None:
@@ -211,16 +240,100 @@ class RouterCore:
             await channel.close()
 
     def _load_stored(self) -> None:
-        assert self.db is not None
-        with self.db.session(readonly=True) as s:
-            stored = [EngineState(id=r.id, url=r.url, pool=r.pool, model=r.model, source=r.source,
-                                  draining=r.draining, kind=r.kind, gpu_uuid=r.gpu_uuid, mig_uuid=r.mig_uuid,
-                                  idle_power_w=r.idle_power_w, busy_power_w=r.busy_power_w)
-                      for r in s.query(models.Engine).all()]
-        for engine in stored:
-            self.add_engine(engine, persist=False)
+        assert self.shared is not None
+        self._apply_snapshot(self.shared.snapshot())
         if self.plans.load_persisted():
             log.info("routing on stored plan v%d", self.plans.version)
+
+    # -- shared state (replicas and workers) -----------------------------------------------------------
+
+    async def _follow_state(self) -> None:
+        """Polls the change counter (or wakes on a PostgreSQL notification) and reloads what changed;
+        records what this replica routes on (router_replicas)."""
+        assert self.shared is not None
+        interval = self.config.state_poll_interval_s
+        while True:
+            try:
+                await asyncio.wait_for(self._state_wake.wait(), interval)
+            except TimeoutError:
+                pass
+            self._state_wake.clear()
+            try:
+                await self.sync_state()
+                plan_version, state_version, beat_at = self._heartbeat
+                now = time.monotonic()
+                if (plan_version, state_version) != (self.plans.version, self.state_version) or \
+                        now - beat_at >= HEARTBEAT_S:
+                    await asyncio.to_thread(self.shared.heartbeat, self.plans.version, self.state_version)
+                    self._heartbeat = (self.plans.version, self.state_version, now)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a database hiccup: keep routing on what is known
+                log.warning("shared state not read", extra={"error": str(exc)})
+
+    async def sync_state(self) -> bool:
+        """Reloads the shared state if its counter moved; True when it did."""
+        assert self.shared is not None
+        version = await asyncio.to_thread(self.shared.version)
+        if version == self.state_version:
+            return False
+        async with self._engine_writes:
+            snap = await asyncio.to_thread(self.shared.snapshot)
+            plan = await asyncio.to_thread(self.plans.read_persisted) \
+                if snap.plan_version > self.plans.version else None
+            self._apply_snapshot(snap)
+            if plan is not None and self.plans.apply(plan):
+                log.info("plan in force from the shared database (WatchPlans lags)",
+                         extra={"plan_version": plan.version})
+        return True
+
+    def _apply_snapshot(self, snap: Snapshot) -> None:
+        """Makes the registry and the ejections match the shared state (on the event loop, or at start-up)."""
+        assert self.shared is not None
+        registry = self.registry
+        stored = {e.id: e for e in snap.engines}
+        for engine in snap.engines:
+            engine = self.engine_defaults(engine)
+            known = registry.get(engine.id)
+            if known is None or _static(known) != _static(engine) or known.draining != engine.draining:
+                kept, _ = registry.upsert(engine)
+                kept.draining = engine.draining
+        for engine_id, known in list(registry.engines.items()):
+            if engine_id not in stored and known.source != "flag":  # flag engines are per replica
+                registry.remove(engine_id)
+        now_mono, now_wall = time.monotonic(), time.time()
+        mine = self.shared.replica_id
+        for engine_id, engine in registry.engines.items():
+            verdict = snap.verdicts.get(engine_id)
+            if verdict is not None and verdict.replica_id != mine and not expired(verdict, now_wall):
+                engine.apply_shared_ejection(wall_to_monotonic(verdict.ejected_until, now_mono, now_wall),
+                                             verdict.eject_count, now_mono)
+            elif verdict is None and engine.shared_ejection:
+                engine.lift_shared_ejection()
+        self.state_version = snap.version
+
+    def _on_verdict(self, engine: EngineState, ejected: bool, reason: str) -> None:
+        """An ejection or recovery on this replica: stored for the others (in order, off the event loop)."""
+        if self.shared is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        until = until_wall_s(engine, time.monotonic(), time.time()) if ejected else 0.0
+        shared = self.shared
+
+        async def write() -> None:
+            async with self._verdict_writes:
+                try:
+                    await asyncio.to_thread(shared.record_verdict, engine.id, ejected, until, engine.eject_count,
+                                            reason)
+                except Exception as exc:  # noqa: BLE001 - the verdict stays local; the poll goes on
+                    log.warning("engine verdict not stored", extra={"engine_id": engine.id, "error": str(exc)})
+
+        task = loop.create_task(write())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _discover_models(self) -> None:
         """Fills in the served model of engines that were given without one (GET /v1/models)."""
@@ -301,11 +414,13 @@ class RouterCore:
         with self.db.session() as s:
             for engine in engines:
                 self._write_engine_row(s, engine, draining)
+            bump(s)
 
     def _persist_engine(self, engine: EngineState, draining: bool) -> None:
         assert self.db is not None
         with self.db.session() as s:
             self._write_engine_row(s, engine, draining)
+            bump(s)
 
     @staticmethod
     def _write_engine_row(s: Any, engine: EngineState, draining: bool) -> None:
@@ -332,6 +447,10 @@ class RouterCore:
             row = s.get(models.Engine, engine_id)
             if row is not None:
                 s.delete(row)
+            verdict = s.get(models.EngineHealth, engine_id)
+            if verdict is not None:
+                s.delete(verdict)
+            bump(s)
 
     async def _on_plan(self, plan: common_pb2.Plan) -> None:
         """A new plan: fetch the fleet for pool SLOs/regions and for engines the plan names but we lack."""
@@ -431,6 +550,10 @@ class RouterCore:
 
     async def undrain(self, engine_ids: list[str]) -> None:
         await self.set_draining(engine_ids, False)
+
+
+def _static(e: EngineState) -> tuple[Any, ...]:
+    return (e.url, e.pool, e.model, e.kind, e.gpu_uuid, e.mig_uuid, e.idle_power_w, e.busy_power_w, e.source)
 
 
 def _short() -> Any:

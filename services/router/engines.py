@@ -15,6 +15,16 @@ probe must not eject a worker):
   ``stale_after_s`` the engine is STALE: still routable (fail-open, unlike llm-d #2514), but its load
   signal falls back to the router's own in-flight count, which is always fresh.
 
+Load across replicas: an engine's load is what the engine itself reports (running + waiting, from its
+``/metrics``, so it counts the requests every replica and worker sent), plus the net change of this
+replica's own requests since that scrape (its starts minus its ends), so a burst this replica sends
+between two scrapes counts at once; four replicas therefore never each believe an engine idle. The
+recent TTFT and TPOT are the engine's own histograms' means over the last scrape interval.
+
+Verdicts are shared: an ejection (and a recovery) is reported through ``on_verdict`` (the router's core
+writes it to the shared database, shared_state.py); an ejection learnt from another replica is applied
+with ``apply_shared_ejection`` and lifted when that replica records the recovery.
+
 Energy attribution (receipt.py) needs, per engine, the integral over time of power/concurrency; it is
 kept here as an O(1) accumulator updated at every request start and end.
 """
@@ -22,6 +32,7 @@ kept here as an O(1) accumulator updated at every request start and end.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -73,17 +84,25 @@ class EngineState:
     kv_usage_fraction: float = 0.0
     metrics_at: float = 0.0  # time.monotonic() of the last good scrape; 0 = never
     metrics_wall_s: float = 0.0  # time.time() of the same, for ListEngines
+    recent_ttft_s: float = 0.0  # the engine's mean TTFT over the last scrape interval with requests (0: none yet)
+    recent_tpot_s: float = 0.0  # the same for its inter-token latency
+    _hist_at_scrape: tuple[float, float, float, float] | None = None  # ttft sum/count, tpot sum/count
     # health
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic; 0 = not ejected
     ejected_at: float = 0.0  # monotonic time of the (latest) ejection
     eject_count: int = 0
     probe_in_flight: bool = False
+    shared_ejection: bool = False  # the ejection in force was learnt from the shared database
     # energy accounting: integral of power/n and of n over time (see receipt.py)
     energy_per_slot_j: float = 0.0
     busy_slot_s: float = 0.0
     _acc_t: float = field(default_factory=time.monotonic)
     idle_event: asyncio.Event | None = None
+    id_hash: int = field(init=False, default=0)  # 64-bit hash of the id, for rendezvous hashing (policy.py)
+
+    def __post_init__(self) -> None:
+        self.id_hash = int.from_bytes(hashlib.blake2b(self.id.encode(), digest_size=8).digest(), "little")
 
     # -- load -------------------------------------------------------------------------------------
 
@@ -113,6 +132,35 @@ class EngineState:
         self.in_flight_at_scrape = self.in_flight
         self.metrics_at = now
         self.metrics_wall_s = time.time()
+        hist = (metrics.ttft_sum_s or 0.0, metrics.ttft_count or 0.0, metrics.tpot_sum_s or 0.0,
+                metrics.tpot_count or 0.0)
+        prev = self._hist_at_scrape
+        if prev is not None:
+            d_count = hist[1] - prev[1]
+            if d_count > 0 and hist[0] >= prev[0]:
+                self.recent_ttft_s = (hist[0] - prev[0]) / d_count
+            d_count = hist[3] - prev[3]
+            if d_count > 0 and hist[2] >= prev[2]:
+                self.recent_tpot_s = (hist[2] - prev[2]) / d_count
+        self._hist_at_scrape = hist
+
+    def apply_shared_ejection(self, until_s: float, eject_count: int, now: float) -> None:
+        """An ejection another replica recorded, until ``until_s`` (monotonic clock of this process)."""
+        if until_s <= self.ejected_until:
+            return
+        if not self.ejected_until:
+            self.ejected_at = now
+        self.ejected_until = until_s
+        self.eject_count = max(self.eject_count, eject_count)
+        self.shared_ejection = True
+
+    def lift_shared_ejection(self) -> None:
+        """The replica that ejected the engine recorded its recovery."""
+        if self.shared_ejection:
+            self.shared_ejection = False
+            self.consecutive_failures = 0
+            self.ejected_until = 0.0
+            self.eject_count = 0
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -175,12 +223,14 @@ class EngineState:
 class EngineRegistry:
     """Engines by id, with per-pool and per-model views cached for the request path."""
 
-    def __init__(self, policy: HealthPolicy, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, policy: HealthPolicy, on_change: Callable[[], None] | None = None,
+                 on_verdict: Callable[[EngineState, bool, str], None] | None = None) -> None:
         self.policy = policy
         self.engines: dict[str, EngineState] = {}
         self._by_pool: dict[str, list[EngineState]] = {}
         self._by_model: dict[str, list[EngineState]] = {}
         self._on_change = on_change
+        self.on_verdict = on_verdict  # (engine, ejected, reason) on every ejection and recovery
         self.ejections = 0
 
     def reindex(self) -> None:
@@ -251,11 +301,15 @@ class EngineRegistry:
         if engine.ejected_until and started_at is not None and started_at < engine.ejected_at:
             return
         if engine.consecutive_failures or engine.ejected_until:
-            if engine.ejected_until:
+            recovered = bool(engine.ejected_until)
+            if recovered:
                 log.info("engine recovered", extra={"engine_id": engine.id})
             engine.consecutive_failures = 0
             engine.ejected_until = 0.0
             engine.eject_count = 0
+            engine.shared_ejection = False
+            if recovered and self.on_verdict is not None:
+                self.on_verdict(engine, False, "")
         engine.probe_in_flight = False
 
     def record_failure(self, engine: EngineState, now: float, reason: str) -> None:
@@ -268,4 +322,7 @@ class EngineRegistry:
             engine.ejected_until = now + backoff
             engine.ejected_at = now
             self.ejections += 1
+            engine.shared_ejection = False
             log.warning("engine ejected", extra={"engine_id": engine.id, "reason": reason, "for_s": backoff})
+            if self.on_verdict is not None:
+                self.on_verdict(engine, True, reason)

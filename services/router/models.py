@@ -7,6 +7,12 @@ same. Flag engines (``--engines``) are stored only once drained.
 
 ``last_plan`` holds at most one row (id = 1): the router keeps routing on it when the optimizer is
 down, including after a restart. ``body`` is the serialized ``greenserve.v1.Plan``.
+
+Shared by the router's replicas and workers (shared_state.py): ``state_version`` holds one counter row
+(id = 1), bumped in the same transaction as every write of ``engines`` or ``engine_health``, which each
+replica polls to learn that something changed; ``engine_health`` holds the ejection verdicts in force
+(one row per ejected engine, deleted when the engine recovers); ``router_replicas`` holds, per replica,
+the plan version and state version it routes on, so a replica that lags can be seen.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Float,
@@ -31,6 +38,9 @@ from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
 
 ENGINE_SOURCES: tuple[str, ...] = ("flag", "rpc", "plan")
 LAST_PLAN_ID = 1
+STATE_VERSION_ID = 1
+REPLICA_ID_MAX_CHARS = 128
+REASON_MAX_CHARS = 255
 # Column sizes, checked by RegisterEngine before anything is stored (PostgreSQL refuses longer strings).
 ID_MAX_CHARS = 64
 URL_MAX_CHARS = 512
@@ -88,3 +98,45 @@ class LastPlan(Base):
 
     def __repr__(self) -> str:
         return f"LastPlan(plan_version={self.plan_version!r}, received_at={self.received_at!r})"
+
+
+class StateVersion(Base):
+    """The change counter of the router's shared state (one row, id = 1)."""
+
+    __tablename__ = "state_version"
+    __table_args__ = (CheckConstraint("id = 1", name="singleton"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False, default=STATE_VERSION_ID)
+    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+
+
+class EngineHealth(Base):
+    """An ejection verdict in force: the engine is not routed to until ``ejected_until`` (UTC)."""
+
+    __tablename__ = "engine_health"
+    __table_args__ = (CheckConstraint("eject_count >= 1", name="eject_count_positive"),)
+
+    engine_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ejected_until: Mapped[datetime] = mapped_column(UtcDateTime())
+    eject_count: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(REASON_MAX_CHARS), default="", server_default="")
+    replica_id: Mapped[str] = mapped_column(String(REPLICA_ID_MAX_CHARS), default="", server_default="")
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+    def __repr__(self) -> str:
+        return f"EngineHealth(engine_id={self.engine_id!r}, ejected_until={self.ejected_until!r})"
+
+
+class RouterReplica(Base):
+    """What one replica (or worker) routes on, written when it changes and as a heartbeat."""
+
+    __tablename__ = "router_replicas"
+
+    replica_id: Mapped[str] = mapped_column(String(REPLICA_ID_MAX_CHARS), primary_key=True)
+    plan_version: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    state_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    seen_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+    def __repr__(self) -> str:
+        return (f"RouterReplica(replica_id={self.replica_id!r}, plan_version={self.plan_version!r}, "
+                f"state_version={self.state_version!r})")

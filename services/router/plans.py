@@ -134,30 +134,41 @@ class PlanStore:
         """Writes the plan as the last good one (one transaction; blocking: call off the event loop)."""
         if self.db is None:
             return
+        from greenserve.router.shared_state import bump  # the other replicas learn of it (shared_state.py)
+
         body = plan.SerializeToString()
         with self.db.session() as s:
             row = s.get(LastPlan, LAST_PLAN_ID)
             if row is None:
                 s.add(LastPlan(id=LAST_PLAN_ID, plan_version=plan.version, received_at=utcnow(), body=body))
+            elif row.plan_version == plan.version and bytes(row.body) == body:
+                return  # another replica stored the same plan already
             else:
                 row.plan_version, row.received_at, row.body = plan.version, utcnow(), body
+            bump(s)
 
-    def load_persisted(self) -> bool:
-        """Puts the stored last good plan in force (blocking); False when there is none or it is bad."""
+    def read_persisted(self) -> common_pb2.Plan | None:
+        """The stored last good plan (blocking), None when there is none or it is unreadable."""
         if self.db is None:
-            return False
+            return None
         with self.db.session(readonly=True) as s:
             row = s.get(LastPlan, LAST_PLAN_ID)
             body = None if row is None else bytes(row.body)
         if body is None:
-            return False
+            return None
         plan = common_pb2.Plan()
         try:
             plan.ParseFromString(body)
-            return self.apply(plan)
+            validate_plan(plan)
         except Exception as exc:  # noqa: BLE001 - a corrupt row must not stop the router
             log.warning("stored plan unreadable; routing without it", extra={"error": str(exc)})
-            return False
+            return None
+        return plan
+
+    def load_persisted(self) -> bool:
+        """Puts the stored last good plan in force (blocking); False when there is none or it is bad."""
+        plan = self.read_persisted()
+        return plan is not None and self.apply(plan)
 
 
 class PlanWatcher:

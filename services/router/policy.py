@@ -23,13 +23,26 @@ kv-cache 2, prefix 3):
   queue count +0.8..2 ms (the bench's run-to-run noise is about 1.5 ms). Decoding requests stay
   balanced through the bounded-load filter, which counts every request in flight; ties in q rotate;
 * prefix: leading prompt blocks the engine is believed to hold over the prompt's blocks;
-* session: 1 for the engine the session key is stuck to (kept while it passes the filters).
+* session: 1 for the engine the session key is stuck to (kept while it passes the filters);
+* affinity: 1 for the engine that rendezvous (highest random weight) hashing of the prompt's affinity key
+  (prefix_index.PrefixHashes: a chat's system messages and first user message, a completion's first
+  blocks) picks among the engines left by the filters, each weighted by its plan weight (Thaler and
+  Ravishankar 1998; weighted form: score ``w / -ln(u)``, u uniform from the key and the engine id).
+  The choice depends only on the key, the candidate set and the plan, never on which replica or worker
+  took the request, so every turn of a conversation goes to the same engine from every replica; when
+  that engine is over the load bound, the filter removed it and the next engine in the key's order
+  takes it (consistent hashing with bounded loads). Skipped when every candidate is already known to
+  hold the key's blocks, for a completion's key only (a prefix every engine holds, e.g. one shared
+  prompt head, says nothing; a chat's key names one conversation). The chosen engine counts as
+  holding at least the key's blocks for the prefix scorer: engines that hold only a system prompt
+  shared by many conversations do not outscore it.
 
 The cost per request is O(engines in the pool + prompt blocks), with no lock and no I/O.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -56,6 +69,36 @@ class PolicyConfig:
     bounded_load_slack: float = 8.0
     max_sessions: int = 100_000
     decode_load_weight: float = 0.0
+    affinity_weight: float = 3.0
+
+
+_M64 = (1 << 64) - 1
+_TWO_64 = float(1 << 64)
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit ints that spreads every input bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def rendezvous(key: int, engines: Sequence[EngineState], weights: dict[str, float] | None = None,
+               default_weight: float = 1.0) -> EngineState | None:
+    """The engine with the highest random weight for ``key``: ``w / -ln(u)`` with ``u`` in (0, 1) hashed
+    from the key and the engine id. Each engine wins a share of keys proportional to its weight, and
+    removing an engine moves only the keys it had. Engines of weight 0 never win; None when none may."""
+    best: EngineState | None = None
+    best_score = 0.0
+    for e in engines:
+        w = weights.get(e.id, default_weight) if weights else default_weight
+        if w <= 0.0:
+            continue
+        u = (_mix64(key ^ e.id_hash) + 0.5) / _TWO_64
+        score = -w / math.log(u)
+        if best is None or score > best_score or (score == best_score and e.id < best.id):
+            best, best_score = e, score
+    return best
 
 
 @dataclass
@@ -135,6 +178,13 @@ class RoutingPolicy:
         total_blocks = len(hashes)
         sticky = self.sessions.get(session_key) if session_key else None
         cfg = self.config
+        target: EngineState | None = None
+        key = getattr(hashes, "affinity_key", 0) if cfg.affinity_weight > 0.0 and len(live) > 1 else 0
+        key_blocks = 0
+        if key:
+            key_blocks = hashes.affinity_blocks  # type: ignore[attr-defined]
+            if hashes.conversation or any(matches.get(e.id, 0) < key_blocks for e in live):  # type: ignore[attr-defined]
+                target = rendezvous(key, live, weights, unnamed_w)
         min_queue = min(queue)
         max_w = max((weights.get(e.id, unnamed_w) for e in live), default=1.0) if weights else 1.0
         n = len(live)
@@ -151,9 +201,14 @@ class RoutingPolicy:
             else:
                 score += cfg.plan_weight
             if total_blocks:
-                score += cfg.prefix_weight * matches.get(e.id, 0) / total_blocks
+                matched = matches.get(e.id, 0)
+                if e is target and matched < key_blocks:
+                    matched = key_blocks
+                score += cfg.prefix_weight * matched / total_blocks
             if sticky is not None and e.id == sticky:
                 score += cfg.session_weight
+            if e is target:
+                score += cfg.affinity_weight
             if score > best_score:
                 best_score, best_i = score, i
         engine = live[best_i]
@@ -175,6 +230,8 @@ class RoutingPolicy:
                 parts.append(f"prefix={matches.get(engine.id, 0)}/{total_blocks} blocks")
             if sticky is not None:
                 parts.append("session=" + ("kept" if sticky == engine.id else f"moved from {sticky}"))
+            if target is not None:
+                parts.append("affinity=" + ("this engine" if target is engine else target.id))
             if fallbacks:
                 parts.append("fallbacks=" + ",".join(fallbacks))
             reason = f"{engine.id}: score {best_score:.3f} of {n} candidates; " + ", ".join(parts)

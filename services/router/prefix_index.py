@@ -30,17 +30,64 @@ _SEED = b"greenserve-prefix-v1"
 BYTES_PER_ENTRY = 320
 
 
-def chain_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = 4096) -> list[int]:
+AFFINITY_BLOCKS = 16
+"""Blocks of a completion prompt (no chat structure) that make its affinity key: 4 KiB, ~1K tokens."""
+
+_USER_AT_START = b"user\x1f"
+_USER_AFTER = b"\x1euser\x1f"
+
+
+class PrefixHashes(list[int]):
+    """The block hashes of a prompt (a list), plus its *affinity key*: a 64-bit hash of the part of the
+    prompt that identifies the conversation, the same in every turn of it and on every replica.
+
+    * chat (text rendered by ``render_chat``): the leading system messages and the first user message;
+      every later turn starts with them, and two conversations that share only a system prompt differ;
+    * completion: the first ``AFFINITY_BLOCKS`` full blocks (fewer when the prompt is shorter).
+
+    ``affinity_blocks`` is how many full blocks lie inside the key's part; ``affinity_key`` 0 means no key
+    (a completion without a full block). ``conversation``: the key names a conversation (chat), rather
+    than a prefix that many unrelated prompts may share (completion)."""
+
+    __slots__ = ("affinity_key", "affinity_blocks", "conversation")
+
+    def __init__(self, hashes: Iterable[int] = (), affinity_key: int = 0, affinity_blocks: int = 0,
+                 conversation: bool = False) -> None:
+        super().__init__(hashes)
+        self.affinity_key = affinity_key
+        self.affinity_blocks = affinity_blocks
+        self.conversation = conversation
+
+
+def chain_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = 4096,
+                 affinity_blocks: int = AFFINITY_BLOCKS) -> PrefixHashes:
     """Chained 64-bit hashes of the full blocks of ``text``: hash ``i`` is blake2b of the whole prefix up
     to the end of block ``i`` (incremental, so O(length) in total). A trailing partial block is not
-    hashed (engines cache whole blocks only). Deterministic across processes, unlike ``hash()``."""
+    hashed (engines cache whole blocks only). Deterministic across processes, unlike ``hash()``.
+    The result also carries the prompt's affinity key (``PrefixHashes``)."""
     data = text.encode("utf-8", "surrogatepass")
     n = min(len(data) // block_chars, max_blocks)
-    out: list[int] = []
+    out = PrefixHashes()
     h = hashlib.blake2b(_SEED, digest_size=8)
     for i in range(n):
         h.update(data[i * block_chars : (i + 1) * block_chars])
         out.append(int.from_bytes(h.copy().digest(), "little"))
+    # the conversation's part of a chat: up to the end of the first user message
+    if data.startswith(_USER_AT_START):
+        start = 0
+    else:
+        start = data.find(_USER_AFTER)
+        start = start + 1 if start >= 0 else -1
+    end = data.find(b"\x1e", start + len(_USER_AT_START)) if start >= 0 else -1
+    if end >= 0:
+        key = hashlib.blake2b(data[: end + 1], digest_size=8, key=_SEED).digest()
+        out.affinity_key = int.from_bytes(key, "little") or 1
+        out.affinity_blocks = min(n, (end + 1) // block_chars)
+        out.conversation = True
+    elif n:
+        depth = min(n, affinity_blocks)
+        out.affinity_key = out[depth - 1] or 1
+        out.affinity_blocks = depth
     return out
 
 

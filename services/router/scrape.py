@@ -23,6 +23,11 @@ METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    # histograms: only their _sum and _count (the recent mean is the change of both between scrapes)
+    "ttft_sum": ("vllm:time_to_first_token_seconds_sum",),
+    "ttft_count": ("vllm:time_to_first_token_seconds_count",),
+    "tpot_sum": ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum"),
+    "tpot_count": ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count"),
 }
 _ALL_NAMES = tuple({name for names in METRIC_NAMES.values() for name in names})
 _PREFIXES = tuple(sorted({name.removesuffix("_total") for name in _ALL_NAMES}))
@@ -37,6 +42,10 @@ class EngineMetrics:
     kv_usage_fraction: float | None = None
     prefix_queries_tokens: float | None = None
     prefix_hits_tokens: float | None = None
+    ttft_sum_s: float | None = None
+    ttft_count: float | None = None
+    tpot_sum_s: float | None = None
+    tpot_count: float | None = None
 
 
 def _relevant(text: str) -> str:
@@ -72,4 +81,8 @@ def parse_metrics(text: str) -> EngineMetrics:
         kv_usage_fraction=pick("kv_usage"),
         prefix_queries_tokens=pick("prefix_queries"),
         prefix_hits_tokens=pick("prefix_hits"),
+        ttft_sum_s=pick("ttft_sum"),
+        ttft_count=pick("ttft_count"),
+        tpot_sum_s=pick("tpot_sum"),
+        tpot_count=pick("tpot_count"),
     )

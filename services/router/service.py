@@ -111,6 +111,12 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         None, ge=1, le=64,
         description="worker processes serving both ports (SO_REUSEPORT, Linux) under a supervisor that restarts a "
         "dead one; default: one per CPU the process may use, at most 8; 1: one process, no supervisor (workers.py)")
+    affinity_weight: float = Field(3.0, ge=0, description="weight of the deterministic prefix affinity (rendezvous "
+                                   "hashing of the conversation's key over the engines; 0 turns it off)")
+    replica_id: str = Field("", max_length=128,
+                            description="this replica's name in the shared database (default: host:pid)")
+    state_poll_interval_s: float = Field(0.25, gt=0, le=1.0,
+                                         description="seconds between reads of the shared state's change counter")
     region: str = Field("", description="grid region of the engines when the fleet inventory names none")
     fallback_ci_g_per_kwh: float | None = Field(None, ge=0, description="CI until the forecaster answers (default: data file)")
     ci_refresh_s: float = Field(60.0, gt=0, description="seconds between CI refreshes from the forecaster")
@@ -151,12 +157,13 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             prefix_index_max_bytes=self.prefix_index_max_bytes,
             policy=PolicyConfig(self.plan_weight, self.load_weight, self.prefix_weight, self.session_weight,
                                 self.bounded_load_factor, self.bounded_load_slack, self.max_sessions,
-                                self.decode_load_weight),
+                                self.decode_load_weight, self.affinity_weight),
             default_pool=self.default_pool, region=self.region, fallback_ci_g_per_kwh=self.fallback_ci_g_per_kwh,
             ci_refresh_s=self.ci_refresh_s, default_busy_power_w=self.default_busy_power_w,
             default_idle_power_w=self.default_idle_power_w, watch_plans=self.watch_plans, feeds=self.feeds,
             slo_window_s=self.slo_window_s, slo_report_interval_s=self.slo_report_interval_s,
             load_feed_interval_s=self.load_feed_interval_s, access_feed_interval_s=self.access_feed_interval_s,
+            replica_id=self.replica_id, state_poll_interval_s=self.state_poll_interval_s,
         )
 
     def http_limits(self) -> HttpLimits:
@@ -400,13 +407,21 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             status = router_pb2.EngineStatus(
                 engine=e.to_proto(now, stale), running_requests=int(e.running), waiting_requests=int(e.waiting),
                 router_in_flight_requests=e.in_flight, kv_cache_usage_fraction=e.kv_usage_fraction,
-                consecutive_failures=e.consecutive_failures)
+                consecutive_failures=e.consecutive_failures, recent_ttft_s=e.recent_ttft_s,
+                recent_tpot_s=e.recent_tpot_s)
             if e.metrics_wall_s:
                 ts = Timestamp()
                 ts.FromNanoseconds(int(e.metrics_wall_s * 1e9))
                 status.metrics_scraped_at.CopyFrom(ts)
             out.append(status)
-        return router_pb2.ListEnginesResponse(engines=out)
+        replicas = []
+        if self.core.shared is not None:
+            for row in await asyncio.to_thread(self.core.shared.replicas):
+                seen = Timestamp()
+                seen.FromDatetime(row.seen_at)
+                replicas.append(router_pb2.RouterReplica(replica_id=row.replica_id, plan_version=row.plan_version,
+                                                         state_version=row.state_version, seen_at=seen))
+        return router_pb2.ListEnginesResponse(engines=out, replicas=replicas, state_version=self.core.state_version)
 
     def _known(self, ids: list[str]) -> list[str]:
         if not ids:

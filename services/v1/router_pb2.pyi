@@ -175,7 +175,7 @@ class ListEnginesRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("engine", "running_requests", "waiting_requests", "router_in_flight_requests", "kv_cache_usage_fraction", "metrics_scraped_at", "consecutive_failures")
+    __slots__ = ("engine", "running_requests", "waiting_requests", "router_in_flight_requests", "kv_cache_usage_fraction", "metrics_scraped_at", "consecutive_failures", "recent_ttft_s", "recent_tpot_s")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,8 @@ class EngineStatus(_message.Message):
     KV_CACHE_USAGE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     METRICS_SCRAPED_AT_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    RECENT_TPOT_S_FIELD_NUMBER: _ClassVar[int]
     engine: _common_pb2.Engine
     running_requests: int
     waiting_requests: int
@@ -190,13 +192,31 @@ class EngineStatus(_message.Message):
     kv_cache_usage_fraction: float
     metrics_scraped_at: _timestamp_pb2.Timestamp
     consecutive_failures: int
-    def __init__(self, engine: _Optional[_Union[_common_pb2.Engine, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., router_in_flight_requests: _Optional[int] = ..., kv_cache_usage_fraction: _Optional[float] = ..., metrics_scraped_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ...) -> None: ...
+    recent_ttft_s: float
+    recent_tpot_s: float
+    def __init__(self, engine: _Optional[_Union[_common_pb2.Engine, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., router_in_flight_requests: _Optional[int] = ..., kv_cache_usage_fraction: _Optional[float] = ..., metrics_scraped_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., recent_ttft_s: _Optional[float] = ..., recent_tpot_s: _Optional[float] = ...) -> None: ...
+
+class RouterReplica(_message.Message):
+    __slots__ = ("replica_id", "plan_version", "state_version", "seen_at")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    plan_version: int
+    state_version: int
+    seen_at: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., plan_version: _Optional[int] = ..., state_version: _Optional[int] = ..., seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListEnginesResponse(_message.Message):
-    __slots__ = ("engines",)
+    __slots__ = ("engines", "replicas", "state_version")
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     engines: _containers.RepeatedCompositeFieldContainer[EngineStatus]
-    def __init__(self, engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[RouterReplica]
+    state_version: int
+    def __init__(self, engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[RouterReplica, _Mapping]]] = ..., state_version: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("engine_ids", "wait", "timeout_s")
