@@ -6,11 +6,11 @@
 * **Plans**: every hour the real planner (``greenserve.optimizer.planning.Planner``) runs the strategy's solvers on
   the remaining hours of the day, with the plan of the previous hour in force; the interval of the hour is applied.
 * **Replay**: each hour the pool's traffic (GreenCache's multi-turn conversations at the hour's actual rate) is
-  replayed through the simulator on the engines the plan weights, each with the plan's cache size; the first
-  third of the window warms the caches and is not measured. The window (``window_s``, 600 s by default) stands
-  for the hour: energy per request and attainment are measured on it, the idle power of every engine and the
-  embodied carbon of every GPU and of the allocated cache are charged for the whole hour. Cache contents are not
-  carried from one hour to the next (each hour starts warm); that is the replay's main simplification.
+  replayed through the simulator on the engines the plan weights, each with the plan's cache size. The window
+  (``window_s``, 600 s by default) stands for the hour: energy per request and attainment are measured on it, the
+  idle power of every engine and the embodied carbon of every GPU and of the allocated cache are charged for the
+  whole hour. The windows are replayed back to back and carry the state of the fleet (hour.py): cache contents,
+  conversations straddling the boundary, an empty DRAM tier after a resize (LMCache restarts for a new size).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
 from greenserve.common import carbon
+from greenserve.evaluation.hour import PoolState, replay_hour, warm_start
+from greenserve.evaluation.scenario import PoolScenario, Scenario
 from greenserve.forecaster.forecast_models import make_model
 from greenserve.optimizer import capacity
 from greenserve.optimizer.inputs import GPU_FAMILY
@@ -30,14 +31,10 @@ from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
-from greenserve.evaluation.scenario import PoolScenario, Scenario
 from greenserve.simulator.perf_model import PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, WeightedRandom, replay
-from greenserve.simulator.workloads import multi_turn_workload
 from greenserve.v1 import common_pb2
 
 HOUR_S = 3600
-MEAN_TURNS = 4.0
 DEFAULT_WINDOW_S = 600.0
 
 STRATEGIES: dict[str, str] = {
@@ -80,6 +77,8 @@ class HourRecord:
     tpot_attainment_fraction: float
     attainment_fraction: float
     requests_measured: int
+    prefix_hit_fraction: float = 0.0  # prompt tokens found in a cache tier / prompt tokens (all pools)
+    cache_restarts: int = 0  # engines whose LMCache DRAM tier restarted empty for a new size
     cache_bytes: dict[str, int] = field(default_factory=dict)
     engines_weighted: dict[str, int] = field(default_factory=dict)
     plan_changed: bool = False
@@ -110,44 +109,20 @@ def _gpu_embodied_g_per_h(hardware: str, params: carbon.CarbonParams) -> float:
                                                embodied_g=spec.embodied_g)
 
 
-def replay_hour(pool: PoolScenario, rate_per_s: float, weights: dict[str, float], cache_bytes: int, seed: int,
-                window_s: float) -> tuple[float, float, float, int, float]:
-    """(TTFT, TPOT, both attainment, measured requests, dynamic energy per request J) of one pool's hour."""
-    used = [eid for eid, w in sorted(weights.items()) if w > 0] or [f"{pool.name}-{i}" for i in range(pool.engines)]
-    model = PerfModel(load_profile(pool.profile))
-    tokens = int(cache_bytes / max(model.profile.kv_bytes_per_token, 1.0))
-    if rate_per_s <= 0:
-        return 1.0, 1.0, 1.0, 0, 0.0
-    n_conv = max(2, int(rate_per_s / MEAN_TURNS * window_s))
-    workload = multi_turn_workload(n_conv, rate_per_s / MEAN_TURNS, seed=seed, mean_turns=MEAN_TURNS)
-    specs = tuple(EngineSpec(pool.profile, dram_capacity_tokens=tokens) for _ in used)
-    policy = WeightedRandom([max(weights.get(eid, 1.0), 1e-9) for eid in used], seed=seed) if weights else "least_loaded"
-    result = replay(workload, FleetConfig(specs, policy=policy, seed=seed))
-    arrivals = np.asarray(result.arrival_s)
-    measured = np.flatnonzero((arrivals >= window_s / 3.0) & (arrivals < window_s))
-    if len(measured) == 0:
-        return 1.0, 1.0, 1.0, 0, 0.0
-    ttft = np.nan_to_num(result.ttft_s[measured], nan=math.inf)
-    tpot = np.where(result.output_tokens[measured] <= 1, 0.0, np.nan_to_num(result.tpot_s[measured], nan=math.inf))
-    done = result.completed[measured]
-    ok_t = (ttft <= pool.ttft_s) & done
-    ok_p = (tpot <= pool.tpot_s) & done
-    energy = result.energy_j[measured][done]
-    return (float(ok_t.mean()), float(ok_p.mean()), float((ok_t & ok_p).mean()), int(len(measured)),
-            float(np.mean(energy)) if len(energy) else 0.0)
-
-
 def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.ndarray, ci_history: np.ndarray,
             ci_history_start_s: int, load_shape_day: np.ndarray, load_shape_history: np.ndarray,
             load_history_start_s: int, strategy: str, forecast_model: str = "auto",
             window_s: float = DEFAULT_WINDOW_S, hours: int = 24,
-            params: carbon.CarbonParams | None = None) -> list[HourRecord]:
-    """Plans and replays ``hours`` hours of one day (see the module docstring)."""
+            params: carbon.CarbonParams | None = None, ci_forecast: SeriesForecast | None = None,
+            load_forecast: SeriesForecast | None = None) -> list[HourRecord]:
+    """Plans and replays ``hours`` hours of one day (see the module docstring); ``ci_forecast`` /
+    ``load_forecast``: the day's forecasts when already made (``forecast_day``), shared by the strategies."""
     params = params or carbon.load_default_params()
     fleet = scenario.fleet(region)
     peak = float(max(np.max(load_shape_history), np.max(load_shape_day), 1e-9))
-    ci_fc = forecast_day(ci_history, ci_history_start_s, ci_actual[:24], forecast_model)
-    load_fc_shape = forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24], forecast_model)
+    ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual[:24], forecast_model)
+    load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24],
+                                                  forecast_model)
     planner = Planner(solvers_for(strategy), solver_timeout_s=120.0)
     caps = {}
     for pool_s, pool in zip(scenario.pools, fleet.pools):
@@ -157,6 +132,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             caps[engine.id] = cap
     records: list[HourRecord] = []
     current: common_pb2.Plan | None = None
+    states = {pool.name: PoolState() for pool in scenario.pools}
     try:
         for h in range(hours):
             left = 24 - h
@@ -178,8 +154,15 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                 or [(w.engine_id, round(w.weight, 3)) for w in current.intervals[0].routing_weights]
                 != [(w.engine_id, round(w.weight, 3)) for w in interval.routing_weights])
             current = plan
-            record = _measure_hour(scenario, interval, h, region, float(ci_actual[h]), float(ci_fc.mean[h]),
-                                   load_shape_day, load_fc_shape, peak, params, window_s, seed=int(day_start_s // HOUR_S) + h)
+            seed = int(day_start_s // HOUR_S) + h
+            if h == 0:
+                for pool_s in scenario.pools:
+                    weights, size = _pool_plan(interval, pool_s.name)
+                    rate = float(load_shape_day[0]) * pool_s.peak_requests_per_s / peak
+                    warm_start(pool_s.profile, _engine_ids(pool_s), rate, weights, size, seed, window_s,
+                               states[pool_s.name])
+            record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
+                                   load_shape_day, load_fc_shape, peak, params, window_s, seed, states)
             record.plan_changed = changed
             records.append(record)
     finally:
@@ -187,14 +170,25 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     return records
 
 
-def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int, region: str, ci: float,
-                  ci_forecast: float, shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float,
-                  params: carbon.CarbonParams, window_s: float, seed: int) -> HourRecord:
-    del region
+def _engine_ids(pool: PoolScenario) -> list[str]:
+    return [f"{pool.name}-{i}" for i in range(pool.engines)]
+
+
+def _pool_plan(interval: common_pb2.PlanInterval, pool: str) -> tuple[dict[str, float], int]:
+    """(routing weights by engine id, DRAM bytes per engine) the interval gives ``pool``."""
+    weights = {w.engine_id: w.weight for w in interval.routing_weights if w.pool == pool}
+    target = next((t for t in interval.cache_targets if t.pool == pool), None)
+    return weights, int(target.dram_bytes or target.disk_bytes) if target is not None else 0
+
+
+def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int, ci: float, ci_forecast: float,
+                  shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float, params: carbon.CarbonParams,
+                  window_s: float, seed: int, states: dict[str, PoolState]) -> HourRecord:
     energy_j = 0.0
     embodied_compute = embodied_storage = 0.0
     requests_total = ok_t = ok_p = ok_both = 0.0
-    measured_total = 0
+    measured_total = restarts = 0
+    hit_weighted = 0.0
     load_actual = load_forecast = 0.0
     cache_bytes: dict[str, int] = {}
     engines_weighted: dict[str, int] = {}
@@ -203,12 +197,16 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         rate = float(shape_day[h]) * scale
         load_actual += rate
         load_forecast += float(shape_fc.mean[h]) * scale
-        weights = {w.engine_id: w.weight for w in interval.routing_weights if w.pool == pool.name}
+        weights, size = _pool_plan(interval, pool.name)
         target = next((t for t in interval.cache_targets if t.pool == pool.name), None)
-        size = int(target.dram_bytes or target.disk_bytes) if target is not None else 0
         cache_bytes[pool.name] = size
         engines_weighted[pool.name] = sum(1 for w in weights.values() if w > 0) or pool.engines
-        a_t, a_p, a_b, n, per_request_j = replay_hour(pool, rate, weights, size, seed, window_s)
+        out = replay_hour(pool.profile, _engine_ids(pool), rate, weights, size, pool.ttft_s, pool.tpot_s, seed, h,
+                          window_s, states[pool.name])
+        a_t, a_p, a_b, n, per_request_j = (out.ttft_fraction, out.tpot_fraction, out.both_fraction,
+                                           out.requests_measured, out.dynamic_energy_per_request_j)
+        hit_weighted += rate * HOUR_S * out.prefix_hit_fraction
+        restarts += out.cache_restarts
         idle_w = PerfModel(load_profile(pool.profile)).power_w(0.0)
         requests = rate * HOUR_S
         energy_j += pool.engines * idle_w * HOUR_S + per_request_j * requests
@@ -231,6 +229,7 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         energy_kwh=energy_kwh, ttft_attainment_fraction=ok_t / norm if requests_total else 1.0,
         tpot_attainment_fraction=ok_p / norm if requests_total else 1.0,
         attainment_fraction=ok_both / norm if requests_total else 1.0, requests_measured=measured_total,
+        prefix_hit_fraction=hit_weighted / norm if requests_total else 0.0, cache_restarts=restarts,
         cache_bytes=cache_bytes, engines_weighted=engines_weighted)
 
 

@@ -1,20 +1,22 @@
-"""Fan the (grid, strategy) days of an evaluation out over a process pool and gather one result document."""
+"""Fan the (grid, strategy) days of an evaluation out (a local process pool or a Ray cluster: executor.py) and gather
+one result document. The forecasts are made once per grid (CI) and once for the load shape, before the strategies'
+days, which all plan on the same forecasts."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import csv
-import os
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 import numpy as np
-
 from greenserve.evaluation import day
+from greenserve.evaluation.executor import map_jobs, ray_session
 from greenserve.evaluation.grids import HOUR_S, GridSeries
 from greenserve.evaluation.scenario import Scenario
+from greenserve.optimizer.planning import SeriesForecast
 
 HISTORY_DAYS = 14
 LOAD_SHAPE = "azure2024_conv_requests_hourly.csv"
@@ -38,18 +40,41 @@ class Job:
     forecast_model: str
     window_s: float
     hours: int
+    ci_forecast: SeriesForecast | None = None  # made once per grid (None: run_day makes it)
+    load_forecast: SeriesForecast | None = None
+
+
+@dataclass(frozen=True)
+class ForecastJob:
+    key: str  # a region, or LOAD_KEY
+    history: tuple[float, ...]
+    history_start_s: int
+    truth: tuple[float, ...]
+    model: str
+
+
+LOAD_KEY = "load"
+
+
+def _forecast(job: ForecastJob) -> tuple[str, SeriesForecast]:
+    return job.key, day.forecast_day(np.array(job.history), job.history_start_s, np.array(job.truth), job.model)
+
+
+def _load_split(day_start_s: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(the evaluated day's load shape, its history, the history's start): the shape's last day is the day."""
+    shape = load_shape()
+    days = len(shape) // 24
+    return shape[(days - 1) * 24:days * 24], shape[:(days - 1) * 24], day_start_s - (days - 1) * 86400
 
 
 def _run(job: Job) -> tuple[str, str, list[dict[str, Any]]]:
-    shape = load_shape()
-    days = len(shape) // 24
-    # The last day of the load shape is the evaluated day; the days before it are the load's history.
+    shape_day, shape_history, history_start_s = _load_split(job.day_start_s)
     records = day.run_day(
         scenario=job.scenario, region=job.region, day_start_s=job.day_start_s, ci_actual=np.array(job.ci_actual),
         ci_history=np.array(job.ci_history), ci_history_start_s=job.ci_history_start_s,
-        load_shape_day=shape[(days - 1) * 24:days * 24], load_shape_history=shape[:(days - 1) * 24],
-        load_history_start_s=job.day_start_s - (days - 1) * 86400, strategy=job.strategy,
-        forecast_model=job.forecast_model, window_s=job.window_s, hours=job.hours)
+        load_shape_day=shape_day, load_shape_history=shape_history, load_history_start_s=history_start_s,
+        strategy=job.strategy, forecast_model=job.forecast_model, window_s=job.window_s, hours=job.hours,
+        ci_forecast=job.ci_forecast, load_forecast=job.load_forecast)
     return job.region, job.strategy, day.records_json(records)
 
 
@@ -79,28 +104,40 @@ def totals(hours: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
+    """One CI forecast per grid and one load forecast, from the history before the day only."""
+    if not jobs:
+        return []
+    shape_day, shape_history, history_start_s = _load_split(jobs[0].day_start_s)
+    out = [ForecastJob(LOAD_KEY, tuple(shape_history), history_start_s, tuple(shape_day[:24]), jobs[0].forecast_model)]
+    for job in {j.region: j for j in jobs}.values():
+        out.append(ForecastJob(job.region, job.ci_history, job.ci_history_start_s, job.ci_actual[:24],
+                               job.forecast_model))
+    return out
+
+
 def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: list[str], scenario: Scenario,
              forecast_model: str = "auto", window_s: float = day.DEFAULT_WINDOW_S, hours: int = 24,
-             workers: int | None = None, progress: Any = None) -> dict[str, Any]:
-    """Every (grid, strategy) day; ``progress`` is called with each finished job's (region, strategy)."""
+             workers: int | None = None, progress: Any = None, ray_address: str | None = None) -> dict[str, Any]:
+    """Every (grid, strategy) day; ``progress`` is called with each finished job's (region, strategy).
+    ``ray_address``: run the jobs on that Ray cluster (``local``: a local Ray instance) instead of local processes."""
     jobs = jobs_for(series, day_start_s=day_start_s, strategies=strategies, scenario=scenario,
                     forecast_model=forecast_model, window_s=window_s, hours=hours)
-    workers = workers or min(len(jobs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     results: dict[str, dict[str, Any]] = {region: {} for region in series}
-    if workers <= 1:
-        finished = map(_run, jobs)
-        for region, strategy, records in finished:
-            results[region][strategy] = {"hours": records, "totals": totals(records)}
-            if progress:
-                progress(region, strategy)
-    else:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run, job) for job in jobs]
-            for future in concurrent.futures.as_completed(futures):
-                region, strategy, records = future.result()
-                results[region][strategy] = {"hours": records, "totals": totals(records)}
-                if progress:
-                    progress(region, strategy)
+
+    def done(outcome: tuple[str, str, list[dict[str, Any]]]) -> None:
+        region, strategy, records = outcome
+        results[region][strategy] = {"hours": records, "totals": totals(records)}
+        if progress:
+            progress(region, strategy)
+
+    with ray_session(ray_address):
+        forecasts = dict(map_jobs(_forecast, forecast_jobs(jobs), workers=workers, ray_address=ray_address))
+        jobs = [dataclasses.replace(j, ci_forecast=forecasts[j.region], load_forecast=forecasts[LOAD_KEY])
+                for j in jobs]
+        map_jobs(_run, jobs, workers=workers, ray_address=ray_address, on_done=done)
+    for region, by_strategy in results.items():  # strategies in the order asked, whatever order they finished in
+        results[region] = {s: by_strategy[s] for s in strategies if s in by_strategy}
     summary = {}
     for region, by_strategy in results.items():
         base = by_strategy.get("base_full_cache", {}).get("totals", {}).get("total_g")

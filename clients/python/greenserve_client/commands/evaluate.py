@@ -37,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-s", type=float, default=600.0, help="seconds of traffic replayed per hour (60..3600)")
     parser.add_argument("--workers", type=int, default=0, help="processes (default: one per usable core)")
     parser.add_argument("--out", type=Path, default=Path("evaluation-report"), help="report folder")
-    parser.add_argument("--ray-address", help="run the days on a Ray cluster instead of local processes")
+    parser.add_argument("--ray-address", help="run the days on a Ray cluster instead of local processes: the cluster's "
+                        "address (auto, ray://head:10001) or 'local' for a Ray instance on this machine; needs the "
+                        "optional extra greenserve[ray]")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry: the last line is always JSON")
     return parser
 
@@ -45,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     from greenserve.evaluation import grids, report, run, scenario
     from greenserve.evaluation.day import STRATEGIES
+    from greenserve.evaluation.executor import RayUnavailable
     from greenserve.forecaster.forecast_models import MODELS
 
     parser = _parser()
@@ -62,10 +65,8 @@ def main(argv: list[str]) -> int:
         parser.error("--window-s: must be in 60..3600")
     if ns.workers < 0:
         parser.error("--workers: must be >= 0")
-    if ns.ray_address:
-        print(f"{prog}: error: --ray-address: Ray is not installed with greenserve (pip install 'ray[default]'); "
-              f"the local process pool runs the same jobs", file=sys.stderr)
-        return 2
+    if ns.ray_address is not None and not ns.ray_address.strip():
+        parser.error("--ray-address: empty (use 'local' for a Ray instance on this machine, or the cluster's address)")
     try:
         day = datetime.fromisoformat(ns.day).replace(tzinfo=UTC)
     except ValueError:
@@ -94,9 +95,12 @@ def main(argv: list[str]) -> int:
         try:
             result = run.evaluate(series, day_start_s=int(day.timestamp()), strategies=strategies, scenario=chosen,
                                   forecast_model=ns.forecast, window_s=ns.window_s, hours=ns.hours,
-                                  workers=ns.workers or None,
+                                  workers=ns.workers or None, ray_address=ns.ray_address,
                                   progress=lambda region, strategy: (bar.set_postfix_str(f"{region}/{strategy}"),
                                                                      bar.update(1)))
+        except RayUnavailable as exc:
+            print(f"{prog}: error: --ray-address: {exc}", file=sys.stderr)
+            return 2
         except (grids.GridDataError, ValueError) as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
