@@ -161,6 +161,9 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
         if gpu.pool and gpu.pool not in pools:
             raise InvalidArgument(f"fleet.gpus[{i}].pool", f"unknown pool {gpu.pool}")
         _mig_layout(f"fleet.gpus[{i}]", gpu, gpu.model or (reported_models or {}).get(gpu.uuid, 0))
+    from greenserve.optimizer.solvers.serving_modes import validate_modes  # the link and the pools' drafts
+
+    validate_modes(fleet)
 
 
 def _simulator_model(field: str, name: str) -> None:

@@ -62,6 +62,9 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     mig_resolve_change_fraction: float = Field(0.05, ge=0, le=10, description="within a plan, re-solve an hour's MIG "
                                                "layouts when its CI or load moved more than this since the last "
                                                "solve (CLOVER: 5 %; 0: every hour)")
+    modes_solver: str = Field("greenllm", pattern="^(greenllm|keep)$",
+                              description="serving modes: GreenLLM's choice per pool and hour (Standalone, SpecDecode, "
+                              "DPD, DSD), or keep the modes in force")
 
 
 # Documented ranges of EstimateCarbonRequest (protos/greenserve/v1/optimizer.proto): within them every
@@ -294,7 +297,8 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         else common_pb2.CARBON_SIGNAL_DIRECT,
         solvers=default_solvers(settings.routing_headroom_fraction, settings.routing_load,
                                 cache=settings.cache_solver, cache_per_hour_slo=settings.cache_slo_per_hour,
-                                mig=settings.mig_solver, mig_options=mig_options(settings)),
+                                mig=settings.mig_solver, mig_options=mig_options(settings),
+                                modes=settings.modes_solver),
         slo_breach_cooldown_s=settings.slo_breach_cooldown_s,
     )
     await loop.start()

@@ -1,7 +1,8 @@
 """Solver modules of the planner, one per knob (see ``greenserve.optimizer.planning``).
 
-``default_solvers()`` is the set the optimizer runs: the min-carbon routing weights and, for every other knob,
-"keep what is in force" until a solver for it is configured.
+``default_solvers()`` is the set the optimizer runs: the min-carbon routing weights, the GreenCache ILP (cache
+sizes), CLOVER's objective solved exactly (variants on MIG slices) and GreenLLM's mode choice (serving modes); each
+knob but routing can be set to ``keep`` (what is in force).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
+from greenserve.optimizer.solvers.serving_modes import GreenLlmModes
 
 
 def cache_solver(name: str, per_hour_slo: bool = False) -> Any:
@@ -33,12 +35,21 @@ def mig_solver(name: str, headroom_fraction: float = 0.9, load_bound: str = "upp
     raise ValueError(f"mig solver: must be clover-exact or keep, got {name!r}")
 
 
+def modes_solver(name: str, load_bound: str = "upper") -> Any:
+    """``greenllm`` (GreenLLM's mode choice per pool and hour) or ``keep`` (the modes in force)."""
+    if name == "greenllm":
+        return GreenLlmModes(load_bound=load_bound)
+    if name == "keep":
+        return KeepCurrent("serving_modes")
+    raise ValueError(f"modes solver: must be greenllm or keep, got {name!r}")
+
+
 def default_solvers(routing_headroom_fraction: float = 0.9, routing_load: str = "upper",
                     cache: str = "greencache", cache_per_hour_slo: bool = False, mig: str = "clover-exact",
-                    mig_options: dict[str, Any] | None = None) -> list[Any]:
+                    mig_options: dict[str, Any] | None = None, modes: str = "greenllm") -> list[Any]:
     return [
         MinCarbonRouting(headroom_fraction=routing_headroom_fraction, load_bound=routing_load),
         cache_solver(cache, cache_per_hour_slo),
         mig_solver(mig, routing_headroom_fraction, routing_load, **(mig_options or {})),
-        KeepCurrent("serving_modes"),
+        modes_solver(modes, routing_load),
     ]
