@@ -117,3 +117,14 @@ def test_wired_in_the_planner_with_keep() -> None:
     assert next(s for s in default_solvers(modes="keep") if s.knob == "serving_modes").name != "serving_modes.greenllm"
     with pytest.raises(ValueError, match="modes solver"):
         modes_solver("fastest")
+
+
+def test_greenllm_headline_quick_follows_the_convention_and_the_paper() -> None:
+    from greenserve.evaluation.headlines import check, greenllm
+
+    row = check("greenllm", greenllm.run(quick=True))
+    ours = row["ours"]
+    saving = ours["largest carbon saving vs Standalone (%)"]
+    assert 31.3 * 0.8 <= saving["value"] <= 40.6 * 1.2 and saving["mode"].startswith("DSD")
+    assert ours["mode at high load"]["value"] == "SpecDecode"
+    assert row["within_tolerance"] is True
