@@ -20,7 +20,8 @@ server started with an L2 adapter evicting by IsolatedLRU, e.g.
 "trigger_watermark":1.0,"eviction_ratio":0.1}}'`. IsolatedLRU is an allow-list: a salt without a quota
 loses all its L2 data, so a disk target of 0 removes the quota and empties the salt's disk tier.
 
-A shrink first deletes the pool's lowest-LCS entries (`DELETE /cache/objects`, both tiers: the index does not
+A shrink first deletes the pool's entries in the adaptive policy's order (`shrink_order.py`: lowest LCS first
+while LCS leads, least recently used first while LRU does; lowest LCS when no order is given) (`DELETE /cache/objects`, both tiers: the index does not
 know which tier holds an entry, and LMCache's store controller writes every L1 object through to L2) until
 the salt's L2 usage fits the target, then lowers the quota; LMCache's own LRU trims whatever the index did
 not know about at its next cycle. A grow only raises the quota. A server without an L2 adapter, or whose L2
@@ -32,11 +33,17 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from greenserve.cache_manager.index import CacheIndex
-from greenserve.cache_manager.lmcache_admin import DiskTierState, LmcacheAdmin, LmcacheError
+from greenserve.cache_manager.lmcache_admin import (
+    DiskTierState,
+    LmcacheAdmin,
+    LmcacheError,
+)
 from greenserve.cache_manager.resize import victims_to_fit
+from greenserve.cache_manager.shrink_order import Leader, lru_victims_to_fit
 
 # How long an apply waits for LMCache's eviction controller (one pass per second) to bring the usage under
 # a lowered quota before it reports the usage it sees.
@@ -83,8 +90,12 @@ def disk_capacity_bytes(state: DiskTierState) -> int | None:
 
 
 async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_bytes: int, now_s: float, *,
-                      salt: str = "", local: bool = False, settle_s: float = SETTLE_S) -> DiskOutcome:
-    """Apply target_bytes as the disk (L2) size of `salt` on one server; on failure nothing changes."""
+                      salt: str = "", local: bool = False, settle_s: float = SETTLE_S,
+                      choose_order: Callable[[int], Awaitable[Leader]] | None = None) -> DiskOutcome:
+    """Apply target_bytes as the disk (L2) size of `salt` on one server; on failure nothing changes.
+
+    ``choose_order(target_bytes)``, when given, says which entries a shrink deletes first (the adaptive
+    policy's leader, ``shrink_order``); without it, lowest LCS first."""
     try:
         state = await admin.disk_state(salt)
     except LmcacheError as exc:
@@ -106,15 +117,23 @@ async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_byte
         return DiskOutcome(True, "disk size already in force", current, used_bytes=state.used_bytes)
     evicted: tuple[str, ...] = ()
     deleted = 0
+    leader: Leader | None = None
     if state.used_bytes > target_bytes and index is not None and len(index):
-        # Lowest-LCS entries first, until the index's bytes have shed the L2 excess.
+        # The adaptive order's (or lowest-LCS) entries first, until the index's bytes have shed the L2 excess.
         # Strictly under the target: IsolatedLRU evicts a salt at or above watermark x quota (watermark <= 1).
-        keys = victims_to_fit(index, max(0, index.bytes_in_use - (state.used_bytes - target_bytes) - 1), now_s)
+        leader = await choose_order(target_bytes) if choose_order is not None else None
+        fit = max(0, index.bytes_in_use - (state.used_bytes - target_bytes) - 1)
+        if leader is not None and leader.policy == "LRU":
+            keys = lru_victims_to_fit(index, fit)
+            what = "least recently used"
+        else:
+            keys = victims_to_fit(index, fit, now_s)
+            what = "lowest-LCS"
         if keys:
             try:
                 deleted, _ = await admin.delete_objects(keys, tier="all")
             except LmcacheError as exc:
-                return DiskOutcome(False, f"evicting {len(keys)} lowest-LCS entries failed: {exc}; previous disk "
+                return DiskOutcome(False, f"evicting {len(keys)} {what} entries failed: {exc}; previous disk "
                                    f"size {current} bytes stays in force", current, used_bytes=state.used_bytes)
             for k in keys:
                 index.remove(k)
@@ -129,7 +148,9 @@ async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_byte
     detail = (f"disk {kind} from {current} to {target_bytes} bytes without a restart (L2 quota of salt "
               f"{salt or '_default'}); L2 usage {state.used_bytes} -> {used} bytes")
     if evicted:
-        detail += f"; {len(evicted)} lowest-LCS entries evicted first (LMCache deleted {deleted} objects)"
+        detail += f"; {len(evicted)} {what} entries evicted first (LMCache deleted {deleted} objects)"
+        if leader is not None:
+            detail += f"; {leader.text()}"
     if used > target_bytes:
         detail += f"; LMCache's IsolatedLRU trims the remaining {used - target_bytes} bytes at its next cycles"
     return DiskOutcome(True, detail, target_bytes, len(evicted), evicted, used)

@@ -17,6 +17,7 @@ import math
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,7 +25,7 @@ import numpy as np
 from pydantic import Field
 from sqlalchemy import select
 
-from greenserve.cache_manager import group_ttl, journal, read_or_recompute
+from greenserve.cache_manager import group_ttl, journal, read_or_recompute, shrink_order
 from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
 from greenserve.cache_manager.enforcer import follow_plans, on_this_host
 from greenserve.cache_manager.index import CacheIndex
@@ -389,11 +390,21 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         await self._journal_evictions(row.pool, outcome.evicted_keys)
         return outcome
 
+    def _shrink_order(self, pool: str) -> Callable[[int], Awaitable[shrink_order.Leader]]:
+        """The adaptive policy's order for a shrink of `pool` to a target size (shrink_order.py)."""
+
+        async def choose(target_bytes: int) -> shrink_order.Leader:
+            events = await asyncio.to_thread(shrink_order.recent_events, self.ctx.db, pool)
+            return await asyncio.to_thread(shrink_order.choose_leader, events, target_bytes)
+
+        return choose
+
     async def _resize_disk(self, row: LmcacheServer, disk: int) -> DiskOutcome:
         """Size one server's disk tier at run time (the caller holds the lock); evictions are journaled."""
         admin = self._admin(row.url)
         try:
-            outcome = await resize_disk(admin, self.indexes.get(row.pool), disk, _now_s(), local=on_this_host(row.url))
+            outcome = await resize_disk(admin, self.indexes.get(row.pool), disk, _now_s(), local=on_this_host(row.url),
+                                        choose_order=self._shrink_order(row.pool))
         finally:
             await admin.aclose()
         await self._journal_evictions(row.pool, outcome.evicted_keys)
