@@ -81,6 +81,7 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
         sections.append(f"<h2>{html.escape(region)}</h2><table><tr><th>strategy</th><th>kgCO2e</th>"
                         f"<th>saved vs Full Cache + BASE</th><th>min hourly attainment</th></tr>{''.join(rows)}</table>"
                         + "".join(images))
+    sections.append(_headlines_html(result.get("headlines", [])) + _fidelity_html(result.get("fidelity", [])))
     strategies = "".join(f"<li><b>{html.escape(s)}</b>: {html.escape(d)}</li>"
                          for s, d in result["strategy_descriptions"].items())
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>greenserve evaluation {html.escape(result['day'])}</title>
@@ -93,6 +94,43 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
     index = out_dir / "index.html"
     index.write_text(page)
     return index
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _headlines_html(rows: list[dict[str, Any]]) -> str:
+    """The seeds' headlines reproduced in their own settings (headlines/__init__.py), one row per figure."""
+    if not rows:
+        return ""
+    from greenserve.evaluation.headlines import table_rows
+
+    flat = table_rows(rows)
+    notes = "".join(f"<li><b>{html.escape(r['name'])}</b>: {html.escape(n)}</li>" for r in rows if r["status"] == "ok"
+                    for n in r["result"]["notes"])
+    return ("<h2>The seeds' headlines, reproduced in their own settings</h2>"
+            + _table(["seed", "setting", "figure", "paper", "ours", "within tolerance"],
+                     [list(r.values()) for r in flat])
+            + (f"<ul>{notes}</ul>" if notes else ""))
+
+
+def _fidelity_html(rows: list[dict[str, Any]]) -> str:
+    """The simulator's fidelity table (simulator/fidelity.py): how far to trust the replay."""
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        if r["kind"] == "bound":
+            verdict = f"{'holds' if r['holds'] else 'VIOLATED'} (model {r['bound']} published)"
+        else:
+            verdict = "n/a" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
+        body.append([r["source"], r["quantity"], r["setup"], f"{r['published']:.4g}", f"{r['model']:.4g}", r["unit"],
+                     verdict])
+    return ("<h2>Simulator fidelity (published figures it was not fitted on)</h2>"
+            + _table(["source", "quantity", "setup", "published", "model", "unit", "relative error"], body))
 
 
 def plotted_series(png: Path) -> dict[str, list[float]]:

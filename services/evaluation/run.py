@@ -15,6 +15,7 @@ import numpy as np
 from greenserve.evaluation import day
 from greenserve.evaluation.executor import map_jobs, ray_session
 from greenserve.evaluation.grids import HOUR_S, GridSeries
+from greenserve.evaluation.headlines import HEADLINES, landed
 from greenserve.evaluation.scenario import Scenario
 from greenserve.optimizer.planning import SeriesForecast
 
@@ -104,6 +105,35 @@ def totals(hours: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class SideJob:
+    """A table of the report made next to the days: a seed's headline (``name``) or the simulator's fidelity."""
+
+    kind: str  # "headline" or "fidelity"
+    name: str = ""
+    quick: bool = True
+
+
+def fidelity_table() -> list[dict[str, Any]]:
+    """The simulator's fidelity table (simulator/fidelity.py; the Kareto rows only where the Mooncake trace is)."""
+    from greenserve.simulator import fidelity
+    from greenserve.simulator.workloads import shared_dir
+
+    trace = (shared_dir() / "data/mooncake_fast25/conversation_trace.jsonl").is_file()
+    return [{**dataclasses.asdict(r), "relative_error": r.relative_error, "holds": r.holds}
+            for r in fidelity.fidelity_rows(include_trace_rows=trace)]
+
+
+def _run_any(job: Job | SideJob) -> tuple[str, Any]:
+    if isinstance(job, Job):
+        return "day", _run(job)
+    if job.kind == "fidelity":
+        return "fidelity", fidelity_table()
+    from greenserve.evaluation import headlines
+
+    return "headline", headlines.run_one(job.name, quick=job.quick)
+
+
 def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
     """One CI forecast per grid and one load forecast, from the history before the day only."""
     if not jobs:
@@ -118,24 +148,46 @@ def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
 
 def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: list[str], scenario: Scenario,
              forecast_model: str = "auto", window_s: float = day.DEFAULT_WINDOW_S, hours: int = 24,
-             workers: int | None = None, progress: Any = None, ray_address: str | None = None) -> dict[str, Any]:
+             workers: int | None = None, progress: Any = None, ray_address: str | None = None,
+             headlines: str = "none", fidelity: bool = True) -> dict[str, Any]:
     """Every (grid, strategy) day; ``progress`` is called with each finished job's (region, strategy).
-    ``ray_address``: run the jobs on that Ray cluster (``local``: a local Ray instance) instead of local processes."""
+    ``ray_address``: run the jobs on that Ray cluster (``local``: a local Ray instance) instead of local processes.
+    ``headlines`` (``none``, ``quick``, ``full``): the seeds' headline table, run next to the days; ``fidelity``:
+    the simulator's fidelity table."""
+    if headlines not in ("none", "quick", "full"):
+        raise ValueError(f"headlines: must be none, quick or full, got {headlines!r}")
     jobs = jobs_for(series, day_start_s=day_start_s, strategies=strategies, scenario=scenario,
                     forecast_model=forecast_model, window_s=window_s, hours=hours)
     results: dict[str, dict[str, Any]] = {region: {} for region in series}
 
-    def done(outcome: tuple[str, str, list[dict[str, Any]]]) -> None:
-        region, strategy, records = outcome
-        results[region][strategy] = {"hours": records, "totals": totals(records)}
-        if progress:
-            progress(region, strategy)
+    headline_rows: list[dict[str, Any]] = []
+    fidelity_rows: list[dict[str, Any]] = []
+    side: list[SideJob] = [SideJob("fidelity")] if fidelity else []
+    if headlines != "none":
+        ready = landed()
+        headline_rows = [{"name": n, "status": "missing", "error": f"{HEADLINES[n]} has not landed"}
+                         for n in HEADLINES if n not in ready]
+        side += [SideJob("headline", n, headlines == "quick") for n in ready]
+
+    def done(outcome: tuple[str, Any]) -> None:
+        kind, body = outcome
+        if kind == "day":
+            region, strategy, records = body
+            results[region][strategy] = {"hours": records, "totals": totals(records)}
+            if progress:
+                progress(region, strategy)
+        elif kind == "headline":
+            headline_rows.append(body)
+        else:
+            fidelity_rows.extend(body)
 
     with ray_session(ray_address):
         forecasts = dict(map_jobs(_forecast, forecast_jobs(jobs), workers=workers, ray_address=ray_address))
         jobs = [dataclasses.replace(j, ci_forecast=forecasts[j.region], load_forecast=forecasts[LOAD_KEY])
                 for j in jobs]
-        map_jobs(_run, jobs, workers=workers, ray_address=ray_address, on_done=done)
+        map_jobs(_run_any, [*jobs, *side], workers=workers, ray_address=ray_address, on_done=done)
+    order = {n: i for i, n in enumerate(HEADLINES)}
+    headline_rows.sort(key=lambda r: order.get(r["name"], len(order)))
     for region, by_strategy in results.items():  # strategies in the order asked, whatever order they finished in
         results[region] = {s: by_strategy[s] for s in strategies if s in by_strategy}
     summary = {}
@@ -151,4 +203,5 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         "strategy_descriptions": {s: day.STRATEGIES[s] for s in strategies},
         "scenario": [p.__dict__ for p in scenario.pools], "grids": results, "summary": summary,
         "simplifications": day.__doc__.split("* **Replay**")[1].strip() if day.__doc__ else "",
+        "headlines": headline_rows, "fidelity": fidelity_rows,
     }

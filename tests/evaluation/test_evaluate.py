@@ -14,7 +14,8 @@ from greenserve.evaluation import grids
 from greenserve.evaluation.report import plotted_series
 
 CLI = [sys.executable, "-m", "greenserve_client.cli", "evaluate"]
-SHORT = ["--grids", "FR", "--hours", "2", "--window-s", "120", "--forecast", "seasonal_naive", "--workers", "1"]
+SHORT = ["--grids", "FR", "--hours", "2", "--window-s", "120", "--forecast", "seasonal_naive", "--workers", "1",
+         "--headlines", "none"]
 
 
 def test_short_evaluation_report_plots_the_json(tmp_path: Path) -> None:

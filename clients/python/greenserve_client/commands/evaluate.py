@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ray-address", help="run the days on a Ray cluster instead of local processes: the cluster's "
                         "address (auto, ray://head:10001) or 'local' for a Ray instance on this machine; needs the "
                         "optional extra greenserve[ray]")
+    parser.add_argument("--headlines", choices=("quick", "full", "none"), default="quick",
+                        help="the seeds' headlines reproduced in their own settings, a table in the report "
+                        "(default quick: each module's quick setting; full: the modules' own settings)")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry: the last line is always JSON")
     return parser
 
@@ -95,7 +98,7 @@ def main(argv: list[str]) -> int:
         try:
             result = run.evaluate(series, day_start_s=int(day.timestamp()), strategies=strategies, scenario=chosen,
                                   forecast_model=ns.forecast, window_s=ns.window_s, hours=ns.hours,
-                                  workers=ns.workers or None, ray_address=ns.ray_address,
+                                  workers=ns.workers or None, ray_address=ns.ray_address, headlines=ns.headlines,
                                   progress=lambda region, strategy: (bar.set_postfix_str(f"{region}/{strategy}"),
                                                                      bar.update(1)))
         except RayUnavailable as exc:
