@@ -17,6 +17,7 @@ from greenserve.profiler import engine_backend, engine_metrics
 from greenserve.profiler.engine_backend import prompt_token_ids
 from greenserve.profiler.power import NvmlPowerMeter
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
+from greenserve.simulator.perf_model import load_profile
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, profiler_pb2
 
 from tests.cache_manager.conftest import lmcache_server  # noqa: F401 - the real LMCache server fixture
@@ -153,12 +154,19 @@ async def test_engine_per_configuration_started_by_the_profiler(profiler) -> Non
     h100 = profiles["llama3-8b@H100-80GB|workload=sharegpt"]
     a100 = profiles["llama3-8b@A100-80GB|workload=sharegpt"]
     assert "--profile llama3-8b@H100-80GB" in h100.note and "--profile llama3-8b@A100-80GB" in a100.note
-    for profile in (h100, a100):
+    for profile, name in ((h100, "llama3-8b@H100-80GB"), (a100, "llama3-8b@A100-80GB")):
         point = profile.points[0]
         assert point.requests == 10 and point.failed_requests == 0 and point.tpot_mean_s > 0
+        # no NVML: the power is the emulator's modelled energy counter over the window, between the profile's
+        # idle and maximum draw, and the point says so
+        engine_profile = load_profile(name)
+        assert point.power_source == "engine_metric"
+        assert engine_profile.idle_w < point.power_w < engine_profile.max_w
+        assert point.energy_per_request_kwh > 0 and point.energy_per_output_token_j > 0
         url = re.search(r"engine (http://127\.0\.0\.1:\d+)", profile.note).group(1)
         with pytest.raises(httpx.ConnectError):  # the profiler stopped the engine after its ladder
             httpx.get(f"{url}/health", timeout=2)
+    assert h100.points[0].power_w != a100.points[0].power_w
     # without a launcher an engine sweep needs its URL
     other = await profiler(import_published=False)
     with pytest.raises(grpc.aio.AioRpcError) as err:

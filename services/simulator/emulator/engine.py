@@ -198,15 +198,42 @@ class EmulatedEngine:
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
         """Queue a request (it shows in ``num_requests_waiting`` until admitted)."""
-        req.arrival_s = self.now_s()
+        self._enqueue(req, self.now_s())
+        assert self._work is not None
+        self._work.set()
+
+    def _enqueue(self, req: EngineRequest, arrival_s: float) -> None:
+        req.arrival_s = arrival_s
         req.prefill_target = req.prompt_tokens
         req.block_hashes = block_hashes(req.prompt_token_ids, self.shape.block_size_tokens)
         if req.eos_probability > 0 and not req.ignore_eos:
             req._eos_rng = random.Random(hash((req.eos_seed, tuple(req.prompt_token_ids))))
         self.waiting.append(req)
         self.metrics.num_requests_waiting = len(self.waiting)
-        assert self._work is not None
-        self._work.set()
+
+    def run_virtual(self, arrivals: Sequence[tuple[float, EngineRequest]]) -> None:
+        """Serve ``arrivals`` (modelled arrival time, request) to completion on the modelled clock alone: no
+        event loop and no pacing, each step lasting its modelled duration, a request that arrives during a step
+        joining the next one. The requests' timings and the metrics are what the engine records in real time on a
+        host that keeps up; the difference between the two is the host's (pacing, HTTP front). Do not mix with
+        ``start``."""
+        pending = deque(sorted(arrivals, key=lambda a: a[0]))
+        clock = self._clock_s
+        while pending or self.running or self.waiting:
+            if not self.running and not self.waiting:
+                clock = max(clock, pending[0][0])
+            while pending and pending[0][0] <= clock:
+                t, req = pending.popleft()
+                self._enqueue(req, t)
+            plan = self._schedule()
+            if plan is None:
+                raise RuntimeError("run_virtual: requests left that no step can schedule")
+            duration_s = plan.duration_s * self.faults.slow_factor
+            clock += duration_s
+            self._clock_s = clock
+            self._step_extra_energy_j += (plan.power_w - self.timer.idle_power_w) * duration_s
+            self._complete(plan)
+            self.steps += 1
 
     def abort(self, req: EngineRequest, reason: str = "client disconnected") -> None:
         """Drop a request (client went away): free its blocks now, count it as aborted."""
@@ -376,7 +403,7 @@ class EmulatedEngine:
     def _admit(self, prefill: list[tuple[EngineRequest, int]], budget: int) -> None:
         bs = self.shape.block_size_tokens
         pool, m = self.pool, self.metrics
-        now = None
+        now = self._clock_s  # a step is being planned: the clock stands at the end of the previous one
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             target = req.prefill_target
@@ -401,8 +428,6 @@ class EmulatedEngine:
             if not req.admitted_once:
                 req.admitted_once = True
                 req.num_cached_tokens = hit_tokens
-                if now is None:
-                    now = self.now_s()
                 req.scheduled_s = now
                 m.queue_time.observe(now - req.arrival_s)
             prefill.append((req, n))
