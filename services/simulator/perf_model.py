@@ -41,6 +41,7 @@ from typing import Any
 __all__ = [
     "DATA_FILE",
     "DEFAULT_PROFILE",
+    "REUSE_RULES",
     "TIERS",
     "DisaggConfig",
     "EngineProfile",
@@ -59,6 +60,12 @@ DEFAULT_PROFILE: str = "llama3-8b@A100-80GB"
 """The profile used when a caller names none (the most common single-GPU vLLM setup)."""
 
 TIERS: tuple[str, ...] = ("hbm", "dram", "disk")
+
+REUSE_RULES: tuple[str, ...] = ("latency", "always", "energy")
+"""Read-or-recompute rules of ``PerfModel.plan_prefix_reuse``: ``latency`` (read a DRAM/disk segment only when it
+is hidden by queueing or beats recomputing it), ``always`` (LMCache's behaviour and Kareto's simulator: every hit
+is loaded, however slow the tier), ``energy`` (StoreLLM Sec. 3.4 / Algorithm 1: read whenever reading costs less
+energy than recomputing and the reload fits in the request's delay budget)."""
 """Cache tiers, fastest first: GPU HBM (vLLM prefix cache), host DRAM (LMCache L1), disk (LMCache L2)."""
 
 SUPPORTED_SCHEMA_VERSION = 1
@@ -80,6 +87,8 @@ _ENGINE_KEYS = (
     "dram_latency_s",
     "memory_power_weight",
     "tp_comm_efficiency",
+    "tp_link_bandwidth_bytes_per_s",
+    "tp_allreduce_latency_s",
 )
 _INT_KEYS = frozenset({"block_size_tokens", "max_num_seqs", "max_num_batched_tokens", "gpu_count",
                        "n_layers", "hidden_size", "n_kv_heads", "head_dim"})
@@ -128,6 +137,10 @@ class EngineProfile:
     step_overhead_s: float
     memory_power_weight: float
     tp_comm_efficiency: float
+    # Tensor-parallel all-reduces over a link (PCIe-only nodes); 0 = not modelled (NVLink, or the flat
+    # tp_comm_efficiency). When set, PerfModel derives the TP cost from them instead of tp_comm_efficiency.
+    tp_link_bandwidth_bytes_per_s: float = 0.0
+    tp_allreduce_latency_s: float = 0.0
     data_version: str = ""
     calibrated_from: str = ""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -323,6 +336,12 @@ def _load_profile_cached(name: str, path: str) -> EngineProfile:
                        ("bandwidth_fraction", bandwidth_fraction)):
         if not 0.0 < value <= 1.0:
             raise ValueError(f"{key}: must be in (0, 1] in profiles.{name}")
+    # W8A8 INT8 checkpoints run their GEMMs on the INT8 tensor cores (vLLM's scaled_mm kernels); weight-only
+    # quantisation and BF16 run at the FP16 rate.
+    tensor_dtype = str(spec.get("tensor_dtype", "fp16"))
+    if tensor_dtype not in ("fp16", "int8"):
+        raise ValueError(f"tensor_dtype: must be 'fp16' or 'int8' in profiles.{name}")
+    peak_key = "peak_int8_ops" if tensor_dtype == "int8" else "peak_fp16_flops"
     power_fraction = compute_fraction  # a MIG slice's share of the board power follows its SMs (assumption)
     gpu_sources = gpu.get("sources", {})
     model_sources = model.get("sources", {})
@@ -342,7 +361,7 @@ def _load_profile_cached(name: str, path: str) -> EngineProfile:
         n_kv_heads=int(_number(model, "n_kv_heads", f"models.{model_name}")),
         head_dim=int(_number(model, "head_dim", f"models.{model_name}")),
         gpu_count=count,
-        peak_flops=_number(gpu, "peak_fp16_flops", f"gpus.{gpu_name}") * count * compute_fraction,
+        peak_flops=_number(gpu, peak_key, f"gpus.{gpu_name}") * count * compute_fraction,
         hbm_bandwidth_bytes_per_s=_number(gpu, "hbm_bandwidth_bytes_per_s", f"gpus.{gpu_name}") * count
         * bandwidth_fraction,
         memory_bytes=_number(gpu, "memory_bytes", f"gpus.{gpu_name}") * count * memory_fraction,
@@ -360,7 +379,7 @@ def _load_profile_cached(name: str, path: str) -> EngineProfile:
         "n_kv_heads": model_sources.get("n_kv_heads", ""),
         "head_dim": model_sources.get("head_dim", ""),
         "gpu_count": prof_sources.get("gpu_count", ""),
-        "peak_flops": cite("peak_flops", "peak_fp16_flops", "compute_fraction"),
+        "peak_flops": cite("peak_flops", peak_key, "compute_fraction", "tensor_dtype"),
         "hbm_bandwidth_bytes_per_s": cite("hbm", "hbm_bandwidth_bytes_per_s", "bandwidth_fraction"),
         "memory_bytes": cite("memory", "memory_bytes", "memory_fraction"),
         "idle_w": cite("idle", "idle_w", "compute_fraction"),
@@ -394,6 +413,7 @@ class PerfModel:
         "_overhead_s",
         "_prefill_rate",
         "_span_w",
+        "_tp_step_s",
         "_weight_bytes",
         "_weight_read_s",
         "profile",
@@ -404,12 +424,27 @@ class PerfModel:
             raise TypeError("profile: must be an EngineProfile")
         self.profile = profile
         p = profile
-        self._prefill_rate = p.peak_flops * p.prefill_mfu * p.tp_comm_efficiency  # FLOP/s achieved in prefill
+        # Tensor parallelism over a link (no NVLink), when the profile gives one: every layer all-reduces the
+        # hidden state twice (after attention, after the MLP), a ring moving 2 (p - 1) / p of the BF16
+        # activations per GPU, and each all-reduce has a fixed latency. vLLM runs them between the GEMMs (no
+        # overlap), so per token they add ``4 L (p - 1) / p x hidden x 2 bytes / link`` seconds to the compute
+        # (expressed as the derived efficiency ``tp_eff`` of the compute rate) and per step ``2 L x latency``
+        # (in the step overhead). Without a link the flat ``tp_comm_efficiency`` applies as before.
+        tp_eff_compute = tp_eff_memory = p.tp_comm_efficiency
+        self._tp_step_s = 0.0
+        if p.gpu_count > 1 and p.tp_link_bandwidth_bytes_per_s > 0:
+            ring = 2.0 * (p.gpu_count - 1) / p.gpu_count
+            comm_per_token_s = 4.0 * p.n_layers * ring / 2.0 * p.hidden_size * 2.0 / p.tp_link_bandwidth_bytes_per_s
+            compute_per_token_s = 2.0 * p.n_params / (p.peak_flops * p.prefill_mfu)
+            tp_eff_compute = compute_per_token_s / (compute_per_token_s + comm_per_token_s)
+            tp_eff_memory = 1.0
+            self._tp_step_s = 2.0 * p.n_layers * p.tp_allreduce_latency_s
+        self._prefill_rate = p.peak_flops * p.prefill_mfu * tp_eff_compute  # FLOP/s achieved in prefill
         self._decode_compute_rate = self._prefill_rate
-        self._decode_rate = p.hbm_bandwidth_bytes_per_s * p.decode_mbu * p.tp_comm_efficiency  # bytes/s
+        self._decode_rate = p.hbm_bandwidth_bytes_per_s * p.decode_mbu * tp_eff_memory  # bytes/s
         self._weight_bytes = p.weight_bytes
         self._kv_bytes_per_token = p.kv_bytes_per_token
-        self._overhead_s = p.step_overhead_s
+        self._overhead_s = p.step_overhead_s + self._tp_step_s
         self._weight_read_s = p.weight_bytes / self._decode_rate
         self._flops_per_token = 2.0 * p.n_params
         self._attn_coeff = 4.0 * p.n_layers * p.hidden_size  # QK^T and AV: 2 x 2 x d FLOPs per (token, context) pair per layer
@@ -532,7 +567,8 @@ class PerfModel:
         return tokens * (self._flops_per_token + self._attn_coeff * (cached_before + 0.5 * tokens)) / self._prefill_rate
 
     def plan_prefix_reuse(self, hbm_tokens: int, dram_tokens: int, disk_tokens: int, prompt_tokens: int,
-                          queue_wait_s: float = 0.0) -> ReusePlan:
+                          queue_wait_s: float = 0.0, rule: str = "latency",
+                          delay_budget_s: float = math.inf) -> ReusePlan:
         """Read-or-recompute rule for a prompt whose cached prefix is split over the tiers (fastest first).
 
         HBM hits are always used. A DRAM or disk segment is used only if the prefix before it is used
@@ -540,9 +576,21 @@ class PerfModel:
         the queue anyway (Kareto Sec. 3.3, Obs. 2/4: disk reloads are prefetched during queueing) or is
         faster than recomputing those tokens (StoreLLM Sec. 3.4: read only when it beats compute under
         the delay budget). Reload time not hidden by queueing is returned in ``load_s``.
+
+        ``rule`` (``REUSE_RULES``) replaces that test: ``always`` loads every segment when the request is
+        scheduled, none of it hidden behind queueing (LMCache's blocking retrieve at the start of the step; Kareto's
+        simulator); ``energy`` (StoreLLM) loads a segment when its reload energy (the engine waiting at idle
+        power) is below the energy of recomputing it (at full power) and the reload time not hidden by queueing
+        keeps the request within ``delay_budget_s`` (the wait so far, the exposed reloads and the prefill of
+        the tokens still to compute): StoreLLM reads whenever the delay budget allows, even when reading is
+        slower than computing.
         """
         if min(hbm_tokens, dram_tokens, disk_tokens, prompt_tokens) < 0 or queue_wait_s < 0:
             raise ValueError("prompt_tokens: token counts and queue_wait_s must be >= 0")
+        if rule not in REUSE_RULES:
+            raise ValueError(f"rule: must be one of {', '.join(REUSE_RULES)}, got {rule!r}")
+        if not delay_budget_s > 0:
+            raise ValueError("delay_budget_s: must be > 0")
         if hbm_tokens + dram_tokens + disk_tokens > prompt_tokens:
             raise ValueError("prompt_tokens: cached tokens exceed the prompt")
         used = hbm_tokens
@@ -557,7 +605,19 @@ class PerfModel:
                 skipped += tokens
                 continue
             load_s = self.load_time_s(tokens, tier)
-            if load_s <= budget:
+            if rule == "always":  # LMCache loads a hit when the request is scheduled: nothing is hidden
+                exposed += load_s
+            elif rule == "energy":
+                hidden = min(load_s, budget)
+                recompute_s = self.recompute_time_s(tokens, used)
+                rest_s = self.recompute_time_s(prompt_tokens - used - tokens, used + tokens)
+                saves = load_s * self._idle_w < recompute_s * (self._idle_w + self._span_w)
+                if not (saves and queue_wait_s + exposed + load_s - hidden + rest_s <= delay_budget_s):
+                    skipped += tokens
+                    continue
+                exposed += load_s - hidden
+                budget -= hidden
+            elif load_s <= budget:
                 budget -= load_s
             elif load_s - budget < self.recompute_time_s(tokens, used):
                 exposed += load_s - budget

@@ -45,6 +45,7 @@ import numpy as np
 from greenserve.simulator.perf_model import (
     DEFAULT_PROFILE,
     EngineProfile,
+    REUSE_RULES,
     PerfModel,
     SpecDecodeConfig,
     load_profile,
@@ -87,6 +88,9 @@ class EngineSpec:
     ``disk_ttl_s`` / ``disk_group_ttls_s``: idle TTLs making the disk tier elastic (tiers.py; LRU only).
     ``disk_medium``: ``nvme``, ``sata-ssd`` or ``hdd`` (tiers.DISK_MEDIA) for the disk's bandwidth and
     latency; empty: the profile's.
+    ``reuse_rule``: the read-or-recompute rule for DRAM/disk hits (``perf_model.REUSE_RULES``): ``latency``
+    (default), ``always`` (LMCache: load every hit), ``energy`` (StoreLLM: read whenever it saves energy and
+    the TTFT stays within ``reuse_delay_budget_s``).
     """
 
     profile: EngineProfile | str = DEFAULT_PROFILE
@@ -101,6 +105,8 @@ class EngineSpec:
     disk_group_ttls_s: Mapping[int, float] | None = None
     disk_group_depth: int = 0
     disk_medium: str = ""
+    reuse_rule: str = "latency"
+    reuse_delay_budget_s: float = math.inf
 
     def resolved_profile(self) -> EngineProfile:
         """The profile object (loading it by name if needed), with the disk medium's bandwidth if one is named."""
@@ -166,6 +172,10 @@ class FleetConfig:
                 raise ValueError("dram_capacity_tokens: tier capacities must be >= 0")
             if e.disk_medium and e.disk_medium not in DISK_MEDIA:
                 raise ValueError(f"disk_medium: must be one of {sorted(DISK_MEDIA)} or empty, got {e.disk_medium!r}")
+            if e.reuse_rule not in REUSE_RULES:
+                raise ValueError(f"reuse_rule: must be one of {', '.join(REUSE_RULES)}, got {e.reuse_rule!r}")
+            if not e.reuse_delay_budget_s > 0:
+                raise ValueError("reuse_delay_budget_s: must be > 0")
             e.tier_specs()
 
     @classmethod
@@ -329,6 +339,8 @@ class _Engine:
         "pm",
         "prefilled_tokens",
         "prefix_caching",
+        "reuse_budget",
+        "reuse_rule",
         "reserved",
         "role",
         "routable",
@@ -355,6 +367,8 @@ class _Engine:
         self.role = spec.role
         self.spec = spec.spec
         self.prefix_caching = spec.prefix_caching
+        self.reuse_rule = spec.reuse_rule
+        self.reuse_budget = spec.reuse_delay_budget_s
         self.waiting: deque[int] = deque()
         self.state = 0  # 0 idle, 1 mixed step, 2 decode run
         self.version = 0
@@ -385,8 +399,8 @@ class _Engine:
         self.on = on
         self.routable = on
         # step-time lines: t(C) = max(w0 + m1 C, o + B fpt + c1 C)
-        self.o = profile.step_overhead_s
-        self.w0 = profile.step_overhead_s + pm._weight_read_s
+        self.o = pm._overhead_s  # the profile's step overhead plus, on a PCIe TP engine, the all-reduce latencies
+        self.w0 = pm._overhead_s + pm._weight_read_s
         self.m1 = pm._kv_bytes_per_token / pm._decode_rate
         self.fpt = pm._flops_per_token / pm._decode_compute_rate
         self.c1 = pm._attn_coeff / pm._decode_compute_rate
@@ -890,7 +904,8 @@ class _Sim:
         d_tok = min(nd * ht, cap - h_tok)
         k_tok = min(nk * ht, cap - h_tok - d_tok)
         if d_tok or k_tok:
-            plan = eng.pm.plan_prefix_reuse(h_tok, d_tok, k_tok, p, now - self.arrival[r])
+            plan = eng.pm.plan_prefix_reuse(h_tok, d_tok, k_tok, p, now - self.arrival[r], eng.reuse_rule,
+                                            eng.reuse_budget)
             d_tok, k_tok = plan.used_dram_tokens, plan.used_disk_tokens
             self.skipped[r] = plan.skipped_tokens
             self.step_extra_tmp = plan.load_s

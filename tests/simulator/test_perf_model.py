@@ -56,8 +56,8 @@ def test_loaded_profile_carries_sources_for_its_fields() -> None:
     assert "L40" in profile.sources["peak_flops"]
     assert profile.weight_bytes_per_param == 1.0
     assert profile.gpu_count == 4
-    # 4 x 181.05 TFLOPS from the L40 datasheet
-    assert profile.peak_flops == pytest.approx(4 * 181.05e12)
+    # W8A8 INT8 on the L40's INT8 tensor cores: 4 x 362.1 TOPS from the L40 datasheet
+    assert profile.peak_flops == pytest.approx(4 * 362.1e12)
 
 
 def test_unknown_profile_is_a_clear_key_error() -> None:
