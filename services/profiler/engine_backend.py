@@ -72,6 +72,63 @@ def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_to
     return ids
 
 
+class CompletionStream:
+    """What the profiler reads of one streamed ``/v1/completions`` answer, fed the body's bytes as they arrive:
+    when the first generated token reached the client, and the token count (the usage chunk, vLLM's
+    ``include_usage``; else the events after the first). Only the bytes up to the first token are parsed; after
+    it, only the stream's last few KB are kept, so the client's parsing does not compete with the engine for the
+    CPU at high rates (one event per token)."""
+
+    EVENT = b"data: {"
+    TAIL_BYTES = 8192
+
+    def __init__(self) -> None:
+        self.first_s: float | None = None
+        self._head = b""
+        self._tail = b""
+        self._events = 0
+
+    def feed(self, data: bytes) -> None:
+        if self.first_s is None:
+            self._head += data
+            data = self._first_token()
+            if self.first_s is None:
+                return
+        if not data:
+            return
+        joined = self._tail[-len(self.EVENT) + 1:] + data if self._tail else data
+        self._events += joined.count(self.EVENT)
+        self._tail = (self._tail + data)[-self.TAIL_BYTES:]
+
+    def _first_token(self) -> bytes:
+        head, start = self._head, 0
+        while True:
+            end = head.find(b"\n\n", start)
+            if end < 0:
+                return b""
+            event = head[start:end].strip()
+            start = end + 2
+            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                continue
+            choices = json.loads(event[6:]).get("choices") or []
+            if choices and choices[0].get("text"):
+                self.first_s = time.monotonic()
+                self._head = b""
+                return head[start:]
+
+    def tokens(self) -> int:
+        """Generated tokens: the last usage chunk's ``completion_tokens``, else the token events counted."""
+        for event in reversed(self._tail.split(b"\n\n")):
+            event = event.strip()
+            if b'"completion_tokens"' in event and event.startswith(b"data: {"):
+                value = (json.loads(event[6:]).get("usage") or {}).get("completion_tokens")
+                if value is not None:
+                    return int(value)
+        if self.first_s is None:
+            return 0
+        return self._events + 1
+
+
 class EngineBackend:
     """The SWEEP_BACKEND_ENGINE measurements (one instance per sweep run)."""
 
@@ -304,41 +361,22 @@ class EngineBackend:
         body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
                 "temperature": 0.0, "stream_options": {"include_usage": True}}
         t0 = time.monotonic()
-        first: float | None = None
-        chunks = 0
-        tokens: int | None = None
+        stream = CompletionStream()
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._http().stream("POST", f"{base}/v1/completions", json=body) as reply:
                     if reply.status_code != 200:
                         await reply.aread()
                         return math.nan, math.nan, math.nan, 0
-                    async for line in reply.aiter_lines():
-                        if not line.startswith("data: "):
-                            continue
-                        data = line[6:].strip()
-                        if data == "[DONE]":
-                            break
-                        # parse only what is needed (the first token, the usage chunk): at high rates the
-                        # client's JSON decoding would otherwise compete with the engine for the CPU
-                        if first is not None and '"completion_tokens"' not in data:
-                            chunks += 1
-                            continue
-                        event = json.loads(data)
-                        choices = event.get("choices") or []
-                        if choices and choices[0].get("text"):
-                            chunks += 1
-                            if first is None:
-                                first = time.monotonic()
-                        usage = event.get("usage")
-                        if usage and usage.get("completion_tokens") is not None:
-                            tokens = int(usage["completion_tokens"])
+                    async for data in reply.aiter_bytes():
+                        stream.feed(data)
+            end = time.monotonic()
+            first = stream.first_s
+            n = stream.tokens()
         except (httpx.HTTPError, TimeoutError, ValueError):
             return math.nan, math.nan, math.nan, 0
-        end = time.monotonic()
         if first is None:
             return math.nan, math.nan, math.nan, 0
-        n = tokens if tokens is not None else chunks
         ttft, e2e = (first - t0) * scale, (end - t0) * scale
         tpot = (e2e - ttft) / (n - 1) if n > 1 else math.nan
         return ttft, tpot, e2e, n

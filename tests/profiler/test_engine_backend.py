@@ -256,3 +256,33 @@ async def test_points_of_a_ladder_do_not_reuse_each_others_prompts() -> None:
     finally:
         await backend.close()
         await emu.stop()
+
+
+def test_completion_stream_reads_first_token_and_usage_across_any_split() -> None:
+    """The client reads the streamed body as bytes: the first token and the usage chunk are found wherever the
+    network splits the stream; without a usage chunk the token events are counted."""
+    import json as _json
+
+    def event(obj) -> bytes:
+        return b"data: " + _json.dumps(obj).encode() + b"\n\n"
+
+    tokens = [event({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}], "usage": None})
+              for i in range(5)]
+    usage = event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}})
+    with_usage = b"".join(tokens) + usage + b"data: [DONE]\n\n"
+    without = b"".join(tokens) + b"data: [DONE]\n\n"
+    for body, expected in ((with_usage, 5), (without, 5)):
+        for cut in range(1, len(body), 7):
+            for size in (1, 13, len(body)):
+                stream = engine_backend.CompletionStream()
+                parts = [body[:cut]] + [body[i:i + size] for i in range(cut, len(body), size)]
+                first_at = None
+                for i, part in enumerate(parts):
+                    stream.feed(part)
+                    if first_at is None and stream.first_s is not None:
+                        first_at = sum(len(p) for p in parts[:i + 1])
+                assert stream.tokens() == expected, (cut, size)
+                assert first_at is not None and first_at >= len(tokens[0])  # not before the first event was whole
+    empty = engine_backend.CompletionStream()
+    empty.feed(b"data: [DONE]\n\n")
+    assert empty.first_s is None and empty.tokens() == 0

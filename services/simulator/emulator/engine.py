@@ -86,6 +86,8 @@ class EngineRequest:
 
     _waiter: asyncio.Future[None] | None = None
     _eos_rng: random.Random | None = None
+    #: event-loop time at which the request was queued (None in virtual time)
+    _arrival_wall: float | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -199,6 +201,7 @@ class EmulatedEngine:
     def add_request(self, req: EngineRequest) -> None:
         """Queue a request (it shows in ``num_requests_waiting`` until admitted)."""
         self._enqueue(req, self.now_s())
+        req._arrival_wall = asyncio.get_running_loop().time()
         assert self._work is not None
         self._work.set()
 
@@ -291,11 +294,18 @@ class EmulatedEngine:
                 continue
             if self._idle:
                 # leaving idle: the engine starts when the first request arrived; the host's wake-up
-                # latency (which time_scale would magnify) is not engine time
-                self._clock_s = max(self._clock_s, self.waiting[0].arrival_s if self.waiting else self._clock_s)
-                self._clock_wall = loop.time()
+                # latency (which time_scale would magnify) is not engine time, and the step's wall-clock
+                # deadline counts from the arrival too, so a client does not wait for it either
+                now_wall = loop.time()
+                first = self.waiting[0] if self.waiting else None
+                start_wall = now_wall
+                if first is not None and first.arrival_s >= self._clock_s:
+                    self._clock_s = first.arrival_s
+                    if first._arrival_wall is not None:
+                        start_wall = min(now_wall, first._arrival_wall)
+                self._clock_wall = start_wall
                 self._idle = False
-                deadline = loop.time()
+                deadline = start_wall
             plan = self._schedule()
             if plan is None:  # nothing schedulable (cannot happen with validated requests): wait for change
                 self._work.clear()
