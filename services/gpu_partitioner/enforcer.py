@@ -48,6 +48,7 @@ from greenserve.gpu_partitioner.engine_launch import (
     EngineStartError,
     EngineSupervisor,
     mig_hardware,
+    mode_name,
 )
 from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2, router_pb2_grpc
@@ -143,6 +144,7 @@ class Want:
 
     pool: str
     variant: str
+    mode: str = "standalone"  # the pool's serving mode in the interval (engine_launch.mode_name)
 
 
 @dataclass
@@ -180,6 +182,7 @@ class MigEnforcer:
         self.drain_timeout_s = drain_timeout_s
         self.health_timeout_s = health_timeout_s
         self.on_change = on_change
+        self.modes: dict[str, common_pb2.ServingModeTarget] = {}  # the interval's serving mode per pool
 
     # ---------------------------------------------------------------------------------------------
     # Reconcile
@@ -189,6 +192,7 @@ class MigEnforcer:
         notes: list[str] = self._crashed_notes()
         if interval is None:
             return Outcome(APPLIED, "; ".join(["the plan has no interval: nothing to do", *notes]))
+        self.modes = {t.pool: t for t in interval.serving_modes}
         gpus = {g.uuid: g for g in await asyncio.to_thread(self.backend.list_gpus)}
         mine = [(i, layout) for i, layout in enumerate(interval.mig_layouts) if layout.gpu_uuid in gpus]
         others = len(interval.mig_layouts) - len(mine)
@@ -271,11 +275,12 @@ class MigEnforcer:
         explicit = [p for p in layout.placements if p.size != 0]
         for placement, p in zip(placed, explicit, strict=True):
             if p.pool:
-                target.wants[placement] = Want(p.pool, p.model_variant)
+                target.wants[placement] = Want(p.pool, p.model_variant, self._mode(p.pool))
         extra = sorted((t for t in target.plan.target if t not in set(placed)), key=lambda t: (t.profile, t.start))
         running = self._running_roles(target.gpu)
         for profile in sorted({name for _, name in unplaced}):
-            specs = [Want(layout.placements[j].pool, layout.placements[j].model_variant) if layout.placements[j].pool
+            specs = [Want(layout.placements[j].pool, layout.placements[j].model_variant,
+                          self._mode(layout.placements[j].pool)) if layout.placements[j].pool
                      else None for j, name in unplaced if name == profile]
             slots = [t for t in extra if t.profile == profile]
             # a GI kept with an engine already in the wanted role keeps it; the rest in order
@@ -288,6 +293,10 @@ class MigEnforcer:
             for slot, spec in zip(slots, specs, strict=False):
                 if spec is not None:
                     target.wants[slot] = spec
+
+    def _mode(self, pool: str) -> str:
+        target = self.modes.get(pool)
+        return mode_name(target.serving_mode) if target is not None else "standalone"
 
     def _running_roles(self, gpu: GpuState) -> dict[Placement, Want]:
         if self.supervisor is None:
@@ -475,7 +484,16 @@ class MigEnforcer:
         model = chosen.model if chosen is not None and chosen.model else pool.model
         profile = geo.profile(inst.profile) if geo.has_profile(inst.profile) else None
         share = profile.compute_slices / geo.compute_slices if profile is not None and geo.compute_slices else 1.0
+        mode = self.modes.get(pool.name)
+        draft = pool.draft if pool.HasField("draft") else None
         return EngineSpec(
+            serving_mode=mode.serving_mode if mode is not None else 0,
+            draft_model=draft.model if draft is not None else "",
+            draft_simulator_model=draft.simulator_model if draft is not None else "",
+            num_speculative_tokens=(draft.num_speculative_tokens if draft is not None else 0) or 3,
+            acceptance_fraction=draft.acceptance_fraction if draft is not None else 0.0,
+            old_hardware=mode.old_hardware if mode is not None else "",
+            link_bandwidth_bytes_per_s=mode.link_bandwidth_bytes_per_s if mode is not None else 0.0,
             engine_id=engine_id_for(self.node, inst.uuid), pool=pool.name, served_model=pool.model,
             variant=chosen.name if chosen is not None else "", model=model,
             simulator_model=chosen.simulator_model if chosen is not None else "",

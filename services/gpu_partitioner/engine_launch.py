@@ -7,10 +7,21 @@ Two launchers build the command of one engine behind one small interface (`Engin
   (``--kv-transfer-config`` with ``LMCacheMPConnector``) when the pool has an LMCache server, then the
   variant's own ``vllm_args`` (last, so a variant can override a default); environment
   ``CUDA_VISIBLE_DEVICES=<MIG device UUID>``. Health is vLLM's ``GET /health`` (200 when the engine runs).
+  Serving modes (GreenLLM; the plan's ``ServingModeTarget`` with the pool's ``draft``): SpecDecode adds
+  ``--speculative-config '{"method":"draft_model","model":<draft>,"num_speculative_tokens":k}'`` (vLLM's
+  draft-model speculation: a vLLM recent enough to have it, see docs/gpu_partitioner.md). DPD is a pair of
+  engines, ``disaggregated_prefill_commands``: the prefiller on the new GPU and the decoder on the older one,
+  ``--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_producer"|"kv_consumer"}'`` with
+  LMCache's PD settings (``LMCACHE_ENABLE_PD``, ``LMCACHE_PD_ROLE`` sender / receiver), behind a proxy that sends
+  each request to the prefiller and then the decoder (vLLM's disaggregated-prefill examples); ``command`` refuses
+  DPD and DSD (vLLM has no disaggregated speculative decoding: GreenLLM's is its own plug-in) because one MIG
+  instance of this node cannot run them alone.
 * `EmulatorLauncher`: ``greenserve-engine-sim --port P --model <served name> --profile <sim model>@<hardware>
   --time-scale X`` where the hardware is the MIG instance's (``A100-80GB-MIG-3g.40gb``); when the simulator
   has no profile of that name, the closest one of the same model (same GPU, then same GPU family, then the
-  closest slice count) is used and the note says so.
+  closest slice count) is used and the note says so. A serving mode adds ``--mode`` with the draft's profile
+  (SpecDecode on the instance's hardware, DSD on the older GPU) or the decode GPU's (DPD), the acceptance rate,
+  the speculative tokens and the link: the emulated engine runs all four modes from the performance model.
 
 `EngineSupervisor` owns the processes: each engine is a child in its own session (process group), stopped
 with SIGTERM to the group and SIGKILL after a grace period; `stop_all` runs when the service stops, so a
@@ -44,6 +55,7 @@ EMULATOR_SCRIPT = "greenserve-engine-sim"
 VLLM_HEALTH_PATH = "/health"
 LMCACHE_MP_CONNECTOR = "LMCacheMPConnector"
 LMCACHE_MP_MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
+LMCACHE_V1_CONNECTOR = "LMCacheConnectorV1"  # in-process connector; its PD mode transfers KV prefiller -> decoder
 
 
 @dataclass(frozen=True)
@@ -65,15 +77,37 @@ class EngineSpec:
     lmcache_url: str = ""  # "tcp://host:port" of the pool's LMCache server (multiprocess mode), "" for none
     idle_power_w: float = 0.0
     busy_power_w: float = 0.0
+    # serving mode (common_pb2.ServingMode; 0 and STANDALONE: standalone) and what it needs
+    serving_mode: int = 0
+    draft_model: str = ""  # the pool's draft (what vLLM's speculative config loads)
+    draft_simulator_model: str = ""
+    num_speculative_tokens: int = 3
+    acceptance_fraction: float = 0.0  # accepted / proposed (the emulator paces by it)
+    old_hardware: str = ""  # the older GPU of DPD / DSD ("T4")
+    link_bandwidth_bytes_per_s: float = 0.0
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def role(self) -> tuple[str, str]:
-        """(pool, variant): an engine is replaced when its role on the instance changes."""
-        return self.pool, self.variant
+    def mode(self) -> str:
+        return mode_name(self.serving_mode)
+
+    @property
+    def role(self) -> tuple[str, str, str]:
+        """(pool, variant, mode): an engine is replaced when its role on the instance changes."""
+        return self.pool, self.variant, self.mode
+
+
+MODE_NAMES = {common_pb2.SERVING_MODE_UNSPECIFIED: "standalone", common_pb2.SERVING_MODE_STANDALONE: "standalone",
+              common_pb2.SERVING_MODE_SPEC_DECODE: "spec_decode", common_pb2.SERVING_MODE_DISAGGREGATED: "dpd",
+              common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE: "dsd"}
+
+
+def mode_name(serving_mode: int) -> str:
+    """The emulator's name of a ``common_pb2.ServingMode`` ("standalone", "spec_decode", "dpd", "dsd")."""
+    return MODE_NAMES.get(serving_mode, "standalone")
 
 
 @dataclass(frozen=True)
@@ -145,6 +179,20 @@ class VllmLauncher:
                 "--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len > 0:
             argv += ["--max-model-len", str(self.max_model_len)]
+        if spec.mode in ("dpd", "dsd"):
+            raise ValueError(
+                f"engine {spec.engine_id}: mode {spec.mode} needs an engine on the older GPU ({spec.old_hardware or '?'})"
+                + (" and a proxy that sends each request to the prefiller, then the decoder "
+                   "(disaggregated_prefill_commands builds both vLLM commands)" if spec.mode == "dpd" else
+                   ": vLLM has no disaggregated speculative decoding (GreenLLM's DSD is its own plug-in)")
+                + "; the gpu-partitioner runs one engine per MIG instance of its node")
+        if spec.mode == "spec_decode":
+            if not spec.draft_model:
+                raise ValueError(f"engine {spec.engine_id}: mode spec_decode needs the pool's draft model "
+                                 f"(fleet.pools[].draft.model)")
+            argv += ["--speculative-config", json.dumps({
+                "method": "draft_model", "model": spec.draft_model,
+                "num_speculative_tokens": spec.num_speculative_tokens}, separators=(",", ":"))]
         if spec.lmcache_url:
             host, _, port = spec.lmcache_url.rpartition(":")
             argv += ["--kv-transfer-config", json.dumps({
@@ -156,6 +204,26 @@ class VllmLauncher:
         argv += list(spec.vllm_args)
         return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
                              health_path=VLLM_HEALTH_PATH)
+
+
+def disaggregated_prefill_commands(spec: EngineSpec, decode_host: str, decode_port: int, *,
+                                   executable: str = "vllm") -> tuple[LaunchCommand, LaunchCommand]:
+    """DPD's two vLLM engines (vLLM's disaggregated prefill with LMCache's connector): the prefiller on ``spec``'s
+    GPU (``kv_producer``, LMCache PD sender) and the decoder on the older GPU (``kv_consumer``, receiver), whose
+    device the caller sets. A proxy in front sends each request to the prefiller with max_tokens 1, then to the
+    decoder."""
+    def one(role: str, pd_role: str, host: str, port: int, device: str) -> LaunchCommand:
+        argv = (executable, "serve", spec.model, "--host", host, "--port", str(port),
+                "--served-model-name", spec.served_model,
+                "--kv-transfer-config", json.dumps({"kv_connector": LMCACHE_V1_CONNECTOR, "kv_role": role},
+                                                   separators=(",", ":")), *spec.vllm_args)
+        env = {"LMCACHE_ENABLE_PD": "True", "LMCACHE_PD_ROLE": pd_role, "LMCACHE_PD_PEER_HOST": decode_host}
+        if device:
+            env["CUDA_VISIBLE_DEVICES"] = device
+        return LaunchCommand(argv=argv, env=env, health_path=VLLM_HEALTH_PATH)
+
+    return (one("kv_producer", "sender", spec.host, spec.port, spec.mig_uuid),
+            one("kv_consumer", "receiver", decode_host, decode_port, ""))
 
 
 def _hardware_parts(hardware: str) -> tuple[str, int]:
@@ -223,8 +291,36 @@ class EmulatorLauncher:
                 "--time-scale", f"{self.time_scale:g}"]
         if profile is not None:
             argv += ["--profile", profile]
+        notes = [note] if note else []
+        if spec.mode != "standalone":
+            argv += self._mode_args(spec, notes)
         return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
-                             health_path=VLLM_HEALTH_PATH, note=note)
+                             health_path=VLLM_HEALTH_PATH, note="; ".join(notes))
+
+    def _mode_args(self, spec: EngineSpec, notes: list[str]) -> list[str]:
+        """``--mode`` and the profiles it needs: the draft on this instance (spec_decode) or on the older GPU (dsd),
+        the target on the older GPU (dpd)."""
+        if spec.mode in ("dpd", "dsd") and not spec.old_hardware:
+            raise ValueError(f"engine {spec.engine_id}: mode {spec.mode} names no older GPU (old_hardware)")
+        if spec.mode in ("spec_decode", "dsd"):
+            model, hardware, flag = spec.draft_simulator_model, \
+                spec.hardware if spec.mode == "spec_decode" else spec.old_hardware, "--draft-profile"
+            if not model:
+                raise ValueError(f"engine {spec.engine_id}: mode {spec.mode} needs the draft's simulator model "
+                                 f"(fleet.pools[].draft.simulator_model)")
+        else:
+            model, hardware, flag = spec.simulator_model, spec.old_hardware, "--decode-profile"
+        profile, note = closest_profile(model, hardware, self.known_profiles)
+        if profile is None:
+            raise ValueError(f"engine {spec.engine_id}: mode {spec.mode}: {note}")
+        if note:
+            notes.append(note)
+        args = ["--mode", spec.mode, flag, profile, "--num-speculative-tokens", str(spec.num_speculative_tokens)]
+        if spec.acceptance_fraction > 0:
+            args += ["--spec-acceptance", f"{spec.acceptance_fraction:g}"]
+        if spec.link_bandwidth_bytes_per_s > 0:
+            args += ["--link-bandwidth-bytes-per-s", f"{spec.link_bandwidth_bytes_per_s:g}"]
+        return args
 
 
 @dataclass

@@ -614,12 +614,16 @@ class RoutingWeight(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., engine_id: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ServingModeTarget(_message.Message):
-    __slots__ = ("pool", "serving_mode")
+    __slots__ = ("pool", "serving_mode", "old_hardware", "link_bandwidth_bytes_per_s")
     POOL_FIELD_NUMBER: _ClassVar[int]
     SERVING_MODE_FIELD_NUMBER: _ClassVar[int]
+    OLD_HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    LINK_BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     pool: str
     serving_mode: ServingMode
-    def __init__(self, pool: _Optional[str] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ...) -> None: ...
+    old_hardware: str
+    link_bandwidth_bytes_per_s: float
+    def __init__(self, pool: _Optional[str] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ..., old_hardware: _Optional[str] = ..., link_bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class PlanInterval(_message.Message):
     __slots__ = ("start", "end", "ci_g_per_kwh", "load_requests_per_s", "cache_targets", "mig_layouts", "serving_modes", "routing_weights", "expected_carbon", "expected_slo_attainment_fraction", "pools")

@@ -49,6 +49,9 @@ def test_low_load_disaggregates_the_draft_high_load_speculates_on_the_a100() -> 
     plan = sm.GreenLlmModes(requests=REQUESTS).solve(_inputs(fleet, (1.0, 21.0)))
     assert plan.status == "ok"
     assert _modes(plan) == [sm.DSD, sm.SPEC_DECODE]
+    dsd = plan.per_interval[0][0]
+    assert (dsd.old_hardware, dsd.link_bandwidth_bytes_per_s) == ("T4", 2e9)  # what the engine launch pairs with
+    assert plan.per_interval[1][0].old_hardware == ""
     text = "\n".join(plan.explanation)
     assert "hour 0: DSD on A100-40GB target + T4 draft" in text and "below Standalone" in text
     assert "hour 1: SpecDecode (was DSD)" in text and "DPD out (SLO attainment" in text

@@ -51,3 +51,22 @@ def test_dsd_pair_is_charged_both_gpus_energy_and_embodied() -> None:
     assert carbon["per_token_g"] == pytest.approx(carbon["total_g"] / 420)
     with pytest.raises(ValueError, match="gpu_embodied_g_per_engine"):
         dsd.period_carbon(261.0, [1.0, 2.0])
+
+
+def test_emulator_modes_pace_as_the_performance_model() -> None:
+    from greenserve.simulator.emulator.modes import ModeSettings, ModeTimer
+
+    target = PerfModel(load_profile(TARGET))
+    draft = load_profile("llama3.2-1b@T4")
+    dsd = ModeTimer(target, ModeSettings("dsd", "llama3.2-1b@T4"))
+    spec = SpecDecodeConfig(draft=draft, disaggregated=True)
+    duration, power = dsd.step([], 8, 2400)
+    assert duration == pytest.approx(target.spec_decode_tpot_s(spec, 8, 2400))
+    assert dsd.idle_power_w == pytest.approx(target.power_w(0.0) + draft.idle_w)  # the T4 idles beside the A100
+    assert dsd.idle_power_w < power
+    decode = PerfModel(load_profile("llama2-7b@V100"))
+    dpd = ModeTimer(target, ModeSettings("dpd", decode_profile="llama2-7b@V100", link_bandwidth_bytes_per_s=2e9))
+    prefill_s = target.step_time_s(target.prefill_flops(160, 1, 0), 0, 0, 0)
+    link_s = 160 * target.profile.kv_bytes_per_token / 2e9
+    assert dpd.step([(160, 0)], 8, 2400)[0] == pytest.approx(max(prefill_s + link_s,
+                                                                  decode.decode_step_time_s(8, 2400)))

@@ -385,7 +385,11 @@ class GreenLlmModes:
                 units = modes.units
                 mode, evals = choose(modes.setting, load / units, prompt, output, pool.slo, ci_h, inputs.params.pue,
                                      current, self.margin, self.requests, missed)
-                per_interval[h].append(common_pb2.ServingModeTarget(pool=pool.name, serving_mode=mode))
+                target = common_pb2.ServingModeTarget(pool=pool.name, serving_mode=mode)
+                if mode in (DPD, DSD):
+                    target.old_hardware = modes.setting.old_hardware
+                    target.link_bandwidth_bytes_per_s = modes.setting.link_bandwidth_bytes_per_s
+                per_interval[h].append(target)
                 if h == 0 or mode != current:
                     lines.append(explain_line(pool.name, h, modes, load, ci_h, inputs.params.pue, mode, evals, current))
                 current = mode

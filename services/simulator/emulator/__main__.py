@@ -16,6 +16,7 @@ import signal
 import sys
 
 from greenserve.simulator.emulator.config import EmulatorConfig
+from greenserve.simulator.emulator.modes import MODES, ModeSettings
 
 PROG = "greenserve-engine-sim"
 
@@ -101,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cut every stream's connection after this many tokens (0 = off)")
     faults.add_argument("--crash-after-s", type=_non_negative_float, default=None,
                         help="crash (reset connections, exit 1) this many seconds after start")
+    modes = p.add_argument_group("serving mode (GreenLLM; modes.py)")
+    modes.add_argument("--mode", default="standalone", choices=list(MODES),
+                       help="standalone, spec_decode (draft on this GPU), dpd (decode on an older GPU), dsd (draft on "
+                            "an older GPU)")
+    modes.add_argument("--draft-profile", default=None, help="the draft's profile (spec_decode, dsd)")
+    modes.add_argument("--decode-profile", default=None, help="the decode GPU's profile (dpd)")
+    modes.add_argument("--spec-acceptance", type=_fraction, default=0.457,
+                       help="accepted / proposed draft tokens (default 0.457, GreenLLM's 1B draft)")
+    modes.add_argument("--num-speculative-tokens", type=_int_at_least(1), default=3, help="draft tokens per round")
+    modes.add_argument("--link-bandwidth-bytes-per-s", type=_positive_float, default=2e9,
+                       help="link of the disaggregated modes (default 2e9: 16 Gbps)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -142,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_profiles:
         print("\n".join(known))
         return 0
-    if args.profile is not None and args.profile not in known:
-        parser.error(f"--profile: unknown profile {args.profile!r}; choices: {', '.join(known)}")
+    for flag, value in (("--profile", args.profile), ("--draft-profile", args.draft_profile),
+                        ("--decode-profile", args.decode_profile)):
+        if value is not None and value not in known:
+            parser.error(f"{flag}: unknown profile {value!r}; choices: {', '.join(known)}")
     config = EmulatorConfig(
         host=args.host,
         port=args.port,
@@ -163,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         fail_after_tokens=args.fail_after_tokens,
         crash_after_s=args.crash_after_s,
         exit_on_crash=True,
+        serving_mode=ModeSettings(args.mode, args.draft_profile, args.decode_profile, args.spec_acceptance,
+                                  args.num_speculative_tokens, args.link_bandwidth_bytes_per_s),
     )
     try:
         config.validate()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from greenserve.simulator.emulator.modes import ModeSettings
 
 
 @dataclass
@@ -42,6 +44,8 @@ class EmulatorConfig:
     crash_after_s: float | None = None
     #: the CLI sets this: a crash ends the process (in-process engines just stop listening)
     exit_on_crash: bool = False
+    #: serving mode (GreenLLM: standalone, spec_decode, dpd, dsd) and what it needs (modes.py)
+    serving_mode: ModeSettings = field(default_factory=ModeSettings)
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid setting."""
@@ -69,3 +73,4 @@ class EmulatorConfig:
             raise ValueError(f"fail_after_tokens: must be >= 0, got {self.fail_after_tokens}")
         if self.crash_after_s is not None and not self.crash_after_s >= 0:
             raise ValueError(f"crash_after_s: must be >= 0, got {self.crash_after_s}")
+        self.serving_mode.validate()

@@ -38,6 +38,7 @@ from greenserve.simulator.emulator.faults import (
     validate_fault_update,
 )
 from greenserve.simulator.emulator.metrics import EngineMetrics
+from greenserve.simulator.emulator.modes import ModeTimer
 from greenserve.simulator.emulator.pacing import (
     StepTimer,
     load_perf_model,
@@ -101,9 +102,10 @@ class EngineEmulator:
                 "fail_after_tokens": config.fail_after_tokens,
             },
         )
+        mode = config.serving_mode
         self.engine = EmulatedEngine(
             self.shape,
-            StepTimer(perf_model),
+            StepTimer(perf_model) if mode.mode == "standalone" else ModeTimer(perf_model, mode),
             self.metrics,
             self.faults,
             time_scale=config.time_scale,

@@ -1,0 +1,122 @@
+"""Serving modes of the emulated engine (GreenLLM; issue 19 item 6), paced by the performance model as the replay
+paces them.
+
+* ``standalone``: the engine's own steps (``pacing.StepTimer``).
+* ``spec_decode``: a draft on the same GPU proposes ``k`` tokens, the target verifies them; a decode step costs one
+  speculative round over the expected tokens per round, ``1 + k r`` (``PerfModel.spec_decode_tpot_s``), the draft's
+  steps and the verification on the engine's GPU.
+* ``dsd``: the draft on an older GPU (``draft_profile`` on that GPU), token ids and then probabilities over the link
+  (the probabilities while the target verifies); that GPU's idle power is added to the engine's.
+* ``dpd``: the emulated engine stands for the pair: prefill steps on the engine's profile, each prefilled prompt's
+  KV cache over the link, decode steps on ``decode_profile`` (the older GPU), the two running side by side (a step
+  lasts as long as the slower of its prefill part and its decode part); the older GPU's idle power is added.
+
+The emulator emits one token per sequence per step, so a speculative round is spread over its expected tokens (the
+mean TPOT), as the replay does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from greenserve.simulator.emulator.pacing import StepTimer
+
+MODES = ("standalone", "spec_decode", "dpd", "dsd")
+
+
+@dataclass(frozen=True)
+class ModeSettings:
+    """The mode of one emulated engine and what it needs (profiles are the simulator's names)."""
+
+    mode: str = "standalone"
+    draft_profile: str | None = None  # spec_decode (on this GPU) and dsd (on the older GPU)
+    decode_profile: str | None = None  # dpd: the target on the older GPU
+    acceptance_fraction: float = 0.457  # accepted / proposed (GreenLLM Sec. V-A, 1B draft)
+    num_speculative_tokens: int = 3
+    link_bandwidth_bytes_per_s: float = 2e9  # 16 Gbps (GreenLLM)
+
+    def validate(self) -> None:
+        """ValueError naming the first invalid setting."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode in ("spec_decode", "dsd") and not self.draft_profile:
+            raise ValueError(f"draft_profile: mode {self.mode} needs the draft's profile")
+        if self.mode == "dpd" and not self.decode_profile:
+            raise ValueError("decode_profile: mode dpd needs the decode GPU's profile")
+        if not 0.0 <= self.acceptance_fraction <= 1.0:
+            raise ValueError(f"acceptance_fraction: must be in [0, 1], got {self.acceptance_fraction}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens: must be in 1..16, got {self.num_speculative_tokens}")
+        if not (math.isfinite(self.link_bandwidth_bytes_per_s) and self.link_bandwidth_bytes_per_s > 0):
+            raise ValueError(f"link_bandwidth_bytes_per_s: must be > 0, got {self.link_bandwidth_bytes_per_s}")
+
+
+class ModeTimer(StepTimer):
+    """``StepTimer`` for the modes other than standalone (see the module docstring)."""
+
+    def __init__(self, perf_model: Any, settings: ModeSettings) -> None:
+        from greenserve.simulator import perf_model as pm
+
+        super().__init__(perf_model)
+        settings.validate()
+        self.settings = settings
+        self._spec = None
+        self._decode = None
+        self._draft_pm = None
+        self._second_idle_w = 0.0
+        if settings.mode in ("spec_decode", "dsd"):
+            draft = pm.load_profile(str(settings.draft_profile))
+            self._spec = pm.SpecDecodeConfig(draft=draft, num_speculative_tokens=settings.num_speculative_tokens,
+                                             acceptance_rate=settings.acceptance_fraction,
+                                             disaggregated=settings.mode == "dsd",
+                                             link_bandwidth_bytes_per_s=settings.link_bandwidth_bytes_per_s)
+            if settings.mode == "dsd":
+                self._draft_pm = pm.PerfModel(draft)
+                self._second_idle_w = float(self._draft_pm.power_w(0.0))
+        elif settings.mode == "dpd":
+            self._decode = pm.PerfModel(pm.load_profile(str(settings.decode_profile)))
+            self._second_idle_w = float(self._decode.power_w(0.0))
+        self.idle_power_w += self._second_idle_w
+
+    def step(self, prefill_chunks: Iterable[tuple[int, int]], decode_batch: int,
+             decode_context_tokens: int) -> tuple[float, float]:
+        chunks = list(prefill_chunks)
+        prefill_s, prefill_w = StepTimer.step(self, chunks, 0, 0)
+        prefill_w = prefill_w if prefill_s > 0 else 0.0
+        pm = self._pm
+        decode_s = decode_w = 0.0
+        if decode_batch > 0:
+            if self._spec is not None:
+                decode_s = pm.spec_decode_tpot_s(self._spec, decode_batch, decode_context_tokens)
+                decode_w = pm.power_w(pm.decode_utilisation(decode_batch, decode_context_tokens))
+                if self._draft_pm is not None:  # dsd: the target busy while it verifies, the draft GPU while it drafts
+                    draft_s, verify_s, link_s = pm.spec_decode_round_parts_s(self._spec, decode_batch,
+                                                                           decode_context_tokens)
+                    rnd = draft_s + verify_s + link_s
+                    idle = float(pm.power_w(0.0))
+                    draft_busy = self._draft_pm.power_w(self._draft_pm.decode_utilisation(decode_batch,
+                                                                                        decode_context_tokens))
+                    decode_w = idle + (decode_w - idle) * verify_s / rnd + (draft_busy - self._second_idle_w) * \
+                        draft_s / rnd
+            else:
+                assert self._decode is not None
+                decode_s = self._decode.decode_step_time_s(decode_batch, decode_context_tokens)
+                decode_w = self._decode.power_w(self._decode.decode_utilisation(decode_batch, decode_context_tokens))
+        if self._decode is not None:  # dpd: the prompts' KV over the link, prefill and decode GPUs side by side
+            prefilled = sum(tokens for tokens, _ in chunks if tokens > 0)
+            link_s = prefilled * pm.profile.kv_bytes_per_token / self.settings.link_bandwidth_bytes_per_s
+            duration = max(prefill_s + link_s, decode_s)
+            if duration <= 0:
+                return 0.0, self.idle_power_w
+            # each GPU busy for its own part, idle the rest of the step
+            target_w = (prefill_w * prefill_s + float(pm.power_w(0.0)) * (duration - prefill_s)) / duration
+            decode_gpu_w = (decode_w * decode_s + self._second_idle_w * (duration - decode_s)) / duration
+            return float(duration), float(target_w + decode_gpu_w)
+        duration = prefill_s + decode_s
+        if duration <= 0:
+            return 0.0, self.idle_power_w
+        power = (prefill_w * prefill_s + decode_w * decode_s) / duration + self._second_idle_w
+        return float(duration), float(power)
