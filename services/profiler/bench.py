@@ -9,7 +9,11 @@ inflated by other jobs).
 Part 2 (``--agreement``): a real emulated engine (``greenserve-engine-sim`` in its own process, time scale 1)
 is swept by the ENGINE backend over a rate ladder, and the same configuration by the SIMULATOR backend.
 Figures: at the lowest rate, client-side mean TTFT/TPOT vs the emulator's own ``vllm:`` histograms over the
-window (target: within 10 %); over the ladder, engine vs simulator mean TTFT/TPOT (target: within 15 %).
+window (target: within 10 %); over the ladder, engine vs simulator mean TTFT/TPOT (target: within 15 %), the
+emulator's own histograms vs the simulator (same arrivals, same step cost: what differs is real-time pacing on
+this host), and the engine point's power (the emulator's modelled energy counter; NVML is off) vs the
+simulator's. Per point: the client's and the emulator's CPU share and the load average, since both processes
+share the host with whatever else runs there.
 Progress goes to stderr; the last line of stdout is one JSON object.
 """
 
@@ -53,6 +57,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--agreement-rates", default="1,2,4,8,16", help="rates of part 2, req/s (default 1,2,4,8,16)")
     p.add_argument("--agreement-duration-s", type=float, default=10.0,
                    help="modelled seconds per engine point after a 2 s warm-up (default 10)")
+    p.add_argument("--agreement-min-requests", type=int, default=40,
+                   help="measured requests per point at least: a low rate's window is lengthened (default 40)")
     p.add_argument("--agreement-time-scale", type=float, default=0.5,
                    help="emulator time scale of part 2 (default 0.5: the modelled engine runs 2x slower than real "
                         "time, so the client's and the HTTP front's milliseconds weigh half as much)")
@@ -106,39 +112,63 @@ SLOS = {  # GreenLLM Table II
 }
 
 
-async def _agreement_one(stub: Any, ns: argparse.Namespace, url: str, workload: str) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used so far (Linux /proc), None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def _agreement_one(stub: Any, ns: argparse.Namespace, url: str, workload: str, emulator_pid: int) -> dict[str, Any]:
     from greenserve.profiler.engine_backend import EngineBackend
     from greenserve.profiler.method import resolve
     from greenserve.profiler.settings_view import EngineSettingsView
 
     rates = [float(r) for r in ns.agreement_rates.split(",")]
     slo = SLOS.get(workload, common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9))
-    base = dict(configs=[common_pb2.ProfileConfig(model=ns.model, hardware=ns.hardware)],
-                request_rates_per_s=rates, workload=workload, slo=slo, seed=7, point_duration_s=ns.agreement_duration_s,
-                method=common_pb2.ProfileMethod(warmup_s=2.0, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
-    engine_spec = profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=url,
-                                         engine_modelled_s_per_wall_s=ns.agreement_time_scale, **base)
-    sim_spec = profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_SIMULATOR, **base)
+
+    def specs(rate: float) -> tuple[profiler_pb2.SweepSpec, profiler_pb2.SweepSpec]:
+        # a window long enough for --agreement-min-requests: a request's TTFT depends on where in a step it arrives
+        # (up to one step of wait), so a mean over 10 requests is several per cent off by chance alone
+        base = dict(configs=[common_pb2.ProfileConfig(model=ns.model, hardware=ns.hardware)],
+                    request_rates_per_s=[rate], workload=workload, slo=slo, seed=7,
+                    point_duration_s=max(ns.agreement_duration_s, ns.agreement_min_requests / rate),
+                    method=common_pb2.ProfileMethod(warmup_s=2.0, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
+        return (profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=url,
+                                       engine_modelled_s_per_wall_s=ns.agreement_time_scale, **base),
+                profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_SIMULATOR, **base))
+
     # the engine points are measured here with the backend object itself, to read its /metrics windows
     backend = EngineBackend(EngineSettingsView(nvml_power="off"))
-    method = resolve(engine_spec)
     _log(f"part 2: {workload} on the emulated engine (time scale {ns.agreement_time_scale:g}), rates {rates}")
-    engine_points, windows, cpu = [], [], []
+    engine_points, windows, cpu, emu_cpu, loads = [], [], [], [], []
     try:
         for rate in rates:
-            point = await backend.measure(engine_spec, engine_spec.configs[0], rate, method)
+            engine_spec = specs(rate)[0]
+            c0, t0 = _cpu_s(emulator_pid), time.monotonic()
+            point = await backend.measure(engine_spec, engine_spec.configs[0], rate, resolve(engine_spec))
+            c1, t1 = _cpu_s(emulator_pid), time.monotonic()
             engine_points.append(point)
             windows.append(backend.last_window)
             cpu.append(backend.last_client_cpu_fraction)
+            # the emulator's CPU share over the point (warm-up included): near 1 it cannot keep its pacing
+            emu_cpu.append((c1 - c0) / (t1 - t0) if c0 is not None and c1 is not None and t1 > t0 else None)
+            loads.append(os.getloadavg()[0])
             _log(f"  {rate:g} req/s: ttft mean {point.ttft_mean_s * 1e3:.1f} ms, tpot mean {point.tpot_mean_s * 1e3:.2f}"
-                 f" ms, attainment {point.slo_attainment_fraction:.3f}, client cpu {cpu[-1]:.2f}")
+                 f" ms, attainment {point.slo_attainment_fraction:.3f}, client cpu {cpu[-1]:.2f}, emulator cpu "
+                 f"{emu_cpu[-1] if emu_cpu[-1] is not None else math.nan:.2f}, power {point.power_w:.0f} W "
+                 f"({point.power_source}), load average {loads[-1]:.1f}")
     finally:
         await backend.close()
-    _, sim_points, _ = await _sweep(stub, sim_spec)
+    sim_points = [(await _sweep(stub, specs(rate)[1]))[1][0] for rate in rates]
     rows = []
-    for e, s, w, c in zip(engine_points, sim_points, windows, cpu):
+    for e, s, w, c, ec, load in zip(engine_points, sim_points, windows, cpu, emu_cpu, loads, strict=True):
         rows.append({
             "rate_per_s": e.request_rate_per_s, "requests": e.requests, "client_cpu_fraction": c,
+            "emulator_cpu_fraction": ec, "load_average_1m": load,
             "client_ttft_mean_s": e.ttft_mean_s, "emulator_ttft_mean_s": w.ttft_mean_s if w else None,
             "simulator_ttft_mean_s": s.ttft_mean_s,
             "client_tpot_mean_s": e.tpot_mean_s, "emulator_tpot_mean_s": w.tpot_mean_s if w else None,
@@ -148,6 +178,9 @@ async def _agreement_one(stub: Any, ns: argparse.Namespace, url: str, workload: 
             "ttft_rel_vs_simulator": _rel(e.ttft_mean_s, s.ttft_mean_s),
             "tpot_rel_vs_simulator": _rel(e.tpot_mean_s, s.tpot_mean_s),
             "client_attainment": e.slo_attainment_fraction, "simulator_attainment": s.slo_attainment_fraction,
+            # power: the emulator's modelled energy counter over the window (no NVML here) vs the replay's model
+            "engine_power_w": e.power_w, "engine_power_source": e.power_source, "simulator_power_w": s.power_w,
+            "power_rel_vs_simulator": _rel(e.power_w, s.power_w) if e.power_source else None,
         })
 
     def worst(key: str) -> float | None:
@@ -161,6 +194,10 @@ async def _agreement_one(stub: Any, ns: argparse.Namespace, url: str, workload: 
         "low_load_tpot_rel_vs_emulator": low["tpot_rel_vs_emulator"],
         "ladder_max_abs_ttft_rel_vs_simulator": worst("ttft_rel_vs_simulator"),
         "ladder_max_abs_tpot_rel_vs_simulator": worst("tpot_rel_vs_simulator"),
+        "ladder_max_abs_emulator_ttft_rel_vs_simulator": max(
+            (abs(_rel(r["emulator_ttft_mean_s"], r["simulator_ttft_mean_s"])) for r in rows
+             if r["emulator_ttft_mean_s"]), default=None),
+        "ladder_max_abs_power_rel_vs_simulator": worst("power_rel_vs_simulator"),
         "ladder": rows,
     }
 
@@ -182,7 +219,7 @@ async def _agreement(stub: Any, ns: argparse.Namespace) -> dict[str, Any]:
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.1)
-        results = [await _agreement_one(stub, ns, url, w) for w in ns.agreement_workloads.split(",")]
+        results = [await _agreement_one(stub, ns, url, w, emu.pid) for w in ns.agreement_workloads.split(",")]
     finally:
         os.killpg(emu.pid, signal.SIGTERM)
         emu.wait(timeout=30)
