@@ -46,8 +46,9 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     routing_headroom_fraction: float = Field(0.9, gt=0, le=1, description="share of an engine's SLO capacity the plan fills")
     routing_load: str = Field("upper", pattern="^(upper|mean)$",
                               description="plan routing for the forecast's upper bound or its mean")
-    cache_solver: str = Field("greencache", pattern="^(greencache|keep)$",
-                              description="cache sizes: the GreenCache ILP, or keep the sizes in force")
+    cache_solver: str = Field("greencache", pattern="^(greencache|kareto|keep)$",
+                              description="cache sizes: the GreenCache ILP, Kareto's adaptive Pareto search over "
+                              "DRAM x disk (simulator replays), or keep the sizes in force")
     cache_slo_per_hour: bool = Field(False, description="GreenCache ILP: meet the SLO in every hour, not only over "
                                      "the horizon (appendix A's global rho)")
     slo_breach_cooldown_s: float = Field(900.0, ge=0, le=86400, description="at most one SLO-breach re-plan per pool per this")

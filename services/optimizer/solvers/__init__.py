@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
+from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
@@ -17,12 +18,15 @@ from greenserve.optimizer.solvers.serving_modes import GreenLlmModes
 
 
 def cache_solver(name: str, per_hour_slo: bool = False) -> Any:
-    """``greencache`` (the GreenCache ILP) or ``keep`` (the cache sizes in force)."""
+    """``greencache`` (the GreenCache ILP), ``kareto`` (Kareto's adaptive Pareto search over DRAM x disk, points
+    scored by simulator replays) or ``keep`` (the cache sizes in force)."""
     if name == "greencache":
         return GreenCacheIlp(per_hour_slo=per_hour_slo)
+    if name == "kareto":
+        return KaretoSearch()
     if name == "keep":
         return KeepCurrent("cache_targets")
-    raise ValueError(f"cache solver: must be greencache or keep, got {name!r}")
+    raise ValueError(f"cache solver: must be greencache, kareto or keep, got {name!r}")
 
 
 def mig_solver(name: str, headroom_fraction: float = 0.9, load_bound: str = "upper", **options: Any) -> Any:

@@ -78,6 +78,16 @@ class PoolCacheModel:
     in_force_restart_g: float = 0.0  # charge of leaving it at the start of hour 0
 
 
+def pool_profile(inputs: PlanningInputs, pool: common_pb2.Pool) -> str:
+    """The simulator performance profile of the pool's (first) engine."""
+    engine = pool.engines[0]
+    variant = engine_variant(engine, pool)
+    sim_model = (variant.simulator_model if variant and variant.simulator_model else None) or \
+        guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model) or ""
+    profile, _ = simulator_profile_name(sim_model, engine_hardware(engine, inputs.fleet) or "A100-80GB")
+    return profile
+
+
 def candidate_sizes(limit: int, step: int) -> list[int]:
     step = step or DEFAULT_STEP_BYTES
     n = limit // step
@@ -230,10 +240,7 @@ class GreenCacheIlp:
         limit = pool.max_cache_disk_bytes if tier == "disk" else pool.max_cache_dram_bytes
         sizes = candidate_sizes(limit, pool.cache_step_bytes)
         engine = pool.engines[0]
-        variant = engine_variant(engine, pool)
-        sim_model = (variant.simulator_model if variant and variant.simulator_model else None) or \
-            guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model) or ""
-        profile, _ = simulator_profile_name(sim_model, engine_hardware(engine, inputs.fleet) or "A100-80GB")
+        profile = pool_profile(inputs, pool)
         n_engines = len(pool.engines)
         load = inputs.load.get(pool.name)
         hours = inputs.horizon_hours

@@ -1,0 +1,239 @@
+"""Cache tiers per pool by Kareto's adaptive Pareto search (Algorithm 1, ``cache_pareto``): the ``cache_targets``
+knob with ``--cache-solver kareto``.
+
+For every pool that declares a cache limit (``max_cache_dram_bytes`` and/or ``max_cache_disk_bytes``) the search
+runs over DRAM size x disk size, each from 0 to the pool's limit on the pool's ``cache_step_bytes`` grid (at most
+``FINE_STEPS`` steps per axis); a tier the pool does not declare stays 0. Each point is scored by replaying a window
+of the pool's traffic through the simulator (``greenserve.simulator.replay``), one engine of the pool's performance
+profile with an LMCache DRAM and disk tier of those sizes:
+
+* the window: ``window_s`` (300 s by default, longer when the rate is low, at most MAX_REQUESTS requests) of GreenCache's multi-turn conversations
+  at the pool's forecast rate for the first hour of the horizon, per engine (two significant digits: replays are
+  cached and reused by later plans). The forecaster's forecast is its
+  seasonal model of the pool's own load history (same hour yesterday / last week); the request *shape* is the
+  multi-turn workload, because the planner does not receive the cache-manager's access history (a gap, stated in
+  docs/optimizer.md). The first third of the window warms the caches and is not measured.
+* the three objectives (Kareto Eq. 1-2): latency = mean TTFT of the measured requests (an incomplete one counts as
+  the window length), throughput = measured requests completed per second, cost = carbon per hour of the pool:
+  the replay's energy per request x the rate at the horizon's mean forecast CI and the PUE, plus the embodied
+  carbon of the allocated DRAM and disk of every LMCache server (GreenCache Eq. 4 per tier).
+
+The plan takes, among all evaluated points, the lowest-carbon one whose TTFT and TPOT attainment both meet the
+pool's target (or, when none does, the best-attaining one and says so), for every hour of the horizon (one
+configuration: no restart inside the plan). The Pareto set is kept in the solver's detail and summarised in the
+explanation. The search stops at ``max_evaluations`` or ``time_limit_s`` (then the points scored so far are used).
+TTLs are not searched here (``ttl_s`` stays 0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from greenserve.common import carbon
+from greenserve.optimizer.planning import KnobPlan, PlanningInputs
+from greenserve.optimizer.solvers.cache_greencache import _size_text, pool_profile
+from greenserve.optimizer.solvers.cache_pareto import (
+    ScoredPoint,
+    adaptive_search,
+    pareto_filter,
+)
+from greenserve.optimizer.solvers.keep_current import KeepCurrent
+from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.workloads import multi_turn_workload
+from greenserve.v1 import common_pb2
+
+FINE_STEPS = 16  # at most this many fine steps per axis (the step is coarsened beyond)
+START_STEPS = 2  # the coarse start grid: 0, half and the whole limit per axis
+MEAN_TURNS = 4.0
+MAX_REQUESTS = 1500  # per replay: about 0.5-1 s each on the shared 2-core box at 4 requests/s
+
+
+@dataclass(frozen=True)
+class PointScore:
+    """One replayed configuration of one engine."""
+
+    latency_s: float
+    throughput_per_s: float
+    power_w: float  # idle + measured energy per request x rate (as the cache profiles' power)
+    ttft_attainment: float
+    tpot_attainment: float
+
+
+@lru_cache(maxsize=4096)
+def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
+                ttft_slo_s: float, tpot_slo_s: float, seed: int = 7) -> PointScore:
+    """Replay ``window_s`` of multi-turn conversations at ``rate_per_s`` through one engine with these tiers;
+    the last two thirds are measured (deterministic: same arguments, same answer, so plans reuse it)."""
+    model = PerfModel(load_profile(profile))
+    per_token = max(model.profile.kv_bytes_per_token, 1.0)
+    n_conversations = max(4, int(rate_per_s / MEAN_TURNS * window_s))
+    workload = multi_turn_workload(n_conversations, rate_per_s / MEAN_TURNS, seed=seed, mean_turns=MEAN_TURNS)
+    spec = EngineSpec(profile, dram_capacity_tokens=int(dram_bytes / per_token),
+                      disk_capacity_tokens=int(disk_bytes / per_token))
+    result = replay(workload, FleetConfig((spec,), seed=seed))
+    arrivals = np.asarray(result.arrival_s)
+    measured = np.flatnonzero((arrivals >= window_s / 3.0) & (arrivals < window_s))
+    if len(measured) == 0:
+        return PointScore(0.0, 0.0, model.power_w(0.0), 1.0, 1.0)
+    done = result.completed[measured]
+    ttft = np.where(done, np.nan_to_num(result.ttft_s[measured], nan=window_s), window_s)
+    tpot = np.where(result.output_tokens[measured] <= 1, 0.0, np.nan_to_num(result.tpot_s[measured], nan=math.inf))
+    energy = result.energy_j[measured][done]
+    span = max(float(arrivals[measured].max() - arrivals[measured].min()), 1e-9)
+    per_request_j = float(np.mean(energy)) if len(energy) else 0.0
+    return PointScore(float(ttft.mean()), float(done.sum()) / span, float(model.power_w(0.0) + per_request_j * rate_per_s),
+                      float(((ttft <= ttft_slo_s) & done).mean()), float(((tpot <= tpot_slo_s) & done).mean()))
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+@dataclass
+class PoolSearch:
+    """The search of one pool: every scored point (sizes in bytes), its Pareto set and the choice."""
+
+    pool: str
+    points: list[ScoredPoint]
+    pareto: list[ScoredPoint]
+    attainment: dict[tuple[float, float], float]
+    chosen: ScoredPoint
+    meets_slo: bool
+    rho: float
+    rounds: int
+    grid_points: int
+    stopped: str  # "" or why the search stopped early
+    seconds: float
+
+
+def _axis(limit: int, step: int) -> tuple[float, float]:
+    """(fine step, start step) of an axis 0..limit: ``n`` equal fine steps (the pool's step, at most FINE_STEPS of
+    them, an even number when more than one) and the start grid 0, limit / 2, limit; a tier without a limit has the
+    single point 0."""
+    if limit <= 0:
+        return 1.0, 1.0
+    n = min(FINE_STEPS, max(1, limit // max(step or (1 << 30), 1)))
+    if n > 1:
+        n -= n % 2
+    fine = limit / n
+    return fine, fine * max(1, n // START_STEPS)
+
+
+class KaretoSearch:
+    """Kareto's adaptive Pareto search as the ``cache_targets`` solver (module docstring)."""
+
+    knob = "cache_targets"
+    name = "cache.kareto"
+
+    def __init__(self, *, window_s: float = 300.0, max_evaluations: int = 32, time_limit_s: float = 8.0,
+                 perf_threshold: float = 0.02, cost_threshold: float = 0.005, expand_threshold: float = 0.01) -> None:
+        for field, value, lo in (("window_s", window_s, 60.0), ("time_limit_s", time_limit_s, 0.0)):
+            if not (math.isfinite(value) and value > lo):
+                raise ValueError(f"{field}: must be a finite number > {lo:g}")
+        if max_evaluations < 4:
+            raise ValueError("max_evaluations: must be >= 4")
+        self.window_s = window_s
+        self.max_evaluations = max_evaluations
+        self.time_limit_s = time_limit_s
+        self.thresholds = {"perf_threshold": perf_threshold, "cost_threshold": cost_threshold,
+                           "expand_threshold": expand_threshold}
+
+    def search_pool(self, inputs: PlanningInputs, pool: common_pb2.Pool, deadline: float) -> PoolSearch | None:
+        dram_limit, disk_limit = int(pool.max_cache_dram_bytes), int(pool.max_cache_disk_bytes)
+        if (dram_limit <= 0 and disk_limit <= 0) or not pool.engines:
+            return None
+        started = time.perf_counter()
+        profile = pool_profile(inputs, pool)
+        n_engines = len(pool.engines)
+        load = inputs.load.get(pool.name)
+        # Two significant digits, so that later plans with nearly the same forecast reuse the replays.
+        rate = float(f"{max((load.mean[0] if load else 0.0) / n_engines, 0.01):.2g}")
+        window_s = min(max(self.window_s, 240 * 1.5 / rate), MAX_REQUESTS / rate)
+        hours = inputs.horizon_hours
+        ci = float(np.mean([inputs.ci[pool.region].mean[h] for h in range(hours)])) if pool.region in inputs.ci \
+            else 0.0
+        slo = (pool.slo.ttft_s or 1.0, pool.slo.tpot_s or 0.2)
+        rho = pool.slo.attainment_fraction
+        attained: dict[tuple[float, float], float] = {}
+        scored: list[ScoredPoint] = []
+
+        def evaluate(x: float, y: float) -> tuple[float, float, float]:
+            if time.perf_counter() > deadline:
+                raise _OutOfTime
+            s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1])
+            energy_kwh = s.power_w * n_engines * 3600.0 / 3.6e6
+            cost = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=inputs.params.pue) + \
+                n_engines * carbon.cache_tiers_embodied_g(dram_bytes=x, disk_bytes=y, duration_s=3600.0,
+                                                          params=inputs.params)
+            attained[(x, y)] = min(s.ttft_attainment, s.tpot_attainment)
+            scored.append(ScoredPoint(x, y, s.latency_s, s.throughput_per_s, cost))
+            return s.latency_s, s.throughput_per_s, cost
+
+        fx, cx = _axis(dram_limit, pool.cache_step_bytes)
+        fy, cy = _axis(disk_limit, pool.cache_step_bytes)
+        stopped, rounds = "", 0
+        try:
+            result = adaptive_search(evaluate, x_start=(0.0, float(dram_limit), cx), y_start=(0.0, float(disk_limit), cy),
+                                     x_max=float(dram_limit), y_max=float(disk_limit), x_fine_step=fx, y_fine_step=fy,
+                                     max_evaluations=self.max_evaluations, **self.thresholds)
+            points, rounds = result.points, result.rounds
+            if result.stopped_by_budget:
+                stopped = f"stopped at {self.max_evaluations} evaluations"
+        except _OutOfTime:
+            points = scored
+            stopped = f"stopped by the {self.time_limit_s:g} s time limit"
+        if not points:
+            return None
+        pareto = pareto_filter(points)
+        ok = [p for p in points if attained[(p.x, p.y)] >= rho]
+        chosen = min(ok, key=lambda p: (p.cost, p.x + p.y)) if ok else \
+            max(points, key=lambda p: (attained[(p.x, p.y)], -p.cost))
+        grid = (round(dram_limit / fx) + 1 if dram_limit > 0 else 1) * (round(disk_limit / fy) + 1 if disk_limit > 0 else 1)
+        return PoolSearch(pool.name, points, pareto, attained, chosen, bool(ok), rho, rounds, grid, stopped,
+                          time.perf_counter() - started)
+
+    def solve(self, inputs: PlanningInputs) -> KnobPlan:
+        started = time.perf_counter()
+        deadline = started + self.time_limit_s
+        hours = inputs.horizon_hours
+        kept = KeepCurrent("cache_targets").solve(inputs).per_interval
+        searches = []
+        for pool in inputs.fleet.pools:
+            s = self.search_pool(inputs, pool, deadline)
+            if s is not None:
+                searches.append(s)
+        searched = {s.pool for s in searches}
+        per_interval: list[list[common_pb2.CacheTarget]] = [
+            [t for t in kept[h] if t.pool not in searched] for h in range(hours)]
+        if not searches:
+            return KnobPlan(per_interval, detail="no pool declares a cache limit (max_cache_dram/disk_bytes), or the "
+                                                 "time limit ran out before a point was scored: sizes in force kept",
+                            status="kept")
+        lines, details = [], []
+        for s in searches:
+            c = s.chosen
+            for h in range(hours):
+                per_interval[h].append(common_pb2.CacheTarget(pool=s.pool, dram_bytes=int(c.x), disk_bytes=int(c.y)))
+            front = sorted(s.pareto, key=lambda p: p.cost)
+            head = ", ".join(f"({_size_text(int(p.x))}, {_size_text(int(p.y))}: TTFT {p.latency_s:.3f} s, "
+                             f"{p.cost:.1f} g/h)" for p in front[:6])
+            more = f" and {len(front) - 6} more" if len(front) > 6 else ""
+            why = (f"the lowest-carbon point meeting the SLO (attainment {s.attainment[(c.x, c.y)]:.2f}, target "
+                   f"{s.rho:.2f})" if s.meets_slo else
+                   f"no point meets the SLO: the best-attaining one ({s.attainment[(c.x, c.y)]:.2f})")
+            lines.append(f"pool {s.pool}: Kareto search: DRAM {_size_text(int(c.x))}, disk {_size_text(int(c.y))}, "
+                         f"{c.cost:.1f} gCO2e/h, mean TTFT {c.latency_s:.3f} s: {why}; {len(s.points)} replays in "
+                         f"{s.rounds} rounds (the full grid: {s.grid_points}){'; ' + s.stopped if s.stopped else ''}; "
+                         f"Pareto set (DRAM, disk: TTFT, carbon) {head}{more}")
+            details.append(f"{s.pool}: " + "; ".join(
+                f"{int(p.x)},{int(p.y)},{p.latency_s:.4f},{p.throughput:.4f},{p.cost:.3f}" for p in front)
+                + f" [{s.seconds:.2f} s]")
+        detail = (f"{len(searches)} pool(s), {sum(len(s.points) for s in searches)} replays, total "
+                  f"{time.perf_counter() - started:.2f} s; Pareto sets (dram_bytes,disk_bytes,ttft_s,"
+                  f"requests_per_s,g_per_h): " + " | ".join(details))
+        return KnobPlan(per_interval, explanation=lines, detail=detail)
