@@ -181,7 +181,8 @@ class VllmLauncher:
             argv += ["--max-model-len", str(self.max_model_len)]
         if spec.mode in ("dpd", "dsd"):
             raise ValueError(
-                f"engine {spec.engine_id}: mode {spec.mode} needs an engine on the older GPU ({spec.old_hardware or '?'})"
+                f"engine {spec.engine_id}: mode {spec.mode} needs an engine on the older GPU "
+                f"({spec.old_hardware or '?'})"
                 + (" and a proxy that sends each request to the prefiller, then the decoder "
                    "(disaggregated_prefill_commands builds both vLLM commands)" if spec.mode == "dpd" else
                    ": vLLM has no disaggregated speculative decoding (GreenLLM's DSD is its own plug-in)")

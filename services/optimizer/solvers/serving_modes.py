@@ -79,7 +79,8 @@ def validate_modes(fleet: common_pb2.FleetInventory) -> None:
             raise InvalidArgument(f"{path}.model", "must name the draft model (1..256 characters, no spaces)")
         if not math.isfinite(d.acceptance_fraction) or not 0 < d.acceptance_fraction <= 1:
             raise InvalidArgument(f"{path}.acceptance_fraction",
-                                  f"must be in (0, 1] (accepted / proposed draft tokens), got {d.acceptance_fraction!r}")
+                                  f"must be in (0, 1] (accepted / proposed draft tokens), got "
+                                  f"{d.acceptance_fraction!r}")
         if d.num_speculative_tokens > MAX_SPEC_TOKENS:
             raise InvalidArgument(f"{path}.num_speculative_tokens",
                                   f"must be 0 (3) to {MAX_SPEC_TOKENS}, got {d.num_speculative_tokens}")
@@ -210,7 +211,7 @@ def evaluate(mode: int, setting: ModeSetting, rate_per_s: float, prompt_tokens: 
     energy_per_token = result.fleet_energy_j / tokens
     time_sum = float(np.nansum(result.e2e_s[done]))
     embodied_g = sum(c_e * time_sum / (max(1.0, float(bs)) * setting.lifetime_s)
-                     for c_e, bs in zip(embodied, result.engine_mean_batch))
+                     for c_e, bs in zip(embodied, result.engine_mean_batch, strict=True))
     link = 0.0
     if mode == DPD:
         link = rate * prompt_tokens * PerfModel(engine_profile(setting.target_model, setting.new_hardware)
