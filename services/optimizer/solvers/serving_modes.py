@@ -395,9 +395,8 @@ class GreenLlmModes:
                     lines.append(explain_line(pool.name, h, modes, load, ci_h, inputs.params.pue, mode, evals, current))
                 current = mode
         took = time.perf_counter() - started
-        if not planned:
-            return KnobPlan(per_interval, detail="serving modes kept: no pool has an older GPU or a draft model",
-                            status="kept")
+        if not planned:  # no target: every pool Standalone (a mode left from an earlier fleet is not kept)
+            return KnobPlan(per_interval, detail="no pool has an older GPU or a draft model: every pool Standalone")
         info = evaluate.cache_info()
         return KnobPlan(per_interval, explanation=lines,
                         detail=f"GreenLLM mode choice (lowest carbon per token meeting the SLO and the link) for "
