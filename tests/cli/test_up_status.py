@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, router_pb2, router_pb2_grpc
@@ -45,10 +47,18 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         # the flag engine, plus the engines the gpu-partitioner started on the simulated GPU's MIG instances
         assert engine_rows[0][1] in [e.engine.url for e in engines.engines]
         if lmcache == "on":
-            with grpc.insecure_channel(f"127.0.0.1:{ports['cache_manager']}") as channel:
-                servers = cache_manager_pb2_grpc.CacheManagerServiceStub(channel).ListCacheServers(
-                    cache_manager_pb2.ListCacheServersRequest(), timeout=10)
-            assert [(s.id, s.reachable) for s in servers.servers] == [("local-lmcache", True)]
+            # The plan may resize LMCache's DRAM tier by a controlled restart (a few seconds unreachable).
+            deadline = time.monotonic() + 90
+            while True:
+                with grpc.insecure_channel(f"127.0.0.1:{ports['cache_manager']}") as channel:
+                    servers = cache_manager_pb2_grpc.CacheManagerServiceStub(channel).ListCacheServers(
+                        cache_manager_pb2.ListCacheServersRequest(), timeout=10)
+                seen = [(s.id, s.reachable) for s in servers.servers]
+                if seen == [("local-lmcache", True)] or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+            assert seen == [("local-lmcache", True)]
+            lmcache_url = next(row[1] for row in (line.split() for line in lines) if row and row[0] == "lmcache")
             sidecar_pids = [int(row[2]) for row in (line.split() for line in lines) if row and row[0] == "lmcache"]
             assert len(sidecar_pids) == 1
             pids += sidecar_pids
@@ -59,6 +69,9 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         rest = up.stdout.read()
         assert "all services stopped" in rest
         assert not pids_alive(pids), "no service or sidecar process outlives `greenserve up`"
+        if lmcache == "on":  # nor an LMCache server that a resize restarted under another pid
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"{lmcache_url}/healthcheck", timeout=5)
     finally:
         if up.poll() is None:
             up.kill()

@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
+from greenserve.common.clock import now_s
+from greenserve.common.plan_follow import interval_at
 from greenserve.v1 import gpu_partitioner_pb2, gpu_partitioner_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
 from greenserve.v1 import router_pb2, router_pb2_grpc
 from greenserve_client.sidecars import find_lmcache
@@ -43,6 +46,19 @@ def test_up_runs_the_loop(tmp_path: Path) -> None:
         states = {r.component: optimizer_pb2.EnforcementState.Name(r.state) for r in status.reports}
         assert status.fleet_matches_plan, [(r.component, r.state, r.detail) for r in status.reports]
         assert set(states) == {"router", "cache-manager", "gpu-partitioner"}
+        if lmcache == "on":
+            # The LMCache server runs at the DRAM size the plan in force asks for (a resize is a controlled
+            # restart that `up` itself does, on the same port).
+            url = next(row[1] for row in (line.split() for line in lines) if row and row[0] == "lmcache")
+            l1_bytes = httpx.get(f"{url}/status", timeout=10).json()["storage_manager"]["l1_managers"][
+                "_default"]["memory_total_bytes"]
+            with grpc.insecure_channel(f"127.0.0.1:{ports['optimizer']}") as channel:
+                full = optimizer_pb2_grpc.OptimizerServiceStub(channel).GetPlan(
+                    optimizer_pb2.GetPlanRequest(version=status.plan.version), timeout=10).plan
+            _, interval = interval_at(full, now_s())
+            assert interval is not None
+            (target,) = [t for t in interval.cache_targets if t.pool == "default"]
+            assert l1_bytes == target.dram_bytes, (l1_bytes, target, states)
 
         with grpc.insecure_channel(f"127.0.0.1:{ports['gpu_partitioner']}") as channel:
             gpus = gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel).GetInventory(

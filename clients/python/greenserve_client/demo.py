@@ -123,6 +123,9 @@ class LoadGenerator:
             gate.release()
 
 
+SNAPSHOT_AT_S = 1800.0  # into each virtual hour
+
+
 async def _snapshot(optimizer: optimizer_pb2_grpc.OptimizerServiceStub,
                     cache: cache_manager_pb2_grpc.CacheManagerServiceStub) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -166,6 +169,9 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
             fed_until = hour_floor_s(now) + HOUR_S
             record = {"hour": int((next_hour - options.day_start_s) // HOUR_S),
                       "ci_actual_g_per_kwh": float(series.window(int(next_hour), 1)[0])}
+            # Half an hour in, the enforcers have had time to apply the plan for the hour (and the re-plans the
+            # new CI may have caused): an LMCache DRAM resize is a restart of several real seconds.
+            await clock.sleep_until(next_hour + SNAPSHOT_AT_S)
             record.update(await _snapshot(optimizer, cache))
             hours.append(record)
             print(f"demo: {datetime.fromtimestamp(next_hour, UTC):%H:%M} CI {record['ci_actual_g_per_kwh']:.0f} "

@@ -51,6 +51,7 @@ class LocalLoopOptions:
     # 0: the planner keeps the LMCache server's size. A limit lets the GreenCache ILP size the DRAM tier, which on
     # LMCache 0.5.6 needs a controlled restart (the cache-manager's --lmcache-restart-command).
     cache_dram_limit_bytes: int = 0
+    cache_step_bytes: int = 0  # the planner's size step for that tier (0: its default)
     gpu_wait_s: float = 30.0
     region: str = REGION
     # History to ingest instead of the shifted demo slices: (Unix seconds, value) points, load in requests/s.
@@ -126,7 +127,8 @@ def demo_fleet(options: LocalLoopOptions, engines: list[common_pb2.Engine],
     pool = common_pb2.Pool(
         name=options.pool, model=options.model, region=options.region,
         slo=common_pb2.Slo(ttft_s=2.0, tpot_s=0.2, attainment_fraction=0.9),
-        max_cache_dram_bytes=options.cache_dram_limit_bytes, mean_prompt_tokens=1024, mean_output_tokens=128,
+        max_cache_dram_bytes=options.cache_dram_limit_bytes, cache_step_bytes=options.cache_step_bytes,
+        mean_prompt_tokens=1024, mean_output_tokens=128,
         variants=[common_pb2.ModelVariant(name="8b-bf16", model=options.model, quality_fraction=1.0,
                                           quality_source="reference variant", simulator_model="llama3-8b")])
     for engine in engines:

@@ -31,6 +31,7 @@ class Sidecar:
     health_path: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    ports: tuple[int, ...] = ()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -74,13 +75,34 @@ def start_engines(count: int, *, profile: str | None, time_scale: float, logs: P
     return engines
 
 
-def start_lmcache(binary: Path, *, l1_size_gb: float, logs: Path) -> Sidecar:
-    """One LMCache server in multiprocess mode on CPU (L1 DRAM, LRU), its admin API on a free port."""
-    http_port, port = free_port(), free_port()
+def start_lmcache(binary: Path, *, l1_size_gb: float, logs: Path, ports: tuple[int, int] | None = None) -> Sidecar:
+    """One LMCache server in multiprocess mode on CPU (L1 DRAM, LRU), its admin API on a free port (or on
+    ``ports`` = (http port, port), as a restart keeps them)."""
+    http_port, port = ports or (free_port(), free_port())
     cmd = [str(binary), "server", f"--l1-size-gb={l1_size_gb}", "--eviction-policy=LRU",
            f"--http-port={http_port}", f"--port={port}", "--supported-transfer-mode=auto"]
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
-    return _spawn("lmcache", cmd, f"http://127.0.0.1:{http_port}", "/healthcheck", logs, env=env)
+    car = _spawn("lmcache", cmd, f"http://127.0.0.1:{http_port}", "/healthcheck", logs, env=env)
+    car.ports = (http_port, port)
+    return car
+
+
+def restart_lmcache(car: Sidecar, binary: Path, *, l1_size_gb: float, previous_gb: float, logs: Path,
+                    grace_s: float, timeout_s: float) -> tuple[Sidecar, str | None]:
+    """Stops ``car`` and starts the server again on the same ports at ``l1_size_gb``, waiting until healthy.
+    Returns (the running server, None), or, when the new size does not come up, (the server restarted at
+    ``previous_gb``, why the new size failed). Raises when not even the previous size comes back."""
+    stop([car], grace_s)
+    fresh = start_lmcache(binary, l1_size_gb=l1_size_gb, logs=logs, ports=car.ports)
+    try:
+        wait_ready([fresh], timeout_s)
+        return fresh, None
+    except (RuntimeError, TimeoutError) as exc:
+        stop([fresh], grace_s)
+        failure = str(exc)
+    back = start_lmcache(binary, l1_size_gb=previous_gb, logs=logs, ports=car.ports)
+    wait_ready([back], timeout_s)
+    return back, failure
 
 
 def wait_ready(sidecars: list[Sidecar], timeout_s: float) -> None:

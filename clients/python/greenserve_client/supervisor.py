@@ -11,6 +11,7 @@ the sidecars, with SIGTERM, then SIGKILL for any that outlive the grace period.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import grpc
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc
-from greenserve_client import sidecars
+from greenserve_client import lmcache_control, sidecars
 from greenserve_client.local_loop import LocalLoopOptions, first_plan_summary, start_local_loop
 from greenserve_client.services import SERVICES, ServiceInfo
 
@@ -162,6 +163,35 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         if engines:
             router_args += [f"--engines={','.join(e.url for e in engines)}", f"--default-pool={fleet.pool}"]
         per_service = {"router": router_args}
+        controller: lmcache_control.LmcacheController | None = None
+        if lmcache is not None and lmcache_bin is not None:
+            # The cache-manager resizes LMCache's DRAM tier by a controlled restart that this supervisor does.
+            size = {"gb": fleet.lmcache_l1_size_gb}
+            binary = lmcache_bin
+
+            def restart(l1_size_gb: float) -> str:
+                old = next(c for c in cars if c.name == "lmcache")
+                fresh, failure = sidecars.restart_lmcache(old, binary, l1_size_gb=l1_size_gb, previous_gb=size["gb"],
+                                                          logs=logs, grace_s=STOP_GRACE_S, timeout_s=startup_timeout_s)
+                cars[cars.index(old)] = fresh
+                if failure is not None:
+                    raise RuntimeError(f"LMCache did not come up at {l1_size_gb:g} GB ({failure}); "
+                                       f"restarted at {size['gb']:g} GB")
+                before, size["gb"] = size["gb"], l1_size_gb
+                detail = f"LMCache restarted at {l1_size_gb:g} GB (was {before:g} GB), pid {fresh.process.pid}"
+                print(f"cache plan: {detail}", flush=True)
+                return detail
+
+            controller = lmcache_control.LmcacheController(data_dir / "lmcache-control", restart)
+            per_service["cache_manager"] = [
+                f"--lmcache-restart-command={lmcache_control.restart_command(controller.control_dir)}"]
+            loop_options = loop_options or LocalLoopOptions(pool=fleet.pool)
+            if loop_options.cache_dram_limit_bytes == 0:
+                # Let the planner size the DRAM tier from none to twice the start size, in steps of half of it.
+                gib = 1024**3
+                loop_options = dataclasses.replace(
+                    loop_options, cache_dram_limit_bytes=int(2 * fleet.lmcache_l1_size_gb * gib),
+                    cache_step_bytes=int(fleet.lmcache_l1_size_gb * gib / 2))
         for info in SERVICES:
             log_path = logs / f"{info.display}.log"
             cmd = _service_command(info, host, ports[info.name], data_dir, ports,
@@ -217,6 +247,8 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
 
             threading.Thread(target=work, name="after-start", daemon=True).start()
         while not stop_requested and "code" not in outcome:
+            if controller is not None:
+                controller.poll()
             dead = [c for c in children if c.process.poll() is not None]
             dead_cars = [car for car in cars if car.process.poll() is not None]
             if dead or dead_cars:
