@@ -91,6 +91,12 @@ def validate_modes(fleet: common_pb2.FleetInventory) -> None:
             raise InvalidArgument(f"{path}.acceptance_source", "at most 1024 characters")
 
 
+@lru_cache(maxsize=1)
+def gpu_table() -> dict:
+    """The simulator's GPU figures (its data file's ``gpus`` table), read once."""
+    return mp._sim_gpus()
+
+
 def simulator_models() -> list[str]:
     return sorted({p.split("@")[0] for p in list_profiles()})
 
@@ -108,7 +114,7 @@ def engine_profile(sim_model: str, hardware: str) -> EngineProfile | None:
     known = list_profiles()
     if f"{sim_model}@{hardware}" in known:
         return load_profile(f"{sim_model}@{hardware}")
-    gpus = mp._sim_gpus()
+    gpus = gpu_table()
     same = [p for p in known if p.split("@")[0] == sim_model and p.split("@")[1] in gpus]  # whole single GPUs
     if hardware not in gpus or not same:
         return None
@@ -279,7 +285,7 @@ class PoolModes:
 
 
 def _peak_flops(hardware: str) -> float | None:
-    g = mp._sim_gpus().get(hardware)
+    g = gpu_table().get(hardware)
     return float(g["peak_fp16_flops"]) if g else None
 
 
