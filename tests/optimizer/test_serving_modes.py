@@ -131,3 +131,22 @@ def test_greenllm_headline_quick_follows_the_convention_and_the_paper() -> None:
     assert 31.3 * 0.8 <= saving["value"] <= 40.6 * 1.2 and saving["mode"].startswith("DSD")
     assert ours["mode at high load"]["value"] == "SpecDecode"
     assert row["within_tolerance"] is True
+
+
+async def test_set_fleet_refuses_a_bad_draft_with_invalid_argument_and_stores_nothing(optimizer) -> None:
+    import grpc
+    from greenserve.v1 import optimizer_pb2, optimizer_pb2_grpc
+
+    running = await optimizer(schedule_plans=False)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        stub = optimizer_pb2_grpc.OptimizerServiceStub(channel)
+        fleet = _fleet()
+        fleet.pools[0].draft.acceptance_fraction = 1.5
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=fleet))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "fleet.pools[0].draft.acceptance_fraction" in err.value.details()
+        assert not (await stub.GetFleet(optimizer_pb2.GetFleetRequest())).fleet.pools
+        await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=_fleet()))  # the good one is stored whole
+        stored = (await stub.GetFleet(optimizer_pb2.GetFleetRequest())).fleet
+        assert stored.link_bandwidth_bytes_per_s == 2e9 and stored.pools[0].draft.acceptance_fraction == 0.457
