@@ -620,6 +620,12 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                         "from other jobs on a shared machine; reported)")
     p.add_argument("--profile-router", default=None, metavar="PATH",
                    help="run the router under cProfile and write its stats to PATH (distorts timings)")
+    p.add_argument("--replicas-phase", action="store_true",
+                   help="then the replicas phase (bench_replicas.py: registration propagation and prefix hit rate, "
+                        "1 vs 4 replicas on one database; its options are the --replicas-* ones)")
+    from greenserve.router import bench_replicas
+
+    bench_replicas.add_arguments(p, prefix="replicas-")
     args = p.parse_args(argv)
     if args.quick:
         args.requests_per_stream, args.no_peer = 2, True
@@ -876,6 +882,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     finally:
         procs.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+    if args.replicas_phase:  # its own processes, after the other phases' are gone
+        result.update(bench_replicas.phase_result(args))
     print(json.dumps(result))
     return 0
 

@@ -149,3 +149,31 @@ async def test_same_conversation_goes_to_the_same_engine_from_both_replicas(rout
         assert turn1 == turn2 == turn1_b, conv
         chosen[turn1] = chosen.get(turn1, 0) + 1
     assert len(chosen) >= 3, chosen  # conversations spread over the engines, not all on one
+
+
+def test_postgres_notifies_listening_replicas_of_a_change(postgres_server) -> None:  # noqa: F811
+    """On PostgreSQL a bump is also a NOTIFY: a replica wakes at once instead of at its next poll."""
+    import threading
+
+    from greenserve.common.persistence import Database
+    from greenserve.router.shared_state import Listener, SharedState
+
+    name = postgres_server.create_database("router")
+    db = Database.open(postgres_server.url(name), "router")
+    woke = threading.Event()
+    listener = Listener(db, woke.set)
+    try:
+        listener.start()
+        shared = SharedState(db, "a")
+        before = shared.version()
+        deadline = time.monotonic() + 10
+        while not woke.is_set() and time.monotonic() < deadline:  # LISTEN may not be in place yet: bump again
+            shared.record_verdict("e1", True, time.time() + 5, 1, "test")
+            woke.wait(0.5)
+        assert woke.is_set()
+        assert shared.version() > before
+        assert listener.notifications >= 1
+    finally:
+        listener.stop()
+        db.close()
+        postgres_server.drop_database(name)

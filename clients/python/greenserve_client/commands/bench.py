@@ -16,6 +16,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine-sim": ("greenserve.simulator.emulator.bench:main", "concurrent streams and tokens/s one emulated engine sustains"),
     "forecaster": ("greenserve.forecaster.bench:main", "day-ahead CI and load MAPE vs seasonal naive"),
     "router": ("greenserve.router.bench:main", "added TTFT and throughput through the router vs direct"),
+    "router-replicas": ("greenserve.router.bench_replicas:main",
+                        "4 router replicas on one database: registration propagation, prefix hit rate vs 1"),
     "cache-policy": ("greenserve.cache_manager.bench:policy_main", "token hit rate of FIFO/LRU/LCS/LCS+TTL/Adaptive"),
     "cache-pareto": ("greenserve.optimizer.solvers.cache_pareto:bench_main",
                      "Kareto adaptive Pareto search vs full grid: evaluations and hypervolume"),
