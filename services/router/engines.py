@@ -81,6 +81,7 @@ class EngineState:
     running: float = 0.0
     waiting: float = 0.0
     in_flight_at_scrape: int = 0
+    prefilling_at_scrape: int = 0
     kv_usage_fraction: float = 0.0
     metrics_at: float = 0.0  # time.monotonic() of the last good scrape; 0 = never
     metrics_wall_s: float = 0.0  # time.time() of the same, for ListEngines
@@ -120,16 +121,19 @@ class EngineState:
     def queue_load(self, now: float, stale_after_s: float, decode_weight: float) -> float:
         """What delays a new request's first token here: requests still waiting for theirs (each
         ahead of it in the prefill queue) count 1, requests already decoding count ``decode_weight``
-        (they only lengthen each step a little). Requests other routers sent (from metrics) count as
-        decoding: their phase is unknown."""
-        decoding = self.in_flight - self.prefilling + self.others(now, stale_after_s)
-        return self.prefilling + decode_weight * decoding
+        (they only lengthen each step a little). Of the requests others sent (from metrics), those the
+        engine reports waiting count 1, the rest as decoding."""
+        others = self.others(now, stale_after_s)
+        waiting = min(others, max(0.0, self.waiting - self.prefilling_at_scrape)) if others else 0.0
+        decoding = self.in_flight - self.prefilling + others - waiting
+        return self.prefilling + waiting + decode_weight * decoding
 
     def apply_metrics(self, metrics: EngineMetrics, now: float) -> None:
         self.running = metrics.running or 0.0
         self.waiting = metrics.waiting or 0.0
         self.kv_usage_fraction = metrics.kv_usage_fraction or 0.0
         self.in_flight_at_scrape = self.in_flight
+        self.prefilling_at_scrape = self.prefilling
         self.metrics_at = now
         self.metrics_wall_s = time.time()
         hist = (metrics.ttft_sum_s or 0.0, metrics.ttft_count or 0.0, metrics.tpot_sum_s or 0.0,
