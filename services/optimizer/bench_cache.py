@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -57,6 +58,49 @@ def synthetic_models(pools: int, hours: int, sizes: int, seed: int = 0, restart_
     return models
 
 
+def kareto_figures(rate: float, with_grid: bool) -> dict:
+    """The Kareto solver on one Llama-3 8B / A100-80GB pool (DRAM 0-64 GiB in 8 GiB steps x disk 0-512 GiB in
+    32 GiB steps, FR CI 60 g/kWh) at ``rate`` requests/s: time, replays, choice; with ``with_grid`` also every grid
+    point replayed and the hypervolume of the adaptive Pareto set over the grid's (Kareto Sec. 5.3.1)."""
+    from greenserve.common import carbon
+    from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
+    from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
+    from greenserve.optimizer.solvers.cache_pareto import (
+        hypervolume,
+        pareto_filter,
+        reference_point,
+    )
+    from greenserve.v1 import common_pb2
+
+    gib = 1 << 30
+    pool = common_pb2.Pool(name="chat", model="meta-llama/Meta-Llama-3-8B-Instruct", region="FR",
+                           slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9),
+                           engines=[common_pb2.Engine(id="e1", hardware="A100-80GB")],
+                           max_cache_dram_bytes=64 * gib, max_cache_disk_bytes=512 * gib, cache_step_bytes=8 * gib)
+    flat = SeriesForecast((rate,), (rate,), (rate,))
+    inputs = PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[pool]), {"FR": SeriesForecast((60.0,), (60.0,),
+                            (60.0,))}, {"chat": flat}, {}, carbon.load_default_params(), {})
+    solver = KaretoSearch(time_limit_s=3600.0, max_evaluations=10_000)
+    t0 = time.perf_counter()
+    search = solver.search_pool(inputs, pool, time.perf_counter() + 3600.0)
+    search_s = time.perf_counter() - t0
+    assert search is not None
+    out = {"rate_per_s": rate, "search_s": search_s, "evaluations": len(search.points), "rounds": search.rounds,
+           "grid_points": search.grid_points, "pareto_points": len(search.pareto),
+           "chosen_dram_bytes": int(search.chosen.x), "chosen_disk_bytes": int(search.chosen.y),
+           "chosen_g_per_h": search.chosen.cost, "meets_slo": search.meets_slo}
+    if with_grid:
+        # Every grid point through the same scoring (replays already made are reused from the cache).
+        t0 = time.perf_counter()
+        grid = solver.search_pool(inputs, pool, time.perf_counter() + 3600.0, full_grid=True)
+        assert grid is not None
+        ref = reference_point(grid.points + search.points)
+        out.update({"grid_evaluations": len(grid.points), "grid_extra_s": time.perf_counter() - t0,
+                    "hypervolume_ratio": hypervolume(search.pareto, ref) / max(hypervolume(
+                        pareto_filter(grid.points), ref), 1e-300)})
+    return out
+
+
 def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="solves of the small instance (median reported)")
@@ -69,10 +113,16 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
                         help="highs: the arrays handed to highspy; pulp-highs / pulp-cbc: the same model through PuLP")
     parser.add_argument("--restart-g", type=float, default=0.0,
                         help="charge each resize this many g per TB of the size left (a DRAM pool's restart charge)")
+    parser.add_argument("--kareto-rate", type=float, default=0.0,
+                        help="also time the Kareto solver on one pool at this many requests/s per engine (0: skip)")
+    parser.add_argument("--kareto-grid", action="store_true",
+                        help="with --kareto-rate: also replay the full grid and report the hypervolume ratio")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
     if ns.restart_g < 0:
         parser.error("--restart-g must be >= 0")
+    if ns.kareto_rate < 0 or not math.isfinite(ns.kareto_rate):
+        parser.error("--kareto-rate must be a finite number >= 0")
     if ns.repeat < 1 or min(ns.large_pools, ns.large_hours, ns.large_sizes) < 1 or ns.large_sizes < 2:
         parser.error("--repeat, --large-pools and --large-hours must be >= 1, --large-sizes >= 2")
     small = synthetic_models(1, 24, 17, restart_g=ns.restart_g)
@@ -94,7 +144,11 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     resizes = sum(sum(1 for a, b in itertools.pairwise(p) if a != b) for p in large_picks.values())
     print(f"large: {ns.large_hours} h x {ns.large_sizes} sizes x {ns.large_pools} pools: {large_s:.2f} s "
           f"({large_cpu_s:.2f} s CPU, {large_status}, gap {large_gap}, {resizes} resizes)", file=sys.stderr)
-    print(dumps({"small_solve_s": statistics.median(times), "small_solve_s_all": times, "small_status": status,
+    kareto = kareto_figures(ns.kareto_rate, ns.kareto_grid) if ns.kareto_rate > 0 else None
+    if kareto:
+        print(f"kareto: {kareto['evaluations']} replays of {kareto['grid_points']} grid points in "
+              f"{kareto['search_s']:.2f} s", file=sys.stderr)
+    print(dumps({"kareto": kareto, "small_solve_s": statistics.median(times), "small_solve_s_all": times, "small_status": status,
                  "small_gap": gap, "large_solve_s": large_s, "large_cpu_s": large_cpu_s, "large_resizes": resizes, "large_status": large_status, "large_gap": large_gap,
                  "large_shape": [ns.large_hours, ns.large_sizes, ns.large_pools],
                  "fleet_limit_tb": ns.fleet_limit_tb, "backend": ns.backend, "restart_g": ns.restart_g,

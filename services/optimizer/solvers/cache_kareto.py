@@ -7,7 +7,8 @@ runs over DRAM size x disk size, each from 0 to the pool's limit on the pool's `
 of the pool's traffic through the simulator (``greenserve.simulator.replay``), one engine of the pool's performance
 profile with an LMCache DRAM and disk tier of those sizes:
 
-* the window: ``window_s`` (300 s by default, longer when the rate is low, at most MAX_REQUESTS requests) of GreenCache's multi-turn conversations
+* the window: ``window_s`` (600 s by default, as the cache profiles: conversations need minutes to reach a steady
+  state; longer when the rate is low, at most MAX_REQUESTS requests) of GreenCache's multi-turn conversations
   at the pool's forecast rate for the first hour of the horizon, per engine (two significant digits: replays are
   cached and reused by later plans). The forecaster's forecast is its
   seasonal model of the pool's own load history (same hour yesterday / last week); the request *shape* is the
@@ -39,6 +40,7 @@ from greenserve.optimizer.solvers.cache_greencache import _size_text, pool_profi
 from greenserve.optimizer.solvers.cache_pareto import (
     ScoredPoint,
     adaptive_search,
+    grid_search,
     pareto_filter,
 )
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
@@ -50,7 +52,7 @@ from greenserve.v1 import common_pb2
 FINE_STEPS = 16  # at most this many fine steps per axis (the step is coarsened beyond)
 START_STEPS = 2  # the coarse start grid: 0, half and the whole limit per axis
 MEAN_TURNS = 4.0
-MAX_REQUESTS = 1500  # per replay: about 0.5-1 s each on the shared 2-core box at 4 requests/s
+MAX_REQUESTS = 3000  # per replay (as the cache profiles): about 1 s each on the shared 2-core box at 8 requests/s
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class KaretoSearch:
     knob = "cache_targets"
     name = "cache.kareto"
 
-    def __init__(self, *, window_s: float = 300.0, max_evaluations: int = 32, time_limit_s: float = 8.0,
+    def __init__(self, *, window_s: float = 600.0, max_evaluations: int = 32, time_limit_s: float = 8.0,
                  perf_threshold: float = 0.02, cost_threshold: float = 0.005, expand_threshold: float = 0.01) -> None:
         for field, value, lo in (("window_s", window_s, 60.0), ("time_limit_s", time_limit_s, 0.0)):
             if not (math.isfinite(value) and value > lo):
@@ -143,7 +145,9 @@ class KaretoSearch:
         self.thresholds = {"perf_threshold": perf_threshold, "cost_threshold": cost_threshold,
                            "expand_threshold": expand_threshold}
 
-    def search_pool(self, inputs: PlanningInputs, pool: common_pb2.Pool, deadline: float) -> PoolSearch | None:
+    def search_pool(self, inputs: PlanningInputs, pool: common_pb2.Pool, deadline: float, *,
+                    full_grid: bool = False) -> PoolSearch | None:
+        """The search of one pool (``full_grid``: every fine-grid point instead, for the bench's comparison)."""
         dram_limit, disk_limit = int(pool.max_cache_dram_bytes), int(pool.max_cache_disk_bytes)
         if (dram_limit <= 0 and disk_limit <= 0) or not pool.engines:
             return None
@@ -178,9 +182,12 @@ class KaretoSearch:
         fy, cy = _axis(disk_limit, pool.cache_step_bytes)
         stopped, rounds = "", 0
         try:
-            result = adaptive_search(evaluate, x_start=(0.0, float(dram_limit), cx), y_start=(0.0, float(disk_limit), cy),
-                                     x_max=float(dram_limit), y_max=float(disk_limit), x_fine_step=fx, y_fine_step=fy,
-                                     max_evaluations=self.max_evaluations, **self.thresholds)
+            if full_grid:
+                result = grid_search(evaluate, (0.0, float(dram_limit), fx), (0.0, float(disk_limit), fy))
+            else:
+                result = adaptive_search(evaluate, x_start=(0.0, float(dram_limit), cx), y_start=(0.0, float(disk_limit), cy),
+                                         x_max=float(dram_limit), y_max=float(disk_limit), x_fine_step=fx,
+                                         y_fine_step=fy, max_evaluations=self.max_evaluations, **self.thresholds)
             points, rounds = result.points, result.rounds
             if result.stopped_by_budget:
                 stopped = f"stopped at {self.max_evaluations} evaluations"
