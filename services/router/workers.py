@@ -15,6 +15,9 @@ The supervisor (this module's :class:`Supervisor`, the process started by the us
 * it starts the workers, waits until each reports serving (a byte on a pipe), restarts a worker that
   dies (after 0.25 s, doubling up to 30 s; a worker that served 60 s starts the count afresh; after 8
   deaths in a row of one worker the supervisor stops everything and exits 1);
+* a worker killed outright (SIGKILL, OOM) loses the connections it had accepted, and the kernel resets
+  those still queued on its socket unless ``net.ipv4.tcp_migrate_req=1`` (Linux >= 5.14, per network
+  namespace) hands them to the other workers; the supervisor warns at start when it is 0;
 * SIGTERM / SIGINT are forwarded to every worker (each drains like a single router); workers still
   running after ``--shutdown-grace-s`` + 5 s are killed. A worker asks the kernel for SIGTERM when the
   supervisor dies (PR_SET_PDEATHSIG), so even ``kill -9`` of the supervisor leaves no worker serving.
@@ -66,6 +69,7 @@ MAX_FAILURES = 8
 READY_WITHIN_S = 120.0
 KILL_AFTER_GRACE_S = 5.0
 GAUGE_PUBLISH_S = 1.0
+MIGRATE_REQ_SYSCTL = "/proc/sys/net/ipv4/tcp_migrate_req"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -155,7 +159,7 @@ async def _publish_every(registry: Any, interval_s: float) -> None:
     while True:
         try:
             publish_live_gauges(registry)
-        except Exception:  # noqa: BLE001 - metrics must never stop the worker
+        except Exception:
             log.exception("publishing the worker's gauges failed")
         await asyncio.sleep(interval_s)
 
@@ -262,6 +266,13 @@ class Supervisor:
         self.metrics_dir = Path(self.settings.data_dir) / f"router-metrics-{self.grpc_port}"
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # files of a previous run (the port lock is ours)
         self.metrics_dir.mkdir(parents=True)
+        try:
+            migrate = Path(MIGRATE_REQ_SYSCTL).read_text().strip()
+        except OSError:  # kernel before 5.14
+            migrate = ""
+        if migrate == "0":
+            log.warning("net.ipv4.tcp_migrate_req is 0: connections the kernel queued on a worker that dies are "
+                        "reset instead of handed to the other workers (docs/router.md)")
 
     def _spawn(self, slot: _Slot) -> None:
         ready_r, ready_w = os.pipe()
