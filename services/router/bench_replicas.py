@@ -43,6 +43,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -452,6 +453,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str], prog: str = "greenserve bench router-replicas") -> int:
     args = _parser(prog).parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes it started (finally blocks)
     out = run(args)
     print(json.dumps(out))
     return 0

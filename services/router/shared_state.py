@@ -19,7 +19,8 @@ once; the poll stays as the fallback. A registration through any replica is thus
 replica within one poll interval plus one reload (docs/router.md gives the measured figure).
 
 Each replica also records what it routes on in ``router_replicas`` (plan version, state version seen,
-heartbeat), listed by ListEngines, so a replica that lags behind the others can be seen.
+heartbeat), listed by ListEngines, so a replica that lags behind the others can be seen; a replica silent
+for an hour is dropped from that list.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.orm import Session
 
 from greenserve.common.persistence import Database, utcnow
@@ -41,6 +42,7 @@ log = logging.getLogger("greenserve.router.shared_state")
 
 NOTIFY_CHANNEL = "greenserve_router"
 HEARTBEAT_S = 5.0
+FORGET_REPLICA_S = 3600.0  # a replica silent this long is dropped from router_replicas (restarts change host:pid)
 
 
 def bump(s: Session) -> None:
@@ -131,8 +133,10 @@ class SharedState:
             bump(s)
 
     def heartbeat(self, plan_version: int, state_version: int) -> None:
-        """Records what this replica routes on."""
+        """Records what this replica routes on (and forgets replicas silent for ``FORGET_REPLICA_S``)."""
         with self.db.session() as s:
+            s.execute(delete(models.RouterReplica).where(
+                models.RouterReplica.seen_at < utcnow() - timedelta(seconds=FORGET_REPLICA_S)))
             row = s.get(models.RouterReplica, self.replica_id)
             if row is None:
                 s.add(models.RouterReplica(replica_id=self.replica_id, plan_version=plan_version,
