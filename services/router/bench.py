@@ -513,7 +513,8 @@ _PROFILED_ROUTER = (
 
 
 def _start_router(procs: _Procs, engines: list[str], data_dir: str, cpus: list[int] | None,
-                  profile: str | None = None, workers: int = 1) -> tuple[str, str, subprocess.Popen[bytes]]:
+                  profile: str | None = None, workers: int = 1, extra: list[str] | None = None
+                  ) -> tuple[str, str, subprocess.Popen[bytes]]:
     """The router in a process of its own (``workers`` > 1: a supervisor and its workers, bench_workers.py);
     with ``profile``, under cProfile (stats written at exit)."""
     grpc_port, http_port = _free_port(), _free_port()
@@ -521,7 +522,7 @@ def _start_router(procs: _Procs, engines: list[str], data_dir: str, cpus: list[i
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(grpc_port),
            "--http-port", str(http_port), "--engines", ",".join(engines), "--data-dir", data_dir,
            "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000",
-           "--workers", str(workers)]
+           "--workers", str(workers), *(extra or [])]
     log_file = open(Path(data_dir) / "router.log", "wb")  # noqa: SIM115 - closed with the process
     proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
     url = f"http://127.0.0.1:{http_port}"
@@ -618,6 +619,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--nice", type=int, default=0,
                    help="niceness of every process the bench starts (negative needs root: shields the run "
                         "from other jobs on a shared machine; reported)")
+    p.add_argument("--grpc-stream-interval-s", type=float, default=None,
+                   help="the router's --grpc-stream-interval-s (default: the router's own default)")
     p.add_argument("--profile-router", default=None, metavar="PATH",
                    help="run the router under cProfile and write its stats to PATH (distorts timings)")
     p.add_argument("--replicas-phase", action="store_true",
@@ -682,8 +685,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         with urllib.request.urlopen(engines[0] + "/v1/models", timeout=5) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
         _log("starting the router" + (" under cProfile" if args.profile_router else ""))
+        router_args = [] if args.grpc_stream_interval_s is None else \
+            ["--grpc-stream-interval-s", str(args.grpc_stream_interval_s)]
         router_http, router_grpc, router_proc = _start_router(procs, engines, data_dir, router_cpus,
-                                                              args.profile_router)
+                                                              args.profile_router, extra=router_args)
         peer_url, peer_reason, peer_proc = None, "", None
         if not args.no_peer:
             exe, peer_reason = _vllm_router_bin(not args.no_install_peer)
@@ -823,6 +828,15 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         seq_peer_head = at_256(seq_peer_rows)
         peer_rows = [r for r in paired_rows if r["target"] == "vllm-router"]
         peer_head = at_256(peer_rows)
+
+        def seq_cpu(target: str, proto: str) -> float | None:
+            """CPU per request of one target in the sequential phase at the headline level (every target
+            ran the same load there, one after another)."""
+            level = seq_head["concurrency"] if seq_head else None
+            row = next((r for r in rows if (r["target"], r["protocol"], r["concurrency"]) == (target, proto, level)),
+                       None)
+            return row.get("router_cpu_ms_per_request") if row else None
+
         result = {
             "design": "paired",
             "design_note": "added TTFT = routed TTFT percentile - direct TTFT percentile of N streams through "
@@ -841,6 +855,11 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             "router_overhead_p50_ms_le": head.get("router_overhead_p50_ms_le") if head else None,
             "router_overhead_p99_ms_le": head.get("router_overhead_p99_ms_le") if head else None,
             "router_cpu_ms_per_request": head.get("router_cpu_ms_per_request") if head else None,
+            # CPU per request of each front and of vllm-router, sequential phase at the headline level
+            "grpc_cpu_ms_per_request": seq_cpu("router", "grpc"),
+            "http_cpu_ms_per_request": seq_cpu("router", "http"),
+            "vllm_router_cpu_ms_per_request": seq_cpu("vllm-router", "http"),
+            "grpc_stream_interval_s": args.grpc_stream_interval_s,
             "direct_max_rps": max([r["rps"] for r in rows if r["target"] == "direct"]
                                   + [x for x in [tp_rps("direct")] if x is not None], default=None),
             "levels": paired_rows,

@@ -12,7 +12,6 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlparse
 
@@ -42,12 +41,15 @@ from greenserve.router.http_guard import HttpLimits, default_max_connections, ss
 from greenserve.router.policy import NoEngineError, PolicyConfig
 from greenserve.router.prefix_index import chain_hashes, render_chat
 from greenserve.router.upstream import (
+    Call,
     RouteRequest,
     UpstreamClientError,
     UpstreamUnavailable,
     chunk_text,
+    TEXT_KEY_CHAT,
+    TEXT_KEY_COMPLETION,
     event_data,
-    split_events,
+    running_text,
 )
 from greenserve.router.workers import current_worker
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
@@ -107,6 +109,11 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     decode_load_weight: float = Field(0.0, ge=0, le=1,
                                       description="load of a decoding request relative to one awaiting its first token")
     max_sessions: int = Field(100_000, ge=1, description="session keys remembered (LRU)")
+    grpc_stream_interval_s: float = Field(
+        0.05, ge=0, le=1.0,
+        description="Generate: after the first token (always sent at once), at most one message per this many "
+        "seconds, carrying every token that arrived meanwhile (a gRPC message costs the router several times "
+        "what a token costs over HTTP); 0: one message per read of the engine's stream")
     workers: int | None = Field(
         None, ge=1, le=64,
         description="worker processes serving both ports (SO_REUSEPORT, Linux) under a supervisor that restarts a "
@@ -242,11 +249,18 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.ctx = ctx
         self.core = core
         self.http: HttpFront | None = None
+        self.stream_interval_s = float(getattr(ctx.settings, "grpc_stream_interval_s", 0.0))
 
     # -- request path ---------------------------------------------------------------------------------
 
-    async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-                       ) -> AsyncIterator[router_pb2.GenerateResponse]:
+    async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
+        """Streams the output with ``context.write`` from this one coroutine (no async-generator layer
+        resumed per message). The first token goes out at once; after it, a message carries every token
+        that arrived since the previous one and goes at most once per ``--grpc-stream-interval-s``
+        (``token_count`` says how many tokens it carries); the last message carries what is still
+        pending with the finish reason and the receipt. A gRPC message costs the router several times
+        what a forwarded token costs over HTTP (grpc.aio's completion round trip through its poller
+        thread), so fewer, larger messages are what makes this path cheap. See docs/router.md."""
         core = self.core
         # admission first: a refused request costs no work (the message itself is bounded by
         # --max-message-bytes in the gRPC core, which answers RESOURCE_EXHAUSTED naming the limit)
@@ -274,55 +288,58 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 core.count_failure("grpc", "client_error")
                 raise InvalidArgument("request", _engine_message(exc.body)) from None
             engine_id = call.engine.id
-            first = True
+            write = context.write
+            Response = router_pb2.GenerateResponse
             usage: dict[str, Any] | None = None
             reason = call.finish_reason or ""
+            # the events read up to the first token (and any that came with it): one message
+            texts: list[str] = []
+            tokens = 0
             for ev in call.head_events:
                 text, r, u = _parse_event(ev)
                 usage = u or usage
                 reason = r or reason
+                if text or r:
+                    tokens += 1
                 if text:
-                    yield router_pb2.GenerateResponse(request_id=request_id, text_delta=text,
-                                                      engine_id=engine_id if first else "")
-                    first = False
+                    texts.append(text)
+            first = not texts
+            if texts:
+                await write(Response(request_id=request_id, text_delta="".join(texts), engine_id=engine_id,
+                                     token_count=tokens))
+            # after the first token: text read but not yet sent waits until --grpc-stream-interval-s has
+            # passed since the previous message, gathering the tokens that arrive meanwhile (one timer
+            # per message, none per token)
+            reader = _EventReader(call, TEXT_KEY_CHAT if messages is not None else TEXT_KEY_COMPLETION)
+            interval = self.stream_interval_s
+            last_sent = time.monotonic()
+            while not reader.ended:
+                await reader.read()
+                if not reader.texts:
+                    continue
+                if interval and not reader.ended:
+                    deadline = last_sent + interval
+                    if time.monotonic() < deadline:
+                        try:
+                            async with asyncio.timeout_at(deadline):
+                                while not reader.ended:
+                                    await reader.read()
+                        except TimeoutError:
+                            pass
+                if reader.ended:
+                    break  # what is pending goes with the last message
+                await write(Response(request_id=request_id, text_delta=reader.take(),
+                                     engine_id=engine_id if first else "", token_count=reader.take_tokens()))
+                first = False
+                last_sent = time.monotonic()
+            usage = reader.usage or usage
+            reason = reader.reason or reason
+            pending_tokens = reader.take_tokens()
+            pending = reader.take()
             if not call.done:
-                # One message per upstream read: the text of every token event that arrived together
-                # is sent as one delta (fewer messages when the engine batches; per-message cost of
-                # grpc.aio dominates). Events are split on blank lines; only their JSON is decoded.
-                buf = call.tail
-                call.tail = b""
-                content = call.response.content
-                Response = router_pb2.GenerateResponse
-                while not call.done:
-                    try:
-                        chunk = await content.readany()
-                    except (aiohttp.ClientError, OSError):
-                        break
-                    if not chunk:
-                        if not buf.strip():
-                            break
-                        chunk, buf = buf + b"\n\n", b""
-                    events, buf = split_events(buf + chunk)
-                    texts = []
-                    for ev in events:
-                        data = event_data(ev)
-                        if data == b"[DONE]":
-                            call.done = True
-                            break
-                        text, r, u = _parse_event(ev)
-                        if u:
-                            usage = u
-                        if r:
-                            reason = r
-                        if text or r:
-                            call.events += 1
-                        if text:
-                            texts.append(text)
-                    if texts:
-                        yield Response(request_id=request_id, text_delta="".join(texts),
-                                       engine_id=engine_id if first else "")
-                        first = False
-            if not call.done:
+                if pending:  # the partial output reaches the caller before the error
+                    await write(Response(request_id=request_id, text_delta=pending,
+                                         engine_id=engine_id if first else "", token_count=pending_tokens))
                 core.registry.record_failure(call.engine, time.monotonic(), "stream cut after first token")
                 core.count_failure("grpc", "upstream_cut")
                 raise Unavailable(f"engine {engine_id} stopped mid-stream; the partial output was sent")
@@ -330,8 +347,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             acc = dispatcher.finish(call, aborted=False)
             finished = True
             receipt = core.finish(call, "grpc", acc, len(prompt))
-            yield router_pb2.GenerateResponse(request_id=request_id, finish_reason=reason or "stop",
-                                              receipt=receipt.to_proto(), engine_id=engine_id if first else "")
+            # the last message: the text still pending, the finish reason and the receipt
+            await write(Response(request_id=request_id, text_delta=pending, token_count=pending_tokens,
+                                 finish_reason=reason or "stop", receipt=receipt.to_proto(),
+                                 engine_id=engine_id if first else ""))
         finally:
             if call is not None and not finished:
                 dispatcher.finish(call, aborted=True)
@@ -449,6 +468,79 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                       ) -> router_pb2.UndrainResponse:
         await self.core.undrain(self._known(list(request.engine_ids)))
         return router_pb2.UndrainResponse()
+
+
+class _EventReader:
+    """Reads a committed call's SSE stream for Generate: ``read`` takes one upstream read, adds the text
+    of its token events to ``texts`` (running tokens found by a byte scan, no JSON decoded) and notes
+    usage and finish reason; ``ended`` once [DONE] came or the stream stopped (``call.done`` tells
+    which)."""
+
+    __slots__ = ("call", "content", "key", "buf", "texts", "tokens", "usage", "reason", "ended")
+
+    def __init__(self, call: Call, key: str) -> None:
+        self.call = call
+        self.content = call.response.content
+        self.key = key
+        self.buf = call.tail
+        call.tail = b""
+        self.texts: list[str] = []
+        self.tokens = 0
+        self.usage: dict[str, Any] | None = None
+        self.reason = ""
+        self.ended = call.done
+
+    def take(self) -> str:
+        text = "".join(self.texts)
+        self.texts = []
+        return text
+
+    def take_tokens(self) -> int:
+        n, self.tokens = self.tokens, 0
+        return n
+
+    async def read(self) -> None:
+        try:
+            chunk = await self.content.readany()
+        except (aiohttp.ClientError, OSError):
+            self.ended = True  # the engine went away (call.done stays False)
+            return
+        buf = self.buf
+        if not chunk:
+            if not buf.strip():
+                self.ended = True
+                return
+            chunk = b"\n\n"  # a last event without its blank line
+        if buf:
+            chunk = buf + chunk
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        end = chunk.rfind(b"\n\n")
+        if end < 0:
+            self.buf = chunk
+            return
+        self.buf = chunk[end + 2 :]
+        key = self.key
+        texts = self.texts
+        tokens = 0
+        for ev in chunk[:end].split(b"\n\n"):
+            text = running_text(ev, key)  # the usual case: a running token
+            if text is None:
+                if event_data(ev) == b"[DONE]":
+                    self.call.done = self.ended = True
+                    break
+                text, r, u = _parse_event(ev)
+                if u:
+                    self.usage = u
+                if r:
+                    self.reason = r
+                    if not text:
+                        tokens += 1
+            if text:
+                tokens += 1
+                texts.append(text)
+        self.tokens += tokens
+        self.call.events += tokens
 
 
 def _parse_event(ev: bytes) -> tuple[str, str | None, dict[str, Any] | None]:

@@ -24,6 +24,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from json.decoder import scanstring  # the C string scanner json.loads itself uses
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,7 @@ from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
 
 _RUNNING = b'"finish_reason":null'
+_FINISH = b'"finish_reason"'
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DONE = b"[DONE]"
 
@@ -79,6 +81,33 @@ def event_data(event: bytes) -> bytes | None:
     lines = [line[5:].lstrip(b" ") if line.startswith(b"data:") else None for line in event.split(b"\n")]
     data = [line for line in lines if line is not None]
     return b"\n".join(data) if data else None
+
+
+TEXT_KEY_COMPLETION = '"text":"'
+TEXT_KEY_CHAT = '"content":"'
+
+
+def running_text(event: bytes, key: str) -> str | None:
+    """Text of a running token event (one choice, ``"finish_reason":null``), found by a scan of the event
+    instead of decoding its JSON; None when the event is anything else (final, usage, error, comment,
+    several choices, a text key the scan cannot place): the caller then decodes it. ``key`` is
+    ``TEXT_KEY_COMPLETION`` or ``TEXT_KEY_CHAT``. In valid JSON the key pattern (a quote, the name, a
+    quote, a colon, a quote) cannot occur inside a string value, where every quote is escaped; the value
+    is decoded with the json module's own string scanner, so escapes come out exactly as ``json.loads``
+    gives them."""
+    if not event.startswith(b"data: {") or event.count(_FINISH) != 1 or _RUNNING not in event:
+        return None
+    try:
+        s = event.decode()
+    except UnicodeDecodeError:
+        return None
+    i = s.find(key)
+    if i < 0 or s.find(key, i + 1) >= 0 or "\n" in s:
+        return None
+    try:
+        return scanstring(s, i + len(key))[0]
+    except ValueError:
+        return None
 
 
 def chunk_text(obj: dict[str, Any]) -> str:

@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from greenserve.v1 import common_pb2 as greenserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agreenserve/v1/router.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"E\n\x0b\x43hatMessage\x12%\n\x04role\x18\x01 \x01(\x0e\x32\x17.greenserve.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\tChatInput\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.greenserve.v1.ChatMessage\"!\n\x0f\x43ompletionInput\x12\x0e\n\x06prompt\x18\x01 \x01(\t\"\x96\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x02\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xae\x01\n\x11RequestDescriptor\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0bsession_key\x18\x03 \x01(\t\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.greenserve.v1.ChatInputH\x00\x12\x34\n\ncompletion\x18\x05 \x01(\x0b\x32\x1e.greenserve.v1.CompletionInputH\x00\x42\x07\n\x05input\"\x89\x01\n\x0fGenerateRequest\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .greenserve.v1.RequestDescriptor\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.greenserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x93\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntext_delta\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x07receipt\x18\x04 \x01(\x0b\x32\x1c.greenserve.v1.CarbonReceipt\x12\x11\n\tengine_id\x18\x05 \x01(\t\"\xb0\x02\n\rCarbonReceipt\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06ttft_s\x18\x03 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x04 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x05 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12\x12\n\nenergy_kwh\x18\t \x01(\x01\x12\x14\n\x0c\x63i_g_per_kwh\x18\n \x01(\x01\x12.\n\x06\x63\x61rbon\x18\x0b \x01(\x0b\x32\x1e.greenserve.v1.CarbonBreakdown\x12\x14\n\x0cplan_version\x18\x0c \x01(\x04\x12\x0f\n\x07slo_met\x18\r \x01(\x08\"A\n\x0cRouteRequest\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .greenserve.v1.RequestDescriptor\"\x83\x01\n\rRouteResponse\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0cplan_version\x18\x03 \x01(\x04\x12%\n\x1d\x65xpected_cached_prompt_tokens\x18\x04 \x01(\r\">\n\x15RegisterEngineRequest\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\"P\n\x16RegisterEngineResponse\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\",\n\x17\x44\x65registerEngineRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65registerEngineResponse\"\"\n\x12ListEnginesRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xb1\x02\n\x0c\x45ngineStatus\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x18\n\x10waiting_requests\x18\x03 \x01(\r\x12!\n\x19router_in_flight_requests\x18\x04 \x01(\r\x12\x1f\n\x17kv_cache_usage_fraction\x18\x05 \x01(\x01\x12\x36\n\x12metrics_scraped_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14\x63onsecutive_failures\x18\x07 \x01(\r\x12\x15\n\rrecent_ttft_s\x18\x08 \x01(\x01\x12\x15\n\rrecent_tpot_s\x18\t \x01(\x01\"}\n\rRouterReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x14\n\x0cplan_version\x18\x02 \x01(\x04\x12\x15\n\rstate_version\x18\x03 \x01(\x04\x12+\n\x07seen_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x01\n\x13ListEnginesResponse\x12,\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x1b.greenserve.v1.EngineStatus\x12.\n\x08replicas\x18\x02 \x03(\x0b\x32\x1c.greenserve.v1.RouterReplica\x12\x15\n\rstate_version\x18\x03 \x01(\x04\"C\n\x0c\x44rainRequest\x12\x12\n\nengine_ids\x18\x01 \x03(\t\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"A\n\rDrainResponse\x12\x17\n\x0fidle_engine_ids\x18\x01 \x03(\t\x12\x17\n\x0f\x62usy_engine_ids\x18\x02 \x03(\t\"$\n\x0eUndrainRequest\x12\x12\n\nengine_ids\x18\x01 \x03(\t\"\x11\n\x0fUndrainResponse*|\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x04\x32\xca\x04\n\rRouterService\x12M\n\x08Generate\x12\x1e.greenserve.v1.GenerateRequest\x1a\x1f.greenserve.v1.GenerateResponse0\x01\x12\x42\n\x05Route\x12\x1b.greenserve.v1.RouteRequest\x1a\x1c.greenserve.v1.RouteResponse\x12]\n\x0eRegisterEngine\x12$.greenserve.v1.RegisterEngineRequest\x1a%.greenserve.v1.RegisterEngineResponse\x12\x63\n\x10\x44\x65registerEngine\x12&.greenserve.v1.DeregisterEngineRequest\x1a\'.greenserve.v1.DeregisterEngineResponse\x12T\n\x0bListEngines\x12!.greenserve.v1.ListEnginesRequest\x1a\".greenserve.v1.ListEnginesResponse\x12\x42\n\x05\x44rain\x12\x1b.greenserve.v1.DrainRequest\x1a\x1c.greenserve.v1.DrainResponse\x12H\n\x07Undrain\x12\x1d.greenserve.v1.UndrainRequest\x1a\x1e.greenserve.v1.UndrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agreenserve/v1/router.proto\x12\rgreenserve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1agreenserve/v1/common.proto\"E\n\x0b\x43hatMessage\x12%\n\x04role\x18\x01 \x01(\x0e\x32\x17.greenserve.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\tChatInput\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.greenserve.v1.ChatMessage\"!\n\x0f\x43ompletionInput\x12\x0e\n\x06prompt\x18\x01 \x01(\t\"\x96\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x02\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xae\x01\n\x11RequestDescriptor\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0bsession_key\x18\x03 \x01(\t\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.greenserve.v1.ChatInputH\x00\x12\x34\n\ncompletion\x18\x05 \x01(\x0b\x32\x1e.greenserve.v1.CompletionInputH\x00\x42\x07\n\x05input\"\x89\x01\n\x0fGenerateRequest\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .greenserve.v1.RequestDescriptor\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.greenserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xa8\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntext_delta\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x07receipt\x18\x04 \x01(\x0b\x32\x1c.greenserve.v1.CarbonReceipt\x12\x11\n\tengine_id\x18\x05 \x01(\t\x12\x13\n\x0btoken_count\x18\x06 \x01(\r\"\xb0\x02\n\rCarbonReceipt\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06ttft_s\x18\x03 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x04 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x05 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12\x12\n\nenergy_kwh\x18\t \x01(\x01\x12\x14\n\x0c\x63i_g_per_kwh\x18\n \x01(\x01\x12.\n\x06\x63\x61rbon\x18\x0b \x01(\x0b\x32\x1e.greenserve.v1.CarbonBreakdown\x12\x14\n\x0cplan_version\x18\x0c \x01(\x04\x12\x0f\n\x07slo_met\x18\r \x01(\x08\"A\n\x0cRouteRequest\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .greenserve.v1.RequestDescriptor\"\x83\x01\n\rRouteResponse\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0cplan_version\x18\x03 \x01(\x04\x12%\n\x1d\x65xpected_cached_prompt_tokens\x18\x04 \x01(\r\">\n\x15RegisterEngineRequest\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\"P\n\x16RegisterEngineResponse\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\",\n\x17\x44\x65registerEngineRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65registerEngineResponse\"\"\n\x12ListEnginesRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xb1\x02\n\x0c\x45ngineStatus\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.greenserve.v1.Engine\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x18\n\x10waiting_requests\x18\x03 \x01(\r\x12!\n\x19router_in_flight_requests\x18\x04 \x01(\r\x12\x1f\n\x17kv_cache_usage_fraction\x18\x05 \x01(\x01\x12\x36\n\x12metrics_scraped_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14\x63onsecutive_failures\x18\x07 \x01(\r\x12\x15\n\rrecent_ttft_s\x18\x08 \x01(\x01\x12\x15\n\rrecent_tpot_s\x18\t \x01(\x01\"}\n\rRouterReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x14\n\x0cplan_version\x18\x02 \x01(\x04\x12\x15\n\rstate_version\x18\x03 \x01(\x04\x12+\n\x07seen_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x01\n\x13ListEnginesResponse\x12,\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x1b.greenserve.v1.EngineStatus\x12.\n\x08replicas\x18\x02 \x03(\x0b\x32\x1c.greenserve.v1.RouterReplica\x12\x15\n\rstate_version\x18\x03 \x01(\x04\"C\n\x0c\x44rainRequest\x12\x12\n\nengine_ids\x18\x01 \x03(\t\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"A\n\rDrainResponse\x12\x17\n\x0fidle_engine_ids\x18\x01 \x03(\t\x12\x17\n\x0f\x62usy_engine_ids\x18\x02 \x03(\t\"$\n\x0eUndrainRequest\x12\x12\n\nengine_ids\x18\x01 \x03(\t\"\x11\n\x0fUndrainResponse*|\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x04\x32\xca\x04\n\rRouterService\x12M\n\x08Generate\x12\x1e.greenserve.v1.GenerateRequest\x1a\x1f.greenserve.v1.GenerateResponse0\x01\x12\x42\n\x05Route\x12\x1b.greenserve.v1.RouteRequest\x1a\x1c.greenserve.v1.RouteResponse\x12]\n\x0eRegisterEngine\x12$.greenserve.v1.RegisterEngineRequest\x1a%.greenserve.v1.RegisterEngineResponse\x12\x63\n\x10\x44\x65registerEngine\x12&.greenserve.v1.DeregisterEngineRequest\x1a\'.greenserve.v1.DeregisterEngineResponse\x12T\n\x0bListEngines\x12!.greenserve.v1.ListEnginesRequest\x1a\".greenserve.v1.ListEnginesResponse\x12\x42\n\x05\x44rain\x12\x1b.greenserve.v1.DrainRequest\x1a\x1c.greenserve.v1.DrainResponse\x12H\n\x07Undrain\x12\x1d.greenserve.v1.UndrainRequest\x1a\x1e.greenserve.v1.UndrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'greenserve.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHATROLE']._serialized_start=2424
-  _globals['_CHATROLE']._serialized_end=2548
+  _globals['_CHATROLE']._serialized_start=2445
+  _globals['_CHATROLE']._serialized_end=2569
   _globals['_CHATMESSAGE']._serialized_start=106
   _globals['_CHATMESSAGE']._serialized_end=175
   _globals['_CHATINPUT']._serialized_start=177
@@ -48,37 +48,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=602
   _globals['_GENERATEREQUEST']._serialized_end=739
   _globals['_GENERATERESPONSE']._serialized_start=742
-  _globals['_GENERATERESPONSE']._serialized_end=889
-  _globals['_CARBONRECEIPT']._serialized_start=892
-  _globals['_CARBONRECEIPT']._serialized_end=1196
-  _globals['_ROUTEREQUEST']._serialized_start=1198
-  _globals['_ROUTEREQUEST']._serialized_end=1263
-  _globals['_ROUTERESPONSE']._serialized_start=1266
-  _globals['_ROUTERESPONSE']._serialized_end=1397
-  _globals['_REGISTERENGINEREQUEST']._serialized_start=1399
-  _globals['_REGISTERENGINEREQUEST']._serialized_end=1461
-  _globals['_REGISTERENGINERESPONSE']._serialized_start=1463
-  _globals['_REGISTERENGINERESPONSE']._serialized_end=1543
-  _globals['_DEREGISTERENGINEREQUEST']._serialized_start=1545
-  _globals['_DEREGISTERENGINEREQUEST']._serialized_end=1589
-  _globals['_DEREGISTERENGINERESPONSE']._serialized_start=1591
-  _globals['_DEREGISTERENGINERESPONSE']._serialized_end=1617
-  _globals['_LISTENGINESREQUEST']._serialized_start=1619
-  _globals['_LISTENGINESREQUEST']._serialized_end=1653
-  _globals['_ENGINESTATUS']._serialized_start=1656
-  _globals['_ENGINESTATUS']._serialized_end=1961
-  _globals['_ROUTERREPLICA']._serialized_start=1963
-  _globals['_ROUTERREPLICA']._serialized_end=2088
-  _globals['_LISTENGINESRESPONSE']._serialized_start=2091
-  _globals['_LISTENGINESRESPONSE']._serialized_end=2229
-  _globals['_DRAINREQUEST']._serialized_start=2231
-  _globals['_DRAINREQUEST']._serialized_end=2298
-  _globals['_DRAINRESPONSE']._serialized_start=2300
-  _globals['_DRAINRESPONSE']._serialized_end=2365
-  _globals['_UNDRAINREQUEST']._serialized_start=2367
-  _globals['_UNDRAINREQUEST']._serialized_end=2403
-  _globals['_UNDRAINRESPONSE']._serialized_start=2405
-  _globals['_UNDRAINRESPONSE']._serialized_end=2422
-  _globals['_ROUTERSERVICE']._serialized_start=2551
-  _globals['_ROUTERSERVICE']._serialized_end=3137
+  _globals['_GENERATERESPONSE']._serialized_end=910
+  _globals['_CARBONRECEIPT']._serialized_start=913
+  _globals['_CARBONRECEIPT']._serialized_end=1217
+  _globals['_ROUTEREQUEST']._serialized_start=1219
+  _globals['_ROUTEREQUEST']._serialized_end=1284
+  _globals['_ROUTERESPONSE']._serialized_start=1287
+  _globals['_ROUTERESPONSE']._serialized_end=1418
+  _globals['_REGISTERENGINEREQUEST']._serialized_start=1420
+  _globals['_REGISTERENGINEREQUEST']._serialized_end=1482
+  _globals['_REGISTERENGINERESPONSE']._serialized_start=1484
+  _globals['_REGISTERENGINERESPONSE']._serialized_end=1564
+  _globals['_DEREGISTERENGINEREQUEST']._serialized_start=1566
+  _globals['_DEREGISTERENGINEREQUEST']._serialized_end=1610
+  _globals['_DEREGISTERENGINERESPONSE']._serialized_start=1612
+  _globals['_DEREGISTERENGINERESPONSE']._serialized_end=1638
+  _globals['_LISTENGINESREQUEST']._serialized_start=1640
+  _globals['_LISTENGINESREQUEST']._serialized_end=1674
+  _globals['_ENGINESTATUS']._serialized_start=1677
+  _globals['_ENGINESTATUS']._serialized_end=1982
+  _globals['_ROUTERREPLICA']._serialized_start=1984
+  _globals['_ROUTERREPLICA']._serialized_end=2109
+  _globals['_LISTENGINESRESPONSE']._serialized_start=2112
+  _globals['_LISTENGINESRESPONSE']._serialized_end=2250
+  _globals['_DRAINREQUEST']._serialized_start=2252
+  _globals['_DRAINREQUEST']._serialized_end=2319
+  _globals['_DRAINRESPONSE']._serialized_start=2321
+  _globals['_DRAINRESPONSE']._serialized_end=2386
+  _globals['_UNDRAINREQUEST']._serialized_start=2388
+  _globals['_UNDRAINREQUEST']._serialized_end=2424
+  _globals['_UNDRAINRESPONSE']._serialized_start=2426
+  _globals['_UNDRAINRESPONSE']._serialized_end=2443
+  _globals['_ROUTERSERVICE']._serialized_start=2572
+  _globals['_ROUTERSERVICE']._serialized_end=3158
 # @@protoc_insertion_point(module_scope)

@@ -83,18 +83,20 @@ class GenerateRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[RequestDescriptor, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text_delta", "finish_reason", "receipt", "engine_id")
+    __slots__ = ("request_id", "text_delta", "finish_reason", "receipt", "engine_id", "token_count")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text_delta: str
     finish_reason: str
     receipt: CarbonReceipt
     engine_id: str
-    def __init__(self, request_id: _Optional[str] = ..., text_delta: _Optional[str] = ..., finish_reason: _Optional[str] = ..., receipt: _Optional[_Union[CarbonReceipt, _Mapping]] = ..., engine_id: _Optional[str] = ...) -> None: ...
+    token_count: int
+    def __init__(self, request_id: _Optional[str] = ..., text_delta: _Optional[str] = ..., finish_reason: _Optional[str] = ..., receipt: _Optional[_Union[CarbonReceipt, _Mapping]] = ..., engine_id: _Optional[str] = ..., token_count: _Optional[int] = ...) -> None: ...
 
 class CarbonReceipt(_message.Message):
     __slots__ = ("engine_id", "pool", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "energy_kwh", "ci_g_per_kwh", "carbon", "plan_version", "slo_met")

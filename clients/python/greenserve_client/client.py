@@ -2,6 +2,7 @@
 
     async with GreenserveClient.local() as gs:
         reply = await gs.optimizer.EstimateCarbon(optimizer_pb2.EstimateCarbonRequest(energy_kwh=1, ci_g_per_kwh=100))
+        result = await gs.generate(router_pb2.GenerateRequest(...))  # text reassembled from the stream
 
 Stubs are the generated greenserve.v1 ones (typed through the .pyi files), over channels from
 greenserve.common.client (TLS/mTLS, bearer token, deadlines, retries of idempotent calls).
@@ -22,8 +23,10 @@ from greenserve.v1 import (
     gpu_partitioner_pb2_grpc,
     optimizer_pb2_grpc,
     profiler_pb2_grpc,
+    router_pb2,
     router_pb2_grpc,
 )
+from greenserve_client.generation import Generation, generate
 from greenserve_client.services import SERVICES
 
 
@@ -54,6 +57,10 @@ class GreenserveClient:
         ports = dict(ports or {})
         base = ChannelConfig(address="", **options)
         return cls({s.name: replace(base, address=f"{host}:{ports.get(s.name, s.default_port)}") for s in SERVICES})
+
+    async def generate(self, request: router_pb2.GenerateRequest, **options: Any) -> Generation:
+        """``RouterService.Generate`` reassembled (generation.py; options: ``timeout_s``, ``on_text``)."""
+        return await generate(self.router, request, **options)
 
     async def close(self) -> None:
         for channel in self.channels.values():
