@@ -49,6 +49,8 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     cache_solver: str = Field("greencache", pattern="^(greencache|kareto|keep)$",
                               description="cache sizes: the GreenCache ILP, Kareto's adaptive Pareto search over "
                               "DRAM x disk (simulator replays), or keep the sizes in force")
+    cache_kareto_ttl_max_s: float = Field(0.0, ge=0, le=86400, description="Kareto search: search DRAM x the disk "
+                                          "tier's TTL (0 to this many s) instead of DRAM x disk size (0: sizes)")
     cache_slo_per_hour: bool = Field(False, description="GreenCache ILP: meet the SLO in every hour, not only over "
                                      "the horizon (appendix A's global rho)")
     slo_breach_cooldown_s: float = Field(900.0, ge=0, le=86400, description="at most one SLO-breach re-plan per pool per this")
@@ -298,6 +300,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         else common_pb2.CARBON_SIGNAL_DIRECT,
         solvers=default_solvers(settings.routing_headroom_fraction, settings.routing_load,
                                 cache=settings.cache_solver, cache_per_hour_slo=settings.cache_slo_per_hour,
+                                cache_kareto_ttl_max_s=settings.cache_kareto_ttl_max_s,
                                 mig=settings.mig_solver, mig_options=mig_options(settings),
                                 modes=settings.modes_solver),
         slo_breach_cooldown_s=settings.slo_breach_cooldown_s,

@@ -53,7 +53,24 @@ def test_search_chooses_the_lowest_carbon_point_meeting_the_slo_and_keeps_the_pa
         assert target.pool == "chat" and target.dram_bytes == 0 and target.disk_bytes == 0
     assert "pool chat: Kareto search: DRAM 0.0 GiB, disk 0.0 GiB" in out.explanation[0]
     assert "Pareto set" in out.explanation[0] and "the lowest-carbon point meeting the SLO" in out.explanation[0]
-    assert "Pareto sets (dram_bytes,disk_bytes,ttft_s,requests_per_s,g_per_h): chat: 0,0," in out.detail
+    assert "Pareto sets (dram_bytes,disk_bytes or disk TTL s,ttft_s,requests_per_s,g_per_h): chat: 0,0," in out.detail
+
+
+def test_ttl_axis_plans_the_disk_at_its_limit_with_a_ttl_and_charges_what_it_held() -> None:
+    inputs = _inputs(0.5, max_cache_disk_bytes=32 * GIB, cache_step_bytes=8 * GIB)
+    solver = KaretoSearch(window_s=120.0, time_limit_s=120.0, ttl_max_s=800.0)
+    search = solver.search_pool(inputs, inputs.pool("chat"), time.perf_counter() + 120.0)
+    assert search is not None and search.ttl_disk_bytes == 32 * GIB and search.grid_points == 9  # TTL 0-800 s / 100
+    assert all(p.x == 0.0 and p.y in {100.0 * k for k in range(9)} for p in search.points)
+    by_ttl = {p.y: p for p in search.points}
+    # An elastic disk holds less than the whole allocation: its embodied carbon, and so its cost, is lower.
+    assert by_ttl[800.0].cost < by_ttl[0.0].cost
+    out = solver.solve(inputs)
+    (target,) = out.per_interval[0]
+    assert target.disk_bytes == 32 * GIB and target.ttl_s == search.target(search.chosen)[2]
+    assert "TTL" in out.explanation[0] or target.ttl_s == 0
+    with pytest.raises(ValueError, match="ttl_max_s"):
+        KaretoSearch(ttl_max_s=-1.0)
 
 
 def test_time_limit_stops_the_search_with_the_points_so_far() -> None:

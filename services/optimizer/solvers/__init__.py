@@ -17,13 +17,13 @@ from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
 from greenserve.optimizer.solvers.serving_modes import GreenLlmModes
 
 
-def cache_solver(name: str, per_hour_slo: bool = False) -> Any:
+def cache_solver(name: str, per_hour_slo: bool = False, kareto_ttl_max_s: float = 0.0) -> Any:
     """``greencache`` (the GreenCache ILP), ``kareto`` (Kareto's adaptive Pareto search over DRAM x disk, points
-    scored by simulator replays) or ``keep`` (the cache sizes in force)."""
+    scored by simulator replays; DRAM x disk TTL when ``kareto_ttl_max_s`` > 0) or ``keep`` (the sizes in force)."""
     if name == "greencache":
         return GreenCacheIlp(per_hour_slo=per_hour_slo)
     if name == "kareto":
-        return KaretoSearch()
+        return KaretoSearch(ttl_max_s=kareto_ttl_max_s)
     if name == "keep":
         return KeepCurrent("cache_targets")
     raise ValueError(f"cache solver: must be greencache, kareto or keep, got {name!r}")
@@ -50,10 +50,11 @@ def modes_solver(name: str, load_bound: str = "upper") -> Any:
 
 def default_solvers(routing_headroom_fraction: float = 0.9, routing_load: str = "upper",
                     cache: str = "greencache", cache_per_hour_slo: bool = False, mig: str = "clover-exact",
-                    mig_options: dict[str, Any] | None = None, modes: str = "greenllm") -> list[Any]:
+                    mig_options: dict[str, Any] | None = None, modes: str = "greenllm",
+                    cache_kareto_ttl_max_s: float = 0.0) -> list[Any]:
     return [
         MinCarbonRouting(headroom_fraction=routing_headroom_fraction, load_bound=routing_load),
-        cache_solver(cache, cache_per_hour_slo),
+        cache_solver(cache, cache_per_hour_slo, cache_kareto_ttl_max_s),
         mig_solver(mig, routing_headroom_fraction, routing_load, **(mig_options or {})),
         modes_solver(modes, routing_load),
     ]

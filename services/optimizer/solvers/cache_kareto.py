@@ -23,7 +23,11 @@ The plan takes, among all evaluated points, the lowest-carbon one whose TTFT and
 pool's target (or, when none does, the best-attaining one and says so), for every hour of the horizon (one
 configuration: no restart inside the plan). The Pareto set is kept in the solver's detail and summarised in the
 explanation. The search stops at ``max_evaluations`` or ``time_limit_s`` (then the points scored so far are used).
-TTLs are not searched here (``ttl_s`` stays 0).
+With ``ttl_max_s`` > 0 (``--cache-kareto-ttl-max-s``) the second axis is the disk tier's TTL instead of its size
+(Kareto's DRAM x TTL search): 0 (no TTL, the whole disk allocated) to ``ttl_max_s`` in 8 steps, the disk at the
+pool's limit and elastic (idle entries leave after the TTL), its embodied carbon charged for what it held on average
+over the replay (Kareto's Capacity x TTL cost; the warm-up third is in that average); the plan's ``ttl_s`` is the
+chosen TTL, which the cache-manager applies pool-wide. The disk medium is not searched.
 """
 
 from __future__ import annotations
@@ -64,24 +68,29 @@ class PointScore:
     power_w: float  # idle + measured energy per request x rate (as the cache profiles' power)
     ttft_attainment: float
     tpot_attainment: float
+    disk_mean_bytes: float = 0.0  # the disk tier's mean allocated size (its size, or what an elastic tier held)
 
 
 @lru_cache(maxsize=4096)
 def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
-                ttft_slo_s: float, tpot_slo_s: float, seed: int = 7) -> PointScore:
-    """Replay ``window_s`` of multi-turn conversations at ``rate_per_s`` through one engine with these tiers;
-    the last two thirds are measured (deterministic: same arguments, same answer, so plans reuse it)."""
+                ttft_slo_s: float, tpot_slo_s: float, seed: int = 7, disk_ttl_s: float = 0.0) -> PointScore:
+    """Replay ``window_s`` of multi-turn conversations at ``rate_per_s`` through one engine with these tiers (a
+    ``disk_ttl_s`` > 0 makes the disk tier elastic: idle entries leave after it); the last two thirds are measured
+    (deterministic: same arguments, same answer, so plans reuse it)."""
     model = PerfModel(load_profile(profile))
     per_token = max(model.profile.kv_bytes_per_token, 1.0)
     n_conversations = max(4, int(rate_per_s / MEAN_TURNS * window_s))
     workload = multi_turn_workload(n_conversations, rate_per_s / MEAN_TURNS, seed=seed, mean_turns=MEAN_TURNS)
     spec = EngineSpec(profile, dram_capacity_tokens=int(dram_bytes / per_token),
-                      disk_capacity_tokens=int(disk_bytes / per_token))
+                      disk_capacity_tokens=int(disk_bytes / per_token), disk_ttl_s=disk_ttl_s)
     result = replay(workload, FleetConfig((spec,), seed=seed))
     arrivals = np.asarray(result.arrival_s)
     measured = np.flatnonzero((arrivals >= window_s / 3.0) & (arrivals < window_s))
+    disk_mean = float(disk_bytes)
+    if disk_ttl_s > 0:  # Kareto's Capacity x TTL cost: what the elastic tier held on average over the replay
+        disk_mean = result.tier_allocated_byte_seconds.get("disk", 0.0) / max(result.makespan_s, 1e-9)
     if len(measured) == 0:
-        return PointScore(0.0, 0.0, model.power_w(0.0), 1.0, 1.0)
+        return PointScore(0.0, 0.0, model.power_w(0.0), 1.0, 1.0, disk_mean)
     done = result.completed[measured]
     ttft = np.where(done, np.nan_to_num(result.ttft_s[measured], nan=window_s), window_s)
     tpot = np.where(result.output_tokens[measured] <= 1, 0.0, np.nan_to_num(result.tpot_s[measured], nan=math.inf))
@@ -89,7 +98,8 @@ def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: floa
     span = max(float(arrivals[measured].max() - arrivals[measured].min()), 1e-9)
     per_request_j = float(np.mean(energy)) if len(energy) else 0.0
     return PointScore(float(ttft.mean()), float(done.sum()) / span, float(model.power_w(0.0) + per_request_j * rate_per_s),
-                      float(((ttft <= ttft_slo_s) & done).mean()), float(((tpot <= tpot_slo_s) & done).mean()))
+                      float(((ttft <= ttft_slo_s) & done).mean()), float(((tpot <= tpot_slo_s) & done).mean()),
+                      disk_mean)
 
 
 class _OutOfTime(Exception):
@@ -111,6 +121,17 @@ class PoolSearch:
     grid_points: int
     stopped: str  # "" or why the search stopped early
     seconds: float
+    ttl_disk_bytes: int | None = None  # with the TTL axis: the disk size (y is then the disk tier's TTL, s)
+
+    def target(self, p: ScoredPoint) -> tuple[int, int, float]:
+        """(DRAM bytes, disk bytes, TTL s) of a point."""
+        if self.ttl_disk_bytes is not None:
+            return int(p.x), self.ttl_disk_bytes, float(p.y)
+        return int(p.x), int(p.y), 0.0
+
+    def text(self, p: ScoredPoint) -> str:
+        dram, disk, ttl = self.target(p)
+        return f"DRAM {_size_text(dram)}, disk {_size_text(disk)}" + (f" TTL {ttl:g} s" if ttl else "")
 
 
 def _axis(limit: int, step: int) -> tuple[float, float]:
@@ -133,10 +154,14 @@ class KaretoSearch:
     name = "cache.kareto"
 
     def __init__(self, *, window_s: float = 600.0, max_evaluations: int = 32, time_limit_s: float = 8.0,
-                 perf_threshold: float = 0.02, cost_threshold: float = 0.005, expand_threshold: float = 0.01) -> None:
+                 perf_threshold: float = 0.02, cost_threshold: float = 0.005, expand_threshold: float = 0.01,
+                 ttl_max_s: float = 0.0) -> None:
         for field, value, lo in (("window_s", window_s, 60.0), ("time_limit_s", time_limit_s, 0.0)):
             if not (math.isfinite(value) and value > lo):
                 raise ValueError(f"{field}: must be a finite number > {lo:g}")
+        if not (math.isfinite(ttl_max_s) and ttl_max_s >= 0):
+            raise ValueError("ttl_max_s: must be a finite number >= 0")
+        self.ttl_max_s = ttl_max_s
         if max_evaluations < 4:
             raise ValueError("max_evaluations: must be >= 4")
         self.window_s = window_s
@@ -166,27 +191,37 @@ class KaretoSearch:
         attained: dict[tuple[float, float], float] = {}
         scored: list[ScoredPoint] = []
 
+        ttl_axis = self.ttl_max_s > 0 and disk_limit > 0
+
         def evaluate(x: float, y: float) -> tuple[float, float, float]:
             if time.perf_counter() > deadline:
                 raise _OutOfTime
-            s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1])
+            if ttl_axis:  # y is the disk tier's TTL (0: none, the whole disk allocated), the disk at its limit
+                s = score_point(profile, int(x), disk_limit, round(rate, 6), window_s, slo[0], slo[1], disk_ttl_s=y)
+            else:
+                s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1])
             energy_kwh = s.power_w * n_engines * 3600.0 / 3.6e6
             cost = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=inputs.params.pue) + \
-                n_engines * carbon.cache_tiers_embodied_g(dram_bytes=x, disk_bytes=y, duration_s=3600.0,
-                                                          params=inputs.params)
+                n_engines * carbon.cache_tiers_embodied_g(dram_bytes=x, disk_bytes=s.disk_mean_bytes,
+                                                          duration_s=3600.0, params=inputs.params)
             attained[(x, y)] = min(s.ttft_attainment, s.tpot_attainment)
             scored.append(ScoredPoint(x, y, s.latency_s, s.throughput_per_s, cost))
             return s.latency_s, s.throughput_per_s, cost
 
         fx, cx = _axis(dram_limit, pool.cache_step_bytes)
-        fy, cy = _axis(disk_limit, pool.cache_step_bytes)
+        if ttl_axis:  # 8 fine TTL steps up to ttl_max_s
+            fy, cy = self.ttl_max_s / 8, self.ttl_max_s / 2
+            y_limit = self.ttl_max_s
+        else:
+            fy, cy = _axis(disk_limit, pool.cache_step_bytes)
+            y_limit = disk_limit
         stopped, rounds = "", 0
         try:
             if full_grid:
-                result = grid_search(evaluate, (0.0, float(dram_limit), fx), (0.0, float(disk_limit), fy))
+                result = grid_search(evaluate, (0.0, float(dram_limit), fx), (0.0, float(y_limit), fy))
             else:
-                result = adaptive_search(evaluate, x_start=(0.0, float(dram_limit), cx), y_start=(0.0, float(disk_limit), cy),
-                                         x_max=float(dram_limit), y_max=float(disk_limit), x_fine_step=fx,
+                result = adaptive_search(evaluate, x_start=(0.0, float(dram_limit), cx), y_start=(0.0, float(y_limit), cy),
+                                         x_max=float(dram_limit), y_max=float(y_limit), x_fine_step=fx,
                                          y_fine_step=fy, max_evaluations=self.max_evaluations, **self.thresholds)
             points, rounds = result.points, result.rounds
             if result.stopped_by_budget:
@@ -200,9 +235,9 @@ class KaretoSearch:
         ok = [p for p in points if attained[(p.x, p.y)] >= rho]
         chosen = min(ok, key=lambda p: (p.cost, p.x + p.y)) if ok else \
             max(points, key=lambda p: (attained[(p.x, p.y)], -p.cost))
-        grid = (round(dram_limit / fx) + 1 if dram_limit > 0 else 1) * (round(disk_limit / fy) + 1 if disk_limit > 0 else 1)
+        grid = (round(dram_limit / fx) + 1 if dram_limit > 0 else 1) * (round(y_limit / fy) + 1 if y_limit > 0 else 1)
         return PoolSearch(pool.name, points, pareto, attained, chosen, bool(ok), rho, rounds, grid, stopped,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, disk_limit if ttl_axis else None)
 
     def solve(self, inputs: PlanningInputs) -> KnobPlan:
         started = time.perf_counter()
@@ -224,23 +259,24 @@ class KaretoSearch:
         lines, details = [], []
         for s in searches:
             c = s.chosen
+            dram, disk, ttl = s.target(c)
             for h in range(hours):
-                per_interval[h].append(common_pb2.CacheTarget(pool=s.pool, dram_bytes=int(c.x), disk_bytes=int(c.y)))
+                per_interval[h].append(common_pb2.CacheTarget(pool=s.pool, dram_bytes=dram, disk_bytes=disk,
+                                                              ttl_s=ttl))
             front = sorted(s.pareto, key=lambda p: p.cost)
-            head = ", ".join(f"({_size_text(int(p.x))}, {_size_text(int(p.y))}: TTFT {p.latency_s:.3f} s, "
-                             f"{p.cost:.1f} g/h)" for p in front[:6])
+            head = ", ".join(f"({s.text(p)}: TTFT {p.latency_s:.3f} s, {p.cost:.1f} g/h)" for p in front[:6])
             more = f" and {len(front) - 6} more" if len(front) > 6 else ""
             why = (f"the lowest-carbon point meeting the SLO (attainment {s.attainment[(c.x, c.y)]:.2f}, target "
                    f"{s.rho:.2f})" if s.meets_slo else
                    f"no point meets the SLO: the best-attaining one ({s.attainment[(c.x, c.y)]:.2f})")
-            lines.append(f"pool {s.pool}: Kareto search: DRAM {_size_text(int(c.x))}, disk {_size_text(int(c.y))}, "
+            lines.append(f"pool {s.pool}: Kareto search: {s.text(c)}, "
                          f"{c.cost:.1f} gCO2e/h, mean TTFT {c.latency_s:.3f} s: {why}; {len(s.points)} replays in "
                          f"{s.rounds} rounds (the full grid: {s.grid_points}){'; ' + s.stopped if s.stopped else ''}; "
-                         f"Pareto set (DRAM, disk: TTFT, carbon) {head}{more}")
+                         f"Pareto set (sizes: TTFT, carbon) {head}{more}")
             details.append(f"{s.pool}: " + "; ".join(
                 f"{int(p.x)},{int(p.y)},{p.latency_s:.4f},{p.throughput:.4f},{p.cost:.3f}" for p in front)
                 + f" [{s.seconds:.2f} s]")
         detail = (f"{len(searches)} pool(s), {sum(len(s.points) for s in searches)} replays, total "
-                  f"{time.perf_counter() - started:.2f} s; Pareto sets (dram_bytes,disk_bytes,ttft_s,"
+                  f"{time.perf_counter() - started:.2f} s; Pareto sets (dram_bytes,disk_bytes or disk TTL s,ttft_s,"
                   f"requests_per_s,g_per_h): " + " | ".join(details))
         return KnobPlan(per_interval, explanation=lines, detail=detail)
