@@ -626,6 +626,9 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--replicas-phase", action="store_true",
                    help="then the replicas phase (bench_replicas.py: registration propagation and prefix hit rate, "
                         "1 vs 4 replicas on one database; its options are the --replicas-* ones)")
+    p.add_argument("--workers-phase", type=int, default=0, metavar="N",
+                   help="then the workers phase (bench_workers.py: workers_speedup, throughput with --workers N "
+                        "over --workers 1 against a no-op engine); 0 skips it")
     from greenserve.router import bench_replicas
 
     bench_replicas.add_arguments(p, prefix="replicas-")
@@ -903,6 +906,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         shutil.rmtree(data_dir, ignore_errors=True)
     if args.replicas_phase:  # its own processes, after the other phases' are gone
         result.update(bench_replicas.phase_result(args))
+    if args.workers_phase > 1:  # its own processes too
+        from greenserve.router.bench_workers import phase_or_error
+
+        result.update(phase_or_error(args.workers_phase))
     print(json.dumps(result))
     return 0
 
