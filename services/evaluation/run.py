@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -57,8 +58,10 @@ class ForecastJob:
 LOAD_KEY = "load"
 
 
-def _forecast(job: ForecastJob) -> tuple[str, SeriesForecast]:
-    return job.key, day.forecast_day(np.array(job.history), job.history_start_s, np.array(job.truth), job.model)
+def _forecast(job: ForecastJob) -> tuple[str, SeriesForecast, float]:
+    started = time.process_time()
+    fc = day.forecast_day(np.array(job.history), job.history_start_s, np.array(job.truth), job.model)
+    return job.key, fc, time.process_time() - started
 
 
 def _load_split(day_start_s: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -68,7 +71,10 @@ def _load_split(day_start_s: int) -> tuple[np.ndarray, np.ndarray, int]:
     return shape[(days - 1) * 24:days * 24], shape[:(days - 1) * 24], day_start_s - (days - 1) * 86400
 
 
-def _run(job: Job) -> tuple[str, str, list[dict[str, Any]]]:
+def _run(job: Job) -> tuple[str, str, list[dict[str, Any]], float]:
+    """(region, strategy, hour records, CPU seconds of this process for the day: planning and replay, not the
+    forecasts, which the strategies share)."""
+    started = time.process_time()
     shape_day, shape_history, history_start_s = _load_split(job.day_start_s)
     records = day.run_day(
         scenario=job.scenario, region=job.region, day_start_s=job.day_start_s, ci_actual=np.array(job.ci_actual),
@@ -76,7 +82,7 @@ def _run(job: Job) -> tuple[str, str, list[dict[str, Any]]]:
         load_shape_day=shape_day, load_shape_history=shape_history, load_history_start_s=history_start_s,
         strategy=job.strategy, forecast_model=job.forecast_model, window_s=job.window_s, hours=job.hours,
         ci_forecast=job.ci_forecast, load_forecast=job.load_forecast)
-    return job.region, job.strategy, day.records_json(records)
+    return job.region, job.strategy, day.records_json(records), time.process_time() - started
 
 
 def jobs_for(series: dict[str, GridSeries], *, day_start_s: int, strategies: list[str], scenario: Scenario,
@@ -172,8 +178,8 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
     def done(outcome: tuple[str, Any]) -> None:
         kind, body = outcome
         if kind == "day":
-            region, strategy, records = body
-            results[region][strategy] = {"hours": records, "totals": totals(records)}
+            region, strategy, records, cpu_s = body
+            results[region][strategy] = {"hours": records, "totals": totals(records), "cpu_s": cpu_s}
             if progress:
                 progress(region, strategy)
         elif kind == "headline":
@@ -182,7 +188,9 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
             fidelity_rows.extend(body)
 
     with ray_session(ray_address):
-        forecasts = dict(map_jobs(_forecast, forecast_jobs(jobs), workers=workers, ray_address=ray_address))
+        made = map_jobs(_forecast, forecast_jobs(jobs), workers=workers, ray_address=ray_address)
+        forecasts = {key: fc for key, fc, _ in made}
+        forecast_cpu_s = {key: cpu for key, _, cpu in made}
         jobs = [dataclasses.replace(j, ci_forecast=forecasts[j.region], load_forecast=forecasts[LOAD_KEY])
                 for j in jobs]
         map_jobs(_run_any, [*jobs, *side], workers=workers, ray_address=ray_address, on_done=done)
@@ -195,7 +203,8 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         base = by_strategy.get("base_full_cache", {}).get("totals", {}).get("total_g")
         summary[region] = {
             s: {"total_g": r["totals"]["total_g"], "min_attainment_fraction": r["totals"]["min_attainment_fraction"],
-                "saved_vs_base_fraction": (1 - r["totals"]["total_g"] / base) if base else None}
+                "saved_vs_base_fraction": (1 - r["totals"]["total_g"] / base) if base else None,
+                "cpu_s": r.get("cpu_s")}
             for s, r in by_strategy.items()}
     return {
         "day": datetime.fromtimestamp(day_start_s, UTC).date().isoformat(), "hours": hours,
@@ -203,5 +212,5 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         "strategy_descriptions": {s: day.STRATEGIES[s] for s in strategies},
         "scenario": [p.__dict__ for p in scenario.pools], "grids": results, "summary": summary,
         "simplifications": day.__doc__.split("* **Replay**")[1].strip() if day.__doc__ else "",
-        "headlines": headline_rows, "fidelity": fidelity_rows,
+        "headlines": headline_rows, "fidelity": fidelity_rows, "forecast_cpu_s": forecast_cpu_s,
     }

@@ -48,5 +48,9 @@ def _on_ray(seen: list[int]) -> None:
     series = {"FR": grids.shipped()["FR"]}
     on_ray = run.evaluate(series, ray_address="local", **kwargs)
     local = run.evaluate(series, workers=1, **kwargs)
-    assert on_ray["summary"] == local["summary"]
+    def figures(result: dict) -> dict:  # CPU seconds differ from run to run
+        return {s: {k: v for k, v in row.items() if k != "cpu_s"} for s, row in result["summary"]["FR"].items()}
+
+    assert figures(on_ray) == figures(local)
+    assert all(row["cpu_s"] > 0 for row in on_ray["summary"]["FR"].values())
     assert on_ray["grids"]["FR"]["joint"]["hours"] == local["grids"]["FR"]["joint"]["hours"]
