@@ -1,4 +1,5 @@
-"""Cache sizes per pool and hour: the GreenCache ILP (Eq. 6), solved to proven optimality with HiGHS through PuLP.
+"""Cache sizes per pool and hour: the GreenCache ILP (Eq. 6), solved to proven optimality by HiGHS (``cache_ilp``:
+the model as arrays, handed to highspy, or the same model through PuLP with HiGHS or CBC).
 
 For every pool whose fleet entry allows a cache tier (``max_cache_disk_bytes``, else ``max_cache_dram_bytes``) the
 candidate sizes are 0, ``cache_step_bytes``, ... up to the limit (at most ``MAX_SIZES``; GreenCache: 1 TB steps up
@@ -10,13 +11,16 @@ to 16 TB). Binary ``x[p, t, k]`` picks size ``k`` for pool ``p`` in hour ``t``:
                sum_{t,k} N[p,t] * a_TPOT[p,t,k] * x[p,t,k] >= rho_p * sum_t N[p,t]
                (optionally, per hour: only sizes with a_TTFT, a_TPOT >= rho_p)
                sum_p S[p,t] <= max_cache_storage_bytes of the fleet                   (when set)
+    plus, for a DRAM pool, R[p,t,k] * max(0, x[p,t-1,k] - x[p,t,k])                 (restart charge, see below)
 
 ``E`` is the energy of the pool's engines in the hour at the forecast rate with that cache (the cache profile's
 power: ``cache_profiles.py``), ``N`` the forecast requests of the hour, ``a`` the profile's attainment at that rate and
 size. The embodied carbon of the GPUs is the same for every size and is left out of the choice (``assemble`` charges
 it). No Cache (every ``k = 0``) and Full Cache (every ``k = max``) are evaluated in the same model, and the plan says
 what the chosen sizes save against both. When no size assignment meets the SLO, the sizes with the highest attainment
-are taken and the plan says the SLO is out of reach.
+are taken and the plan says the SLO is out of reach. A DRAM (L1) resize restarts LMCache and empties L1, so leaving a
+size is charged what that content would have saved while the new L1 refills (``GreenCacheIlp.charge_restarts``),
+hour 0 against the size in force; the disk tier resizes without a restart and is not charged.
 """
 
 from __future__ import annotations
