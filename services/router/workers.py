@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import math
 import os
 import select
 import shutil
@@ -78,11 +79,31 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 
 
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """CPUs the cgroup's quota allows (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), rounded up; None: no
+    quota. A container limited to 2 CPUs on a 64-CPU node sees 64 in its affinity mask."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota == "max":
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return max(1, math.ceil(quota_us / period_us)) if quota_us > 0 and period_us > 0 else None
+
+
 def default_workers() -> int:
-    """One worker per CPU this process may run on, at most MAX_DEFAULT_WORKERS; 1 where unsupported."""
+    """One worker per CPU this process may run on (its affinity mask, capped by a cgroup CPU quota), at most
+    MAX_DEFAULT_WORKERS; 1 where unsupported."""
     if not supported():
         return 1
-    return max(1, min(MAX_DEFAULT_WORKERS, len(os.sched_getaffinity(0))))
+    cpus = len(os.sched_getaffinity(0))
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus, cgroup_cpu_limit() or cpus))
 
 
 # -- inside a worker ---------------------------------------------------------------------------------

@@ -21,7 +21,12 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
-from greenserve.router.workers import WORKER_HEADER, PortClaim, supported
+from greenserve.router.workers import (
+    WORKER_HEADER,
+    PortClaim,
+    cgroup_cpu_limit,
+    supported,
+)
 from greenserve.v1 import router_pb2, router_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -285,3 +290,18 @@ def test_kill_9_of_the_supervisor_leaves_no_worker(tmp_path: Path) -> None:
         proc.wait(10)
         wait_for(lambda: not any(alive(pid) for pid in workers), 30, "workers gone after kill -9 of the supervisor")
         assert_port_free(port)
+
+
+def test_cgroup_cpu_quota_caps_the_default(tmp_path: Path) -> None:
+    assert cgroup_cpu_limit(tmp_path) is None  # no cgroup files: no quota
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2 workers
+    assert cgroup_cpu_limit(tmp_path) == 2
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # cgroup v1, no quota
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(tmp_path) is None
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    assert cgroup_cpu_limit(tmp_path) == 4
