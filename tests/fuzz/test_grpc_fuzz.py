@@ -127,6 +127,7 @@ async def start_empty_router() -> tuple[str, grpc.aio.Server]:
 VOLATILE_TABLES: dict[str, set[str]] = {
     "greenserve.v1.ForecasterService": {"fitted_models"},  # refits run after an ingest, in the background
     "greenserve.v1.GpuPartitionerService": {"energy_accounts"},  # energy sampled on reads and applies
+    "greenserve.v1.RouterService": {"router_replicas"},  # each replica's heartbeat (router/shared_state.py)
 }
 # Reads whose reply changes by itself (live measurements): not part of the state compared.
 VOLATILE_READS: set[str] = {
