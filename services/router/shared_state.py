@@ -175,11 +175,11 @@ class Listener:
     def _run(self) -> None:
         import psycopg
 
-        url = self.db.engine.url
+        # the database's own URL as a libpq URI (query parameters such as sslmode kept)
+        conninfo = self.db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         while not self._stop.is_set():
             try:
-                with psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                                     dbname=url.database, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
