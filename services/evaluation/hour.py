@@ -17,16 +17,21 @@ fleet carries across an hour boundary is carried from one window to the next:
   previous evening is not part of the day), so that hour 0 is not charged a cold start no other hour pays.
 
 Not carried: requests queued or running at the window's end (each window's replay runs its requests to completion).
+
+Routing is the router's (``ConversationAffinity``): a conversation's turns go to one engine chosen by weighted
+rendezvous hashing with the plan's weights, so the history a turn left in that engine's caches is there for the next.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from greenserve.simulator.perf_model import PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, WeightedRandom, replay
+from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 
 MEAN_TURNS = 4.0
@@ -80,6 +85,44 @@ def _workload(rows: list[Row], block_tokens: int) -> Workload:
                     [r[3] for r in rows], block_tokens, [r[4] for r in rows])
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of ``x``."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class ConversationAffinity:
+    """The router's routing in the replay (router/policy.py): every turn of a conversation goes to the engine that
+    weighted rendezvous hashing of its conversation picks (score ``w / -ln(u)``, ``u`` from the conversation and the
+    engine), each engine winning a share of conversations proportional to its plan weight; an engine more than
+    ``load_slack`` requests above the least loaded candidate is passed over for the next in the conversation's
+    order (bounded loads)."""
+
+    __slots__ = ("load_slack", "salts", "weights")
+
+    def __init__(self, weights: list[float], engine_salts: list[int], load_slack: int = 8) -> None:
+        self.weights = weights
+        self.salts = engine_salts
+        self.load_slack = load_slack
+
+    def choose(self, sim: Any, r: int, candidates: list[int]) -> int:
+        key = sim.w.session_ids[r] if sim.w.session_ids else r
+        engines = sim.engines
+        least = min(engines[e].outstanding for e in candidates)
+        # highest score first: w / -ln(u), i.e. the lowest w / ln(u)
+        order = sorted(candidates, key=lambda e: self.weights[e] / math.log((_mix64(key ^ self.salts[e]) + 0.5)
+                                                                            / 2.0 ** 64))
+        for e in order:
+            if self.weights[e] > 0 and engines[e].outstanding <= least + self.load_slack:
+                return e
+        return min(candidates, key=lambda e: (engines[e].outstanding, e))
+
+
 def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights: dict[str, float], cache_bytes: int,
                 ttft_s: float, tpot_s: float, seed: int, hour: int, window_s: float, state: PoolState,
                 block_tokens: int = 256) -> HourOutcome:
@@ -102,7 +145,8 @@ def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights:
         return HourOutcome(1.0, 1.0, 1.0, 0, 0.0, 0.0, restarts)
     work = _workload(inside, block_tokens)
     specs = tuple(EngineSpec(profile, dram_capacity_tokens=tokens) for _ in used)
-    policy = WeightedRandom([max(weights.get(eid, 1.0), 1e-9) for eid in used], seed=seed) if weights else "least_loaded"
+    policy = ConversationAffinity([max(weights.get(eid, 1.0), 1e-9) for eid in used],
+                                  [_mix64(zlib.crc32(eid.encode())) for eid in used])
     result = replay(work, FleetConfig(specs, policy=policy, seed=seed),
                     initial_contents=[state.contents.get(eid, {}) for eid in used])
     for eid, held in zip(used, result.tier_contents):

@@ -51,3 +51,19 @@ def test_no_cache_never_restarts() -> None:
     for h in range(2):
         assert _hour(state, h, 0).cache_restarts == 0
     assert all(not held["dram"] for held in state.contents.values())
+
+
+def test_conversation_affinity_routes_by_conversation_and_weight() -> None:
+    from types import SimpleNamespace
+
+    from greenserve.evaluation.hour import ConversationAffinity
+
+    engines = [SimpleNamespace(outstanding=0) for _ in range(3)]
+    sim = SimpleNamespace(w=SimpleNamespace(session_ids=list(range(4000))), engines=engines)
+    policy = ConversationAffinity([3.0, 1.0, 0.0], [11, 22, 33])
+    picks = [policy.choose(sim, r, [0, 1, 2]) for r in range(4000)]
+    assert picks == [policy.choose(sim, r, [0, 1, 2]) for r in range(4000)]  # a conversation's turns: one engine
+    assert 2 not in picks  # weight 0 never wins
+    assert 0.70 < picks.count(0) / len(picks) < 0.80  # shares follow the weights (3:1)
+    engines[0].outstanding = 20  # over the load bound: its conversations go to the next engine in their order
+    assert all(policy.choose(sim, r, [0, 1, 2]) == 1 for r in range(50))
