@@ -185,6 +185,7 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
     started once and loaded in turn (the idle one only scrapes its engine), so that a machine whose
     other load drifts affects both alike; ``workers_speedup`` is the median over the rounds of the
     ratio of their rps. Returns the JSON keys ``workers_speedup`` and ``workers``."""
+    from greenserve.router import bench
     from greenserve.router.bench import (
         _host_load,
         _Procs,
@@ -237,7 +238,7 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
         "workers": {"ratios": [round(x, 3) for x in ratios], "runs": runs, "cpu_pinning": pinning,
                     "cpu_count": len(os.sched_getaffinity(0)), "concurrency": concurrency,
                     "duration_s": duration_s, "max_tokens": max_tokens, "loadgen_procs": loadgen_procs,
-                    "rounds": rounds, "engine": "no-op (bench_workers.serve_noop_engine)",
+                    "rounds": rounds, "engine": "no-op (bench_workers.serve_noop_engine)", "nice": bench._NICE,
                     "host_load": {"before": host_before, "after": _host_load()}},
     }
 
@@ -258,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per request")
     p.add_argument("--loadgen-procs", type=int, default=2, help="load-generator processes")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (1 worker, N workers); the median ratio is taken")
+    p.add_argument("--nice", type=int, default=0,
+                   help="niceness of every process started (as bench router's --nice; negative needs root)")
     p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
     args = p.parse_args(argv)
     if args.workers < 2:
@@ -267,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.duration_s > 0:
         p.error("--duration-s: must be > 0")
+    from greenserve.router import bench
+
+    bench._NICE = args.nice  # the launcher every bench process starts through applies it
     try:
         result = run_phase(args.workers, concurrency=args.concurrency, duration_s=args.duration_s,
                            max_tokens=args.max_tokens, loadgen_procs=args.loadgen_procs, rounds=args.rounds)
