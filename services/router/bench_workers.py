@@ -113,7 +113,7 @@ def serve_noop_engine(port: int = 0, model: str = NOOP_MODEL) -> None:
     asyncio.run(main())
 
 
-def _start_noop_engine(procs: Any, cpus: list[int] | None) -> str:
+def _start_noop_engine(procs: Any, cpus: list[int] | None) -> tuple[str, int]:
     from greenserve.router.bench import _env, _pinned, _wait_http
 
     code = "from greenserve.router.bench_workers import serve_noop_engine; serve_noop_engine()"
@@ -124,7 +124,7 @@ def _start_noop_engine(procs: Any, cpus: list[int] | None) -> str:
         raise RuntimeError(f"no-op engine did not start: {line!r}")
     url = line.strip().rsplit(" ", 1)[-1]
     _wait_http(url + "/health", 30, proc)
-    return url
+    return url, proc.pid
 
 
 # -- the phase ------------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
     ratios: list[float] = []
     host_before = _host_load()
     try:
-        engine = _start_noop_engine(procs, pinning["others"])
+        engine, engine_pid = _start_noop_engine(procs, pinning["others"])
         routers = {}
         for n in (1, workers):
             run_dir = Path(data_dir) / f"w{n}"
@@ -218,15 +218,17 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
                         "protocol": "http", "concurrency": concurrency, "requests": 10**9, "stagger_s": ramp_s}
                 if r == 0:  # warm-up: connections, pools
                     _run_load({**load, "concurrency": 8, "requests": 200, "stagger_s": 0.0}, 120, 1, pinning["others"])
-                cpu0 = _cpu_of(pids)
+                cpu0, engine0 = _cpu_of(pids), _cpu_of([engine_pid])
                 summary = _summary(_run_load({**load, "duration_s": duration_s}, 600, loadgen_procs,
                                              pinning["others"]))
-                cpu1 = _cpu_of(pids)
+                cpu1, engine1 = _cpu_of(pids), _cpu_of([engine_pid])
                 summary.pop("_ttft_mean_ms", None)
                 runs.append({"round": r, "workers": n, **summary, "router_pids": pids,
                              "router_cpu_ms_per_request": round(1000.0 * (cpu1 - cpu0) / summary["requests"], 3)
                              if summary["requests"] else None,
-                             "router_cpu_percent": round(100.0 * (cpu1 - cpu0) / duration_s, 1)})
+                             "router_cpu_percent": round(100.0 * (cpu1 - cpu0) / duration_s, 1),
+                             "engine_cpu_ms_per_request": round(1000.0 * (engine1 - engine0) / summary["requests"], 3)
+                             if summary["requests"] else None})
                 rps[n] = summary["rps"]
             if rps[1]:
                 ratios.append(rps[workers] / rps[1])
