@@ -31,7 +31,11 @@ kv-cache 2, prefix 3):
   The choice depends only on the key, the candidate set and the plan, never on which replica or worker
   took the request, so every turn of a conversation goes to the same engine from every replica; when
   that engine is over the load bound, the filter removed it and the next engine in the key's order
-  takes it (consistent hashing with bounded loads). Skipped when every candidate is already known to
+  takes it (consistent hashing with bounded loads). Also skipped while that engine has more than
+  ``affinity_queue_slack`` requests awaiting their first token beyond the least queued candidate (its
+  queue load, from this replica's requests and the engine's own metrics): a key many requests share at
+  once (one prompt head sent in parallel) must not pile onto one engine; a conversation's turns come one
+  after another and keep their engine. Skipped when every candidate is already known to
   hold the key's blocks, for a completion's key only (a prefix every engine holds, e.g. one shared
   prompt head, says nothing; a chat's key names one conversation). The chosen engine counts as
   holding at least the key's blocks for the prefix scorer: engines that hold only a system prompt
@@ -70,6 +74,7 @@ class PolicyConfig:
     max_sessions: int = 100_000
     decode_load_weight: float = 0.0
     affinity_weight: float = 3.0
+    affinity_queue_slack: float = 3.0
 
 
 _M64 = (1 << 64) - 1
@@ -186,6 +191,9 @@ class RoutingPolicy:
             if hashes.conversation or any(matches.get(e.id, 0) < key_blocks for e in live):  # type: ignore[attr-defined]
                 target = rendezvous(key, live, weights, unnamed_w)
         min_queue = min(queue)
+        if target is not None and queue[live.index(target)] > min_queue + cfg.affinity_queue_slack:
+            target = None
+            fallbacks.append("affinity_busy")
         max_w = max((weights.get(e.id, unnamed_w) for e in live), default=1.0) if weights else 1.0
         n = len(live)
         start = self._rotate % n

@@ -120,6 +120,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         "dead one; default: one per CPU the process may use, at most 8; 1: one process, no supervisor (workers.py)")
     affinity_weight: float = Field(3.0, ge=0, description="weight of the deterministic prefix affinity (rendezvous "
                                    "hashing of the conversation's key over the engines; 0 turns it off)")
+    affinity_queue_slack: float = Field(3.0, ge=0, description="the affinity holds while its engine has at most this "
+                                        "many more requests awaiting a first token than the least queued one")
     replica_id: str = Field("", max_length=128,
                             description="this replica's name in the shared database (default: host:pid)")
     state_poll_interval_s: float = Field(0.25, gt=0, le=1.0,
@@ -164,7 +166,7 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             prefix_index_max_bytes=self.prefix_index_max_bytes,
             policy=PolicyConfig(self.plan_weight, self.load_weight, self.prefix_weight, self.session_weight,
                                 self.bounded_load_factor, self.bounded_load_slack, self.max_sessions,
-                                self.decode_load_weight, self.affinity_weight),
+                                self.decode_load_weight, self.affinity_weight, self.affinity_queue_slack),
             default_pool=self.default_pool, region=self.region, fallback_ci_g_per_kwh=self.fallback_ci_g_per_kwh,
             ci_refresh_s=self.ci_refresh_s, default_busy_power_w=self.default_busy_power_w,
             default_idle_power_w=self.default_idle_power_w, watch_plans=self.watch_plans, feeds=self.feeds,

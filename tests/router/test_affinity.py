@@ -65,3 +65,17 @@ def test_policy_follows_the_key_not_a_replicas_index_and_the_load_bound_override
     target = b.choose("p", "", h).engine
     target.in_flight = 40  # far over the bound (mean + 8): the key's next engine takes it
     assert b.choose("p", "", h).engine is not target
+
+
+def test_a_key_sent_in_parallel_does_not_pile_onto_its_engine() -> None:
+    registry = EngineRegistry(HealthPolicy())
+    for e in _engines(2):
+        registry.upsert(e)
+    policy = RoutingPolicy(registry, PrefixIndex(), PlanStore(), PolicyConfig())
+    h = chain_hashes(render_chat([SYSTEM, ("user", "the same question, many times at once")]))
+    target = policy.choose("p", "", h).engine
+    target.prefilling = target.in_flight = 3  # three requests awaiting their first token: still within the slack
+    assert policy.choose("p", "", h).engine is target
+    target.prefilling = target.in_flight = 4  # four ahead of a new request there, none on the other engine
+    decision = policy.choose("p", "", h)
+    assert decision.engine is not target and "affinity_busy" in decision.fallbacks
