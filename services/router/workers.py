@@ -27,7 +27,8 @@ directory of per-process files (``<data-dir>/router-metrics-<grpc port>``); coun
 summed over every worker that ever ran (a dead worker's counts stay), gauges by their
 ``multiprocess_mode`` (levels over live workers). The gauges that read a live value when scraped
 (in flight, connections, ...) are written to the files every second and by the answering worker at the
-scrape. Responses of the HTTP front carry ``x-greenserve-worker-pid``.
+scrape. Responses of the HTTP front carry ``x-greenserve-worker-pid``. Each worker's OTel metrics and traces
+carry ``service.instance.id`` = ``<host>-<supervisor pid>-worker-<index>``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ log = logging.getLogger("greenserve.router.workers")
 WORKER_ENV = "GREENSERVE_ROUTER_WORKER"
 """Set by the supervisor in each worker's environment: ``<index>:<supervisor pid>:<ready pipe fd>``."""
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+OTEL_RESOURCE_ENV = "OTEL_RESOURCE_ATTRIBUTES"
 MAX_DEFAULT_WORKERS = 8
 WORKER_HEADER = "x-greenserve-worker-pid"
 RESTART_BASE_S = 0.25
@@ -299,6 +301,9 @@ class Supervisor:
         ready_r, ready_w = os.pipe()
         env = {**os.environ, WORKER_ENV: f"{slot.index}:{os.getpid()}:{ready_w}",
                MULTIPROC_ENV: str(self.metrics_dir)}
+        # OTel: each worker is an instance of its own (the same one after a restart: its counters reset)
+        instance = f"service.instance.id={socket.gethostname()}-{os.getpid()}-worker-{slot.index}"
+        env[OTEL_RESOURCE_ENV] = ",".join(filter(None, [os.environ.get(OTEL_RESOURCE_ENV, ""), instance]))
         cmd = [sys.executable, "-m", "greenserve.router", *self.argv, "--workers", "1",
                "--port", str(self.grpc_port), "--http-port", str(self.http_port)]
         try:
