@@ -327,15 +327,19 @@ class EmulatedEngine:
                 await self._resume.wait()
             self._clock_s += duration_s
             self._step_extra_energy_j += (plan.power_w - self.timer.idle_power_w) * duration_s
-            self._clock_wall = loop.time()
+            # the modelled step ended at its deadline, not when the host got round to waking up: the clock counts
+            # on from there, so a request that arrives after a late wake-up is stamped when it arrived (not up to
+            # the lateness earlier, which the client would see as TTFT the engine did not record); a hang or a
+            # lag past MAX_LAG_S is not engine time
+            now_wall = loop.time()
+            self._clock_wall = deadline if now_wall - deadline < MAX_LAG_S else now_wall
             self._step_in_flight_s = 0.0
             self._complete(plan)
             self.steps += 1
 
     def _go_idle(self) -> None:
-        if not self._idle:
-            self._clock_wall = asyncio.get_running_loop().time()
-            self._idle = True
+        # the clock already counts on from the end of the last step (set when it completed)
+        self._idle = True
         self.metrics.engine_power_w = self.timer.idle_power_w
 
     def _sync_clock(self, wall: float) -> None:
