@@ -96,6 +96,7 @@ class PostgresServer:
                 env=env,
                 timeout=timeout,
                 text=True,
+                check=False,  # the exit status is checked below, with the server log in the error
                 **kwargs,
             )
             out.seek(0)

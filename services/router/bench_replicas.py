@@ -305,8 +305,8 @@ async def hit_rate_run(work: Path, db: Database, replicas: int, rows: list[tuple
 
 async def propagation_run(work: Path, db: Database, replicas: int, trials: int,
                           args: argparse.Namespace) -> dict[str, Any]:
-    from greenserve.v1 import common_pb2, router_pb2
     import grpc
+    from greenserve.v1 import common_pb2, router_pb2
 
     url = db.fresh_url()
     cluster = Cluster(work / "propagation", url, replicas, 1, args, [])

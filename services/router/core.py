@@ -20,14 +20,13 @@ from greenserve.common import carbon
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.persistence import Database, utcnow
 from greenserve.router import models
+from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
 from greenserve.router.feeds import AccessFeed, LoadFeed
 from greenserve.router.monitor import EngineMonitor
 from greenserve.router.plans import PlanStore, PlanWatcher
 from greenserve.router.policy import PolicyConfig, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
-from greenserve.router.shared_state import HEARTBEAT_S, Listener, SharedState, Snapshot, bump, expired, \
-    until_wall_s, wall_to_monotonic
 from greenserve.router.receipt import (
     CarbonIntensityCache,
     CarbonSettings,
@@ -37,8 +36,17 @@ from greenserve.router.receipt import (
     compute_receipt,
     load_router_defaults,
 )
+from greenserve.router.shared_state import (
+    HEARTBEAT_S,
+    Listener,
+    SharedState,
+    Snapshot,
+    bump,
+    expired,
+    until_wall_s,
+    wall_to_monotonic,
+)
 from greenserve.router.upstream import Call, Dispatcher, make_session
-from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -33,8 +34,6 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
-from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
 
 ENGINE_SOURCES: tuple[str, ...] = ("flag", "rpc", "plan")
 LAST_PLAN_ID = 1

@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from greenserve.common.clock import now_s
+from greenserve.common.persistence import Database, utcnow
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
 from greenserve.common.tasks import cancel_and_wait
-from greenserve.common.persistence import Database, utcnow
 from greenserve.router.models import LAST_PLAN_ID, LastPlan
 from greenserve.v1 import common_pb2
 
@@ -134,7 +134,7 @@ class PlanStore:
         """Writes the plan as the last good one (one transaction; blocking: call off the event loop)."""
         if self.db is None:
             return
-        from greenserve.router.shared_state import bump  # the other replicas learn of it (shared_state.py)
+        from greenserve.router.shared_state import bump  # noqa: I001 - the other replicas learn of it
 
         body = plan.SerializeToString()
         with self.db.session() as s:

@@ -49,7 +49,7 @@ class PrefixHashes(list[int]):
     (a completion without a full block). ``conversation``: the key names a conversation (chat), rather
     than a prefix that many unrelated prompts may share (completion)."""
 
-    __slots__ = ("affinity_key", "affinity_blocks", "conversation")
+    __slots__ = ("affinity_blocks", "affinity_key", "conversation")
 
     def __init__(self, hashes: Iterable[int] = (), affinity_key: int = 0, affinity_blocks: int = 0,
                  conversation: bool = False) -> None:

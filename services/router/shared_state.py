@@ -28,15 +28,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
-
-from sqlalchemy import delete, select, text, update
-from sqlalchemy.orm import Session
 
 from greenserve.common.persistence import Database, utcnow
 from greenserve.router import models
 from greenserve.router.engines import EngineState
+from sqlalchemy import delete, select, text, update
+from sqlalchemy.orm import Session
 
 log = logging.getLogger("greenserve.router.shared_state")
 
@@ -121,7 +120,7 @@ class SharedState:
                     return
                 s.delete(row)
             else:
-                until = datetime.fromtimestamp(until_wall_s, tz=timezone.utc)
+                until = datetime.fromtimestamp(until_wall_s, tz=UTC)
                 values = {"ejected_until": until, "eject_count": max(1, eject_count),
                           "reason": reason[: models.REASON_MAX_CHARS], "replica_id": self.replica_id,
                           "updated_at": utcnow()}

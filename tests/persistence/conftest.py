@@ -19,9 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from greenserve.common.persistence import Database, sqlite_url
-from greenserve.common.pg_server import INSTALL_HINT, PG_OS_USER, PostgresServer, pg_bindir
+from greenserve.common.pg_server import (
+    INSTALL_HINT,
+    PG_OS_USER,
+    PostgresServer,
+    pg_bindir,
+)
 
 
 def _unavailable(reason: str) -> None:

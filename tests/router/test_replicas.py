@@ -14,6 +14,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 from greenserve.v1 import common_pb2, router_pb2
+
 from tests.persistence.conftest import postgres_server  # noqa: F401  (the PostgreSQL fixture, reused)
 
 BOUND_S = 1.0  # the bound on propagation; asserted with room for a loaded 2-core box
