@@ -99,7 +99,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
         result = row["result"]
         figures = list(dict.fromkeys([*result["paper"], *result["ours"]]))
         for i, figure in enumerate(figures or [""]):
-            out.append({"seed": str(result["seed"]) if i == 0 else "", "setting": str(result["setting"]) if i == 0 else "",
+            out.append({"seed": str(result["seed"]) if i == 0 else "", "setting": _cell(result["setting"]) if i == 0 else "",
                         "figure": figure, "paper": _cell(result["paper"].get(figure, "")),
                         "ours": _cell(result["ours"].get(figure, "")),
                         "within_tolerance": ("yes" if result["within_tolerance"] else "no") if i == 0 else ""})
