@@ -315,10 +315,13 @@ class Supervisor:
     # -- run -----------------------------------------------------------------------------------------
 
     def run(self) -> int:
+        from greenserve.common.persistence import PersistenceError
+        from sqlalchemy.exc import SQLAlchemyError
+
         try:
             self._claim()
             self._prepare()
-        except OSError as exc:
+        except (OSError, ValueError, PersistenceError, SQLAlchemyError) as exc:  # a port, the data dir, the DB
             for claim in self.claims:
                 claim.close()
             print(f"greenserve-router: error: {exc}", file=sys.stderr)
