@@ -134,7 +134,7 @@ class PlanStore:
         """Writes the plan as the last good one (one transaction; blocking: call off the event loop)."""
         if self.db is None:
             return
-        from greenserve.router.shared_state import bump  # noqa: I001 - the other replicas learn of it
+        from greenserve.router.shared_state import bump  # the other replicas learn of it
 
         body = plan.SerializeToString()
         with self.db.session() as s:
