@@ -134,7 +134,8 @@ class PlanStore:
         """Writes the plan as the last good one (one transaction; blocking: call off the event loop)."""
         if self.db is None:
             return
-        from greenserve.router.shared_state import bump  # the other replicas learn of it
+        # the other replicas learn of it (shared_state.py imports this module's models)
+        from greenserve.router.shared_state import bump
 
         body = plan.SerializeToString()
         with self.db.session() as s:
