@@ -32,6 +32,9 @@ from greenserve.common.persistence import Database, utcnow
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.router.models import LAST_PLAN_ID, LastPlan
+from greenserve.router.shared_state import (
+    bump,  # a stored plan is a change the other replicas learn of
+)
 from greenserve.v1 import common_pb2
 
 log = logging.getLogger("greenserve.router.plans")
@@ -134,9 +137,6 @@ class PlanStore:
         """Writes the plan as the last good one (one transaction; blocking: call off the event loop)."""
         if self.db is None:
             return
-        # the other replicas learn of it (shared_state.py imports this module's models)
-        from greenserve.router.shared_state import bump
-
         body = plan.SerializeToString()
         with self.db.session() as s:
             row = s.get(LastPlan, LAST_PLAN_ID)
