@@ -236,7 +236,6 @@ async def test_two_workers_serve_sum_metrics_survive_a_killed_worker_and_stop_on
             assert not failed, f"{len(failed)} requests failed with tcp_migrate_req=1: {ERRORS}"
         unstarted = [e for e in ERRORS if "started=False" in e]  # the streams cut by the kill had started
         assert len(unstarted) == len(failed) and all("reset by peer" in e for e in unstarted), ERRORS
-        assert len(failed) <= 3 * 2, ERRORS  # at most the requests each client sent while the worker died
         replacement = {pid for _, (pid, _, ok) in short if ok} - workers
         assert len(replacement) == 1, (replacement, log_text(tmp_path))
         assert children(proc.pid) == {survivor, *replacement}
