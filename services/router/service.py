@@ -311,25 +311,24 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                                      token_count=tokens))
             # after the first token: text read but not yet sent waits until --grpc-stream-interval-s has
             # passed since the previous message, gathering the tokens that arrive meanwhile (one timer
-            # per message, none per token)
+            # per message, no wake-up per token)
             reader = _EventReader(call, TEXT_KEY_CHAT if messages is not None else TEXT_KEY_COMPLETION)
             interval = self.stream_interval_s
             last_sent = time.monotonic()
             while not reader.ended:
-                await reader.read()
-                if not reader.texts:
-                    continue
-                if interval and not reader.ended:
-                    deadline = last_sent + interval
-                    if time.monotonic() < deadline:
-                        try:
-                            async with asyncio.timeout_at(deadline):
-                                while not reader.ended:
-                                    await reader.read()
-                        except TimeoutError:
-                            pass
+                if interval:
+                    # sleep out the interval, then take what came meanwhile: tokens that arrive while
+                    # nothing waits on the stream cost no task wake-up, only aiohttp's buffering
+                    wait = last_sent + interval - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    reader.drain()
+                if not reader.texts and not reader.ended:
+                    await reader.read()  # nothing came within the interval: wait for the next token
                 if reader.ended:
                     break  # what is pending goes with the last message
+                if not reader.texts:
+                    continue
                 await write(Response(request_id=request_id, text_delta=reader.take(),
                                      engine_id=engine_id if first else "", token_count=reader.take_tokens()))
                 first = False
@@ -502,11 +501,26 @@ class _EventReader:
         return n
 
     async def read(self) -> None:
+        """Waits for the next bytes of the stream and takes them."""
         try:
             chunk = await self.content.readany()
         except (aiohttp.ClientError, OSError):
             self.ended = True  # the engine went away (call.done stays False)
             return
+        self._take(chunk)
+
+    def drain(self) -> None:
+        """Takes what is buffered now, without waiting (the tokens that came while the caller slept);
+        the end of the stream is noticed by the next ``read``."""
+        try:
+            chunk = self.content.read_nowait()
+        except (aiohttp.ClientError, OSError):
+            self.ended = True
+            return
+        if chunk:
+            self._take(chunk)
+
+    def _take(self, chunk: bytes) -> None:
         buf = self.buf
         if not chunk:
             if not buf.strip():
