@@ -178,3 +178,22 @@ def test_postgres_notifies_listening_replicas_of_a_change(postgres_server) -> No
         listener.stop()
         db.close()
         postgres_server.drop_database(name)
+
+
+async def test_a_replica_whose_plan_stream_lags_routes_on_the_newer_stored_plan(router) -> None:
+    """Replicas put the same plan version in force: one that has not received a plan from WatchPlans
+    (here: none follows it) takes a newer plan another replica stored, and each records what it routes on."""
+    a, b = await _replicas(router, None)
+    plan = common_pb2.Plan(version=7, intervals=[common_pb2.PlanInterval(routing_weights=[
+        common_pb2.RoutingWeight(pool="p", engine_id="e1", weight=3.0),
+        common_pb2.RoutingWeight(pool="p", engine_id="e2", weight=1.0)])])
+    assert a.core.plans.apply(plan)
+    await asyncio.to_thread(a.core.plans.persist, plan)
+    await _until(lambda: _async(b.core.plans.version == 7), 10 * BOUND_S, "B taking the stored plan")
+    assert b.core.plans.weights_for("p") == ({"e1": 3.0, "e2": 1.0}, 7)
+
+    async def both_recorded():
+        listed = await b.stub.ListEngines(router_pb2.ListEnginesRequest())
+        return {r.replica_id: r.plan_version for r in listed.replicas} == {"a": 7, "b": 7}
+
+    await _until(both_recorded, 10 * BOUND_S, "both replicas recording plan v7")
