@@ -235,7 +235,8 @@ async def test_two_workers_serve_sum_metrics_survive_a_killed_worker_and_stop_on
         if Path("/proc/sys/net/ipv4/tcp_migrate_req").read_text().strip() == "1":
             assert not failed, f"{len(failed)} requests failed with tcp_migrate_req=1: {ERRORS}"
         unstarted = [e for e in ERRORS if "started=False" in e]  # the streams cut by the kill had started
-        assert len(unstarted) == len(failed) and all("reset by peer" in e for e in unstarted), ERRORS
+        dropped = ("reset by peer", "Broken pipe", "disconnected")  # the dying socket's RST, whenever it lands
+        assert len(unstarted) == len(failed) and all(any(d in e for d in dropped) for e in unstarted), ERRORS
         replacement = {pid for _, (pid, _, ok) in short if ok} - workers
         assert len(replacement) == 1, (replacement, log_text(tmp_path))
         assert children(proc.pid) == {survivor, *replacement}
