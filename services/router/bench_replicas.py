@@ -43,6 +43,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -440,6 +441,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["hit_rate_runs"] = runs
     finally:
         db.stop()
+        shutil.rmtree(work, ignore_errors=True)
     one, many = runs["affinity_1"]["hit_rate"], runs[f"affinity_{args.replicas}"]["hit_rate"]
     out["replica_registration_propagation_ms"] = prop["max_ms"]
     out["replica_registration_propagation_median_ms"] = prop["median_ms"]
