@@ -31,7 +31,15 @@ from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.optimizer.solvers.serving_modes import (
+    MODE_NAMES,
+    SPEC_DECODE,
+    STANDALONE,
+    VOCAB_SIZE,
+    GreenLlmModes,
+    engine_profile,
+)
+from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, load_profile
 from greenserve.v1 import common_pb2
 
 HOUR_S = 3600
@@ -42,7 +50,9 @@ STRATEGIES: dict[str, str] = {
     "no_cache": "every engine weighted equally, no KV cache tier",
     "greencache": "GreenCache alone: cache sizes by the ILP, engines weighted equally",
     "carbon_routing": "min-carbon routing alone, the largest cache",
-    "joint": "the joint plan: min-carbon routing and the GreenCache ILP",
+    "serving_modes": "GreenLLM's serving modes alone (Standalone or SpecDecode with the pool's draft, per hour), "
+                     "engines weighted equally, the largest cache",
+    "joint": "the joint plan: min-carbon routing, the GreenCache ILP and GreenLLM's serving modes",
 }
 
 
@@ -56,8 +66,10 @@ def solvers_for(strategy: str) -> list[Any]:
         return [EvenRouting(), GreenCacheIlp(), *keep]
     if strategy == "carbon_routing":
         return [MinCarbonRouting(), FixedCache(full=True), *keep]
+    if strategy == "serving_modes":
+        return [EvenRouting(), FixedCache(full=True), keep[0], GreenLlmModes()]
     if strategy == "joint":
-        return [MinCarbonRouting(), GreenCacheIlp(), *keep]
+        return [MinCarbonRouting(), GreenCacheIlp(), keep[0], GreenLlmModes()]
     raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
@@ -79,8 +91,10 @@ class HourRecord:
     requests_measured: int
     prefix_hit_fraction: float = 0.0  # prompt tokens found in a cache tier / prompt tokens (all pools)
     cache_restarts: int = 0  # engines whose LMCache DRAM tier restarted empty for a new size
+    engine_restarts: int = 0  # engines restarted for a new serving mode
     cache_bytes: dict[str, int] = field(default_factory=dict)
     engines_weighted: dict[str, int] = field(default_factory=dict)
+    serving_modes: dict[str, str] = field(default_factory=dict)  # pool -> mode run this hour
     plan_changed: bool = False
 
 
@@ -151,6 +165,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             interval = plan.intervals[0]
             changed = current is not None and (
                 list(current.intervals[0].cache_targets) != list(interval.cache_targets)
+                or list(current.intervals[0].serving_modes) != list(interval.serving_modes)
                 or [(w.engine_id, round(w.weight, 3)) for w in current.intervals[0].routing_weights]
                 != [(w.engine_id, round(w.weight, 3)) for w in interval.routing_weights])
             current = plan
@@ -159,8 +174,9 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                 for pool_s in scenario.pools:
                     weights, size = _pool_plan(interval, pool_s.name)
                     rate = float(load_shape_day[0]) * pool_s.peak_requests_per_s / peak
+                    mode = next((t.serving_mode for t in interval.serving_modes if t.pool == pool_s.name), STANDALONE)
                     warm_start(pool_s.profile, _engine_ids(pool_s), rate, weights, size, seed, window_s,
-                               states[pool_s.name])
+                               states[pool_s.name], spec=_spec_for(pool_s, mode))
             record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
                                    load_shape_day, load_fc_shape, peak, params, window_s, seed, states)
             record.plan_changed = changed
@@ -181,17 +197,33 @@ def _pool_plan(interval: common_pb2.PlanInterval, pool: str) -> tuple[dict[str, 
     return weights, int(target.dram_bytes or target.disk_bytes) if target is not None else 0
 
 
+def _spec_for(pool: PoolScenario, mode: int) -> SpecDecodeConfig | None:
+    """The replay's speculative decoding for a plan's mode: SpecDecode runs the pool's draft on the same GPU (as the
+    serving-mode solver evaluates it); the modes that need an older GPU cannot be declared by a scenario."""
+    if mode == STANDALONE:
+        return None
+    if mode != SPEC_DECODE or not pool.draft_model:
+        raise ValueError(f"{pool.name}: the plan asks for mode {MODE_NAMES.get(mode, mode)}, which the scenario's "
+                         f"pool cannot run (a draft model is needed for SpecDecode; DPD/DSD need older GPUs)")
+    draft = engine_profile(pool.draft_model, pool.hardware)
+    if draft is None:
+        raise ValueError(f"{pool.name}: no simulator profile of the draft {pool.draft_model} on {pool.hardware}")
+    return SpecDecodeConfig(draft=draft, num_speculative_tokens=pool.draft_tokens,
+                            acceptance_rate=pool.draft_acceptance_fraction, vocab_size=VOCAB_SIZE)
+
+
 def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int, ci: float, ci_forecast: float,
                   shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float, params: carbon.CarbonParams,
                   window_s: float, seed: int, states: dict[str, PoolState]) -> HourRecord:
     energy_j = 0.0
     embodied_compute = embodied_storage = 0.0
     requests_total = ok_t = ok_p = ok_both = 0.0
-    measured_total = restarts = 0
+    measured_total = restarts = engine_restarts = 0
     hit_weighted = 0.0
     load_actual = load_forecast = 0.0
     cache_bytes: dict[str, int] = {}
     engines_weighted: dict[str, int] = {}
+    modes: dict[str, str] = {}
     for pool in scenario.pools:
         scale = pool.peak_requests_per_s / peak
         rate = float(shape_day[h]) * scale
@@ -201,12 +233,15 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         target = next((t for t in interval.cache_targets if t.pool == pool.name), None)
         cache_bytes[pool.name] = size
         engines_weighted[pool.name] = sum(1 for w in weights.values() if w > 0) or pool.engines
+        mode = next((t.serving_mode for t in interval.serving_modes if t.pool == pool.name), STANDALONE)
+        modes[pool.name] = MODE_NAMES.get(mode, "Standalone")
         out = replay_hour(pool.profile, _engine_ids(pool), rate, weights, size, pool.ttft_s, pool.tpot_s, seed, h,
-                          window_s, states[pool.name])
+                          window_s, states[pool.name], spec=_spec_for(pool, mode))
         a_t, a_p, a_b, n, per_request_j = (out.ttft_fraction, out.tpot_fraction, out.both_fraction,
                                            out.requests_measured, out.dynamic_energy_per_request_j)
         hit_weighted += rate * HOUR_S * out.prefix_hit_fraction
         restarts += out.cache_restarts
+        engine_restarts += out.engine_restarts
         idle_w = PerfModel(load_profile(pool.profile)).power_w(0.0)
         requests = rate * HOUR_S
         energy_j += pool.engines * idle_w * HOUR_S + per_request_j * requests
@@ -230,7 +265,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         tpot_attainment_fraction=ok_p / norm if requests_total else 1.0,
         attainment_fraction=ok_both / norm if requests_total else 1.0, requests_measured=measured_total,
         prefix_hit_fraction=hit_weighted / norm if requests_total else 0.0, cache_restarts=restarts,
-        cache_bytes=cache_bytes, engines_weighted=engines_weighted)
+        engine_restarts=engine_restarts,
+        cache_bytes=cache_bytes, engines_weighted=engines_weighted, serving_modes=modes)
 
 
 def records_json(records: list[HourRecord]) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, load_profile
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 
@@ -49,6 +49,7 @@ class PoolState:
     contents: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # engine id -> tier -> blocks
     tail: list[Row] = field(default_factory=list)  # turns due after the last window, times from its end
     cache_bytes: int | None = None  # DRAM size per engine in force (None: nothing yet)
+    spec: SpecDecodeConfig | None | bool = False  # speculative decoding in force (False: nothing yet)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class HourOutcome:
     dynamic_energy_per_request_j: float  # above the engines' idle power
     prefix_hit_fraction: float  # prompt tokens found in some cache tier / prompt tokens
     cache_restarts: int  # engines whose DRAM tier restarted empty for a new size this hour
+    engine_restarts: int = 0  # engines restarted for a new serving mode (HBM and DRAM caches empty)
 
 
 def hour_rows(rate_per_s: float, window_s: float, seed: int, hour: int) -> list[Row]:
@@ -125,12 +127,14 @@ class ConversationAffinity:
 
 def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights: dict[str, float], cache_bytes: int,
                 ttft_s: float, tpot_s: float, seed: int, hour: int, window_s: float, state: PoolState,
-                block_tokens: int = 256) -> HourOutcome:
-    """Replays one pool's window from ``state`` and leaves in ``state`` what the next window starts from."""
+                block_tokens: int = 256, spec: SpecDecodeConfig | None = None) -> HourOutcome:
+    """Replays one pool's window from ``state`` and leaves in ``state`` what the next window starts from; ``spec``:
+    the engines run speculative decoding (a SpecDecode serving mode). A change of mode restarts the engines: their
+    HBM prefix cache and LMCache DRAM come back empty."""
     used = [eid for eid in engine_ids if weights.get(eid, 0.0) > 0] or list(engine_ids)
     model = PerfModel(load_profile(profile))
     tokens = int(cache_bytes / max(model.profile.kv_bytes_per_token, 1.0))
-    restarts = 0
+    restarts = engine_restarts = 0
     if state.cache_bytes is not None and cache_bytes != state.cache_bytes:
         for eid in engine_ids:  # every engine's LMCache restarts at the new size: its L1 comes back empty
             held = state.contents.get(eid)
@@ -138,13 +142,20 @@ def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights:
                 state.contents[eid] = {**held, "dram": ()}
             restarts += 1
     state.cache_bytes = cache_bytes
+    if state.spec is not False and state.spec != spec:  # engines restarted in the new mode
+        for eid in engine_ids:
+            held = state.contents.get(eid)
+            if held is not None:
+                state.contents[eid] = {**held, "hbm": (), "dram": ()}
+        engine_restarts = len(engine_ids)
+    state.spec = spec
     new_rows = hour_rows(rate_per_s, window_s, seed, hour) if rate_per_s > 0 else []
     inside, after = split_window(state.tail + new_rows, window_s)
     state.tail = after
     if not inside:
-        return HourOutcome(1.0, 1.0, 1.0, 0, 0.0, 0.0, restarts)
+        return HourOutcome(1.0, 1.0, 1.0, 0, 0.0, 0.0, restarts, engine_restarts)
     work = _workload(inside, block_tokens)
-    specs = tuple(EngineSpec(profile, dram_capacity_tokens=tokens) for _ in used)
+    specs = tuple(EngineSpec(profile, dram_capacity_tokens=tokens, spec=spec) for _ in used)
     policy = ConversationAffinity([max(weights.get(eid, 1.0), 1e-9) for eid in used],
                                   [_mix64(zlib.crc32(eid.encode())) for eid in used])
     result = replay(work, FleetConfig(specs, policy=policy, seed=seed),
@@ -162,11 +173,11 @@ def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights:
     hits = result.hit_hbm_tokens.sum() + result.hit_dram_tokens.sum() + result.hit_disk_tokens.sum()
     return HourOutcome(float(ok_t.mean()), float(ok_p.mean()), float((ok_t & ok_p).mean()), len(inside),
                        dynamic_j,
-                       float(hits / max(1, result.prompt_tokens.sum())), restarts)
+                       float(hits / max(1, result.prompt_tokens.sum())), restarts, engine_restarts)
 
 
 def warm_start(profile: str, engine_ids: list[str], rate_per_s: float, weights: dict[str, float], cache_bytes: int,
-               seed: int, window_s: float, state: PoolState) -> None:
+               seed: int, window_s: float, state: PoolState, spec: SpecDecodeConfig | None = None) -> None:
     """Fills ``state`` with a window of the first hour's traffic replayed before it (ids of hour -1)."""
     replay_hour(profile, engine_ids, rate_per_s, weights, cache_bytes, math.inf, math.inf, seed + 7919, -1,
-                window_s, state)
+                window_s, state, spec=spec)

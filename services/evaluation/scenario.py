@@ -13,6 +13,11 @@ Scenario file (YAML or JSON)::
         slo: {ttft_s: 2.0, tpot_s: 0.15, attainment_fraction: 0.9}
         max_cache_dram_gib: 64              # DRAM tier the planner may size (GreenCache's choice), 0: none
         cache_step_gib: 8
+        draft_model: llama3.2-1b            # optional: a speculative draft (simulator model) for GreenLLM's modes
+        draft_acceptance_fraction: 0.457    # accepted / proposed draft tokens (GreenLLM Sec. V-A's 1B draft)
+
+A pool with a draft may run SpecDecode (target and draft on the same GPU) where the ``serving_modes`` solver picks
+it; Full Cache + BASE and the strategies without that solver stay Standalone.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
 from greenserve.v1 import common_pb2
 
 GIB = 1 << 30
@@ -57,6 +61,9 @@ class PoolScenario:
     attainment_fraction: float = 0.9
     max_cache_dram_gib: float = 64.0
     cache_step_gib: float = 8.0
+    draft_model: str = ""
+    draft_acceptance_fraction: float = 0.0
+    draft_tokens: int = 3
 
     @property
     def profile(self) -> str:
@@ -80,6 +87,12 @@ class Scenario:
             for i in range(p.engines):
                 pool.engines.add(id=f"{p.name}-{i}", url=f"http://sim/{p.name}-{i}", pool=p.name, hardware=p.hardware,
                                  model_variant="base", kind=common_pb2.ENGINE_KIND_SIMULATED)
+            if p.draft_model:  # the serving-mode solver reads the pool's GPUs and its draft
+                pool.draft.CopyFrom(common_pb2.SpeculativeDraft(
+                    model=p.draft_model, simulator_model=p.draft_model, acceptance_fraction=p.draft_acceptance_fraction,
+                    num_speculative_tokens=p.draft_tokens, acceptance_source="scenario file"))
+                for i in range(p.engines):
+                    fleet.gpus.add(uuid=f"GPU-{p.name}-{i}", pool=p.name, hardware=p.hardware, reported_by="operator")
         return fleet
 
 
@@ -124,6 +137,19 @@ def load(path: str | Path) -> Scenario:
         pool = PoolScenario(**values)
         if not 0 < pool.attainment_fraction <= 1 or pool.ttft_s <= 0 or pool.tpot_s <= 0:
             raise ScenarioError(f"{where}.slo: ttft_s and tpot_s > 0, attainment_fraction in (0, 1]")
+        if pool.draft_model:
+            from greenserve.optimizer.solvers.serving_modes import (
+                MAX_SPEC_TOKENS,
+                simulator_models,
+            )
+
+            if pool.draft_model not in simulator_models():
+                raise ScenarioError(f"{where}.draft_model: unknown simulator model {pool.draft_model!r} (known: "
+                                    f"{', '.join(simulator_models())})")
+            if not 0 < pool.draft_acceptance_fraction <= 1:
+                raise ScenarioError(f"{where}.draft_acceptance_fraction: must be in (0, 1] with a draft_model")
+            if pool.draft_tokens > MAX_SPEC_TOKENS:
+                raise ScenarioError(f"{where}.draft_tokens: at most {MAX_SPEC_TOKENS}")
         pools.append(pool)
     if len({p.name for p in pools}) != len(pools):
         raise ScenarioError(f"{path.name}: pool names must be unique")
