@@ -462,7 +462,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             timeout = min(timeout, max(0.0, remaining - 0.05))
+        deadline = time.monotonic() + timeout
         idle, busy = await self.core.drain(ids, request.wait, timeout)
+        worker = current_worker()
+        if worker is not None:  # the other workers' requests in flight count too (workers.py)
+            idle, busy = await worker.drain_wait(self.core, ids, request.wait, deadline)
         return router_pb2.DrainResponse(idle_engine_ids=idle, busy_engine_ids=busy)
 
     async def Undrain(self, request: router_pb2.UndrainRequest, context: grpc.aio.ServicerContext
@@ -611,15 +615,18 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     await core.start([u.strip() for u in settings.engines.split(",") if u.strip()])
     servicer = RouterServicer(ctx, core)
     ctx.on_stop.append(core.stop)
+    worker = current_worker()
+    if worker is not None:  # one of several workers (workers.py): publishes what the whole router reads
+        worker.start(core, ctx.on_stop)
     if settings.http_port >= 0:
         try:
             # the HTTP front takes the same credentials as the gRPC side: token, TLS, mTLS
             front = HttpFront(core, settings.http_host or settings.host, settings.http_port,
                               limits=settings.http_limits(), tokens=settings.tokens(),
                               ssl=ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca),
-                              reuse_port=(worker := current_worker()) is not None)
-            if worker is not None:  # one of several workers (workers.py): metrics of the whole router
-                worker.attach(core, front, ctx.on_stop)
+                              reuse_port=worker is not None)
+            if worker is not None:  # metrics of the whole router, the worker header
+                worker.attach(core, front)
             await front.start()
         except (OSError, ValueError):
             await core.stop()

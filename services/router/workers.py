@@ -111,13 +111,18 @@ def default_workers() -> int:
 # -- inside a worker ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+ENGINE_IN_FLIGHT = "greenserve_router_engine_in_flight"
+DRAIN_SETTLE_MARGIN_S = 0.5
+
+
+@dataclass
 class Worker:
     """This process as a worker of a supervisor (parsed from WORKER_ENV)."""
 
     index: int
     supervisor_pid: int
     ready_fd: int
+    _publish: Callable[[], None] | None = None
 
     def report_serving(self, _server: Any = None) -> None:
         """Tells the supervisor this worker serves (one byte on its pipe)."""
@@ -127,19 +132,39 @@ class Worker:
         except OSError:
             pass
 
-    def attach(self, core: RouterCore, front: HttpFront, on_stop: list[Callable[[], Any]]) -> None:
-        """Makes ``front`` (not yet started) a worker's: /metrics of the whole router, the worker header,
-        the live gauges published every second. The publishing task stops with ``on_stop``."""
+    def start(self, core: RouterCore, on_stop: list[Callable[[], Any]]) -> None:
+        """Publishes this worker's live gauges and its requests in flight per engine to the multiprocess files
+        every second (the whole router's /metrics and Drain read them); the task stops with ``on_stop``."""
+        if not os.environ.get(MULTIPROC_ENV):
+            return
+        from prometheus_client import Gauge
+
+        per_engine = Gauge(ENGINE_IN_FLIGHT, "requests in flight per engine", ["engine"], registry=core.prom,
+                           multiprocess_mode="livesum")
+        seen: set[str] = set()
+
+        def publish() -> None:
+            engines = core.registry.engines
+            for engine_id in seen - set(engines):
+                per_engine.labels(engine_id).set(0)
+            for engine_id, engine in engines.items():
+                per_engine.labels(engine_id).set(engine.in_flight)
+                seen.add(engine_id)
+            publish_live_gauges(core.prom)
+
+        self._publish = publish
+        task = asyncio.get_running_loop().create_task(_publish_every(publish, GAUGE_PUBLISH_S), name="worker-gauges")
+
+        async def stop() -> None:
+            await cancel_and_wait(task)
+
+        on_stop.append(stop)
+
+    def attach(self, core: RouterCore, front: HttpFront) -> None:
+        """Makes ``front`` (not yet started) a worker's: /metrics of the whole router, the worker header."""
         path = os.environ.get(MULTIPROC_ENV)
-        if path:
-            front.metrics_registry = whole_router_registry(core.prom, path)
-            task = asyncio.get_running_loop().create_task(_publish_every(core.prom, GAUGE_PUBLISH_S),
-                                                          name="worker-gauges")
-
-            async def stop() -> None:
-                await cancel_and_wait(task)
-
-            on_stop.append(stop)
+        if path and self._publish is not None:
+            front.metrics_registry = whole_router_registry(self._publish, path)
         pid = str(os.getpid())
 
         async def add_header(request: Any, response: Any) -> None:
@@ -147,14 +172,52 @@ class Worker:
 
         front.app.on_response_prepare.append(add_header)
 
+    async def drain_wait(self, core: RouterCore, ids: list[str], wait: bool, deadline: float
+                         ) -> tuple[list[str], list[str]]:
+        """(idle, busy) of ``ids`` over every worker, this one's count fresh and the others' as published.
+        With ``wait``, until all are idle or ``deadline`` (time.monotonic()), and never before the others
+        had time to learn of the drain (the shared state's poll) and to publish after it."""
+        path = os.environ.get(MULTIPROC_ENV)
+        if not path or self._publish is None:
+            busy = [i for i in ids if (e := core.registry.get(i)) is not None and e.in_flight > 0]
+            return [i for i in ids if i not in busy], busy
+        settle_until = time.monotonic() + float(getattr(core.config, "state_poll_interval_s", 1.0)) \
+            + GAUGE_PUBLISH_S + DRAIN_SETTLE_MARGIN_S
+        while True:
+            self._publish()
+            counts = await asyncio.to_thread(_engine_in_flight, path)
+            busy = [i for i in ids if counts.get(i, 0.0) > 0]
+            now = time.monotonic()
+            if not wait or now >= deadline or (not busy and now >= settle_until):
+                return [i for i in ids if i not in busy], busy
+            await asyncio.sleep(min(0.1, max(0.0, deadline - now)))
+
+
+def _engine_in_flight(path: str) -> dict[str, float]:
+    """Requests in flight per engine summed over the live workers (their multiprocess files)."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    out: dict[str, float] = {}
+    for family in MultiProcessCollector(None, path).collect():
+        if family.name == ENGINE_IN_FLIGHT:
+            for sample in family.samples:
+                out[sample.labels["engine"]] = out.get(sample.labels["engine"], 0.0) + sample.value
+    return out
+
+
+_current: list[Worker | None] = []
+
 
 def current_worker() -> Worker | None:
-    """This process's Worker when a supervisor started it, else None."""
-    value = os.environ.get(WORKER_ENV)
-    if not value:
-        return None
-    index, supervisor_pid, ready_fd = (int(x) for x in value.split(":"))
-    return Worker(index, supervisor_pid, ready_fd)
+    """This process's Worker when a supervisor started it, else None (the same object on every call)."""
+    if not _current:
+        value = os.environ.get(WORKER_ENV)
+        if value:
+            index, supervisor_pid, ready_fd = (int(x) for x in value.split(":"))
+            _current.append(Worker(index, supervisor_pid, ready_fd))
+        else:
+            _current.append(None)
+    return _current[0]
 
 
 def _set_parent_death_signal(sig: int) -> None:
@@ -178,10 +241,10 @@ def publish_live_gauges(registry: Any) -> None:
             (gauge.labels(**sample.labels) if sample.labels else gauge).set(sample.value)
 
 
-async def _publish_every(registry: Any, interval_s: float) -> None:
+async def _publish_every(publish: Callable[[], None], interval_s: float) -> None:
     while True:
         try:
-            publish_live_gauges(registry)
+            publish()
         except Exception:
             log.exception("publishing the worker's gauges failed")
         await asyncio.sleep(interval_s)
@@ -190,23 +253,23 @@ async def _publish_every(registry: Any, interval_s: float) -> None:
 class _WholeRouter:
     """Collector of the whole router: this worker's live gauges written first, then every worker's files."""
 
-    def __init__(self, own: Any, path: str) -> None:
+    def __init__(self, publish: Callable[[], None], path: str) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        self._own = own
+        self._publish = publish
         self._all = MultiProcessCollector(None, path)
 
     def collect(self) -> Iterable[Any]:
-        publish_live_gauges(self._own)
+        self._publish()
         return self._all.collect()
 
 
-def whole_router_registry(own: Any, path: str) -> Any:
+def whole_router_registry(publish: Callable[[], None], path: str) -> Any:
     """A registry whose scrape is the sum over the workers sharing the multiprocess directory ``path``."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_WholeRouter(own, path))
+    registry.register(_WholeRouter(publish, path))
     return registry
 
 

@@ -251,6 +251,31 @@ async def test_two_workers_serve_sum_metrics_survive_a_killed_worker_and_stop_on
         ok_requests = 17 + sum(1 for _, r in short if r[2]) + sum(1 for r in finished if r[2])
         assert values["greenserve_router_requests_total"] >= ok_requests
 
+        # Drain through any worker counts every worker's requests on the engine: busy while one of them
+        # streams from it (whichever worker each of 4 gRPC connections reached), idle once that ends
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            first_bytes: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+            stream = asyncio.create_task(completion(s, http, emu.model, 2000, first_bytes))  # ~30 s
+            await asyncio.wait_for(first_bytes, 60)
+            channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+                        for _ in range(4)]
+            try:
+                stubs = [router_pb2_grpc.RouterServiceStub(c) for c in channels]
+                listed = await stubs[0].ListEngines(router_pb2.ListEnginesRequest())
+                (engine_id,) = [e.engine.id for e in listed.engines]
+                drains = await asyncio.gather(*(stub.Drain(router_pb2.DrainRequest(
+                    engine_ids=[engine_id], wait=True, timeout_s=3)) for stub in stubs))
+                assert not stream.done()
+                assert all(list(d.busy_engine_ids) == [engine_id] for d in drains), drains
+                stream.cancel()  # the client goes away: the worker aborts the upstream request
+                drains = await asyncio.gather(*(stub.Drain(router_pb2.DrainRequest(
+                    engine_ids=[engine_id], wait=True, timeout_s=60)) for stub in stubs))
+                assert all(list(d.idle_engine_ids) == [engine_id] for d in drains), drains
+                await stubs[0].Undrain(router_pb2.UndrainRequest(engine_ids=[engine_id]))
+            finally:
+                for c in channels:
+                    await c.close()
+
         # neither a second supervisor (its port claim) nor a single-process router (a plain bind, as grpc's
         # with so_reuseport 0) can take the ports
         for p in (port, http_port):
