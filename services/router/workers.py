@@ -27,7 +27,9 @@ directory of per-process files (``<data-dir>/router-metrics-<grpc port>``); coun
 summed over every worker that ever ran (a dead worker's counts stay), gauges by their
 ``multiprocess_mode`` (levels over live workers). The gauges that read a live value when scraped
 (in flight, connections, ...) are written to the files every second and by the answering worker at the
-scrape. Responses of the HTTP front carry ``x-greenserve-worker-pid``. Each worker's OTel metrics and traces
+scrape. Each worker also publishes its requests in flight per engine, so that ``Drain`` through any worker
+counts every worker's (:meth:`Worker.drain_wait`). Responses of the HTTP front carry
+``x-greenserve-worker-pid``. Each worker's OTel metrics and traces
 carry ``service.instance.id`` = ``<host>-<supervisor pid>-worker-<index>``.
 """
 
