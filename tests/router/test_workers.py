@@ -232,7 +232,8 @@ async def test_two_workers_serve_sum_metrics_survive_a_killed_worker_and_stop_on
         # the survivor (docs/router.md); none of them had started streaming, so it is measured here.
         after = [r for sent, r in failed if sent >= reaped_at]
         assert not after, f"{len(after)} of {len(short)} requests sent after the kill failed: {ERRORS}"
-        if Path("/proc/sys/net/ipv4/tcp_migrate_req").read_text().strip() == "1":
+        migrate = Path("/proc/sys/net/ipv4/tcp_migrate_req")  # Linux >= 5.14
+        if migrate.exists() and migrate.read_text().strip() == "1":
             assert not failed, f"{len(failed)} requests failed with tcp_migrate_req=1: {ERRORS}"
         unstarted = [e for e in ERRORS if "started=False" in e]  # the streams cut by the kill had started
         dropped = ("reset by peer", "Broken pipe", "disconnected")  # the dying socket's RST, whenever it lands
