@@ -27,7 +27,7 @@ from ssl import SSLContext
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import StreamReader, web
 from greenserve.router.core import RouterCore
 from greenserve.router.prefix_index import chain_hashes, render_chat
 from greenserve.router.upstream import (
@@ -358,9 +358,19 @@ class HttpFront:
                 call.tail = b""
                 content = call.response.content
                 write = resp.write
+                forwarding = _Forwarder(call, send) if send is not None and type(content) is StreamReader else None
+                if forwarding is not None:
+                    content.__class__ = _ForwardingReader  # same layout: feed_data consults the forwarder
+                    _FORWARDERS[id(content)] = forwarding
                 while True:
                     try:
-                        chunk = await content.readany()
+                        chunk = b""
+                        if forwarding is not None:
+                            chunk = content.read_nowait()  # what was buffered while not forwarding
+                            if not chunk and not buf:
+                                forwarding.on = True  # token chunks now go out from the protocol callback
+                        if not chunk:
+                            chunk = await content.readany()  # wakes for what was not forwarded, or the end
                     except (aiohttp.ClientError, OSError):
                         break  # the engine went away mid-stream
                     if not chunk:
@@ -379,9 +389,8 @@ class HttpFront:
                         continue
                     end += 2
                     whole, buf = (chunk, b"") if end == len(chunk) else (chunk[:end], chunk[end:])
-                    running = whole.count(_RUNNING)
-                    if running == whole.count(_FINISH_KEY) and b"[DONE]" not in whole and b'"error"' not in whole \
-                            and whole.count(b'"usage"') == whole.count(_USAGE_NULL):
+                    running = _only_running(whole)
+                    if running >= 0:
                         call.events += running  # only running token chunks: forward as they are
                         if send is None:
                             await write(whole)
@@ -420,11 +429,75 @@ class HttpFront:
             log.info("client disconnected", extra={"engine_id": engine.id, "path": request.path})
             raise
         finally:
+            _FORWARDERS.pop(id(call.response.content), None)
             if not finished:
                 dispatcher.finish(call, aborted=True)
 
 
 _CHUNK_END = b"\r\n"
+
+
+def _only_running(data: bytes) -> int:
+    """The number of running token events in ``data`` when it holds nothing else (no finish reason,
+    usage, [DONE] or error), else -1."""
+    running = data.count(_RUNNING)
+    if running == data.count(_FINISH_KEY) and b"[DONE]" not in data and b'"error"' not in data \
+            and data.count(b'"usage"') == data.count(_USAGE_NULL):
+        return running
+    return -1
+
+
+class _Forwarder:
+    """Forwards a stream's chunks of running token events from the upstream protocol callback straight
+    to the client's transport (``_direct_sender``): no buffering and no wake-up of the handler task per
+    token. Only whole events of running tokens go this way; anything else (a partial event, CRLF, a
+    final chunk, usage, [DONE], an error), a client that is behind, or a transport that is closing turns
+    it off and goes to the reader's buffer, where the handler takes it in order; the handler turns it
+    back on once it has caught up (nothing buffered, no partial event held)."""
+
+    __slots__ = ("call", "send", "on")
+
+    def __init__(self, call: Call, send: Any) -> None:
+        self.call = call
+        self.send = send
+        self.on = False
+
+    def __call__(self, data: bytes) -> bool:
+        if not self.on:
+            return False
+        if not data.endswith(b"\n\n") or b"\r" in data:
+            self.on = False
+            return False
+        running = _only_running(data)
+        if running < 0:
+            self.on = False
+            return False
+        try:
+            if self.send(data):
+                self.on = False  # the client is behind: the handler waits for it before the next chunk
+        except ConnectionError:
+            self.on = False  # nothing written: the handler meets the closed transport itself
+            return False
+        self.call.events += running
+        return True
+
+
+_FORWARDERS: dict[int, _Forwarder] = {}
+"""The forwarder of each streaming response's reader (by id; removed when the handler ends)."""
+
+
+class _ForwardingReader(StreamReader):
+    """aiohttp's StreamReader whose ``feed_data`` offers each chunk to the stream's forwarder first (its
+    class is set on a response's ``content`` by ``_stream``; no slots of its own, so the layout is the
+    same)."""
+
+    __slots__ = ()
+
+    def feed_data(self, data: bytes, size: int = 0) -> bool:
+        forward = _FORWARDERS.get(id(self))
+        if forward is not None and data and forward(data):
+            return False
+        return StreamReader.feed_data(self, data, size)
 _DIRECT_WRITE_MAX_BUFFERED = 64 * 1024
 
 

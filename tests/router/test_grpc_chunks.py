@@ -3,6 +3,7 @@ front streams for the same request, and the byte scan of running token events ag
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -102,3 +103,40 @@ def test_running_text_declines_what_it_cannot_place() -> None:
     assert running_text(_event(tool), TEXT_KEY_CHAT) is None
     # a multi-line data event is left to the full parser
     assert running_text(b'data: {"choices":[{"text":"a",\ndata: "finish_reason":null}]}', TEXT_KEY_COMPLETION) is None
+
+
+async def test_http_token_chunks_are_forwarded_from_the_protocol_callback(emulators, router, monkeypatch) -> None:
+    """Running token chunks go to the client from the upstream protocol callback (http_front._Forwarder), and a
+    client that starts reading only after the engine has sent most of a long stream still gets every event
+    once, in order, with one receipt."""
+    from greenserve.router import http_front
+
+    forwarded = []
+    original = http_front._Forwarder.__call__
+
+    def counting(self: http_front._Forwarder, data: bytes) -> bool:
+        done = original(self, data)
+        if done:
+            forwarded.append(len(data))
+        return done
+
+    monkeypatch.setattr(http_front._Forwarder, "__call__", counting)
+    (emu,) = await emulators(1, time_scale=50.0)
+    r = await router([emu.url])
+    body = {"model": emu.model, "prompt": "hello", "max_tokens": 64}
+    want, events = await _http_stream_text(r.http, body)
+    assert events == 64 and forwarded, "no token chunk took the forwarding path"
+    # a late reader: ~3000 tokens (~400 KB of SSE) pile up before it reads anything
+    forwarded.clear()
+    big = {**body, "max_tokens": 3000, "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(r.http + "/v1/completions", json=big) as resp:
+        await asyncio.sleep(1.0)
+        raw = (await resp.read()).decode()
+    chunks = [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
+    texts = [chunk_text(c) for c in chunks if c.get("choices")]
+    assert len([t for t in texts if t]) == 3000
+    assert raw.rstrip().endswith("data: [DONE]") and raw.count("data: [DONE]") == 1
+    direct, _ = await _http_stream_text(emu.url, {**body, "max_tokens": 3000})
+    assert "".join(texts) == direct
+    receipts = [c["greenserve"] for c in chunks if "greenserve" in c]
+    assert len(receipts) == 1 and receipts[0]["completion_tokens"] == 3000
