@@ -38,6 +38,9 @@ written, minus the engine's time to first token) that hold the 50th/99th percent
 line is one JSON object; ``added_ttft_p50_ms``/``added_ttft_p99_ms``/``concurrency`` are for 256
 streams over HTTP (or the largest level run when 256 is not), ``max_rps`` is the router's best HTTP
 throughput over the levels, ``levels`` holds every (level, target) and ``peers`` vllm-router's figures.
+``grpc_cpu_ms_per_request``, ``http_cpu_ms_per_request`` and ``vllm_router_cpu_ms_per_request`` are the
+router's CPU per request over gRPC and HTTP and vllm-router's, from the sequential phase at the headline
+level (the same load for each, one after another); ``--grpc-stream-interval-s`` sets the router's.
 """
 
 from __future__ import annotations
