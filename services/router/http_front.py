@@ -475,8 +475,8 @@ class _Forwarder:
         try:
             if self.send(data):
                 self.on = False  # the client is behind: the handler waits for it before the next chunk
-        except ConnectionError:
-            self.on = False  # nothing written: the handler meets the closed transport itself
+        except Exception:  # noqa: BLE001 - a closing transport: nothing written; the handler meets it itself
+            self.on = False  # (raised here, it would reach aiohttp's parser and be blamed on the engine)
             return False
         self.call.events += running
         return True
