@@ -556,6 +556,22 @@ class RouterCore:
         busy = [e.id for e in engines if e.in_flight > 0]
         return idle, busy
 
+    async def confirm_idle(self, engine_ids: list[str], wait: bool, deadline: float, settle_until: float
+                           ) -> tuple[list[str], list[str]]:
+        """(idle, busy) of ``engine_ids`` (idle in this router's own view) by the engines' own ``/metrics``:
+        requests that other replicas (or other clients) still have on an engine keep it busy. With ``wait``,
+        scrapes until every engine reports none running or waiting, and never decides before ``settle_until``
+        (time.monotonic(): when every replica has learnt of the drain from the shared state and sends it no more).
+        An engine whose metrics cannot be read counts by this router's view."""
+        pending = [e for i in engine_ids if (e := self.registry.get(i)) is not None]
+        while True:
+            scraped = await asyncio.gather(*(self.monitor.scrape(e) for e in pending))
+            busy = [e.id for e, ok in zip(pending, scraped, strict=True) if ok and e.running + e.waiting > 0]
+            now = time.monotonic()
+            if not wait or now >= deadline or (not busy and now >= settle_until):
+                return [i for i in engine_ids if i not in busy], busy
+            await asyncio.sleep(min(self.config.state_poll_interval_s, max(0.0, deadline - now)))
+
     async def undrain(self, engine_ids: list[str]) -> None:
         await self.set_draining(engine_ids, False)
 

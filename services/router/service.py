@@ -189,6 +189,10 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
                              tls_key=self.tls_key if self.tls_client_ca else None)
 
 
+# Drain: how long after the drain mark (beyond the shared state's poll) an engine's own metrics must still show
+# nothing before it is called idle: another replica may pick the engine until it has read the mark.
+DRAIN_SETTLE_S = 0.25
+
 _ROLES = {
     router_pb2.CHAT_ROLE_SYSTEM: "system",
     router_pb2.CHAT_ROLE_USER: "user",
@@ -463,10 +467,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if remaining is not None:
             timeout = min(timeout, max(0.0, remaining - 0.05))
         deadline = time.monotonic() + timeout
+        settle_until = time.monotonic() + self.core.config.state_poll_interval_s + DRAIN_SETTLE_S
         idle, busy = await self.core.drain(ids, request.wait, timeout)
         worker = current_worker()
         if worker is not None:  # the other workers' requests in flight count too (workers.py)
             idle, busy = await worker.drain_wait(self.core, ids, request.wait, deadline)
+        if idle:  # and other replicas' (and clients'), as the engines themselves report them
+            idle, more_busy = await self.core.confirm_idle(idle, request.wait, deadline, settle_until)
+            busy = [*busy, *more_busy]
         return router_pb2.DrainResponse(idle_engine_ids=idle, busy_engine_ids=busy)
 
     async def Undrain(self, request: router_pb2.UndrainRequest, context: grpc.aio.ServicerContext

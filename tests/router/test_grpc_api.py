@@ -109,7 +109,8 @@ async def test_register_list_route_deregister(emulators, router, tmp_path) -> No
 
 async def test_drain_waits_until_idle_and_undrain(emulators, router) -> None:
     emus = await emulators(2, time_scale=5.0)
-    r = await router([e.url for e in emus])
+    # Load spreads the identical requests (prefix affinity would keep them all on one engine: test_affinity.py).
+    r = await router([e.url for e in emus], affinity_weight=0.0)
     a, b = sorted(r.core.registry.engines)
     req = router_pb2.GenerateRequest(request=_chat("x", emus[0].model), sampling=router_pb2.SamplingParams(max_tokens=40))
     calls = [r.stub.Generate(req) for _ in range(6)]

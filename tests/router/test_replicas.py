@@ -197,3 +197,31 @@ async def test_a_replica_whose_plan_stream_lags_routes_on_the_newer_stored_plan(
         return {r.replica_id: r.plan_version for r in listed.replicas} == {"a": 7, "b": 7}
 
     await _until(both_recorded, 10 * BOUND_S, "both replicas recording plan v7")
+
+
+async def test_drain_through_a_waits_for_requests_that_b_has_on_the_engine(router, emulators) -> None:
+    """A drained engine is idle only when the engine itself runs nothing: B's stream on it keeps it busy for A
+    (the gpu-partitioner destroys a MIG slice on an 'idle' answer)."""
+    (emu,) = await emulators(1, model="m", time_scale=5.0)
+    a, b = await _replicas(router, None)
+    await _register(a.stub, "e1", emu.url)
+    await _until(lambda: _known(b, "e1"), BOUND_S * 5, "B learns of e1")
+    req = router_pb2.GenerateRequest(request=_route("p").request, sampling=router_pb2.SamplingParams(max_tokens=60))
+    call = b.stub.Generate(req)
+    first = await call.read()
+    assert first.engine_id == "e1"
+    snapshot = await a.stub.Drain(router_pb2.DrainRequest(engine_ids=["e1"], wait=False))
+    assert list(snapshot.busy_engine_ids) == ["e1"], "A has nothing in flight, but the engine runs B's request"
+    waited = asyncio.ensure_future(a.stub.Drain(router_pb2.DrainRequest(engine_ids=["e1"], wait=True, timeout_s=60)))
+    tokens = 0
+    while (m := await call.read()) is not grpc.aio.EOF:
+        assert not waited.done() or list(waited.result().idle_engine_ids) != ["e1"], "idle while B still streams"
+        tokens = m.receipt.completion_tokens or tokens
+    assert tokens == 60
+    done = await waited
+    assert list(done.idle_engine_ids) == ["e1"] and not done.busy_engine_ids
+
+
+async def _known(replica, engine_id: str) -> bool:
+    listed = await replica.stub.ListEngines(router_pb2.ListEnginesRequest())
+    return any(s.engine.id == engine_id for s in listed.engines)
