@@ -6,7 +6,7 @@ StartSweep/WatchSweep, every point persisted (cache sizes pre-filled first). Fig
 to the last event), points_per_second, cpu_seconds (of this process; wall time on a shared machine is
 inflated by other jobs).
 
-Part 2 (``--agreement``): a real emulated engine (``greenserve-engine-sim`` in its own process, time scale 1)
+Part 2 (``--agreement``): a real emulated engine (``greenserve-engine-sim`` in its own process, time scale 0.25)
 is swept by the ENGINE backend over a rate ladder, and the same configuration by the SIMULATOR backend.
 Figures: at the lowest rate, client-side mean TTFT/TPOT vs the emulator's own ``vllm:`` histograms over the
 window (target: within 10 %); over the ladder, engine vs simulator mean TTFT/TPOT (target: within 15 %), the
@@ -59,9 +59,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="modelled seconds per engine point after a 2 s warm-up (default 10)")
     p.add_argument("--agreement-min-requests", type=int, default=40,
                    help="measured requests per point at least: a low rate's window is lengthened (default 40)")
-    p.add_argument("--agreement-time-scale", type=float, default=0.5,
-                   help="emulator time scale of part 2 (default 0.5: the modelled engine runs 2x slower than real "
-                        "time, so the client's and the HTTP front's milliseconds weigh half as much)")
+    p.add_argument("--agreement-time-scale", type=float, default=0.25,
+                   help="emulator time scale of part 2 (default 0.25: the modelled engine runs 4x slower than real "
+                        "time, so the host's own milliseconds per request, the HTTP round trip between two Python "
+                        "processes on a shared machine, weigh a quarter as much; see docs/profiler.md)")
     return p
 
 
