@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import CheckConstraint, Double, ForeignKey, Integer, LargeBinary, MetaData, String, UniqueConstraint
+from sqlalchemy import (CheckConstraint, Double, ForeignKey, Integer, LargeBinary, MetaData, String, UniqueConstraint,
+                        text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
 
 from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
@@ -88,13 +89,21 @@ class FittedModel(Base):
 class LoadBucket(Base):
     """The open (not yet complete) hour of a pool's StreamLoad samples: sums and the seconds they cover.
 
+    ``covered_s`` is the sum of the samples' windows (of all reporters: router workers and replicas);
+    ``span_start_s`` / ``span_end_s`` are the earliest window start and the latest window end, in seconds after
+    ``hour_start`` (a window is counted whole in the hour holding its middle, so the span may reach up to half
+    an hour outside it). The hour's covered seconds are min(covered_s, span, 1 h) (see
+    ``greenserve.forecaster.stream_load``). Rows stored before revision 0004 have no span: they get the whole
+    hour (0 .. 3600), which keeps the reading of that time, min(covered_s, 1 h).
+
     Stored in the transaction of the StreamLoad call that changed it, so an acknowledged sample survives a
     restart; the hour becomes points of the pool's load series when a sample of a later hour arrives.
     """
 
     __tablename__ = "load_buckets"
     __table_args__ = (CheckConstraint("length(pool) > 0", name="pool_not_empty"),
-                      CheckConstraint("covered_s >= 0", name="covered_s_not_negative"))
+                      CheckConstraint("covered_s >= 0", name="covered_s_not_negative"),
+                      CheckConstraint("span_start_s < span_end_s", name="span_not_empty"))
 
     pool: Mapped[str] = mapped_column(String(255), primary_key=True)
     hour_start: Mapped[datetime] = mapped_column(UtcDateTime())
@@ -102,3 +111,5 @@ class LoadBucket(Base):
     requests: Mapped[float] = mapped_column(Double)
     input_tokens: Mapped[float] = mapped_column(Double)
     output_tokens: Mapped[float] = mapped_column(Double)
+    span_start_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    span_end_s: Mapped[float] = mapped_column(Double, server_default=text("3600"))

@@ -1,10 +1,26 @@
 """Turn the router's load samples (StreamLoad) into hourly load series.
 
-Each sample covers ``window_s`` seconds ending at ``time`` and counts requests and tokens. Samples are summed
-per pool and UTC hour together with the seconds they cover; an hour is emitted once a sample of a later hour
-arrives, as rate = count / covered seconds (so an hour the router covered only partly is not read as low
-load, and an hour with no sample at all stays missing). Three series per pool: requests, input tokens and
-output tokens per second.
+Each sample covers ``window_s`` seconds ending at ``time`` and counts requests and tokens; it belongs, whole,
+to the UTC hour holding its window's middle. Samples are summed per pool and hour; an hour is emitted once a
+sample of a later hour arrives, as rate = count / covered seconds (so an hour the router covered only partly
+is not read as low load, and an hour with no sample at all stays missing). Three series per pool: requests,
+input tokens and output tokens per second.
+
+Covered seconds (issue 22). The router runs several worker processes and several replicas, each sending its
+own samples of the same pool and hour; their counts add up to the pool's load, but their windows overlap in
+time, so the sum of the windows over-counts the time covered (N reporters over half an hour would sum to N
+half hours). The covered seconds are therefore
+
+    covered = min(sum of the windows, latest window end - earliest window start, 1 h)
+
+This is exact for one reporter, gaps or not (its windows do not overlap, so their sum is the smaller), and for
+any number of reporters whose windows together leave no gap inside the span, each starting and stopping when
+it likes (the pool's load at a moment is the sum of the reporters that ran then). What it gets wrong: N > 1
+reporters that all pause for a while inside the span (the router down, the forecaster unreachable and the
+samples dropped) have that gap counted as covered, so the hour reads low by up to the gap's share of the span. Telling it apart would need a reporter id on each sample (a proto
+change). The span is not clipped to the hour: a window straddling the hour's edge is counted whole in the
+hour holding its middle, so its whole length is the time its counts were taken over (clipping it would read
+one reporter's hour too high).
 
 A call is all or nothing (issue 21): every sample is checked first (:func:`check_sample`: ranges, and a time
 within a window around now by the greenserve clock, so that one far-future sample cannot open an hour that every
@@ -43,12 +59,15 @@ MAX_SAMPLES_PER_CALL = 100_000
 
 @dataclass(frozen=True)
 class Sample:
-    """A checked sample: its index in the call, pool, the hour holding its window's middle, and its counts."""
+    """A checked sample: its index in the call, pool, the hour holding its window's middle, its window, and its
+    counts."""
 
     index: int
     pool: str
     hour_s: int
     window_s: float
+    #: the window's end, in seconds after ``hour_s`` (in [0, 5400): the middle is in the hour)
+    end_in_hour_s: float
     requests: int
     input_tokens: int
     output_tokens: int
@@ -56,11 +75,28 @@ class Sample:
 
 @dataclass
 class _Bucket:
+    """An open hour: sums of the counts and of the windows (``covered_s``), and the span of the windows in
+    seconds after ``hour_s``."""
+
     hour_s: int
+    span_start_s: float
+    span_end_s: float
     covered_s: float = 0.0
     requests: float = 0.0
     input_tokens: float = 0.0
     output_tokens: float = 0.0
+
+    def add(self, smp: Sample) -> None:
+        self.span_start_s = min(self.span_start_s, smp.end_in_hour_s - smp.window_s)
+        self.span_end_s = max(self.span_end_s, smp.end_in_hour_s)
+        self.covered_s += smp.window_s
+        self.requests += smp.requests
+        self.input_tokens += smp.input_tokens
+        self.output_tokens += smp.output_tokens
+
+    def seconds_covered(self) -> float:
+        """min(sum of the windows, span, 1 h): see the module docstring."""
+        return min(self.covered_s, self.span_end_s - self.span_start_s, HOUR_S)
 
 
 def _iso(seconds: float) -> str:
@@ -96,7 +132,9 @@ def check_sample(sample: forecaster_pb2.StreamLoadRequest, index: int, now_s: fl
         raise InvalidArgument(f"{name}.time", f"{_iso(end)} is {now_s - end:.0f} s before the service clock "
                                               f"({_iso(now_s)}); at most {max_age_s:g} s old is accepted")
     hour = int((end - sample.window_s / 2) // HOUR_S * HOUR_S)  # the hour holding the window's middle
-    return Sample(index, pool, hour, sample.window_s, sample.requests, sample.input_tokens, sample.output_tokens)
+    end_in_hour = (seconds - hour) + nanos / 1e9  # integer part first: no epoch-sized float rounding
+    return Sample(index, pool, hour, sample.window_s, end_in_hour, sample.requests, sample.input_tokens,
+                  sample.output_tokens)
 
 
 @dataclass
@@ -114,7 +152,8 @@ class Plan:
         s.execute(delete(LoadBucket).where(LoadBucket.pool.in_(list(self.buckets))))
         for pool, b in self.buckets.items():
             s.add(LoadBucket(pool=pool, hour_start=to_dt(b.hour_s), covered_s=b.covered_s, requests=b.requests,
-                             input_tokens=b.input_tokens, output_tokens=b.output_tokens))
+                             input_tokens=b.input_tokens, output_tokens=b.output_tokens,
+                             span_start_s=b.span_start_s, span_end_s=b.span_end_s))
 
 
 class LoadAccumulator:
@@ -126,8 +165,8 @@ class LoadAccumulator:
     def restore(self, s: Session) -> None:
         """Load the open hours stored by earlier calls (startup)."""
         for row in s.scalars(select(LoadBucket)):
-            self.buckets[row.pool] = _Bucket(to_s(row.hour_start), row.covered_s, row.requests, row.input_tokens,
-                                             row.output_tokens)
+            self.buckets[row.pool] = _Bucket(to_s(row.hour_start), row.span_start_s, row.span_end_s, row.covered_s,
+                                             row.requests, row.input_tokens, row.output_tokens)
 
     def plan(self, samples: list[Sample]) -> Plan:
         """The effect of ``samples`` in order, without changing this accumulator; InvalidArgument naming the
@@ -142,14 +181,12 @@ class LoadAccumulator:
                 emitted.extend(self._emit(smp.pool, bucket, smp.index))
                 bucket = None
             if bucket is None:
-                bucket = _Bucket(smp.hour_s)
+                bucket = _Bucket(smp.hour_s, span_start_s=smp.end_in_hour_s - smp.window_s,
+                                 span_end_s=smp.end_in_hour_s)
             elif smp.hour_s < bucket.hour_s:
                 raise InvalidArgument(f"samples[{smp.index}].time", f"hour {_iso(smp.hour_s)} is older than the "
                                       f"hour {_iso(bucket.hour_s)} already open for pool {smp.pool!r}")
-            bucket.covered_s += smp.window_s
-            bucket.requests += smp.requests
-            bucket.input_tokens += smp.input_tokens
-            bucket.output_tokens += smp.output_tokens
+            bucket.add(smp)
             touched[smp.pool] = bucket
         return Plan(touched, emitted)
 
@@ -158,7 +195,7 @@ class LoadAccumulator:
 
     @staticmethod
     def _emit(pool: str, bucket: _Bucket, index: int) -> list[tuple[SeriesKey, np.ndarray, np.ndarray, int]]:
-        covered = min(bucket.covered_s, HOUR_S)
+        covered = bucket.seconds_covered()
         t = np.array([bucket.hour_s], dtype=np.int64)
         counts = (bucket.requests, bucket.input_tokens, bucket.output_tokens)
         out = []

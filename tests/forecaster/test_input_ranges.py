@@ -175,6 +175,29 @@ async def test_stream_load_is_all_or_nothing_and_keeps_open_hours_across_a_resta
         assert tokens == [(hour8, pytest.approx(20.0)), (hour9, pytest.approx(10.0))]
 
 
+async def test_stream_load_open_hour_keeps_its_span_across_a_restart(start_inprocess, tmp_path) -> None:
+    """Issue 22: the open hour's span is stored with it. Two reporters cover 09:00-09:10 before the restart and
+    09:10-09:20 after it, 1 request/s each: 2 per second over 20 min (without the stored span the restored hour
+    would count as a whole hour, and the summed windows, 40 min, would read 1.0)."""
+    settings = {**SETTINGS, **AT_NOW, "data_dir": tmp_path / "fc"}
+    hour9 = DAY0_S + 9 * 3600
+
+    def both(minutes):
+        return [sample("r", hour9 + (m + 1) * 60) for m in minutes for _ in range(2)]
+
+    svc = await start_inprocess(ForecasterSettings, build, **settings)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        assert (await stream(stub, both(range(10)))).accepted_samples == 20
+    await svc.server.stop(0)
+
+    again = await start_inprocess(ForecasterSettings, build, **settings)
+    async with grpc.aio.insecure_channel(again.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        assert (await stream(stub, [*both(range(10, 20)), sample("r", NOW_S)])).accepted_samples == 21
+        assert await stored_points(stub, load_ref("r")) == [(hour9, pytest.approx(2.0))]
+
+
 async def test_get_points_refuses_a_reply_over_its_limit_and_serves_a_narrower_range(start_inprocess,
                                                                                      monkeypatch) -> None:
     monkeypatch.setattr(service_module, "MAX_POINTS_PER_REPLY", 3)

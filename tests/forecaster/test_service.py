@@ -184,6 +184,53 @@ async def test_stream_load_becomes_hourly_rates(start_inprocess) -> None:
         assert await stored(stub, tokens) == [pytest.approx(200.0)]
 
 
+async def test_stream_load_covered_seconds_with_several_reporters(start_inprocess) -> None:
+    """Issue 22: router workers and replicas each send samples of the same pool and hour. Covered seconds are
+    min(summed windows, span of the windows, 1 h), not the summed windows (N reporters over half an hour)."""
+    svc = await start_inprocess(ForecasterSettings, build, **FAST, clock_start=str(DAY0_S + 2 * 3600))
+
+    def sample(pool: str, end_s: float, window_s: float, requests: int) -> forecaster_pb2.StreamLoadRequest:
+        return forecaster_pb2.StreamLoadRequest(pool=pool, time=Timestamp(seconds=DAY0_S + int(end_s)),
+                                                window_s=window_s, requests=requests)
+
+    def one_reporter(pool: str, minutes, requests: int = 60) -> list[forecaster_pb2.StreamLoadRequest]:
+        return [sample(pool, (m + 1) * 60, 60.0, requests) for m in minutes]
+
+    half_hour = range(30)
+    two = []  # worker A: 60 s windows; worker B: 30 s windows, interleaved; 1 request/s each over 00:00-00:30
+    for m in half_hour:
+        two.append(sample("two", m * 60 + 30, 30.0, 30))
+        two.append(sample("two", (m + 1) * 60, 60.0, 60))
+        two.append(sample("two", (m + 1) * 60, 30.0, 30))
+    paused = [s for m in [*range(10), *range(20, 30)] for s in one_reporter("paused", [m]) * 2]
+    items = [*one_reporter("one", half_hour, 120), *two,
+             *one_reporter("gap", [*range(10), *range(20, 30)]),  # one reporter, silent 00:10-00:20
+             *[sample("edge", 30 + 60 * k, 60.0, 60) for k in range(10)],  # first window 23:59:30-00:00:30
+             *paused]
+    pools = ("one", "two", "gap", "edge", "paused")
+    items += [sample(pool, 3600 + 120, 60.0, 1) for pool in pools]  # hour 1 completes hour 0
+
+    async def gen():
+        for item in items:
+            yield item
+
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        assert (await stub.StreamLoad(gen())).accepted_samples == len(items)
+        rates = {}
+        for pool in pools:
+            ref = common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool, unit=common_pb2.UNIT_REQUESTS_PER_S)
+            rates[pool] = await stored(stub, ref)
+    # two reporters give what one reporter counting both gives (summed windows would read 1.0)
+    assert rates["one"] == rates["two"] == [pytest.approx(2.0)]
+    # one reporter with a gap: count / summed windows (the span, 30 min, would read 0.67)
+    assert rates["gap"] == [pytest.approx(1.0)]
+    # a window straddling the hour's start counts whole: exact (clipped to the hour it would read 1.05)
+    assert rates["edge"] == [pytest.approx(1.0)]
+    # the documented approximation: two reporters that both pause have the pause counted as covered
+    assert rates["paused"] == [pytest.approx(2400 / 1800)]
+
+
 async def test_backtest_rpc_on_inline_points(start_inprocess) -> None:
     svc = await start_inprocess(ForecasterSettings, build, **FAST)
     values = daily_series(6)
