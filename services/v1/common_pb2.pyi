@@ -426,7 +426,7 @@ class FleetInventory(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., max_cache_storage_bytes: _Optional[int] = ..., link_bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ProfileConfig(_message.Message):
-    __slots__ = ("model", "model_variant", "hardware", "mig_profile", "cache_dram_bytes", "cache_disk_bytes", "serving_mode", "workload")
+    __slots__ = ("model", "model_variant", "hardware", "mig_profile", "cache_dram_bytes", "cache_disk_bytes", "serving_mode", "workload", "draft", "old_hardware", "link_bandwidth_bytes_per_s")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VARIANT_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
@@ -435,6 +435,9 @@ class ProfileConfig(_message.Message):
     CACHE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     SERVING_MODE_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    OLD_HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    LINK_BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     model: str
     model_variant: str
     hardware: str
@@ -443,7 +446,10 @@ class ProfileConfig(_message.Message):
     cache_disk_bytes: int
     serving_mode: ServingMode
     workload: str
-    def __init__(self, model: _Optional[str] = ..., model_variant: _Optional[str] = ..., hardware: _Optional[str] = ..., mig_profile: _Optional[str] = ..., cache_dram_bytes: _Optional[int] = ..., cache_disk_bytes: _Optional[int] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ..., workload: _Optional[str] = ...) -> None: ...
+    draft: SpeculativeDraft
+    old_hardware: str
+    link_bandwidth_bytes_per_s: float
+    def __init__(self, model: _Optional[str] = ..., model_variant: _Optional[str] = ..., hardware: _Optional[str] = ..., mig_profile: _Optional[str] = ..., cache_dram_bytes: _Optional[int] = ..., cache_disk_bytes: _Optional[int] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ..., workload: _Optional[str] = ..., draft: _Optional[_Union[SpeculativeDraft, _Mapping]] = ..., old_hardware: _Optional[str] = ..., link_bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ProfilePoint(_message.Message):
     __slots__ = ("request_rate_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "slo_attainment_fraction", "throughput_requests_per_s", "cache_hit_fraction", "power_w", "energy_per_request_kwh", "mean_batch_size", "requests", "ttft_slo_attainment_fraction", "tpot_slo_attainment_fraction", "ttft_mean_s", "tpot_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s", "throughput_output_tokens_per_s", "energy_per_output_token_j", "carbon_per_output_token_g", "power_source", "failed_requests", "duration_s", "below_slo_target")
