@@ -35,15 +35,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-
 from greenserve.common.errors import InvalidArgument
 from greenserve.optimizer import capacity
 from greenserve.optimizer.fleet import gpu_hardware
 from greenserve.optimizer.inputs import guess_simulator_model
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
-from greenserve.optimizer.solvers import mig_patterns as mp
-from greenserve.simulator.perf_model import EngineProfile, PerfModel, SpecDecodeConfig, list_profiles, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.mode_units import (
+    VOCAB_SIZE,
+    Unavailable,
+    engine_profile,
+    gpu_table,
+    mode_unit,
+)
+from greenserve.simulator.perf_model import PerfModel, list_profiles
+from greenserve.simulator.replay import FleetConfig, replay
 from greenserve.simulator.workloads import Workload
 from greenserve.v1 import common_pb2
 
@@ -59,7 +64,6 @@ MAX_LINK_BANDWIDTH_BYTES_PER_S = 1e13  # 80 Tb/s: beyond any NIC or NVLink
 PREDICTION_REQUESTS = 600
 RATE_GRID = 1.1  # evaluated rates: powers of 1.1 req/s (rounded up: conservative)
 MIN_RATE_PER_S = 0.05
-VOCAB_SIZE = 32000  # Llama 2's vocabulary (the draft's probability vectors)
 DEFAULT_LIFETIME_S = 5 * 365 * 24 * 3600.0
 
 
@@ -91,12 +95,6 @@ def validate_modes(fleet: common_pb2.FleetInventory) -> None:
             raise InvalidArgument(f"{path}.acceptance_source", "at most 1024 characters")
 
 
-@lru_cache(maxsize=1)
-def gpu_table() -> dict:
-    """The simulator's GPU figures (its data file's ``gpus`` table), read once."""
-    return mp._sim_gpus()
-
-
 def simulator_models() -> list[str]:
     return sorted({p.split("@")[0] for p in list_profiles()})
 
@@ -104,27 +102,6 @@ def simulator_models() -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------
 # One mode evaluated in the simulator
 # ----------------------------------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=256)
-def engine_profile(sim_model: str, hardware: str) -> EngineProfile | None:
-    """The simulator's profile of ``sim_model`` on one whole ``hardware`` GPU: the stored one, else the closest
-    stored profile of the same model with that GPU's figures (the simulator's GPU table); None when the model or
-    the GPU is unknown."""
-    known = list_profiles()
-    if f"{sim_model}@{hardware}" in known:
-        return load_profile(f"{sim_model}@{hardware}")
-    gpus = gpu_table()
-    same = [p for p in known if p.split("@")[0] == sim_model and p.split("@")[1] in gpus]  # whole single GPUs
-    if hardware not in gpus or not same:
-        return None
-    g = gpus[hardware]
-    # the base with the closest memory keeps its KV reserve (a 16 GB GPU's smaller one)
-    base = min(same, key=lambda p: (abs(float(gpus[p.split("@")[1]]["memory_bytes"]) - float(g["memory_bytes"])), p))
-    return load_profile(base).with_overrides(
-        name=f"{sim_model}@{hardware} (scaled from {base})", hardware=hardware, gpu_count=1,
-        peak_flops=float(g["peak_fp16_flops"]), hbm_bandwidth_bytes_per_s=float(g["hbm_bandwidth_bytes_per_s"]),
-        memory_bytes=float(g["memory_bytes"]), idle_w=float(g["idle_w"]), max_w=float(g["tdp_w"]))
 
 
 @dataclass(frozen=True)
@@ -161,11 +138,8 @@ class ModeEval:
 
 
 def _unit(mode: int, s: ModeSetting) -> tuple[FleetConfig, list[float]] | str:
-    """The replay fleet of one unit of the mode and the embodied carbon of each engine's GPUs; a string says why the
-    mode is not possible."""
-    target = engine_profile(s.target_model, s.new_hardware)
-    if target is None:
-        return f"the simulator has no profile of {s.target_model} on {s.new_hardware}"
+    """The replay fleet of one unit of the mode (``greenserve.simulator.mode_units``, shared with the profiler) and
+    the embodied carbon of each engine's GPUs; a string says why the mode is not possible."""
     if mode in (SPEC_DECODE, DSD) and not s.draft_model:
         return "the pool declares no draft model"
     if mode in (DPD, DSD):
@@ -173,26 +147,13 @@ def _unit(mode: int, s: ModeSetting) -> tuple[FleetConfig, list[float]] | str:
             return "the pool has no older GPU to pair with"
         if s.link_bandwidth_bytes_per_s <= 0:
             return "the fleet declares no link bandwidth"
-    if mode == STANDALONE:
-        return FleetConfig((EngineSpec(target),)), [s.new_embodied_g]
-    if mode == DPD:
-        decode = engine_profile(s.target_model, s.old_hardware)
-        if decode is None:
-            return f"the simulator has no profile of {s.target_model} on {s.old_hardware}"
-        if PerfModel(decode).kv_cache_tokens() <= 0:
-            return f"{s.target_model} leaves no KV cache on {s.old_hardware}"
-        return (FleetConfig((EngineSpec(target, role="prefill"), EngineSpec(decode, role="decode")),
-                            kv_link_bandwidth_bytes_per_s=s.link_bandwidth_bytes_per_s),
-                [s.new_embodied_g, s.old_embodied_g])
-    hw = s.new_hardware if mode == SPEC_DECODE else s.old_hardware
-    draft = engine_profile(s.draft_model, hw)
-    if draft is None:
-        return f"the simulator has no profile of the draft {s.draft_model} on {hw}"
-    spec = SpecDecodeConfig(draft=draft, num_speculative_tokens=s.num_speculative_tokens,
-                            acceptance_rate=s.acceptance_fraction, disaggregated=mode == DSD,
-                            link_bandwidth_bytes_per_s=s.link_bandwidth_bytes_per_s or 1.0, vocab_size=VOCAB_SIZE)
-    embodied = s.new_embodied_g + (s.old_embodied_g if mode == DSD else 0.0)
-    return FleetConfig((EngineSpec(target, spec=spec),)), [embodied]
+    unit = mode_unit(mode, s.target_model, s.new_hardware, draft_model=s.draft_model, old_hardware=s.old_hardware,
+                     acceptance_fraction=s.acceptance_fraction, num_speculative_tokens=s.num_speculative_tokens,
+                     link_bandwidth_bytes_per_s=s.link_bandwidth_bytes_per_s)
+    if isinstance(unit, Unavailable):
+        return unit.reason
+    embodied = {"new": s.new_embodied_g, "old": s.old_embodied_g}
+    return unit.fleet, [sum(embodied[g] for g in gpus) for gpus in unit.engine_gpus]
 
 
 @lru_cache(maxsize=4096)
