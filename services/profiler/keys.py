@@ -2,15 +2,25 @@
 
 A config key is stable, readable and derived only from the ``ProfileConfig`` fields that change what is
 measured: ``<model>[:<variant>]@<hardware>[/<mig>]`` followed by ``|dram=<bytes>``, ``|disk=<bytes>``,
-``|mode=<serving mode>`` and ``|workload=<name>`` when set. Every version of one configuration shares it.
+``|mode=<serving mode>``, the mode's ``|draft=<model>|acceptance=<fraction>|spec_tokens=<k>``, ``|old=<hardware>``,
+``|link=<bytes/s>`` and ``|workload=<name>`` when set (a configuration without the mode fields keeps the key it
+had before they existed). Every version of one configuration shares it.
 """
 
 from __future__ import annotations
+
+import math
 
 from greenserve.simulator.perf_model import EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2
 
 MAX_KEY_CHARS = 255
+MAX_SPEC_TOKENS = 16
+MAX_LINK_BANDWIDTH_BYTES_PER_S = 1e13  # 80 Tb/s: beyond any NIC or NVLink
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _mode_name(mode: int) -> str:
@@ -29,6 +39,25 @@ def check_config(config: common_pb2.ProfileConfig, field: str = "config") -> Non
             raise ValueError(f"{field}.{name}: must not contain '|', '@', '=', whitespace at the ends or newlines")
     if config.serving_mode not in common_pb2.ServingMode.values():
         raise ValueError(f"{field}.serving_mode: unknown value {config.serving_mode}")
+    mode_names = {"draft.model": config.draft.model, "draft.simulator_model": config.draft.simulator_model,
+                  "old_hardware": config.old_hardware}
+    for name, value in mode_names.items():
+        if value != value.strip() or any(c in "|@=\t\n " for c in value):
+            raise ValueError(f"{field}.{name}: must not contain '|', '@', '=', spaces or newlines")
+    if config.HasField("draft"):
+        d = config.draft
+        if not (d.simulator_model or d.model):
+            raise ValueError(f"{field}.draft.simulator_model: the draft needs its simulator model (or model)")
+        if not math.isfinite(d.acceptance_fraction) or not 0 < d.acceptance_fraction <= 1:
+            raise ValueError(f"{field}.draft.acceptance_fraction: must be in (0, 1] (accepted / proposed draft "
+                             f"tokens), got {d.acceptance_fraction!r}")
+        if d.num_speculative_tokens > MAX_SPEC_TOKENS:
+            raise ValueError(f"{field}.draft.num_speculative_tokens: must be 0 (3) to {MAX_SPEC_TOKENS}, "
+                             f"got {d.num_speculative_tokens}")
+    bw = config.link_bandwidth_bytes_per_s
+    if not math.isfinite(bw) or not 0 <= bw <= MAX_LINK_BANDWIDTH_BYTES_PER_S:
+        raise ValueError(f"{field}.link_bandwidth_bytes_per_s: must be in [0, {MAX_LINK_BANDWIDTH_BYTES_PER_S:g}] "
+                         f"bytes/s (0: none), got {bw!r}")
     if len(config_key(config)) > MAX_KEY_CHARS:
         raise ValueError(f"{field}: the configuration key would exceed {MAX_KEY_CHARS} characters")
 
@@ -45,6 +74,14 @@ def config_key(config: common_pb2.ProfileConfig) -> str:
         parts.append(f"disk={config.cache_disk_bytes}")
     if config.serving_mode:
         parts.append(f"mode={_mode_name(config.serving_mode)}")
+    if config.HasField("draft"):
+        d = config.draft
+        parts += [f"draft={d.simulator_model or d.model}", f"acceptance={_number(d.acceptance_fraction)}",
+                  f"spec_tokens={d.num_speculative_tokens or 3}"]
+    if config.old_hardware:
+        parts.append(f"old={config.old_hardware}")
+    if config.link_bandwidth_bytes_per_s:
+        parts.append(f"link={_number(config.link_bandwidth_bytes_per_s)}")
     if config.workload:
         parts.append(f"workload={config.workload}")
     return "|".join(parts)

@@ -4,32 +4,50 @@ One engine (the configuration's performance profile, its LMCache DRAM/disk capac
 to tokens with the profile's KV bytes per token) replays the point's workload; the cache pre-fill requests and
 the warm-up requests (the method's warm-up at the rate) fill the prefix and LMCache tiers and are not
 measured. Power is the model's mean over the replay (idle included).
+
+A serving-mode configuration (SPEC_DECODE, DISAGGREGATED, DISAGGREGATED_SPEC_DECODE) replays one unit of the mode
+(``mode_config.unit``: the fleet the optimizer's serving-modes solver evaluates, the older GPU included in power);
+its cache sizes apply to the engine on the configuration's own GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
-
 from greenserve.common.errors import FailedPrecondition, InvalidArgument
 from greenserve.common.persistence import Database
-from greenserve.profiler import calibrate, workload_catalog
+from greenserve.profiler import calibrate, mode_config, workload_catalog
 from greenserve.profiler.keys import simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
-from greenserve.simulator.perf_model import EngineProfile, data_version
+from greenserve.simulator.perf_model import EngineProfile, data_version, load_profile
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
 from greenserve.v1 import common_pb2, profiler_pb2
 
-SUPPORTED_MODES = (common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE)
+SUPPORTED_MODES = (common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE,
+                   *mode_config.MODE_CONFIGS)
 
 
 def check_config(config: common_pb2.ProfileConfig, field: str) -> None:
     """ValueError naming the field when the simulator cannot run the configuration."""
-    simulator_profile_name(config, field)
+    name = simulator_profile_name(config, field)
     if config.serving_mode not in SUPPORTED_MODES:
-        raise ValueError(f"{field}.serving_mode: the simulator backend runs STANDALONE configurations only")
+        raise ValueError(f"{field}.serving_mode: the simulator backend has no model of this mode")
+    if mode_config.is_mode_config(config):
+        mode_config.unit(config, name, load_profile(name), field)
+
+
+def _fleet(config: common_pb2.ProfileConfig, profile: EngineProfile, seed: int) -> FleetConfig:
+    kv = profile.kv_bytes_per_token
+    caches = {"dram_capacity_tokens": int(config.cache_dram_bytes // kv),
+              "disk_capacity_tokens": int(config.cache_disk_bytes // kv)}
+    if not mode_config.is_mode_config(config):
+        return FleetConfig((EngineSpec(profile, **caches),), seed=seed)
+    fleet = mode_config.unit(config, simulator_profile_name(config), profile).fleet
+    first = dataclasses.replace(fleet.engines[0], **caches)
+    return dataclasses.replace(fleet, engines=(first, *fleet.engines[1:]), seed=seed)
 
 
 def simulate_point(config: common_pb2.ProfileConfig, rate_per_s: float, spec: profiler_pb2.SweepSpec,
@@ -37,14 +55,11 @@ def simulate_point(config: common_pb2.ProfileConfig, rate_per_s: float, spec: pr
     """Measure one (configuration, rate) point in virtual time (CPU-bound; call from a thread). ``profile``
     replaces the configuration's data-file profile (a calibrated model version)."""
     profile = profile or simulator_profile(config)
-    kv = profile.kv_bytes_per_token
     warmup = method.warmup_requests(rate_per_s) + method.prefill_requests(rate_per_s, config)
     point_wl = workload_catalog.build(spec.workload, rate_per_s, warmup=warmup,
                                       measured=method.measured_requests(rate_per_s), seed=spec.seed,
                                       arrival=method.arrival)
-    engine = EngineSpec(profile, dram_capacity_tokens=int(config.cache_dram_bytes // kv),
-                        disk_capacity_tokens=int(config.cache_disk_bytes // kv))
-    result = replay(point_wl.workload, FleetConfig((engine,), seed=spec.seed))
+    result = replay(point_wl.workload, _fleet(config, profile, spec.seed))
     m = slice(point_wl.warmup, None)
     ttft = np.where(result.rejected[m], np.nan, result.ttft_s[m])
     samples = RequestSamples(arrival_s=result.arrival_s[m], ttft_s=ttft, tpot_s=result.tpot_s[m],

@@ -7,7 +7,7 @@ import math
 from urllib.parse import urlparse
 
 from greenserve.common.errors import FailedPrecondition, InvalidArgument
-from greenserve.profiler import sim_backend, workload_catalog
+from greenserve.profiler import mode_config, sim_backend, workload_catalog
 from greenserve.profiler.keys import check_config
 from greenserve.v1 import profiler_pb2
 
@@ -31,11 +31,17 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
         where = f"{field}.configs[{i}]"
         try:
             check_config(config, where)
+            mode_config.check_mode(config, where)
             if spec.backend == profiler_pb2.SWEEP_BACKEND_SIMULATOR:
                 sim_backend.check_config(config, where)
         except ValueError as exc:
             name, _, message = str(exc).partition(": ")
             raise InvalidArgument(name, message) from None
+        if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE and mode_config.is_mode_config(config):
+            raise FailedPrecondition("the engine backend does not yet restart engines in SpecDecode / DPD / DSD "
+                                     "modes (the emulator's --mode flags are not written by the profiler's "
+                                     "launcher); profile this configuration with SWEEP_BACKEND_SIMULATOR",
+                                     field=f"{where}.serving_mode")
     if not spec.request_rates_per_s:
         raise InvalidArgument(f"{field}.request_rates_per_s", "a sweep needs at least one request rate")
     previous = 0.0

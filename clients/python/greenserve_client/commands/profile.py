@@ -4,8 +4,11 @@
         --rates 1,2,4 --workload W --ttft-slo-s S --tpot-slo-s S [--attainment 0.9]
         [--backend simulator|engine --engine-url URL --cache-server-id ID] [--duration-s S] [--warmup-s S]
         [--requests-per-point N] [--full-ladder] [--seed N] [--detach] [--json]
-        start a sweep (every cache size is one configuration) and follow it with a progress bar on stderr
-        (points done, ETA); --detach returns at once with the sweep id. Exit 1 when it fails or is cancelled.
+        [--modes standalone,spec_decode,dpd,dsd --draft-model M --draft-acceptance R [--draft-spec-tokens K]
+         --old-hardware H --link-bandwidth-bytes-per-s B]
+        start a sweep (every cache size x serving mode is one configuration) and follow it with a progress bar on
+        stderr (points done, ETA); --detach returns at once with the sweep id. Exit 1 when it fails or is
+        cancelled. The draft goes to spec_decode/dsd configurations, the older GPU and link to dpd/dsd ones.
     greenserve profile sweeps [--json]            the sweeps, newest first
     greenserve profile cancel SWEEP_ID [--json]    cancel a sweep (measured points are kept)
     greenserve profile list [--model M] [--hardware H] [--source measured|simulated|published]
@@ -39,6 +42,8 @@ from greenserve_client.cli import _add_connection_flags, _channel_config, print_
 
 GIB = 1 << 30
 PROG = "greenserve profile"
+SWEEP_MODES = {"standalone": "SERVING_MODE_STANDALONE", "spec_decode": "SERVING_MODE_SPEC_DECODE",
+               "dpd": "SERVING_MODE_DISAGGREGATED", "dsd": "SERVING_MODE_DISAGGREGATED_SPEC_DECODE"}
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -73,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--mig-profile", default="", help="MIG profile, e.g. 3g.40gb")
     sweep.add_argument("--cache-dram-gib", default="0", help="LMCache DRAM sizes, GiB, comma-separated (default 0)")
     sweep.add_argument("--cache-disk-gib", default="0", help="LMCache disk size, GiB (default 0)")
+    sweep.add_argument("--modes", default="", help="serving modes, comma-separated: standalone, spec_decode, "
+                       "dpd, dsd (default: the mode left unset)")
+    sweep.add_argument("--draft-model", default="", help="draft's simulator model (spec_decode, dsd), e.g. llama3.2-1b")
+    sweep.add_argument("--draft-acceptance", type=float, default=0.0,
+                       help="draft acceptance, accepted / proposed tokens in (0, 1] (GreenLLM: 0.457)")
+    sweep.add_argument("--draft-spec-tokens", type=int, default=0, help="tokens proposed per round (default 3)")
+    sweep.add_argument("--old-hardware", default="", help="older GPU of dpd / dsd, e.g. A100-40GB")
+    sweep.add_argument("--link-bandwidth-bytes-per-s", type=float, default=0.0,
+                       help="link between the GPUs (dpd, dsd), bytes/s (GreenLLM: 2e9)")
     sweep.add_argument("--rates", required=True, help="request rates, req/s, ascending, comma-separated")
     sweep.add_argument("--workload", required=True, help="workload name (poisson, sharegpt, multiturn, zipf-docs, ...)")
     sweep.add_argument("--ttft-slo-s", type=float, required=True, help="TTFT target, seconds")
@@ -164,9 +178,28 @@ def _build_spec(ns: argparse.Namespace) -> Any:
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise argparse.ArgumentTypeError(f"{flag}: sizes must be finite and >= 0")
     rates = _floats(ns.rates, "--rates")
-    configs = [common_pb2.ProfileConfig(model=ns.model, model_variant=ns.model_variant, hardware=ns.hardware,
-                                        mig_profile=ns.mig_profile, cache_dram_bytes=int(g * GIB),
-                                        cache_disk_bytes=int(disk[0] * GIB)) for g in dram]
+    modes = [m.strip() for m in ns.modes.split(",")] if ns.modes.strip() else [""]
+    for mode in modes:
+        if mode not in ("", *SWEEP_MODES):
+            raise argparse.ArgumentTypeError(f"--modes: unknown mode {mode!r} (known: {', '.join(SWEEP_MODES)})")
+    if ns.draft_spec_tokens < 0:
+        raise argparse.ArgumentTypeError("--draft-spec-tokens: must be >= 0 (0: 3)")
+    configs = []
+    for g in dram:
+        for mode in modes:
+            config = common_pb2.ProfileConfig(model=ns.model, model_variant=ns.model_variant, hardware=ns.hardware,
+                                              mig_profile=ns.mig_profile, cache_dram_bytes=int(g * GIB),
+                                              cache_disk_bytes=int(disk[0] * GIB))
+            if mode:
+                config.serving_mode = getattr(common_pb2, SWEEP_MODES[mode])
+            if mode in ("spec_decode", "dsd"):
+                config.draft.CopyFrom(common_pb2.SpeculativeDraft(
+                    simulator_model=ns.draft_model, acceptance_fraction=ns.draft_acceptance,
+                    num_speculative_tokens=ns.draft_spec_tokens))
+            if mode in ("dpd", "dsd"):
+                config.old_hardware = ns.old_hardware
+                config.link_bandwidth_bytes_per_s = ns.link_bandwidth_bytes_per_s
+            configs.append(config)
     method = common_pb2.ProfileMethod(
         warmup_s=ns.warmup_s, requests_per_point=max(ns.requests_per_point, 0),
         cache_prefill_requests=max(ns.prefill_requests, 0),
