@@ -16,6 +16,16 @@ Scenario file (YAML or JSON)::
         draft_model: llama3.2-1b            # optional: a speculative draft (simulator model) for GreenLLM's modes
         draft_acceptance_fraction: 0.457    # accepted / proposed draft tokens (GreenLLM Sec. V-A's 1B draft)
 
+A pool may declare MIG-capable GPUs and the model variants its MIG instances may run (CLOVER's technique, the
+``mig_variants`` strategy)::
+
+        gpus: {model: A100-80GB, count: 4, mig: true}   # instead of hardware + engines
+        variants: [3.1-8b-bf16, 3.1-8b-gptq-w4a16]      # the optimizer's catalogue (data/variants.toml) by name,
+                                                        # or {name, simulator_model, quality_fraction, quality_source}
+
+The strategies without the MIG solver run the pool's best variant on every GPU whole; ``mig_variants`` lets the
+clover-exact solver partition the GPUs and pick a variant per instance.
+
 A pool with a draft may run SpecDecode (target and draft on the same GPU) where the ``serving_modes`` solver picks
 it; Full Cache + BASE and the strategies without that solver stay Standalone.
 """
@@ -64,6 +74,14 @@ class PoolScenario:
     draft_model: str = ""
     draft_acceptance_fraction: float = 0.0
     draft_tokens: int = 3
+    mig: bool = False  # the pool's GPUs are MIG-capable and may be partitioned (mig_variants)
+    variants: tuple[common_pb2.ModelVariant, ...] = ()  # best first; empty: one "base" variant (the pool's model)
+
+    @property
+    def variant_protos(self) -> tuple[common_pb2.ModelVariant, ...]:
+        return self.variants or (common_pb2.ModelVariant(
+            name="base", model=self.model, quality_fraction=1.0, quality_source="reference",
+            simulator_model=self.simulator_model),)
 
     @property
     def profile(self) -> str:
@@ -74,6 +92,10 @@ class PoolScenario:
 class Scenario:
     pools: tuple[PoolScenario, ...] = field(default_factory=lambda: (PoolScenario("chat"),))
 
+    @property
+    def has_mig(self) -> bool:
+        return any(p.mig for p in self.pools)
+
     def fleet(self, region: str) -> common_pb2.FleetInventory:
         fleet = common_pb2.FleetInventory()
         for p in self.pools:
@@ -82,11 +104,15 @@ class Scenario:
                 slo=common_pb2.Slo(ttft_s=p.ttft_s, tpot_s=p.tpot_s, attainment_fraction=p.attainment_fraction),
                 max_cache_dram_bytes=int(p.max_cache_dram_gib * GIB), cache_step_bytes=int(p.cache_step_gib * GIB),
                 mean_prompt_tokens=WORKLOAD_PROMPT_TOKENS, mean_output_tokens=WORKLOAD_OUTPUT_TOKENS)
-            pool.variants.add(name="base", model=p.model, quality_fraction=1.0, quality_source="reference",
-                              simulator_model=p.simulator_model)
+            pool.variants.extend(p.variant_protos)
             for i in range(p.engines):
                 pool.engines.add(id=f"{p.name}-{i}", url=f"http://sim/{p.name}-{i}", pool=p.name, hardware=p.hardware,
-                                 model_variant="base", kind=common_pb2.ENGINE_KIND_SIMULATED)
+                                 model_variant=p.variant_protos[0].name, kind=common_pb2.ENGINE_KIND_SIMULATED,
+                                 gpu_uuid=f"GPU-{p.name}-{i}" if p.mig else "")
+            if p.mig:  # MIG-capable GPUs the clover-exact solver may partition (no instances yet: whole GPUs)
+                for i in range(p.engines):
+                    fleet.gpus.add(uuid=f"GPU-{p.name}-{i}", pool=p.name, hardware=p.hardware, model=_gpu_enum(p.hardware),
+                                   mig_enabled=True, reported_by="operator")
             if p.draft_model:  # the serving-mode solver reads the pool's GPUs and its draft
                 pool.draft.CopyFrom(common_pb2.SpeculativeDraft(
                     model=p.draft_model, simulator_model=p.draft_model, acceptance_fraction=p.draft_acceptance_fraction,
@@ -96,7 +122,79 @@ class Scenario:
         return fleet
 
 
-_FIELDS = {f: t for f, t in PoolScenario.__annotations__.items()}
+_FIELDS = {f: t for f, t in PoolScenario.__annotations__.items() if f not in ("mig", "variants")}
+_VARIANT_KEYS = ("name", "model", "simulator_model", "quality_fraction", "quality_source")
+
+
+def _gpu_enum(hardware: str) -> int:
+    from greenserve.optimizer.fleet import GPU_HARDWARE
+
+    return next(k for k, v in GPU_HARDWARE.items() if v == hardware)
+
+
+def _mig_gpus(where: str, gpus: object) -> dict:
+    """``gpus: {model, count, mig}`` as the pool's hardware, engines and mig flag (refused naming the key)."""
+    from greenserve.optimizer.fleet import GPU_HARDWARE
+    from greenserve.optimizer.solvers import mig_patterns as mp
+
+    if not isinstance(gpus, dict):
+        raise ScenarioError(f"{where}.gpus: must be a mapping {{model, count, mig}}")
+    unknown = sorted(set(gpus) - {"model", "count", "mig"})
+    if unknown:
+        raise ScenarioError(f"{where}.gpus: unknown key {unknown[0]!r}")
+    model, count, mig = gpus.get("model"), gpus.get("count", 1), gpus.get("mig", False)
+    if not isinstance(mig, bool):
+        raise ScenarioError(f"{where}.gpus.mig: must be true or false")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ScenarioError(f"{where}.gpus.count: must be an integer >= 1")
+    if not isinstance(model, str) or not model:
+        raise ScenarioError(f"{where}.gpus.model: required (a GPU model, e.g. A100-80GB)")
+    if mig:
+        mig_models = sorted(set(GPU_HARDWARE.values()) & set(mp.GPU_SMS))
+        if model not in mig_models:
+            raise ScenarioError(f"{where}.gpus.model: {model!r} has no MIG (MIG-capable: {', '.join(mig_models)})")
+    return {"hardware": model, "engines": count, "mig": mig}
+
+
+def _variants(where: str, entries: object) -> tuple[common_pb2.ModelVariant, ...]:
+    """Declared variants, best first: catalogue names (the optimizer's data/variants.toml) or mappings."""
+    from greenserve.optimizer.solvers import mig_patterns as mp
+    from greenserve.optimizer.solvers.serving_modes import simulator_models
+
+    if not isinstance(entries, list) or not entries:
+        raise ScenarioError(f"{where}.variants: must be a non-empty list")
+    out = []
+    for j, entry in enumerate(entries):
+        at = f"{where}.variants[{j}]"
+        if isinstance(entry, str):
+            cat = mp.catalogue().get(entry)
+            if cat is None:
+                raise ScenarioError(f"{at}: {entry!r} is not in the optimizer's variant catalogue (known: "
+                                    f"{', '.join(mp.catalogue())})")
+            out.append(cat.to_proto())
+            continue
+        if not isinstance(entry, dict):
+            raise ScenarioError(f"{at}: must be a catalogue name or a mapping {{{', '.join(_VARIANT_KEYS)}}}")
+        unknown = sorted(set(entry) - set(_VARIANT_KEYS))
+        if unknown:
+            raise ScenarioError(f"{at}: unknown key {unknown[0]!r}")
+        for key in ("name", "simulator_model", "quality_source"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ScenarioError(f"{at}.{key}: required, a non-empty string")
+        if entry["simulator_model"] not in simulator_models():
+            raise ScenarioError(f"{at}.simulator_model: unknown simulator model {entry['simulator_model']!r}")
+        q = entry.get("quality_fraction")
+        if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0 < q <= 1:
+            raise ScenarioError(f"{at}.quality_fraction: required, a number in (0, 1]")
+        model = entry.get("model", entry["name"])
+        if not isinstance(model, str) or not model:
+            raise ScenarioError(f"{at}.model: must be a non-empty string")
+        out.append(common_pb2.ModelVariant(name=entry["name"], model=model, quality_fraction=float(q),
+                                           quality_source=entry["quality_source"],
+                                           simulator_model=entry["simulator_model"]))
+    if len({v.name for v in out}) != len(out):
+        raise ScenarioError(f"{where}.variants: names must be unique")
+    return tuple(sorted(out, key=lambda v: -v.quality_fraction))
 
 
 def load(path: str | Path) -> Scenario:
@@ -121,6 +219,13 @@ def load(path: str | Path) -> Scenario:
         if not isinstance(slo, dict):
             raise ScenarioError(f"{where}.slo: must be a mapping")
         values.update(slo)
+        extra: dict = {}
+        if "gpus" in values:
+            if "hardware" in values or "engines" in values:
+                raise ScenarioError(f"{where}.gpus: give either gpus or hardware + engines")
+            extra.update(_mig_gpus(where, values.pop("gpus")))
+        if "variants" in values:
+            extra["variants"] = _variants(where, values.pop("variants"))
         unknown = sorted(set(values) - set(_FIELDS))
         if unknown:
             raise ScenarioError(f"{where}: unknown key {unknown[0]!r}")
@@ -134,7 +239,25 @@ def load(path: str | Path) -> Scenario:
                 raise ScenarioError(f"{where}.{key}: must be a number >= 0")
             if kind == "str" and (not isinstance(value, str) or not value):
                 raise ScenarioError(f"{where}.{key}: must be a non-empty string")
-        pool = PoolScenario(**values)
+        if "variants" in extra and not extra.get("mig"):
+            raise ScenarioError(f"{where}.variants: only with MIG GPUs (gpus: {{model, count, mig: true}})")
+        if extra.get("mig") and "simulator_model" not in values and "variants" in extra:
+            values["simulator_model"] = extra["variants"][0].simulator_model
+        if extra.get("mig") and "model" not in values and "variants" in extra:
+            values["model"] = extra["variants"][0].model
+        try:
+            pool = PoolScenario(**values, **extra)
+        except TypeError as exc:
+            raise ScenarioError(f"{where}: {exc}") from None
+        if pool.mig:
+            from greenserve.simulator import perf_model
+
+            if pool.profile not in perf_model.list_profiles():
+                raise ScenarioError(f"{where}.gpus.model: the simulator has no profile {pool.profile!r} for the pool's "
+                                    f"GPUs whole (what the strategies without MIG run)")
+            if pool.draft_model:
+                raise ScenarioError(f"{where}.draft_model: not with MIG GPUs (the evaluation runs one technique per "
+                                    f"pool's engines)")
         if not 0 < pool.attainment_fraction <= 1 or pool.ttft_s <= 0 or pool.tpot_s <= 0:
             raise ScenarioError(f"{where}.slo: ttft_s and tpot_s > 0, attainment_fraction in (0, 1]")
         if pool.draft_model:
