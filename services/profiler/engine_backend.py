@@ -42,7 +42,7 @@ import numpy as np
 
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.errors import FailedPrecondition, InvalidArgument
-from greenserve.profiler import engine_metrics, workload_catalog
+from greenserve.profiler import engine_metrics, mode_config, workload_catalog
 from greenserve.profiler.keys import config_key, simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
@@ -244,10 +244,18 @@ class EngineBackend:
             short = simulator_profile_name(config).split("@", 1)[0]
         except ValueError:
             short = config.model
+        mode: dict[str, Any] = {}
+        if mode_config.is_mode_config(config):  # the launcher writes the mode's flags (emulator --mode, vLLM's)
+            d = config.draft
+            draft_sim = mode_config.draft_simulator_model(config) if config.HasField("draft") else ""
+            mode = {"serving_mode": config.serving_mode, "draft_model": d.model or draft_sim,
+                    "draft_simulator_model": draft_sim, "num_speculative_tokens": d.num_speculative_tokens or 3,
+                    "acceptance_fraction": d.acceptance_fraction, "old_hardware": config.old_hardware,
+                    "link_bandwidth_bytes_per_s": config.link_bandwidth_bytes_per_s}
         return EngineSpec(engine_id="profiler-" + short, pool="profiler", served_model=config.model,
                           variant=config.model_variant, model=config.model, simulator_model=short, vllm_args=(),
                           gpu_uuid="", mig_uuid=self.settings.engine_cuda_visible_devices, hardware=hardware,
-                          host="127.0.0.1", port=port)
+                          host="127.0.0.1", port=port, **mode)
 
     async def _launch(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
         """Stop the engine of the previous configuration and start this one's; its URL."""
@@ -277,12 +285,12 @@ class EngineBackend:
                                          field="spec.engine_url")
             launcher = self._launcher(spec)
             for i, config in enumerate(spec.configs):
-                if config.serving_mode not in (common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE):
-                    raise InvalidArgument(f"spec.configs[{i}].serving_mode",
-                                          "the profiler starts STANDALONE engines only")
                 try:
                     launcher.command(self._engine_spec(spec, config, 0))
                 except ValueError as exc:
+                    if mode_config.is_mode_config(config):  # e.g. vLLM's DPD / DSD: a second engine to start
+                        raise FailedPrecondition(f"the {self.settings.engine_launcher} launcher cannot start this "
+                                                 f"mode: {exc}", field=f"spec.configs[{i}].serving_mode") from None
                     raise InvalidArgument(f"spec.configs[{i}]", str(exc)) from None
             await self._check_cache_server(spec)
             return

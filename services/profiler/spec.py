@@ -37,10 +37,10 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
         except ValueError as exc:
             name, _, message = str(exc).partition(": ")
             raise InvalidArgument(name, message) from None
-        if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE and mode_config.is_mode_config(config):
-            raise FailedPrecondition("the engine backend does not yet restart engines in SpecDecode / DPD / DSD "
-                                     "modes (the emulator's --mode flags are not written by the profiler's "
-                                     "launcher); profile this configuration with SWEEP_BACKEND_SIMULATOR",
+        if spec.backend == profiler_pb2.SWEEP_BACKEND_ENGINE and spec.engine_url and mode_config.is_mode_config(config):
+            raise FailedPrecondition("an engine at spec.engine_url cannot be restarted in SpecDecode / DPD / DSD "
+                                     "mode: leave engine_url empty so that the profiler starts an engine in each "
+                                     "configuration's mode (its engine launcher), or use SWEEP_BACKEND_SIMULATOR",
                                      field=f"{where}.serving_mode")
     if not spec.request_rates_per_s:
         raise InvalidArgument(f"{field}.request_rates_per_s", "a sweep needs at least one request rate")

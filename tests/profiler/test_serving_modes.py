@@ -23,6 +23,7 @@ from .conftest import SLO, config, sim_spec, wait_state
 DRAFT = common_pb2.SpeculativeDraft(simulator_model="llama3.2-1b", acceptance_fraction=0.7)
 SPEC = common_pb2.SERVING_MODE_SPEC_DECODE
 DPD = common_pb2.SERVING_MODE_DISAGGREGATED
+A100_40 = {"model": "llama2-7b", "hardware": "A100-40GB"}  # the draft's profile llama3.2-1b@A100-40GB is stored
 DSD = common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE
 DONE = {profiler_pb2.SWEEP_STATE_SUCCEEDED, profiler_pb2.SWEEP_STATE_FAILED, profiler_pb2.SWEEP_STATE_CANCELLED}
 
@@ -160,3 +161,42 @@ def test_cli_unknown_mode_exits_2(capsys) -> None:
     code = profile_cli.main(["sweep", "--model", "llama3-8b", "--hardware", "H100-80GB", "--rates", "1",
                              "--workload", "poisson", "--ttft-slo-s", "1", "--tpot-slo-s", "0.1", "--modes", "turbo"])
     assert code == 2 and "--modes" in capsys.readouterr().err
+
+
+async def test_engine_backend_starts_the_emulator_in_each_mode(profiler) -> None:
+    """Without an engine URL the profiler starts an emulated engine per configuration, in its serving mode."""
+    stub = await profiler(import_published=False, engine_launcher="emulator", nvml_power="off")
+    spec = profiler_pb2.SweepSpec(
+        backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_modelled_s_per_wall_s=5.0, workload="sharegpt",
+        request_rates_per_s=[2.0], point_duration_s=5.0, seed=2,
+        slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9),
+        configs=[config(**A100_40, serving_mode=common_pb2.SERVING_MODE_STANDALONE),
+                 config(**A100_40, serving_mode=SPEC, draft=DRAFT)],
+        method=common_pb2.ProfileMethod(warmup_s=1.0))
+    sweep = (await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))).sweep
+    final = await wait_state(stub, sweep.id, DONE, timeout_s=120)
+    assert final.state == profiler_pb2.SWEEP_STATE_SUCCEEDED, final.error
+    profiles = {}
+    for pid in final.profile_ids:
+        key, _ = pid.rsplit("@", 1)
+        profiles[key] = (await stub.GetProfile(profiler_pb2.GetProfileRequest(config_key=key))).profile
+    base = profiles["llama2-7b@A100-40GB|mode=standalone|workload=sharegpt"]
+    sd = profiles["llama2-7b@A100-40GB|mode=spec_decode|draft=llama3.2-1b|acceptance=0.7|spec_tokens=3|"
+                  "workload=sharegpt"]
+    assert "--mode " not in base.note
+    assert "--mode spec_decode --draft-profile llama3.2-1b@A100-40GB" in sd.note
+    assert "--spec-acceptance 0.7" in sd.note
+    assert base.points[0].failed_requests == 0 and sd.points[0].failed_requests == 0
+    assert sd.points[0].tpot_mean_s < 0.8 * base.points[0].tpot_mean_s
+
+
+async def test_engine_backend_refuses_a_mode_its_launcher_cannot_start(profiler) -> None:
+    stub = await profiler(import_published=False, engine_launcher="vllm", nvml_power="off")
+    spec = _mode_spec(backend=profiler_pb2.SWEEP_BACKEND_ENGINE, serving_mode=DPD, old_hardware="A100-40GB",
+                      link_bandwidth_bytes_per_s=2e9)
+    spec.engine_url = ""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
+    assert error_detail_from_rpc_error(err.value).field == "spec.configs[0].serving_mode"
+    assert len((await stub.ListSweeps(profiler_pb2.ListSweepsRequest())).sweeps) == 0
