@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 from greenserve.common import carbon
-from greenserve.evaluation.hour import PoolState, replay_hour, warm_start
-from greenserve.evaluation.scenario import PoolScenario, Scenario
+from greenserve.evaluation.hour import PoolState, replay_hour, restart_changed, warm_start
+from greenserve.evaluation.scenario import WORKLOAD_OUTPUT_TOKENS, WORKLOAD_PROMPT_TOKENS, PoolScenario, Scenario
 from greenserve.forecaster.forecast_models import make_model
 from greenserve.optimizer import capacity
 from greenserve.optimizer.inputs import GPU_FAMILY
@@ -30,6 +30,7 @@ from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecas
 from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
+from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
 from greenserve.optimizer.solvers.serving_modes import (
     MODE_NAMES,
@@ -39,7 +40,8 @@ from greenserve.optimizer.solvers.serving_modes import (
     GreenLlmModes,
     engine_profile,
 )
-from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, load_profile
+from greenserve.optimizer.solvers import mig_patterns as mp
+from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, list_profiles, load_profile
 from greenserve.v1 import common_pb2
 
 HOUR_S = 3600
@@ -52,12 +54,25 @@ STRATEGIES: dict[str, str] = {
     "carbon_routing": "min-carbon routing alone, the largest cache",
     "serving_modes": "GreenLLM's serving modes alone (Standalone or SpecDecode with the pool's draft, per hour), "
                      "engines weighted equally, the largest cache",
-    "joint": "the joint plan: min-carbon routing, the GreenCache ILP and GreenLLM's serving modes",
+    "joint": "the joint plan: min-carbon routing, the GreenCache ILP and GreenLLM's serving modes (and, when the "
+             "scenario declares MIG GPUs, CLOVER's MIG layouts with model variants)",
+    "mig_variants": "CLOVER alone: MIG layouts with a model variant per instance (clover-exact, accuracy loss <= 4 %), "
+                    "instances weighted by their capacity, the largest cache; only with a scenario declaring MIG GPUs",
 }
+MIG_MAX_ACCURACY_LOSS_FRACTION = 0.04  # CLOVER's 2-4 % (Sec. 5.2.1); the cap the clover-exact solver plans under
 
 
-def solvers_for(strategy: str) -> list[Any]:
+def strategies_for(scenario: Scenario) -> list[str]:
+    """The strategies an evaluation runs by default: ``mig_variants`` only when the scenario declares MIG GPUs."""
+    return [s for s in STRATEGIES if s != "mig_variants" or scenario.has_mig]
+
+
+def solvers_for(strategy: str, mig: bool = False) -> list[Any]:
+    """The strategy's solvers; ``mig``: the scenario declares MIG GPUs (``joint`` then plans their layouts too)."""
     keep = [KeepCurrent("mig_layouts"), KeepCurrent("serving_modes")]
+    clover = MigVariantsSolver(max_accuracy_loss_fraction=MIG_MAX_ACCURACY_LOSS_FRACTION)
+    if strategy == "mig_variants":
+        return [EvenRouting(), FixedCache(full=True), clover, keep[1]]
     if strategy == "base_full_cache":
         return [EvenRouting(), FixedCache(full=True), *keep]
     if strategy == "no_cache":
@@ -69,7 +84,7 @@ def solvers_for(strategy: str) -> list[Any]:
     if strategy == "serving_modes":
         return [EvenRouting(), FixedCache(full=True), keep[0], GreenLlmModes()]
     if strategy == "joint":
-        return [MinCarbonRouting(), GreenCacheIlp(), keep[0], GreenLlmModes()]
+        return [MinCarbonRouting(), GreenCacheIlp(), clover if mig else keep[0], GreenLlmModes()]
     raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
@@ -96,6 +111,11 @@ class HourRecord:
     engines_weighted: dict[str, int] = field(default_factory=dict)
     serving_modes: dict[str, str] = field(default_factory=dict)  # pool -> mode run this hour
     plan_changed: bool = False
+    # pool -> {"<MIG profile> <variant>" or "whole <variant>": engines} run this hour (MIG pools only)
+    mig_layout: dict[str, dict[str, int]] = field(default_factory=dict)
+    # traffic-weighted quality loss of the variants that served the hour: sum of requests x (1 - quality_fraction)
+    # over requests (the window's requests per engine, each pool weighted by its hour's traffic)
+    accuracy_loss_fraction: float = 0.0
 
 
 def forecast_day(history: np.ndarray, history_start_s: int, truth: np.ndarray, model: str) -> SeriesForecast:
@@ -137,7 +157,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual[:24], forecast_model)
     load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24],
                                                   forecast_model)
-    planner = Planner(solvers_for(strategy), solver_timeout_s=120.0)
+    planner = Planner(solvers_for(strategy, scenario.has_mig), solver_timeout_s=120.0)
     caps = {}
     for pool_s, pool in zip(scenario.pools, fleet.pools):
         cap = capacity.predict(pool_s.profile, pool_s.ttft_s, pool_s.tpot_s, pool_s.attainment_fraction,
@@ -166,6 +186,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             changed = current is not None and (
                 list(current.intervals[0].cache_targets) != list(interval.cache_targets)
                 or list(current.intervals[0].serving_modes) != list(interval.serving_modes)
+                or list(current.intervals[0].mig_layouts) != list(interval.mig_layouts)
                 or [(w.engine_id, round(w.weight, 3)) for w in current.intervals[0].routing_weights]
                 != [(w.engine_id, round(w.weight, 3)) for w in interval.routing_weights])
             current = plan
@@ -175,8 +196,10 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                     weights, size = _pool_plan(interval, pool_s.name)
                     rate = float(load_shape_day[0]) * pool_s.peak_requests_per_s / peak
                     mode = next((t.serving_mode for t in interval.serving_modes if t.pool == pool_s.name), STANDALONE)
-                    warm_start(pool_s.profile, _engine_ids(pool_s), rate, weights, size, seed, window_s,
-                               states[pool_s.name], spec=_spec_for(pool_s, mode))
+                    engines = pool_engines(pool_s, interval, weights, size)
+                    warm_start(pool_s.profile, engines.ids, rate, engines.weights, engines.cache_bytes, seed, window_s,
+                               states[pool_s.name], spec=_spec_for(pool_s, mode), engine_profiles=engines.profiles)
+                    states[pool_s.name].engines = frozenset(engines.ids)
             record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
                                    load_shape_day, load_fc_shape, peak, params, window_s, seed, states)
             record.plan_changed = changed
@@ -188,6 +211,86 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
 
 def _engine_ids(pool: PoolScenario) -> list[str]:
     return [f"{pool.name}-{i}" for i in range(pool.engines)]
+
+
+@dataclass
+class PoolEngines:
+    """The engines one pool runs in an hour: its whole GPUs, or one engine per MIG instance of the plan's layout."""
+
+    ids: list[str]
+    weights: dict[str, float]
+    cache_bytes: int  # DRAM per engine
+    quality: dict[str, float]  # engine id -> quality_fraction of its variant
+    profiles: dict[str, Any] | None = None  # engine id -> EngineProfile (MIG instances); None: the pool's profile
+    layout: dict[str, int] = field(default_factory=dict)  # "<profile> <variant>" -> instances
+
+
+def _slice_profile(sim_model: str, gpu_model: str, profile: str, variant: common_pb2.ModelVariant, pool_model: str):
+    """The simulator profile of ``variant`` on one MIG slice, as the clover-exact solver predicted it
+    (``mig_patterns.predicted_option``): the stored slice profile when its weight bytes match, else the closest
+    profile scaled to the slice."""
+    bpp = mp.weight_bytes_per_param(variant, pool_model)
+    exact = f"{sim_model}@{gpu_model}-MIG-{profile}"
+    if exact in list_profiles() and math.isclose(load_profile(exact).weight_bytes_per_param, bpp):
+        return load_profile(exact)
+    built = mp.scaled_engine_profile(sim_model, gpu_model, profile, bpp)
+    if built is None:
+        raise ValueError(f"no simulator profile of {sim_model} on {gpu_model} {profile}")
+    return built[0]
+
+
+_SLICE_CAPACITY: dict[tuple[str, str, str, str, float, float, float], float] = {}
+
+
+def _slice_capacity(pool: PoolScenario, gpu_model: str, profile: str, variant: common_pb2.ModelVariant) -> float:
+    """Requests/s one instance carries at the pool's SLO (the solver's option): its routing weight."""
+    key = (pool.model, gpu_model, profile, variant.name, pool.ttft_s, pool.tpot_s, pool.attainment_fraction)
+    if key not in _SLICE_CAPACITY:
+        proto = common_pb2.Pool(name=pool.name, model=pool.model, slo=common_pb2.Slo(
+            ttft_s=pool.ttft_s, tpot_s=pool.tpot_s, attainment_fraction=pool.attainment_fraction),
+            mean_prompt_tokens=WORKLOAD_PROMPT_TOKENS, mean_output_tokens=WORKLOAD_OUTPUT_TOKENS)
+        option = mp.predicted_option(proto, gpu_model, profile, variant, variant.simulator_model or pool.simulator_model,
+                                     "variants")
+        _SLICE_CAPACITY[key] = option.capacity_requests_per_s if option is not None else 0.0
+    return _SLICE_CAPACITY[key]
+
+
+def pool_engines(pool: PoolScenario, interval: common_pb2.PlanInterval, weights: dict[str, float],
+                 cache_bytes: int) -> PoolEngines:
+    """The pool's engines this hour. A MIG pool whose GPUs the plan partitions runs one engine per instance (id
+    ``<gpu>/<profile>@<start>/<variant>``, so that an instance the next layout changes is a new engine with empty
+    caches), its variant on that slice's profile, weighted by the instance's capacity at the pool's SLO (the plan
+    routes among the pool's whole-GPU engines; the clover-exact solver splits the load over instances up to their
+    capacities); the DRAM of a GPU is shared by its instances. Otherwise the pool's whole GPUs, each the best
+    variant."""
+    variants = {v.name: v for v in pool.variant_protos}
+    top = pool.variant_protos[0]
+    ids: list[str] = []
+    profiles: dict[str, Any] = {}
+    quality: dict[str, float] = {}
+    inst_weights: dict[str, float] = {}
+    layout: dict[str, int] = {}
+    gpus_used = set()
+    if pool.mig:
+        for mig in interval.mig_layouts:
+            for pl in mig.placements:
+                if pl.pool != pool.name or not pl.model_variant:
+                    continue
+                variant = variants.get(pl.model_variant, top)
+                eid = f"{mig.gpu_uuid}/{pl.profile}@{pl.start}/{variant.name}"
+                ids.append(eid)
+                profiles[eid] = _slice_profile(variant.simulator_model or pool.simulator_model, pool.hardware,
+                                               pl.profile, variant, pool.model)
+                quality[eid] = variant.quality_fraction
+                inst_weights[eid] = _slice_capacity(pool, pool.hardware, pl.profile, variant)
+                layout[f"{pl.profile} {variant.name}"] = layout.get(f"{pl.profile} {variant.name}", 0) + 1
+                gpus_used.add(mig.gpu_uuid)
+    if ids:
+        share = int(cache_bytes * pool.engines / len(ids))
+        return PoolEngines(ids, inst_weights, share, quality, profiles, layout)
+    ids = _engine_ids(pool)
+    return PoolEngines(ids, weights, cache_bytes, {eid: top.quality_fraction for eid in ids}, None,
+                       {f"whole {top.name}": pool.engines} if pool.mig else {})
 
 
 def _pool_plan(interval: common_pb2.PlanInterval, pool: str) -> tuple[dict[str, float], int]:
@@ -224,6 +327,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
     cache_bytes: dict[str, int] = {}
     engines_weighted: dict[str, int] = {}
     modes: dict[str, str] = {}
+    layouts: dict[str, dict[str, int]] = {}
+    loss_weighted = 0.0
     for pool in scenario.pools:
         scale = pool.peak_requests_per_s / peak
         rate = float(shape_day[h]) * scale
@@ -235,13 +340,23 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         engines_weighted[pool.name] = sum(1 for w in weights.values() if w > 0) or pool.engines
         mode = next((t.serving_mode for t in interval.serving_modes if t.pool == pool.name), STANDALONE)
         modes[pool.name] = MODE_NAMES.get(mode, "Standalone")
-        out = replay_hour(pool.profile, _engine_ids(pool), rate, weights, size, pool.ttft_s, pool.tpot_s, seed, h,
-                          window_s, states[pool.name], spec=_spec_for(pool, mode))
+        engines = pool_engines(pool, interval, weights, size)
+        if pool.mig:
+            layouts[pool.name] = engines.layout
+        state = states[pool.name]
+        layout_restarts = restart_changed(state, engines.ids)
+        out = replay_hour(pool.profile, engines.ids, rate, engines.weights, engines.cache_bytes, pool.ttft_s,
+                          pool.tpot_s, seed, h, window_s, state, spec=_spec_for(pool, mode),
+                          engine_profiles=engines.profiles)
+        served = sum(out.requests_by_engine.values())
+        if served:
+            loss_weighted += rate * HOUR_S * sum(n * (1.0 - engines.quality.get(eid, 1.0))
+                                        for eid, n in out.requests_by_engine.items()) / served
         a_t, a_p, a_b, n, per_request_j = (out.ttft_fraction, out.tpot_fraction, out.both_fraction,
                                            out.requests_measured, out.dynamic_energy_per_request_j)
         hit_weighted += rate * HOUR_S * out.prefix_hit_fraction
         restarts += out.cache_restarts
-        engine_restarts += out.engine_restarts
+        engine_restarts += out.engine_restarts + layout_restarts
         idle_w = PerfModel(load_profile(pool.profile)).power_w(0.0)
         requests = rate * HOUR_S
         energy_j += pool.engines * idle_w * HOUR_S + per_request_j * requests
@@ -266,7 +381,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         attainment_fraction=ok_both / norm if requests_total else 1.0, requests_measured=measured_total,
         prefix_hit_fraction=hit_weighted / norm if requests_total else 0.0, cache_restarts=restarts,
         engine_restarts=engine_restarts,
-        cache_bytes=cache_bytes, engines_weighted=engines_weighted, serving_modes=modes)
+        cache_bytes=cache_bytes, engines_weighted=engines_weighted, serving_modes=modes, mig_layout=layouts,
+        accuracy_loss_fraction=loss_weighted / norm if requests_total else 0.0)
 
 
 def records_json(records: list[HourRecord]) -> list[dict[str, Any]]:

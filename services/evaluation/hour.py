@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, load_profile
+from greenserve.simulator.perf_model import EngineProfile, SpecDecodeConfig, load_profile
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 
@@ -50,6 +50,19 @@ class PoolState:
     tail: list[Row] = field(default_factory=list)  # turns due after the last window, times from its end
     cache_bytes: int | None = None  # DRAM size per engine in force (None: nothing yet)
     spec: SpecDecodeConfig | None | bool = False  # speculative decoding in force (False: nothing yet)
+    engines: frozenset[str] | None = None  # engine ids running (None: nothing yet)
+
+
+def restart_changed(state: PoolState, engine_ids: list[str]) -> int:
+    """A new set of engines (a MIG layout change: an instance's id names its GPU, slice and variant): engines no
+    longer running are gone with their caches, the new ones start empty; returns how many started."""
+    ids = frozenset(engine_ids)
+    started = 0
+    if state.engines is not None and ids != state.engines:
+        started = len(ids - state.engines)
+        state.contents = {eid: held for eid, held in state.contents.items() if eid in ids}
+    state.engines = ids
+    return started
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ class HourOutcome:
     prefix_hit_fraction: float  # prompt tokens found in some cache tier / prompt tokens
     cache_restarts: int  # engines whose DRAM tier restarted empty for a new size this hour
     engine_restarts: int = 0  # engines restarted for a new serving mode (HBM and DRAM caches empty)
+    requests_by_engine: dict[str, int] = field(default_factory=dict)  # the window's requests each engine served
 
 
 def hour_rows(rate_per_s: float, window_s: float, seed: int, hour: int) -> list[Row]:
@@ -127,13 +141,15 @@ class ConversationAffinity:
 
 def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights: dict[str, float], cache_bytes: int,
                 ttft_s: float, tpot_s: float, seed: int, hour: int, window_s: float, state: PoolState,
-                block_tokens: int = 256, spec: SpecDecodeConfig | None = None) -> HourOutcome:
+                block_tokens: int = 256, spec: SpecDecodeConfig | None = None,
+                engine_profiles: dict[str, EngineProfile] | None = None) -> HourOutcome:
     """Replays one pool's window from ``state`` and leaves in ``state`` what the next window starts from; ``spec``:
     the engines run speculative decoding (a SpecDecode serving mode). A change of mode restarts the engines: their
-    HBM prefix cache and LMCache DRAM come back empty."""
+    HBM prefix cache and LMCache DRAM come back empty. ``engine_profiles``: a profile per engine id (MIG instances,
+    each its variant on its slice) instead of ``profile`` for all."""
     used = [eid for eid in engine_ids if weights.get(eid, 0.0) > 0] or list(engine_ids)
-    model = PerfModel(load_profile(profile))
-    tokens = int(cache_bytes / max(model.profile.kv_bytes_per_token, 1.0))
+    whole = load_profile(profile)
+    profiles = {eid: (engine_profiles or {}).get(eid, whole) for eid in engine_ids}
     restarts = engine_restarts = 0
     if state.cache_bytes is not None and cache_bytes != state.cache_bytes:
         for eid in engine_ids:  # every engine's LMCache restarts at the new size: its L1 comes back empty
@@ -155,7 +171,8 @@ def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights:
     if not inside:
         return HourOutcome(1.0, 1.0, 1.0, 0, 0.0, 0.0, restarts, engine_restarts)
     work = _workload(inside, block_tokens)
-    specs = tuple(EngineSpec(profile, dram_capacity_tokens=tokens, spec=spec) for _ in used)
+    specs = tuple(EngineSpec(profiles[eid], dram_capacity_tokens=int(cache_bytes / max(
+        profiles[eid].kv_bytes_per_token, 1.0)), spec=spec) for eid in used)
     policy = ConversationAffinity([max(weights.get(eid, 1.0), 1e-9) for eid in used],
                                   [_mix64(zlib.crc32(eid.encode())) for eid in used])
     result = replay(work, FleetConfig(specs, policy=policy, seed=seed),
@@ -168,16 +185,19 @@ def replay_hour(profile: str, engine_ids: list[str], rate_per_s: float, weights:
     ok_t = (ttft <= ttft_s) & done
     ok_p = (tpot <= tpot_s) & done
     # the dynamic energy (above idle) per request: the hour charges every engine's idle power separately
-    idle_j = model.profile.idle_w * result.makespan_s * len(used)
+    idle_j = sum(profiles[eid].idle_w for eid in used) * result.makespan_s
     dynamic_j = max(0.0, result.fleet_energy_j - idle_j) / len(inside)
     hits = result.hit_hbm_tokens.sum() + result.hit_dram_tokens.sum() + result.hit_disk_tokens.sum()
+    served = np.bincount(np.asarray(result.engine, dtype=np.int64), minlength=len(used))
     return HourOutcome(float(ok_t.mean()), float(ok_p.mean()), float((ok_t & ok_p).mean()), len(inside),
                        dynamic_j,
-                       float(hits / max(1, result.prompt_tokens.sum())), restarts, engine_restarts)
+                       float(hits / max(1, result.prompt_tokens.sum())), restarts, engine_restarts,
+                       {eid: int(n) for eid, n in zip(used, served)})
 
 
 def warm_start(profile: str, engine_ids: list[str], rate_per_s: float, weights: dict[str, float], cache_bytes: int,
-               seed: int, window_s: float, state: PoolState, spec: SpecDecodeConfig | None = None) -> None:
+               seed: int, window_s: float, state: PoolState, spec: SpecDecodeConfig | None = None,
+               engine_profiles: dict[str, EngineProfile] | None = None) -> None:
     """Fills ``state`` with a window of the first hour's traffic replayed before it (ids of hour -1)."""
     replay_hour(profile, engine_ids, rate_per_s, weights, cache_bytes, math.inf, math.inf, seed + 7919, -1,
-                window_s, state, spec=spec)
+                window_s, state, spec=spec, engine_profiles=engine_profiles)

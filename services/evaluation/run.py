@@ -101,6 +101,13 @@ def jobs_for(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
     return jobs
 
 
+def scenario_json(pool: Any) -> dict[str, Any]:
+    """A scenario pool as JSON (its declared variants as name, model, quality and its source, simulator model)."""
+    return {**pool.__dict__, "variants": [
+        {"name": v.name, "model": v.model, "quality_fraction": v.quality_fraction,
+         "quality_source": v.quality_source, "simulator_model": v.simulator_model} for v in pool.variants]}
+
+
 def totals(hours: list[dict[str, Any]]) -> dict[str, float]:
     keys = ("operational_g", "embodied_compute_g", "embodied_storage_g", "total_g", "energy_kwh")
     out = {k: float(sum(h[k] for h in hours)) for k in keys}
@@ -108,6 +115,9 @@ def totals(hours: list[dict[str, Any]]) -> dict[str, float]:
     out["min_ttft_attainment_fraction"] = min((h["ttft_attainment_fraction"] for h in hours), default=1.0)
     out["min_tpot_attainment_fraction"] = min((h["tpot_attainment_fraction"] for h in hours), default=1.0)
     out["plan_changes"] = float(sum(1 for h in hours if h["plan_changed"]))
+    served = sum(h["load_actual_requests_per_s"] for h in hours)
+    out["accuracy_loss_fraction"] = (float(sum(h.get("accuracy_loss_fraction", 0.0) * h["load_actual_requests_per_s"]
+                                               for h in hours) / served) if served > 0 else 0.0)
     return out
 
 
@@ -204,13 +214,13 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         summary[region] = {
             s: {"total_g": r["totals"]["total_g"], "min_attainment_fraction": r["totals"]["min_attainment_fraction"],
                 "saved_vs_base_fraction": (1 - r["totals"]["total_g"] / base) if base else None,
-                "cpu_s": r.get("cpu_s")}
+                "accuracy_loss_fraction": r["totals"]["accuracy_loss_fraction"], "cpu_s": r.get("cpu_s")}
             for s, r in by_strategy.items()}
     return {
         "day": datetime.fromtimestamp(day_start_s, UTC).date().isoformat(), "hours": hours,
         "forecast_model": forecast_model, "window_s": window_s, "strategies": strategies,
         "strategy_descriptions": {s: day.STRATEGIES[s] for s in strategies},
-        "scenario": [p.__dict__ for p in scenario.pools], "grids": results, "summary": summary,
+        "scenario": [scenario_json(p) for p in scenario.pools], "grids": results, "summary": summary,
         "simplifications": day.__doc__.split("* **Replay**")[1].strip() if day.__doc__ else "",
         "headlines": headline_rows, "fidelity": fidelity_rows, "forecast_cpu_s": forecast_cpu_s,
     }

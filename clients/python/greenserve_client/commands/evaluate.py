@@ -27,8 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--region", help="region name of --ci-csv (default: the file name)")
     parser.add_argument("--day", default=DEFAULT_DAY, help=f"the UTC day to evaluate (default {DEFAULT_DAY}, "
                         "GreenCache's evaluation day); the 14 days before it are the CI history")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
+    parser.add_argument("--strategies", default=None,
+                        help="comma-separated (default: all; mig_variants only with a scenario declaring MIG GPUs): "
+                        + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
     parser.add_argument("--scenario", type=Path, help="scenario file (YAML/JSON); default: one chat pool of 4 "
                         "Llama-3 8B engines on A100-80GB with up to 64 GiB of DRAM cache each")
     parser.add_argument("--forecast", default="auto",
@@ -56,7 +57,7 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     prog = "greenserve evaluate"
-    strategies = [s.strip() for s in ns.strategies.split(",") if s.strip()]
+    strategies = [s.strip() for s in (ns.strategies or ",".join(STRATEGIES)).split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         parser.error(f"--strategies: unknown {unknown or 'none given'}; known: {', '.join(STRATEGIES)}")
@@ -91,6 +92,13 @@ def main(argv: list[str]) -> int:
     except (grids.GridDataError, scenario.ScenarioError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    if ns.strategies is None:  # the default: every strategy the scenario can run
+        from greenserve.evaluation.day import strategies_for
+
+        strategies = strategies_for(chosen)
+    elif "mig_variants" in strategies and not chosen.has_mig:
+        parser.error("--strategies: mig_variants needs a scenario whose pool declares MIG GPUs "
+                     "(gpus: {model, count, mig: true})")
     from tqdm import tqdm
 
     total = len(series) * len(strategies)
