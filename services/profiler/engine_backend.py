@@ -248,7 +248,7 @@ class EngineBackend:
         if mode_config.is_mode_config(config):  # the launcher writes the mode's flags (emulator --mode, vLLM's)
             d = config.draft
             draft_sim = mode_config.draft_simulator_model(config) if config.HasField("draft") else ""
-            mode = {"serving_mode": config.serving_mode, "draft_model": d.model or draft_sim,
+            mode = {"serving_mode": config.serving_mode, "draft_model": d.model,
                     "draft_simulator_model": draft_sim, "num_speculative_tokens": d.num_speculative_tokens or 3,
                     "acceptance_fraction": d.acceptance_fraction, "old_hardware": config.old_hardware,
                     "link_bandwidth_bytes_per_s": config.link_bandwidth_bytes_per_s}
@@ -285,6 +285,9 @@ class EngineBackend:
                                          field="spec.engine_url")
             launcher = self._launcher(spec)
             for i, config in enumerate(spec.configs):
+                if self.settings.engine_launcher == "vllm" and config.HasField("draft") and not config.draft.model:
+                    raise InvalidArgument(f"spec.configs[{i}].draft.model", "required by the vLLM launcher: the "
+                                          "draft vLLM loads (Hugging Face id or path)")
                 try:
                     launcher.command(self._engine_spec(spec, config, 0))
                 except ValueError as exc:

@@ -200,3 +200,21 @@ async def test_engine_backend_refuses_a_mode_its_launcher_cannot_start(profiler)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
     assert error_detail_from_rpc_error(err.value).field == "spec.configs[0].serving_mode"
     assert len((await stub.ListSweeps(profiler_pb2.ListSweepsRequest())).sweeps) == 0
+
+
+async def test_vllm_launcher_needs_the_drafts_model(profiler) -> None:
+    stub = await profiler(import_published=False, engine_launcher="vllm", nvml_power="off")
+    spec = _mode_spec(backend=profiler_pb2.SWEEP_BACKEND_ENGINE, serving_mode=SPEC, draft=DRAFT)
+    spec.engine_url = ""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=spec))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert error_detail_from_rpc_error(err.value).field == "spec.configs[0].draft.model"
+    spec.configs[0].draft.model = "meta-llama/Llama-3.2-1B"  # then the vLLM command is written (not run here)
+    spec.request_rates_per_s[:] = [1.0]
+    from greenserve.profiler.engine_backend import EngineBackend
+    from greenserve.profiler.service import ProfilerSettings
+
+    backend = EngineBackend(ProfilerSettings(engine_launcher="vllm", log_json=False))
+    argv = backend._launcher(spec).command(backend._engine_spec(spec, spec.configs[0], 8000)).argv
+    assert "--speculative-config" in argv and "meta-llama/Llama-3.2-1B" in argv[argv.index("--speculative-config") + 1]
