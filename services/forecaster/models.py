@@ -87,7 +87,9 @@ class FittedModel(Base):
 
 
 class LoadBucket(Base):
-    """The open (not yet complete) hour of a pool's StreamLoad samples: sums and the seconds they cover.
+    """An open (not yet emitted) hour of a pool's StreamLoad samples: sums and the seconds they cover. A pool
+    has at most two: its newest hour and, until that hour's grace (``--stream-load-late-s``) has passed, the
+    hour before it (revision 0005; one per pool before).
 
     ``covered_s`` is the sum of the samples' windows (of all reporters: router workers and replicas);
     ``span_start_s`` / ``span_end_s`` are the earliest window start and the latest window end, in seconds after
@@ -97,7 +99,8 @@ class LoadBucket(Base):
     hour (0 .. 3600), which keeps the reading of that time, min(covered_s, 1 h).
 
     Stored in the transaction of the StreamLoad call that changed it, so an acknowledged sample survives a
-    restart; the hour becomes points of the pool's load series when a sample of a later hour arrives.
+    restart; the hour becomes points of the pool's load series once its grace has passed (a sample of a later
+    hour ending at least the grace after the hour's end, or a sample two hours later).
     """
 
     __tablename__ = "load_buckets"
@@ -106,7 +109,7 @@ class LoadBucket(Base):
                       CheckConstraint("span_start_s < span_end_s", name="span_not_empty"))
 
     pool: Mapped[str] = mapped_column(String(255), primary_key=True)
-    hour_start: Mapped[datetime] = mapped_column(UtcDateTime())
+    hour_start: Mapped[datetime] = mapped_column(UtcDateTime(), primary_key=True)
     covered_s: Mapped[float] = mapped_column(Double)
     requests: Mapped[float] = mapped_column(Double)
     input_tokens: Mapped[float] = mapped_column(Double)

@@ -44,7 +44,7 @@ from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays, holidays_for_region
 from greenserve.forecaster.forecast_models.simple import SeasonalNaive
 from greenserve.forecaster.models import FittedModel, Series
-from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
+from greenserve.forecaster.stream_load import DEFAULT_LATE_S, MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 log = logging.getLogger("greenserve.forecaster")
@@ -78,6 +78,10 @@ class ForecasterSettings(ServiceSettings, DependencyAddresses):
         300.0, ge=0.0, le=86_400.0,
         description="StreamLoad refuses a sample whose time is further ahead of the greenserve clock than this "
         "(clock skew allowance; a far-future sample used to open an hour every later sample was older than)")
+    stream_load_late_s: float = Field(
+        DEFAULT_LATE_S, ge=0.0, le=3600.0,
+        description="StreamLoad takes late samples of an hour up to this long after the hour ends (several router "
+        "workers and replicas report; one may be behind another): the hour is stored once this grace has passed")
     load_holidays: str | None = Field(
         None, description="public holidays of the load series' users, e.g. US or DE (off days like weekends for "
         "the calendar members); CI series take them from their region (US-CAL-CISO: US-CA)")
@@ -116,7 +120,7 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         self.pool = pool
         self.states: dict[int, SeriesState] = {}
         self.by_key: dict[ingest.SeriesKey, int] = {}
-        self.load = LoadAccumulator()
+        self.load = LoadAccumulator(self.settings.stream_load_late_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         # an unknown country fails the start here (ValueError naming it), before any series is touched

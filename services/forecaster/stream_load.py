@@ -1,10 +1,23 @@
 """Turn the router's load samples (StreamLoad) into hourly load series.
 
 Each sample covers ``window_s`` seconds ending at ``time`` and counts requests and tokens; it belongs, whole,
-to the UTC hour holding its window's middle. Samples are summed per pool and hour; an hour is emitted once a
-sample of a later hour arrives, as rate = count / covered seconds (so an hour the router covered only partly
-is not read as low load, and an hour with no sample at all stays missing). Three series per pool: requests,
-input tokens and output tokens per second.
+to the UTC hour holding its window's middle. Samples are summed per pool and hour; an hour is emitted once its
+grace has passed (below), as rate = count / covered seconds (so an hour the router covered only partly is not
+read as low load, and an hour with no sample at all stays missing). Three series per pool: requests, input
+tokens and output tokens per second.
+
+Late samples (issue 22 follow-up). Several reporters (router workers and replicas) flush at their own phase,
+and an RPC may be delayed: once one of them has sent a sample of hour H+1, another may still send its last
+samples of H. So a pool keeps up to two hours open, its newest and the one before it, and an hour H is emitted
+only once its grace (``late_s``, ``--stream-load-late-s``, default 300 s) has passed: a sample of a later
+hour whose window ends at least ``late_s`` after H's end, or a sample of hour H+2 or later. Until then samples
+of H are added to it (a late sample of H also opens H if no sample of H came before, as long as the newest
+hour's samples show its grace has not passed). A sample of an hour that is closed (emitted, older than the
+hour before the newest, or that hour once its grace has passed) is refused, naming ``samples[i].time``. For
+the forecaster's consumers this means an hour's load point is stored up to ``late_s`` (plus a flush interval
+of the router) after the hour ends: a forecast made before then does not see the hour yet (it starts from
+the hour before, as it would if the point were missing). ``late_s = 0`` is the behaviour before: every sample
+of a later hour ends after H's end, so the first one emits H.
 
 Covered seconds (issue 22). The router runs several worker processes and several replicas, each sending its
 own samples of the same pool and hour; their counts add up to the pool's load, but their windows overlap in
@@ -25,9 +38,9 @@ one reporter's hour too high).
 A call is all or nothing (issue 21): every sample is checked first (:func:`check_sample`: ranges, and a time
 within a window around now by the greenserve clock, so that one far-future sample cannot open an hour that every
 later sample is "older" than), then :meth:`LoadAccumulator.plan` works on copies of the open hours, and the
-caller stores the completed hours and the open ones (:class:`~greenserve.forecaster.models.LoadBucket`) in one
-transaction before :meth:`LoadAccumulator.commit` swaps the copies in. A refused call changes nothing, and the
-open hours survive a restart.
+caller stores the completed hours and the open ones (at most two per pool,
+:class:`~greenserve.forecaster.models.LoadBucket`) in one transaction before :meth:`LoadAccumulator.commit`
+swaps the copies in. A refused call changes nothing, and the open hours survive a restart.
 """
 
 from __future__ import annotations
@@ -137,64 +150,101 @@ def check_sample(sample: forecaster_pb2.StreamLoadRequest, index: int, now_s: fl
                   sample.output_tokens)
 
 
+#: Default of ``--stream-load-late-s``: how long after an hour's end its late samples are still taken.
+DEFAULT_LATE_S = 300.0
+#: Most open hours per pool: the newest and the one before it (while that one's grace lasts).
+MAX_OPEN_HOURS = 2
+
+Emitted = tuple[SeriesKey, np.ndarray, np.ndarray, int]
+
+
 @dataclass
 class Plan:
-    """What one call changes: the open hour of each pool it touched, and the completed hours to store
-    (series key, times, rates, index of the sample that completed the hour)."""
+    """What one call changes: the open hours (oldest first) of each pool it touched, and the completed hours to
+    store (series key, times, rates, index of the sample that completed the hour)."""
 
-    buckets: dict[str, _Bucket]
-    emitted: list[tuple[SeriesKey, np.ndarray, np.ndarray, int]]
+    buckets: dict[str, list[_Bucket]]
+    emitted: list[Emitted]
 
     def persist(self, s: Session) -> None:
-        """Store the touched open hours in the caller's transaction."""
+        """Store the touched pools' open hours in the caller's transaction."""
         if not self.buckets:
             return
         s.execute(delete(LoadBucket).where(LoadBucket.pool.in_(list(self.buckets))))
-        for pool, b in self.buckets.items():
-            s.add(LoadBucket(pool=pool, hour_start=to_dt(b.hour_s), covered_s=b.covered_s, requests=b.requests,
-                             input_tokens=b.input_tokens, output_tokens=b.output_tokens,
-                             span_start_s=b.span_start_s, span_end_s=b.span_end_s))
+        for pool, open_hours in self.buckets.items():
+            for b in open_hours:
+                s.add(LoadBucket(pool=pool, hour_start=to_dt(b.hour_s), covered_s=b.covered_s, requests=b.requests,
+                                 input_tokens=b.input_tokens, output_tokens=b.output_tokens,
+                                 span_start_s=b.span_start_s, span_end_s=b.span_end_s))
 
 
 class LoadAccumulator:
-    """Per-pool hourly buckets. ``plan`` works on copies; ``commit`` makes a stored plan the current state."""
+    """Per-pool open hours (at most :data:`MAX_OPEN_HOURS`, oldest first). ``plan`` works on copies; ``commit``
+    makes a stored plan the current state. ``late_s`` is the grace after an hour's end during which its late
+    samples are still taken (the hour is emitted only once it has passed)."""
 
-    def __init__(self) -> None:
-        self.buckets: dict[str, _Bucket] = {}
+    def __init__(self, late_s: float = DEFAULT_LATE_S) -> None:
+        self.late_s = late_s
+        self.buckets: dict[str, list[_Bucket]] = {}
 
     def restore(self, s: Session) -> None:
         """Load the open hours stored by earlier calls (startup)."""
-        for row in s.scalars(select(LoadBucket)):
-            self.buckets[row.pool] = _Bucket(to_s(row.hour_start), row.span_start_s, row.span_end_s, row.covered_s,
-                                             row.requests, row.input_tokens, row.output_tokens)
+        for row in s.scalars(select(LoadBucket).order_by(LoadBucket.pool, LoadBucket.hour_start)):
+            self.buckets.setdefault(row.pool, []).append(
+                _Bucket(to_s(row.hour_start), row.span_start_s, row.span_end_s, row.covered_s, row.requests,
+                        row.input_tokens, row.output_tokens))
+
+    def _grace_passed(self, hour_s: int, end_s: float, sample_hour_s: int) -> bool:
+        """Whether a sample of ``sample_hour_s`` whose window ends at ``end_s`` closes the hour ``hour_s``."""
+        return sample_hour_s >= hour_s + 2 * HOUR_S or end_s >= hour_s + HOUR_S + self.late_s
 
     def plan(self, samples: list[Sample]) -> Plan:
         """The effect of ``samples`` in order, without changing this accumulator; InvalidArgument naming the
-        first sample older than its pool's open hour, or completing an hour whose rate is out of range."""
-        touched: dict[str, _Bucket] = {}
-        emitted: list[tuple[SeriesKey, np.ndarray, np.ndarray, int]] = []
+        first sample of an hour already closed (emitted, or older than the hour before the newest one, or that
+        hour once its grace has passed), or completing an hour whose rate is out of range."""
+        touched: dict[str, list[_Bucket]] = {}
+        emitted: list[Emitted] = []
         for smp in samples:
-            bucket = touched.get(smp.pool)
-            if bucket is None and smp.pool in self.buckets:
-                bucket = replace(self.buckets[smp.pool])
-            if bucket is not None and smp.hour_s > bucket.hour_s:
-                emitted.extend(self._emit(smp.pool, bucket, smp.index))
-                bucket = None
+            open_hours = touched.get(smp.pool)
+            if open_hours is None:
+                open_hours = [replace(b) for b in self.buckets.get(smp.pool, ())]
+            end_s = smp.hour_s + smp.end_in_hour_s
+            # this sample closes the older open hours whose grace it shows has passed (oldest first)
+            while open_hours and open_hours[0].hour_s < smp.hour_s and self._grace_passed(
+                    open_hours[0].hour_s, end_s, smp.hour_s):
+                emitted.extend(self._emit(smp.pool, open_hours.pop(0), smp.index))
+            bucket = next((b for b in open_hours if b.hour_s == smp.hour_s), None)
             if bucket is None:
+                if open_hours and smp.hour_s < open_hours[-1].hour_s:
+                    self._check_late(smp, open_hours[-1])
                 bucket = _Bucket(smp.hour_s, span_start_s=smp.end_in_hour_s - smp.window_s,
                                  span_end_s=smp.end_in_hour_s)
-            elif smp.hour_s < bucket.hour_s:
-                raise InvalidArgument(f"samples[{smp.index}].time", f"hour {_iso(smp.hour_s)} is older than the "
-                                      f"hour {_iso(bucket.hour_s)} already open for pool {smp.pool!r}")
+                open_hours.append(bucket)
+                open_hours.sort(key=lambda b: b.hour_s)
             bucket.add(smp)
-            touched[smp.pool] = bucket
+            assert len(open_hours) <= MAX_OPEN_HOURS, (smp.pool, [b.hour_s for b in open_hours])
+            touched[smp.pool] = open_hours
         return Plan(touched, emitted)
+
+    def _check_late(self, smp: Sample, newest: _Bucket) -> None:
+        """A sample of an hour with no open bucket, older than the pool's newest open hour: taken (opening the
+        hour) only if it is the hour just before and its grace has not passed, else InvalidArgument. The newest
+        hour's latest window end is the latest end of the pool's later samples: it tells whether a sample
+        already closed this hour (emitted it, or would have had it been open)."""
+        name = f"samples[{smp.index}].time"
+        if smp.hour_s < newest.hour_s - HOUR_S:
+            raise InvalidArgument(name, f"hour {_iso(smp.hour_s)} is older than the hours still open for pool "
+                                  f"{smp.pool!r} ({_iso(newest.hour_s)} and the hour before it)")
+        if self._grace_passed(smp.hour_s, newest.hour_s + newest.span_end_s, newest.hour_s):
+            raise InvalidArgument(name, f"hour {_iso(smp.hour_s)} of pool {smp.pool!r} is closed: its late "
+                                  f"samples are taken up to {self.late_s:g} s after it ends, and a sample ending at "
+                                  f"{_iso(newest.hour_s + newest.span_end_s)} has arrived")
 
     def commit(self, plan: Plan) -> None:
         self.buckets.update(plan.buckets)
 
     @staticmethod
-    def _emit(pool: str, bucket: _Bucket, index: int) -> list[tuple[SeriesKey, np.ndarray, np.ndarray, int]]:
+    def _emit(pool: str, bucket: _Bucket, index: int) -> list[Emitted]:
         covered = bucket.seconds_covered()
         t = np.array([bucket.hour_s], dtype=np.int64)
         counts = (bucket.requests, bucket.input_tokens, bucket.output_tokens)

@@ -46,8 +46,9 @@ def load_series(c: int) -> common_pb2.SeriesRef:
 
 
 def load_sample(c: int, base_s: int, k: int) -> forecaster_pb2.StreamLoadRequest:
-    """The k-th call's sample: 60 s in hour k with k + 1 requests."""
-    return forecaster_pb2.StreamLoadRequest(pool=f"pool-{c:02d}", time=Timestamp(seconds=base_s + k * HOUR_S + 120),
+    """The k-th call's sample: 60 s in hour k with k + 1 requests, ending 10 min into the hour (past the
+    default 300 s grace of hour k - 1, so the call completes it)."""
+    return forecaster_pb2.StreamLoadRequest(pool=f"pool-{c:02d}", time=Timestamp(seconds=base_s + k * HOUR_S + 600),
                                             window_s=60.0, requests=k + 1)
 
 

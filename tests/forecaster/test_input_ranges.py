@@ -152,12 +152,13 @@ async def test_stream_load_is_all_or_nothing_and_keeps_open_hours_across_a_resta
                                                                                     tmp_path) -> None:
     settings = {**SETTINGS, **AT_NOW, "data_dir": tmp_path / "fc"}
     hour8, hour9 = DAY0_S + 8 * 3600, DAY0_S + 9 * 3600
-    good = [sample("a", hour8 + 60, requests=120), sample("a", hour9 + 60, requests=30)]  # hour 8 complete
+    # hour 8 complete: the hour-9 sample ends 10 min into hour 9, past hour 8's grace (300 s)
+    good = [sample("a", hour8 + 60, requests=120), sample("a", hour9 + 600, requests=30)]
     svc = await start_inprocess(ForecasterSettings, build, **settings)
     async with grpc.aio.insecure_channel(svc.address) as channel:
         stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
         await refused(stream(stub, [*good, sample("a", hour9 + 120, window_s=-1.0)]), "samples[2].window_s")
-        await refused(stream(stub, [*good, sample("a", hour8 + 120)]), "samples[2].time")  # older than hour 9
+        await refused(stream(stub, [*good, sample("a", hour8 + 120)]), "samples[2].time")  # hour 8 closed
         assert await stored_points(stub, load_ref("a")) == []  # nothing of the refused calls
         # the open hours are as they were: the same samples again give hour 8 once, at 120 per 60 s
         assert (await stream(stub, good)).accepted_samples == 2

@@ -170,7 +170,7 @@ async def test_stream_load_becomes_hourly_rates(start_inprocess) -> None:
     async def samples():
         for minute in range(0, 30):  # the router covered half of hour 0 only
             yield sample(minute, 120)
-        yield sample(61, 60)  # a sample in hour 1 completes hour 0
+        yield sample(66, 60)  # a sample of hour 1 ending past hour 0's grace (300 s) completes hour 0
 
     async with grpc.aio.insecure_channel(svc.address) as channel:
         stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
@@ -208,7 +208,7 @@ async def test_stream_load_covered_seconds_with_several_reporters(start_inproces
              *[sample("edge", 30 + 60 * k, 60.0, 60) for k in range(10)],  # first window 23:59:30-00:00:30
              *paused]
     pools = ("one", "two", "gap", "edge", "paused")
-    items += [sample(pool, 3600 + 120, 60.0, 1) for pool in pools]  # hour 1 completes hour 0
+    items += [sample(pool, 3600 + 600, 60.0, 1) for pool in pools]  # hour 1, past the grace: completes hour 0
 
     async def gen():
         for item in items:
