@@ -4,12 +4,18 @@ The request path only appends a tuple to a bounded deque (O(1), no protobuf, no 
 drains it every ``interval_s`` into one client-streaming RPC (``StreamLoad`` / ``ReportAccesses``). When
 a peer is down, the batch in hand is dropped and counted, the deque keeps only the newest items, and
 routing never waits: losing telemetry must not slow requests.
+
+A call the peer refuses (INVALID_ARGUMENT: the forecaster takes a StreamLoad call all or nothing, e.g. a sample
+of an hour already closed) is logged at WARNING with the error's detail and counted as dropped; when the error
+names one item (``samples[i]...``, the load feed), the batch is sent once more without it, so one refused sample
+does not cost every pool's samples.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +24,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from greenserve.common.clock import now_s
+from greenserve.common.errors import error_detail_from_rpc_error
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.v1 import (
     cache_manager_pb2,
@@ -28,6 +35,8 @@ from greenserve.v1 import (
 )
 
 log = logging.getLogger("greenserve.router.feeds")
+#: The field of a StreamLoad refusal that names one sample: ``samples[3].time``.
+_SAMPLE_FIELD = re.compile(r"samples\[(\d+)\]")
 
 
 def _ts(seconds: float) -> Timestamp:
@@ -82,10 +91,46 @@ class _BoundedFeed:
             try:
                 await self.send(batch)
                 self.sent += len(batch)
-            except (grpc.aio.AioRpcError, OSError, TimeoutError) as exc:
-                self.dropped += len(batch)
-                log.debug("%s batch dropped", self.name, extra={"items": len(batch), "error": str(exc)})
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    await self._refused(batch, exc)  # the peer is up: go on with the next batch
+                    continue
+                self._drop(batch, exc)
                 return
+            except (OSError, TimeoutError) as exc:
+                self._drop(batch, exc)
+                return
+
+    def _drop(self, batch: list[Any], exc: BaseException) -> None:
+        self.dropped += len(batch)
+        log.debug("%s batch dropped", self.name, extra={"items": len(batch), "error": str(exc)})
+
+    async def _refused(self, batch: list[Any], exc: grpc.aio.AioRpcError) -> None:
+        """The peer refused the whole batch: WARNING with its detail; the item it names is dropped and counted,
+        and the rest sent once more (dropped and counted if that fails too); no item named: all dropped."""
+        detail = error_detail_from_rpc_error(exc)
+        field = detail.field if detail is not None else ""
+        index = self.refused_index(field)
+        log.warning("%s batch of %d refused by the peer (%s): %s", self.name, len(batch), field or "no field",
+                    exc.details())
+        if index is None or index >= len(batch):
+            self.dropped += len(batch)
+            return
+        self.dropped += 1
+        rest = batch[:index] + batch[index + 1:]
+        if not rest:
+            return
+        try:
+            await self.send(rest)
+            self.sent += len(rest)
+        except (grpc.aio.AioRpcError, OSError, TimeoutError) as again:
+            self.dropped += len(rest)
+            log.warning("%s batch of %d dropped: refused again without item %d: %s", self.name, len(rest), index,
+                        again.details() if isinstance(again, grpc.aio.AioRpcError) else again)
+
+    def refused_index(self, field: str) -> int | None:
+        """The batch item a refusal's field names, if the feed sends one message per item (else None)."""
+        return None
 
     def before_flush(self) -> None:
         """Hook run before each flush (the load feed closes its window here)."""
@@ -125,6 +170,11 @@ class LoadFeed(_BoundedFeed):
         counts[0] += 1
         counts[1] += input_tokens
         counts[2] += output_tokens
+
+    def refused_index(self, field: str) -> int | None:
+        """``samples[i].<field>``: one StreamLoadRequest per batch item, in order."""
+        match = _SAMPLE_FIELD.match(field)
+        return int(match.group(1)) if match else None
 
     def before_flush(self) -> None:
         now = self.clock()

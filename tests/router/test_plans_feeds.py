@@ -9,6 +9,7 @@ import time
 import aiohttp
 import grpc
 import pytest
+from greenserve.common.errors import InvalidArgument
 from greenserve.common.persistence import Database
 from greenserve.router.feeds import AccessFeed, LoadFeed
 from greenserve.router.plans import PlanError, PlanStore
@@ -21,6 +22,7 @@ from greenserve.v1 import (
     optimizer_pb2,
     optimizer_pb2_grpc,
 )
+from grpc_status import rpc_status
 
 from tests.conftest import free_port
 
@@ -33,6 +35,8 @@ class Peers(optimizer_pb2_grpc.OptimizerServiceServicer, forecaster_pb2_grpc.For
         self.loads: list[forecaster_pb2.StreamLoadRequest] = []
         self.accesses: list[cache_manager_pb2.ReportAccessesRequest] = []
         self.ci = 42.0
+        self.refuse_pools: set[str] = set()  # StreamLoad refuses a call holding a sample of these (all or nothing)
+        self.load_calls = 0
 
     async def WatchPlans(self, request, context):
         while True:
@@ -46,11 +50,14 @@ class Peers(optimizer_pb2_grpc.OptimizerServiceServicer, forecaster_pb2_grpc.For
             carbon_intensity=common_pb2.CarbonIntensity(region=request.region, ci_g_per_kwh=self.ci))
 
     async def StreamLoad(self, request_iterator, context):
-        n = 0
-        async for msg in request_iterator:
-            self.loads.append(msg)
-            n += 1
-        return forecaster_pb2.StreamLoadResponse(accepted_samples=n)
+        self.load_calls += 1
+        msgs = [msg async for msg in request_iterator]
+        for i, msg in enumerate(msgs):
+            if msg.pool in self.refuse_pools:
+                err = InvalidArgument(f"samples[{i}].time", "hour 09:00 of the pool is closed")
+                await context.abort_with_status(rpc_status.to_status(err.to_status("forecaster")))
+        self.loads.extend(msgs)
+        return forecaster_pb2.StreamLoadResponse(accepted_samples=len(msgs))
 
     async def ReportAccesses(self, request_iterator, context):
         n = 0
@@ -168,6 +175,29 @@ async def test_feeds_deliver_to_peers_and_drop_without_blocking(peers) -> None:
     await asyncio.wait_for(feed.flush(), 10)
     assert feed.dropped == 250 and feed.sent == 0
     await dead.close()
+
+
+async def test_refused_load_batch_is_logged_counted_and_retried_without_the_named_sample(peers, caplog) -> None:
+    """The forecaster takes a StreamLoad call all or nothing: one refused sample (a late one of a closed hour)
+    used to drop every pool's samples with only a debug log."""
+    servicer, addr = peers
+    async with grpc.aio.insecure_channel(addr) as channel:
+        load = LoadFeed(channel, interval_s=60)
+        for pool in ("a", "bad", "c"):
+            load.record(pool, 10, 1)
+        servicer.refuse_pools = {"bad"}
+        with caplog.at_level("WARNING", logger="greenserve.router.feeds"):
+            await load.flush()
+        # the retry without samples[1] delivered the other pools; the refused one is counted as dropped
+        assert sorted(m.pool for m in servicer.loads) == ["a", "c"] and servicer.load_calls == 2
+        assert (load.sent, load.dropped) == (2, 1)
+        assert any("samples[1].time" in r.getMessage() and "closed" in r.getMessage() for r in caplog.records)
+        # refused again on the retry: the rest is dropped and counted too, and nothing else is sent
+        servicer.refuse_pools = {"a", "bad"}
+        for pool in ("a", "bad", "c"):
+            load.record(pool, 10, 1)
+        await load.flush()
+        assert servicer.load_calls == 4 and len(servicer.loads) == 2 and (load.sent, load.dropped) == (2, 4)
 
 
 async def test_receipt_uses_forecaster_ci_for_the_pool_region(peers, emulators, router) -> None:
