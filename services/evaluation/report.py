@@ -41,7 +41,7 @@ def plot_series(path: Path, title: str, ylabel: str, series: dict[str, list[floa
 def plots_for(region: str, by_strategy: dict[str, Any], target: float) -> dict[str, tuple[str, str, dict[str, list[float]], float | None]]:
     """name -> (title, y label, series, horizontal line) of one grid's plots."""
     first = next(iter(by_strategy.values()))["hours"]
-    return {
+    plots = {
         f"{region}_ci": (f"{region}: carbon intensity, actual vs forecast", "gCO2e/kWh",
                          {"actual": [h["ci_actual_g_per_kwh"] for h in first],
                           "forecast": [h["ci_forecast_g_per_kwh"] for h in first]}, None),
@@ -57,6 +57,15 @@ def plots_for(region: str, by_strategy: dict[str, Any], target: float) -> dict[s
                             {s: [sum(h["cache_bytes"].values()) / GIB for h in r["hours"]]
                              for s, r in by_strategy.items()}, None),
     }
+    if any(h.get("mig_layout") for r in by_strategy.values() for h in r["hours"]):  # a scenario declaring MIG GPUs
+        plots[f"{region}_mig"] = (f"{region}: MIG layout, engines per hour (instances; whole GPUs unpartitioned)",
+                                  "engines", {s: [float(sum(n for layout in h.get("mig_layout", {}).values()
+                                                            for n in layout.values())) for h in r["hours"]]
+                                              for s, r in by_strategy.items()}, None)
+        plots[f"{region}_accuracy"] = (f"{region}: accuracy loss per hour (traffic-weighted 1 - quality)", "fraction",
+                                       {s: [h.get("accuracy_loss_fraction", 0.0) for h in r["hours"]]
+                                        for s, r in by_strategy.items()}, None)
+    return plots
 
 
 def write(result: dict[str, Any], out_dir: Path) -> Path:
@@ -77,9 +86,10 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
             saved = summary["saved_vs_base_fraction"]
             rows.append(f"<tr><td>{html.escape(strategy)}</td><td>{summary['total_g'] / 1000:.2f}</td>"
                         f"<td>{'' if saved is None else f'{saved:.1%}'}</td>"
-                        f"<td>{summary['min_attainment_fraction']:.3f}</td></tr>")
+                        f"<td>{summary['min_attainment_fraction']:.3f}</td>"
+                        f"<td>{summary.get('accuracy_loss_fraction', 0.0):.2%}</td></tr>")
         sections.append(f"<h2>{html.escape(region)}</h2><table><tr><th>strategy</th><th>kgCO2e</th>"
-                        f"<th>saved vs Full Cache + BASE</th><th>min hourly attainment</th></tr>{''.join(rows)}</table>"
+                        f"<th>saved vs Full Cache + BASE</th><th>min hourly attainment</th><th>accuracy loss</th></tr>{''.join(rows)}</table>"
                         + "".join(images))
     sections.append(_headlines_html(result.get("headlines", [])) + _fidelity_html(result.get("fidelity", [])))
     strategies = "".join(f"<li><b>{html.escape(s)}</b>: {html.escape(d)}</li>"

@@ -90,3 +90,17 @@ def test_mig_variants_beats_base_on_carbon_within_slo_and_accuracy(tmp_path: Pat
         assert 0 <= h["accuracy_loss_fraction"] <= day.MIG_MAX_ACCURACY_LOSS_FRACTION
         assert h["requests_measured"] > 0
     assert all(h["mig_layout"] == {"chat": {"whole 3.1-8b-bf16": 2}} for h in base["hours"])
+
+
+def test_report_plots_the_mig_layout_and_accuracy_loss_from_the_json(tmp_path: Path) -> None:
+    from greenserve.evaluation import report
+
+    hours = [{"ci_actual_g_per_kwh": 1.0, "ci_forecast_g_per_kwh": 1.0, "load_actual_requests_per_s": 1.0,
+              "load_forecast_requests_per_s": 1.0, "total_g": 1.0, "attainment_fraction": 1.0, "cache_bytes": {},
+              "mig_layout": {"chat": layout}, "accuracy_loss_fraction": loss}
+             for layout, loss in (({"7g.80gb 8b-fp8": 2}, 0.007), ({"3g.40gb 8b-fp8": 4}, 0.007))]
+    plots = report.plots_for("CISO", {"mig_variants": {"hours": hours}}, 0.9)
+    assert plots["CISO_mig"][2] == {"mig_variants": [2.0, 4.0]}
+    assert plots["CISO_accuracy"][2] == {"mig_variants": [0.007, 0.007]}
+    plain = [{**h, "mig_layout": {}} for h in hours]
+    assert "CISO_mig" not in report.plots_for("CISO", {"base_full_cache": {"hours": plain}}, 0.9)
