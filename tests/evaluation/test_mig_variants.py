@@ -104,3 +104,19 @@ def test_report_plots_the_mig_layout_and_accuracy_loss_from_the_json(tmp_path: P
     assert plots["CISO_accuracy"][2] == {"mig_variants": [0.007, 0.007]}
     plain = [{**h, "mig_layout": {}} for h in hours]
     assert "CISO_mig" not in report.plots_for("CISO", {"base_full_cache": {"hours": plain}}, 0.9)
+
+
+def test_cli_refuses_mig_variants_without_a_mig_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    from greenserve_client.commands import evaluate
+
+    with pytest.raises(SystemExit) as exc:
+        evaluate.main(["--grids", "CISO", "--strategies", "base_full_cache,mig_variants", "--headlines", "none"])
+    assert exc.value.code == 2
+    assert "--strategies: mig_variants needs a scenario" in capsys.readouterr().err
+
+
+def test_shipped_mig_scenario_loads() -> None:
+    shipped = Path(scenario.__file__).parent / "data" / "scenario_mig.yaml"
+    chosen = scenario.load(shipped)
+    assert chosen.has_mig and chosen.pools[0].engines == 4 and chosen.pools[0].profile == "llama3-8b@A100-80GB"
+    assert [v.name for v in chosen.pools[0].variants][0] == "8b-bf16"
