@@ -343,6 +343,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         engines = pool_engines(pool, interval, weights, size)
         if pool.mig:
             layouts[pool.name] = engines.layout
+            if engines.profiles:  # MIG instances: the engines the replay weights, not the plan's whole-GPU engines
+                engines_weighted[pool.name] = sum(1 for w in engines.weights.values() if w > 0) or len(engines.ids)
         state = states[pool.name]
         layout_restarts = restart_changed(state, engines.ids)
         out = replay_hour(pool.profile, engines.ids, rate, engines.weights, engines.cache_bytes, pool.ttft_s,

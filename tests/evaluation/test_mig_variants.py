@@ -88,7 +88,7 @@ def test_mig_variants_beats_base_on_carbon_within_slo_and_accuracy(tmp_path: Pat
         layout = h["mig_layout"]["chat"]
         assert layout and all(key.split(" ")[1] in ("3.1-8b-bf16", "3.1-8b-gptq-w4a16") for key in layout)
         assert 0 <= h["accuracy_loss_fraction"] <= day.MIG_MAX_ACCURACY_LOSS_FRACTION
-        assert h["requests_measured"] > 0
+        assert h["requests_measured"] > 0 and h["engines_weighted"]["chat"] == sum(layout.values())
     assert all(h["mig_layout"] == {"chat": {"whole 3.1-8b-bf16": 2}} for h in base["hours"])
 
 
