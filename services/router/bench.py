@@ -50,6 +50,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import subprocess
@@ -611,6 +612,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--prompt-chars", type=int, default=1024, help="prompt length in characters")
     p.add_argument("--model", default=None, help="served model name of the emulated engines")
     p.add_argument("--protocols", default="http,grpc", help="router protocols to measure")
+    p.add_argument("--router-args", default="", help="extra flags for the router under test, e.g. "
+                   "'--affinity-weight 0' (one string, split as a shell would)")
     p.add_argument("--no-peer", action="store_true", help="skip vllm-router")
     p.add_argument("--paired-grpc", action="store_true",
                    help="also run the paired phase for the router over gRPC (default: HTTP and vllm-router)")
@@ -693,6 +696,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         _log("starting the router" + (" under cProfile" if args.profile_router else ""))
         router_args = [] if args.grpc_stream_interval_s is None else \
             ["--grpc-stream-interval-s", str(args.grpc_stream_interval_s)]
+        router_args += shlex.split(args.router_args)
         router_http, router_grpc, router_proc = _start_router(procs, engines, data_dir, router_cpus,
                                                               args.profile_router, extra=router_args)
         peer_url, peer_reason, peer_proc = None, "", None

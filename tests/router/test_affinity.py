@@ -79,3 +79,26 @@ def test_a_key_sent_in_parallel_does_not_pile_onto_its_engine() -> None:
     target.prefilling = target.in_flight = 4  # four ahead of a new request there, none on the other engine
     decision = policy.choose("p", "", h)
     assert decision.engine is not target and "affinity_busy" in decision.fallbacks
+
+
+def test_a_completion_prefix_that_an_engine_holds_is_scored_by_prefix_and_load_not_affinity() -> None:
+    """A completion's key is a preamble that unrelated prompts may share, not a conversation: only while no
+    engine holds it does the rendezvous engine get the affinity bonus (so replicas agree on new prefixes);
+    once an engine holds it, prefix and load scoring decide, as for any cached prefix."""
+    registry = EngineRegistry(HealthPolicy())
+    for e in _engines(2):
+        registry.upsert(e)
+    policy = RoutingPolicy(registry, PrefixIndex(), PlanStore(), PolicyConfig())
+    h = chain_hashes("You are a helpful assistant answering questions about carbon-aware serving. " * 64)
+    assert not h.conversation and h.affinity_key
+    fresh = policy.choose("p", "", h, explain=True)
+    assert fresh.engine is rendezvous(h.affinity_key, list(registry.engines.values()))
+    assert "affinity=this engine" in fresh.reason
+    policy.index.insert(fresh.engine.id, h)  # the engine served it: this replica's index holds it there
+    held = policy.choose("p", "", h, explain=True)
+    assert "affinity=" not in held.reason and held.matched_blocks == held.total_blocks
+    # a chat conversation keeps its affinity however its blocks are held
+    chat = chain_hashes(render_chat([SYSTEM, ("user", "one conversation")]))
+    first = policy.choose("p", "", chat, explain=True)
+    policy.index.insert(first.engine.id, chat)
+    assert "affinity=this engine" in policy.choose("p", "", chat, explain=True).reason
