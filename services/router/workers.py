@@ -289,6 +289,10 @@ class PortClaim:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, _, _, _, address = infos[0]
         self.probe = socket.socket(family, socket.SOCK_STREAM)
+        # SO_REUSEADDR as every listener has (grpc, asyncio): connections of an earlier server on this port
+        # left in TIME_WAIT must not block it; a live listener still does (the workers' own share it by
+        # SO_REUSEPORT).
+        self.probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             self.probe.bind(address)

@@ -334,3 +334,28 @@ def test_cgroup_cpu_quota_caps_the_default(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(tmp_path) is None
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
     assert cgroup_cpu_limit(tmp_path) == 4
+
+
+def test_port_claim_is_not_blocked_by_time_wait_of_an_earlier_server() -> None:
+    """A server that closed its side first leaves the port's connections in TIME_WAIT; the supervisor's claim
+    (like grpc's and asyncio's listeners) must still bind it, and a live claim still refuses a second one."""
+    import socket as sk
+
+    from greenserve.router.workers import PortClaim
+
+    srv = sk.socket()
+    srv.setsockopt(sk.SOL_SOCKET, sk.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    client = sk.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server's side closes first: TIME_WAIT on the server's port
+    client.close()
+    srv.close()
+    claim = PortClaim("gRPC", "127.0.0.1", port)
+    try:
+        with pytest.raises(OSError, match="another greenserve-router supervisor"):
+            PortClaim("gRPC", "127.0.0.1", port)
+    finally:
+        claim.close()
