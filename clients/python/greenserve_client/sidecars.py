@@ -34,10 +34,15 @@ class Sidecar:
     ports: tuple[int, ...] = ()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
+    """A port free now, not one of ``avoid`` (ports promised to processes that have not bound them yet: the
+    kernel may hand out a free port that a service is about to bind)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def find_lmcache() -> Path | None:
@@ -62,11 +67,12 @@ def _spawn(name: str, cmd: list[str], url: str, health_path: str, logs: Path,
     return Sidecar(name, url, health_path, proc, log_path)
 
 
-def start_engines(count: int, *, profile: str | None, time_scale: float, logs: Path) -> list[Sidecar]:
+def start_engines(count: int, *, profile: str | None, time_scale: float, logs: Path,
+                  avoid: frozenset[int] = frozenset()) -> list[Sidecar]:
     """`count` emulated engines on free ports of 127.0.0.1 (not yet waited for: see `wait_ready`)."""
     engines = []
     for i in range(count):
-        port = free_port()
+        port = free_port(avoid=avoid)
         cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--host", "127.0.0.1", f"--port={port}",
                f"--time-scale={time_scale}"]
         if profile:
@@ -75,10 +81,15 @@ def start_engines(count: int, *, profile: str | None, time_scale: float, logs: P
     return engines
 
 
-def start_lmcache(binary: Path, *, l1_size_gb: float, logs: Path, ports: tuple[int, int] | None = None) -> Sidecar:
+def start_lmcache(binary: Path, *, l1_size_gb: float, logs: Path, ports: tuple[int, int] | None = None,
+                  avoid: frozenset[int] = frozenset()) -> Sidecar:
     """One LMCache server in multiprocess mode on CPU (L1 DRAM, LRU), its admin API on a free port (or on
     ``ports`` = (http port, port), as a restart keeps them)."""
-    http_port, port = ports or (free_port(), free_port())
+    if ports is None:
+        http_port = free_port(avoid=avoid)
+        port = free_port(avoid=avoid | {http_port})
+    else:
+        http_port, port = ports
     cmd = [str(binary), "server", f"--l1-size-gb={l1_size_gb}", "--eviction-policy=LRU",
            f"--http-port={http_port}", f"--port={port}", "--supported-transfer-mode=auto"]
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}

@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-
-from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
+from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc
+
 from greenserve_client import lmcache_control, sidecars
-from greenserve_client.local_loop import LocalLoopOptions, first_plan_summary, start_local_loop
+from greenserve_client.local_loop import (
+    LocalLoopOptions,
+    first_plan_summary,
+    start_local_loop,
+)
 from greenserve_client.services import SERVICES, ServiceInfo
 
 LMCACHE_SERVER_ID = "local-lmcache"
@@ -147,11 +151,14 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         if fleet.lmcache == "auto" and lmcache_bin is None:
             print("greenserve up: warning: no lmcache executable found (scripts/install-lmcache.sh installs it); "
                   "running without an LMCache server", file=sys.stderr)
+        # The services bind their ports after the sidecars start: no sidecar may take one of them meanwhile.
+        promised = frozenset([*ports.values(), fleet.router_http_port])
         engines = sidecars.start_engines(fleet.engines, profile=fleet.engine_profile,
-                                         time_scale=fleet.engine_time_scale, logs=logs)
+                                         time_scale=fleet.engine_time_scale, logs=logs, avoid=promised)
         cars.extend(engines)
-        lmcache = sidecars.start_lmcache(lmcache_bin, l1_size_gb=fleet.lmcache_l1_size_gb, logs=logs) \
-            if lmcache_bin is not None else None
+        promised |= {int(e.url.rsplit(":", 1)[1]) for e in engines}
+        lmcache = sidecars.start_lmcache(lmcache_bin, l1_size_gb=fleet.lmcache_l1_size_gb, logs=logs,
+                                         avoid=promised) if lmcache_bin is not None else None
         if lmcache is not None:
             cars.append(lmcache)
         try:
