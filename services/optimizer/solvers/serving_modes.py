@@ -41,6 +41,10 @@ from greenserve.optimizer.fleet import gpu_hardware
 from greenserve.optimizer.inputs import guess_simulator_model
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
 from greenserve.simulator.mode_units import (
+    DPD,
+    DSD,
+    SPEC_DECODE,
+    STANDALONE,
     VOCAB_SIZE,
     Unavailable,
     engine_profile,
@@ -52,10 +56,6 @@ from greenserve.simulator.replay import FleetConfig, replay
 from greenserve.simulator.workloads import Workload
 from greenserve.v1 import common_pb2
 
-STANDALONE = common_pb2.SERVING_MODE_STANDALONE
-SPEC_DECODE = common_pb2.SERVING_MODE_SPEC_DECODE
-DPD = common_pb2.SERVING_MODE_DISAGGREGATED
-DSD = common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE
 MODES = (STANDALONE, SPEC_DECODE, DPD, DSD)
 MODE_NAMES = {STANDALONE: "Standalone", SPEC_DECODE: "SpecDecode", DPD: "DPD", DSD: "DSD"}
 DEFAULT_SPEC_TOKENS = 3  # GreenLLM Sec. V-A
