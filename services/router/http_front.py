@@ -36,6 +36,7 @@ from greenserve.router.upstream import (
     RouteRequest,
     UpstreamClientError,
     UpstreamUnavailable,
+    complete_events,
     event_data,
     split_events,
 )
@@ -379,16 +380,9 @@ class HttpFront:
                             if out:
                                 await write(out)
                         break
-                    if buf:
-                        chunk = buf + chunk
-                    if b"\r" in chunk:
-                        chunk = chunk.replace(b"\r\n", b"\n")
-                    end = chunk.rfind(b"\n\n")
-                    if end < 0:
-                        buf = chunk
+                    whole, buf = complete_events(buf, chunk)
+                    if not whole:
                         continue
-                    end += 2
-                    whole, buf = (chunk, b"") if end == len(chunk) else (chunk[:end], chunk[end:])
                     running = _only_running(whole)
                     if running >= 0:
                         call.events += running  # only running token chunks: forward as they are

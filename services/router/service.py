@@ -46,6 +46,7 @@ from greenserve.router.upstream import (
     UpstreamClientError,
     UpstreamUnavailable,
     chunk_text,
+    complete_events,
     TEXT_KEY_CHAT,
     TEXT_KEY_COMPLETION,
     event_data,
@@ -539,19 +540,13 @@ class _EventReader:
                 self.ended = True
                 return
             chunk = b"\n\n"  # a last event without its blank line
-        if buf:
-            chunk = buf + chunk
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
-        end = chunk.rfind(b"\n\n")
-        if end < 0:
-            self.buf = chunk
+        whole, self.buf = complete_events(buf, chunk)
+        if not whole:
             return
-        self.buf = chunk[end + 2 :]
         key = self.key
         texts = self.texts
         tokens = 0
-        for ev in chunk[:end].split(b"\n\n"):
+        for ev in whole[:-2].split(b"\n\n"):
             text = running_text(ev, key)  # the usual case: a running token
             if text is None:
                 if event_data(ev) == b"[DONE]":

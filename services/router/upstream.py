@@ -64,14 +64,24 @@ def make_session(limit: int = 0, keepalive_s: float = 75.0) -> aiohttp.ClientSes
                                  skip_auto_headers=("User-Agent",), auto_decompress=False)
 
 
+def complete_events(buf: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """Of ``buf + chunk`` (CRLF read as LF): the complete SSE events as one block, each ending with its blank
+    line (b"" when none is complete), and the incomplete rest to keep for the next chunk."""
+    if buf:
+        chunk = buf + chunk
+    if b"\r" in chunk:
+        chunk = chunk.replace(b"\r\n", b"\n")
+    end = chunk.rfind(b"\n\n")
+    if end < 0:
+        return b"", chunk
+    end += 2
+    return (chunk, b"") if end == len(chunk) else (chunk[:end], chunk[end:])
+
+
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
     """Complete SSE events of ``buf`` (without their blank-line terminator) and the incomplete rest."""
-    if b"\r" in buf:
-        buf = buf.replace(b"\r\n", b"\n")
-    end = buf.rfind(b"\n\n")
-    if end < 0:
-        return [], buf
-    return buf[:end].split(b"\n\n"), buf[end + 2 :]
+    whole, rest = complete_events(b"", buf)
+    return (whole[:-2].split(b"\n\n") if whole else []), rest
 
 
 def event_data(event: bytes) -> bytes | None:
