@@ -19,6 +19,7 @@ from sqlalchemy import (
     CheckConstraint,
     Double,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     SmallInteger,
@@ -107,3 +108,25 @@ class AccessEvent(Base):
 
     def __repr__(self) -> str:
         return f"AccessEvent(id={self.id!r}, pool={self.pool!r}, entry_key={self.entry_key!r}, kind={self.kind!r})"
+
+
+class AccessSample(Base):
+    """A recorded access kept for the planner's replay (``access_history.py``): per pool and UTC hour the first
+    ``--access-history-per-hour`` accesses, for ``--access-history-days``. Unlike the journal it is not pruned
+    at checkpoints."""
+
+    __tablename__ = "cache_access_samples"
+    __table_args__ = (CheckConstraint("kind BETWEEN 1 AND 3", name="kind"),
+                      Index("ix_cache_access_samples_pool_time", "pool", "time_s"))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    pool: Mapped[str] = mapped_column(String(128))
+    entry_key: Mapped[str] = mapped_column(String(512))
+    kind: Mapped[int] = mapped_column(SmallInteger)  # HIT, MISS or STORE
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    hit_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    conversation_id: Mapped[str] = mapped_column(String(256), default="")
+    document_id: Mapped[str] = mapped_column(String(256), default="")
+    time_s: Mapped[float] = mapped_column(Double)  # Unix seconds
+    hour_s: Mapped[int] = mapped_column(BigInteger)  # the UTC hour holding time_s (the cap's bucket)

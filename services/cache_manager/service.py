@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 from sqlalchemy import select
 
-from greenserve.cache_manager import group_ttl, journal, read_or_recompute, shrink_order
+from greenserve.cache_manager import access_history, group_ttl, journal, read_or_recompute, shrink_order
 from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
 from greenserve.cache_manager.enforcer import follow_plans, on_this_host
 from greenserve.cache_manager.index import CacheIndex
@@ -86,6 +86,12 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
                                  "past it are refused with RESOURCE_EXHAUSTED")
     ttl_history_per_pool: int = Field(journal.HISTORY_PER_POOL, ge=1, le=10_000_000, description="recent "
                                       "accesses per pool kept for group TTLs (about 200 bytes each)")
+    access_history_per_hour: int = Field(access_history.PER_HOUR, ge=1, le=1_000_000, description="accesses "
+                                         "recorded per pool and UTC hour for the planner's replay "
+                                         "(GetAccessWindow): the hour's first ones")
+    access_history_days: float = Field(access_history.DAYS, gt=0, le=400, description="days of recorded "
+                                       "accesses kept for the planner's replay (older hours are deleted at "
+                                       "checkpoints)")
     follow_plans: bool = Field(True, description="follow the optimizer's plans (WatchPlans at --optimizer-addr) and "
                                "apply their cache targets; off: only the RPCs change cache sizes")
     instance: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253,
@@ -128,6 +134,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         self._events_since_checkpoint = 0
         self._checkpoint_task: asyncio.Task | None = None
         self.checkpoints = 0
+        self.access_history = access_history.AccessHistory(ctx.db, self.settings.access_history_per_hour,
+                                                           self.settings.access_history_days)
         self._load_indexes()
 
     # ----- index persistence ---------------------------------------------------------------------
@@ -217,6 +225,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                     floor = min(floor, prev or 0)
             self.checkpoints += 1
             await asyncio.to_thread(journal.prune, self.ctx.db, floor)
+            await asyncio.to_thread(self.access_history.prune, _now_s())
         return written
 
     def _maybe_checkpoint(self) -> None:
@@ -462,6 +471,15 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                                         f"(--index-max-pools); refused new pool {new_pools[0]!r}",
                                         field="events.pool")
             await self._journal_and_apply(events)
+            try:  # the events are acknowledged once journaled: a failed record loses replay samples only
+                await asyncio.to_thread(self.access_history.record, events)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("access history: %d events not recorded for the planner's replay: %s: %s",
+                            len(events), type(exc).__name__, exc)
+
+    async def GetAccessWindow(self, request, context):  # noqa: N802
+        query = access_history.check_request(request)
+        return await asyncio.to_thread(self.access_history.window, query)
 
     async def ListEvictionCandidates(self, request, context):  # noqa: N802
         check_name("pool", request.pool)

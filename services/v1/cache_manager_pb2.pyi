@@ -276,3 +276,45 @@ class DecideReadOrRecomputeResponse(_message.Message):
     energy_j: float
     time_s: float
     def __init__(self, actions: _Optional[_Iterable[_Union[ChunkAction, str]]] = ..., energy_j: _Optional[float] = ..., time_s: _Optional[float] = ...) -> None: ...
+
+class GetAccessWindowRequest(_message.Message):
+    __slots__ = ("pool", "start", "end", "limit")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    limit: int
+    def __init__(self, pool: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AccessRecord(_message.Message):
+    __slots__ = ("entry_key", "kind", "tokens", "hit_tokens", "conversation_id", "document_id", "time")
+    ENTRY_KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    entry_key: str
+    kind: AccessKind
+    tokens: int
+    hit_tokens: int
+    conversation_id: str
+    document_id: str
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, entry_key: _Optional[str] = ..., kind: _Optional[_Union[AccessKind, str]] = ..., tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., conversation_id: _Optional[str] = ..., document_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetAccessWindowResponse(_message.Message):
+    __slots__ = ("accesses", "truncated", "latest_time", "capped_hours")
+    ACCESSES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    LATEST_TIME_FIELD_NUMBER: _ClassVar[int]
+    CAPPED_HOURS_FIELD_NUMBER: _ClassVar[int]
+    accesses: _containers.RepeatedCompositeFieldContainer[AccessRecord]
+    truncated: bool
+    latest_time: _timestamp_pb2.Timestamp
+    capped_hours: int
+    def __init__(self, accesses: _Optional[_Iterable[_Union[AccessRecord, _Mapping]]] = ..., truncated: _Optional[bool] = ..., latest_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., capped_hours: _Optional[int] = ...) -> None: ...

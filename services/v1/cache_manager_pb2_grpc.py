@@ -85,6 +85,11 @@ class CacheManagerServiceStub:
                 request_serializer=greenserve_dot_v1_dot_cache__manager__pb2.DecideReadOrRecomputeRequest.SerializeToString,
                 response_deserializer=greenserve_dot_v1_dot_cache__manager__pb2.DecideReadOrRecomputeResponse.FromString,
                 _registered_method=True)
+        self.GetAccessWindow = channel.unary_unary(
+                '/greenserve.v1.CacheManagerService/GetAccessWindow',
+                request_serializer=greenserve_dot_v1_dot_cache__manager__pb2.GetAccessWindowRequest.SerializeToString,
+                response_deserializer=greenserve_dot_v1_dot_cache__manager__pb2.GetAccessWindowResponse.FromString,
+                _registered_method=True)
 
 
 class CacheManagerServiceServicer:
@@ -161,6 +166,13 @@ class CacheManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAccessWindow(self, request, context):
+        """Returns a bounded sample of a pool's recorded accesses in a time window (the planner replays them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +225,11 @@ def add_CacheManagerServiceServicer_to_server(servicer, server):
                     servicer.DecideReadOrRecompute,
                     request_deserializer=greenserve_dot_v1_dot_cache__manager__pb2.DecideReadOrRecomputeRequest.FromString,
                     response_serializer=greenserve_dot_v1_dot_cache__manager__pb2.DecideReadOrRecomputeResponse.SerializeToString,
+            ),
+            'GetAccessWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAccessWindow,
+                    request_deserializer=greenserve_dot_v1_dot_cache__manager__pb2.GetAccessWindowRequest.FromString,
+                    response_serializer=greenserve_dot_v1_dot_cache__manager__pb2.GetAccessWindowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -486,6 +503,33 @@ class CacheManagerService:
             '/greenserve.v1.CacheManagerService/DecideReadOrRecompute',
             greenserve_dot_v1_dot_cache__manager__pb2.DecideReadOrRecomputeRequest.SerializeToString,
             greenserve_dot_v1_dot_cache__manager__pb2.DecideReadOrRecomputeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAccessWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/greenserve.v1.CacheManagerService/GetAccessWindow',
+            greenserve_dot_v1_dot_cache__manager__pb2.GetAccessWindowRequest.SerializeToString,
+            greenserve_dot_v1_dot_cache__manager__pb2.GetAccessWindowResponse.FromString,
             options,
             channel_credentials,
             insecure,
