@@ -75,6 +75,7 @@ class EngineState:
     busy_power_w: float = 0.0
     source: str = "rpc"
     draining: bool = False
+    prefill_url: str = ""  # DPD pair: the prefiller (disaggregated.py); ``url`` is the decoder
     # live load
     in_flight: int = 0
     prefilling: int = 0  # of in_flight: sent, no first token yet (queued or in prefill on the engine)
@@ -220,7 +221,7 @@ class EngineState:
         return common_pb2.Engine(
             id=self.id, url=self.url, pool=self.pool, model=self.model, kind=self.kind, gpu_uuid=self.gpu_uuid,
             mig_uuid=self.mig_uuid, state=self.state(now, stale_after_s), idle_power_w=self.idle_power_w,
-            busy_power_w=self.busy_power_w,
+            busy_power_w=self.busy_power_w, prefill_url=self.prefill_url,
         )
 
 
@@ -259,7 +260,7 @@ class EngineRegistry:
             self._reindex()
             return engine, True
         for name in ("url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "idle_power_w", "busy_power_w",
-                     "source"):
+                     "source", "prefill_url"):
             setattr(known, name, getattr(engine, name))
         self._reindex()
         return known, False

@@ -77,6 +77,8 @@ class Engine(Base):
     mig_uuid: Mapped[str] = mapped_column(String(UUID_MAX_CHARS), default="", server_default="")
     idle_power_w: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
     busy_power_w: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
+    # DPD pair: the prefiller's base URL (``url`` is the decoder's); "" for a single engine
+    prefill_url: Mapped[str] = mapped_column(String(URL_MAX_CHARS), default="", server_default="")
 
     def __repr__(self) -> str:
         return (f"Engine(id={self.id!r}, url={self.url!r}, pool={self.pool!r}, mig_uuid={self.mig_uuid!r}, "

@@ -389,23 +389,30 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 raise InvalidArgument(f"engine.{name}", "is required")
         for name, limit in (("id", models.ID_MAX_CHARS), ("url", models.URL_MAX_CHARS),
                             ("pool", models.POOL_MAX_CHARS), ("model", models.MODEL_MAX_CHARS),
-                            ("gpu_uuid", models.UUID_MAX_CHARS), ("mig_uuid", models.UUID_MAX_CHARS)):
+                            ("gpu_uuid", models.UUID_MAX_CHARS), ("mig_uuid", models.UUID_MAX_CHARS),
+                            ("prefill_url", models.URL_MAX_CHARS)):
             if len(getattr(e, name)) > limit:
                 raise InvalidArgument(f"engine.{name}", f"must be at most {limit} characters")
-        try:
-            parsed = urlparse(e.url)
-            parsed.port  # noqa: B018 - raises ValueError on a port out of 0..65535 or not a number
-        except ValueError as exc:  # e.g. "http://[::1" (Invalid IPv6 URL)
-            raise InvalidArgument("engine.url", f"must be an http(s)://host:port URL ({exc}), got {e.url!r}") from None
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise InvalidArgument("engine.url", f"must be an http(s)://host:port URL, got {e.url!r}")
+        for name in ("url", "prefill_url") if e.prefill_url else ("url",):
+            value = getattr(e, name)
+            try:
+                parsed = urlparse(value)
+                parsed.port  # noqa: B018 - raises ValueError on a port out of 0..65535 or not a number
+            except ValueError as exc:  # e.g. "http://[::1" (Invalid IPv6 URL)
+                raise InvalidArgument(f"engine.{name}",
+                                      f"must be an http(s)://host:port URL ({exc}), got {value!r}") from None
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise InvalidArgument(f"engine.{name}", f"must be an http(s)://host:port URL, got {value!r}")
+        if e.prefill_url and e.prefill_url.rstrip("/") == e.url.rstrip("/"):
+            raise InvalidArgument("engine.prefill_url", "must be the prefiller's URL, not the decoder's (engine.url)")
         if e.kind not in common_pb2.EngineKind.values():
             raise InvalidArgument("engine.kind", f"must be a known EngineKind, got {e.kind}")
         for name in ("idle_power_w", "busy_power_w"):
             _finite(f"engine.{name}", getattr(e, name), 0.0, 1e6)
         state = EngineState(id=e.id, url=e.url.rstrip("/"), pool=e.pool, model=e.model,
                             kind=e.kind or common_pb2.ENGINE_KIND_VLLM, gpu_uuid=e.gpu_uuid, mig_uuid=e.mig_uuid,
-                            idle_power_w=e.idle_power_w, busy_power_w=e.busy_power_w, source="rpc")
+                            idle_power_w=e.idle_power_w, busy_power_w=e.busy_power_w, source="rpc",
+                            prefill_url=e.prefill_url.rstrip("/"))
         try:
             stored, created = await self.core.register_engine(state)
         except ValueError as exc:

@@ -28,6 +28,7 @@ from json.decoder import scanstring  # the C string scanner json.loads itself us
 from typing import Any
 
 import aiohttp
+from greenserve.router import disaggregated
 from greenserve.router.engines import EngineRegistry, EngineState
 from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
@@ -263,6 +264,8 @@ class Dispatcher:
         try:
             async with asyncio.timeout(timeout):
                 t_sent = time.monotonic()
+                if engine.prefill_url:  # a DPD pair: the prefiller first, then the decoder streams (disaggregated.py)
+                    await disaggregated.prefill(self.session, engine.prefill_url, req.path, body, self._timeout)
                 resp = await self.session.post(engine.url + req.path, data=body, headers=_JSON_HEADERS,
                                                timeout=self._timeout)
                 try:

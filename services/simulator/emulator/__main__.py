@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--spec-acceptance", type=_fraction, default=0.457,
                        help="accepted / proposed draft tokens (default 0.457, GreenLLM's 1B draft)")
     modes.add_argument("--num-speculative-tokens", type=_int_at_least(1), default=3, help="draft tokens per round")
+    modes.add_argument("--pd-role", default="", choices=["prefill", "decode"],
+                       help="dpd as a pair of engines behind the router's proxy: prefill (one token per request) or "
+                       "decode (the prompt's KV cache over the link instead of a prefill)")
     modes.add_argument("--link-bandwidth-bytes-per-s", type=_positive_float, default=2e9,
                        help="link of the disaggregated modes (default 2e9: 16 Gbps)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         crash_after_s=args.crash_after_s,
         exit_on_crash=True,
         serving_mode=ModeSettings(args.mode, args.draft_profile, args.decode_profile, args.spec_acceptance,
-                                  args.num_speculative_tokens, args.link_bandwidth_bytes_per_s),
+                                  args.num_speculative_tokens, args.link_bandwidth_bytes_per_s, args.pd_role),
     )
     try:
         config.validate()

@@ -10,6 +10,12 @@ paces them.
 * ``dpd``: the emulated engine stands for the pair: prefill steps on the engine's profile, each prefilled prompt's
   KV cache over the link, decode steps on ``decode_profile`` (the older GPU), the two running side by side (a step
   lasts as long as the slower of its prefill part and its decode part); the older GPU's idle power is added.
+* ``dpd`` with a PD role: the pair as two engines behind a proxy (the router's ``disaggregated.py``), as vLLM runs
+  it. ``pd_role="prefill"``: the engine on the new GPU's profile prefills and answers one token whatever
+  ``max_tokens`` asks (the proxy sends 1). ``pd_role="decode"``: the engine on the older GPU's profile does not
+  prefill again: each prompt chunk it admits costs the transfer of its KV cache over the declared link
+  (``PerfModel.kv_transfer_time_s``, the same figure the replay and ``mode_units`` charge), the GPU idle meanwhile,
+  then it decodes on its own profile.
 
 The emulator emits one token per sequence per step, so a speculative round is spread over its expected tokens (the
 mean TPOT), as the replay does.
@@ -25,6 +31,7 @@ from typing import Any
 from greenserve.simulator.emulator.pacing import StepTimer
 
 MODES = ("standalone", "spec_decode", "dpd", "dsd")
+PD_ROLES = ("", "prefill", "decode")  # "": dpd emulated as one engine standing for the pair
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class ModeSettings:
     acceptance_fraction: float = 0.457  # accepted / proposed (GreenLLM Sec. V-A, 1B draft)
     num_speculative_tokens: int = 3
     link_bandwidth_bytes_per_s: float = 2e9  # 16 Gbps (GreenLLM)
+    pd_role: str = ""  # dpd as a pair of engines: "prefill" or "decode" (see the module docstring)
 
     def validate(self) -> None:
         """ValueError naming the first invalid setting."""
@@ -44,7 +52,11 @@ class ModeSettings:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode in ("spec_decode", "dsd") and not self.draft_profile:
             raise ValueError(f"draft_profile: mode {self.mode} needs the draft's profile")
-        if self.mode == "dpd" and not self.decode_profile:
+        if self.pd_role not in PD_ROLES:
+            raise ValueError(f"pd_role: must be prefill or decode, got {self.pd_role!r}")
+        if self.pd_role and self.mode != "dpd":
+            raise ValueError(f"pd_role: only mode dpd runs as a prefill/decode pair, got mode {self.mode}")
+        if self.mode == "dpd" and not self.pd_role and not self.decode_profile:
             raise ValueError("decode_profile: mode dpd needs the decode GPU's profile")
         if not 0.0 <= self.acceptance_fraction <= 1.0:
             raise ValueError(f"acceptance_fraction: must be in [0, 1], got {self.acceptance_fraction}")
@@ -120,3 +132,34 @@ class ModeTimer(StepTimer):
             return 0.0, self.idle_power_w
         power = (prefill_w * prefill_s + decode_w * decode_s) / duration + self._second_idle_w
         return float(duration), float(power)
+
+
+class PdDecodeTimer(StepTimer):
+    """The decoder of a DPD pair (``pd_role="decode"``): a prompt's KV cache arrives over the link instead of being
+    prefilled; decode steps on the engine's own profile (the older GPU)."""
+
+    def __init__(self, perf_model: Any, settings: ModeSettings) -> None:
+        super().__init__(perf_model)
+        settings.validate()
+        self.settings = settings
+
+    def step(self, prefill_chunks: Iterable[tuple[int, int]], decode_batch: int,
+             decode_context_tokens: int) -> tuple[float, float]:
+        pm = self._pm
+        received = sum(tokens for tokens, _ in prefill_chunks if tokens > 0)
+        link_s = pm.kv_transfer_time_s(received, self.settings.link_bandwidth_bytes_per_s)
+        decode_s, decode_w = StepTimer.step(self, (), decode_batch, decode_context_tokens)
+        duration = link_s + decode_s
+        if duration <= 0:
+            return 0.0, self.idle_power_w
+        # the GPU waits (idle) while the KV cache arrives, then runs the decode step
+        return float(duration), float((self.idle_power_w * link_s + decode_w * decode_s) / duration)
+
+
+def make_timer(perf_model: Any, settings: ModeSettings) -> StepTimer:
+    """The step timer of an engine in ``settings``' mode (a DPD prefiller paces as a standalone engine)."""
+    if settings.mode == "standalone" or settings.pd_role == "prefill":
+        return StepTimer(perf_model)
+    if settings.pd_role == "decode":
+        return PdDecodeTimer(perf_model, settings)
+    return ModeTimer(perf_model, settings)

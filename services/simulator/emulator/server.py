@@ -38,9 +38,8 @@ from greenserve.simulator.emulator.faults import (
     validate_fault_update,
 )
 from greenserve.simulator.emulator.metrics import EngineMetrics
-from greenserve.simulator.emulator.modes import ModeTimer
+from greenserve.simulator.emulator.modes import make_timer
 from greenserve.simulator.emulator.pacing import (
-    StepTimer,
     load_perf_model,
     resolve_shape,
 )
@@ -105,7 +104,7 @@ class EngineEmulator:
         mode = config.serving_mode
         self.engine = EmulatedEngine(
             self.shape,
-            StepTimer(perf_model) if mode.mode == "standalone" else ModeTimer(perf_model, mode),
+            make_timer(perf_model, mode),
             self.metrics,
             self.faults,
             time_scale=config.time_scale,
@@ -358,6 +357,8 @@ class EngineEmulator:
             )
         except ApiError as err:
             return _error_response(err)
+        if self.config.serving_mode.pd_role == "prefill":  # a DPD prefiller answers its one token (modes.py)
+            gen.max_tokens = 1
         if self.faults.draw_error():
             return _error_response(ApiError(500, "injected fault: the engine failed this request (error_rate)"))
         self._next_id += 1

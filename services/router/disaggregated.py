@@ -1,0 +1,66 @@
+"""Disaggregated prefill/decode (DPD) pairs behind the router: one registered engine, two processes.
+
+A pair registers as one engine (``common_pb2.Engine``) whose ``url`` is the decoder's and whose ``prefill_url`` is
+the prefiller's. Each request of such an engine is proxied as vLLM's and LMCache's disaggregated-prefill proxies do
+(vLLM ``examples/disaggregated``, LMCache ``examples/disagg_prefill``): first the request to the prefiller with
+``max_tokens`` (and ``max_completion_tokens`` when given) set to 1, not streamed (``stream_options`` dropped); its
+answer is read and discarded (the prefiller's KV connector has shipped the prompt's KV cache to the decoder by
+then); then the real request goes to the decoder, which streams the text. The dispatcher (``upstream.py``) calls
+``prefill`` right before it sends the request to ``engine.url``, inside the same first-token deadline.
+
+Errors of the prefill step: a connection failure, a timeout, HTTP 5xx/429 or an unreadable answer raise
+``PrefillFailed`` (an ``aiohttp.ClientError``), which the dispatcher treats like any failed attempt before the first
+token (charged to the engine, retried on another one, else 503/UNAVAILABLE); a 4xx is the request's own fault and
+is passed back to the caller as the prefiller's answer (``UpstreamClientError``), as the decoder's would be.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class PrefillFailed(aiohttp.ClientError):
+    """The prefill step of a DPD pair failed (the attempt fails; nothing reached the caller)."""
+
+
+def prefill_body(body: bytes) -> bytes:
+    """The request for the prefiller: ``max_tokens`` 1 (and ``max_completion_tokens`` 1 when set), not streamed."""
+    try:
+        obj: dict[str, Any] = json.loads(body)
+    except ValueError as exc:
+        raise PrefillFailed(f"request body is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise PrefillFailed("request body is not a JSON object")
+    obj["max_tokens"] = 1
+    if "max_completion_tokens" in obj:
+        obj["max_completion_tokens"] = 1
+    obj["stream"] = False
+    obj.pop("stream_options", None)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+async def prefill(session: aiohttp.ClientSession, prefill_url: str, path: str, body: bytes,
+                  timeout: aiohttp.ClientTimeout) -> None:
+    """Runs the prefill step of one request on the pair's prefiller (see the module docstring)."""
+    from greenserve.router.upstream import (
+        UpstreamClientError,  # upstream imports this module
+    )
+
+    async with session.post(prefill_url + path, data=prefill_body(body), headers=_JSON_HEADERS,
+                            timeout=timeout) as resp:
+        data = await resp.read()
+        if resp.status >= 500 or resp.status == 429:
+            raise PrefillFailed(f"prefiller {prefill_url} answered HTTP {resp.status}")
+        if resp.status >= 400:
+            raise UpstreamClientError(resp.status, data, resp.content_type)
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            raise PrefillFailed(f"prefiller {prefill_url} answered an unreadable body") from None
+        if not isinstance(answer, dict) or "choices" not in answer:
+            raise PrefillFailed(f"prefiller {prefill_url} answered no completion: {data[:200]!r}")
