@@ -483,6 +483,10 @@ def _start_engine(procs: _Procs, args: argparse.Namespace, cpus: list[int] | Non
            "--max-num-seqs", str(args.max_num_seqs)]
     if args.model:
         cmd += ["--model", args.model]
+    if args.engine == "noop":  # bench_engine.py: a token per --noop-tpot-s, the router the bottleneck
+        from greenserve.router.bench_engine import DEFAULT_MODEL, serve_args
+
+        cmd = [sys.executable, *serve_args(model=args.model or DEFAULT_MODEL, tpot_s=args.noop_tpot_s)]
     proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       env=_env()))
     assert proc.stdout is not None
@@ -592,6 +596,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                    help="time-bounded runs: each (level, target) runs this long (closed loop) instead of a "
                         "request count")
     p.add_argument("--engines", type=int, default=2, help="emulated engines (processes)")
+    p.add_argument("--engine", choices=("emulator", "noop"), default="emulator",
+                   help="emulator: the simulator's engine (the figures so far); noop: bench_engine.py, a token "
+                        "every --noop-tpot-s at a few us of CPU each, so that the router is the bottleneck")
+    p.add_argument("--noop-tpot-s", type=float, default=0.02, help="seconds between tokens of --engine noop")
     p.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1 = modelled real time)")
     p.add_argument("--max-num-seqs", type=int, default=1024, help="emulated engines' --max-num-seqs")
     p.add_argument("--max-tokens", type=int, default=None,
@@ -665,6 +673,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         p.error("--duration-s: must be > 0")
     if args.loadgen_procs < 0:
         p.error("--loadgen-procs: must be >= 0")
+    if not args.noop_tpot_s >= 0:
+        p.error("--noop-tpot-s: must be >= 0")
     try:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
@@ -895,6 +905,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                                  "rps_at_concurrency": seq_peer_head["rps"]} if seq_peer_head else None)}
                 if peer_head else {"skipped": peer_reason or "not run"})},
             "cpu_pinning": pinning,
+            "engine": args.engine if args.engine == "emulator" else f"noop (tpot {args.noop_tpot_s:g} s)",
             "nice": args.nice,
             "host_load": {"before": host_before, "after": _host_load()},
             "setup": {"engines": args.engines, "time_scale": args.time_scale, "max_tokens": args.max_tokens,
