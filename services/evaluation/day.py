@@ -31,7 +31,7 @@ from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
-from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
+from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting, placement_engine_id
 from greenserve.optimizer.solvers.serving_modes import (
     MODE_NAMES,
     SPEC_DECODE,
@@ -259,10 +259,10 @@ def pool_engines(pool: PoolScenario, interval: common_pb2.PlanInterval, weights:
                  cache_bytes: int) -> PoolEngines:
     """The pool's engines this hour. A MIG pool whose GPUs the plan partitions runs one engine per instance (id
     ``<gpu>/<profile>@<start>/<variant>``, so that an instance the next layout changes is a new engine with empty
-    caches), its variant on that slice's profile, weighted by the instance's capacity at the pool's SLO (the plan
-    routes among the pool's whole-GPU engines; the clover-exact solver splits the load over instances up to their
-    capacities); the DRAM of a GPU is shared by its instances. Otherwise the pool's whole GPUs, each the best
-    variant."""
+    caches), its variant on that slice's profile, weighted as the plan weights its placement
+    (``routing_weights.placement_engine_id``: the planner splits a partitioned GPU's weight over its instances by
+    their capacity at the pool's SLO), or by that capacity when the plan names no weight for it; the DRAM of a GPU
+    is shared by its instances. Otherwise the pool's whole GPUs, each the best variant."""
     variants = {v.name: v for v in pool.variant_protos}
     top = pool.variant_protos[0]
     ids: list[str] = []
@@ -282,7 +282,9 @@ def pool_engines(pool: PoolScenario, interval: common_pb2.PlanInterval, weights:
                 profiles[eid] = _slice_profile(variant.simulator_model or pool.simulator_model, pool.hardware,
                                                pl.profile, variant, pool.model)
                 quality[eid] = variant.quality_fraction
-                inst_weights[eid] = _slice_capacity(pool, pool.hardware, pl.profile, variant)
+                planned = weights.get(placement_engine_id(mig.gpu_uuid, pl.profile, pl.start))
+                inst_weights[eid] = (planned if planned is not None
+                                     else _slice_capacity(pool, pool.hardware, pl.profile, variant))
                 layout[f"{pl.profile} {variant.name}"] = layout.get(f"{pl.profile} {variant.name}", 0) + 1
                 gpus_used.add(mig.gpu_uuid)
     if ids:

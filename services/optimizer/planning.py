@@ -177,6 +177,14 @@ class Planner:
                 result = KnobPlan(keep_current_messages(inputs, solver.knob))
             results[solver.knob] = result
             outcomes.append(outcome)
+        if "routing_weights" in results and "mig_layouts" in results:
+            # The routing knob follows the layouts: a partitioned GPU's weight goes to its instances' engines.
+            from greenserve.optimizer.solvers.routing_weights import onto_mig_instances
+            try:
+                results["routing_weights"] = onto_mig_instances(inputs, results["routing_weights"],
+                                                                results["mig_layouts"])
+            except Exception:  # noqa: BLE001 - the whole-GPU weights stay; the plan still goes out
+                log.exception("routing weights not split over MIG instances")
         plan = assemble(inputs, results, outcomes, trigger=trigger, created_s=created_s)
         return PlannerResult(plan, time.perf_counter() - started)
 

@@ -16,6 +16,9 @@
 * "Engines from the plan": when a plan names engines the router does not know, it asks the optimizer
   for the fleet inventory (GetFleet) and registers them (source "plan"); the inventory also gives each
   pool's SLO and grid region, used by the carbon receipt.
+* MIG instances a plan's layout creates have no engine id yet when the plan is made: the plan names them by
+  placement (``mig:<gpu uuid>/<profile>@<start>``) and the weight goes to the engine(s) the inventory's
+  ``gpus[].instances[]`` report at that placement (the gpu-partitioner registers them under its own ids).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from greenserve.v1 import common_pb2
 log = logging.getLogger("greenserve.router.plans")
 
 Weights = dict[str, float]
+# A plan names a MIG instance its layout creates by placement (optimizer/solvers/routing_weights.py,
+# placement_engine_id); the fleet inventory says which engine runs there once the gpu-partitioner reports it.
+MIG_PLACEMENT_PREFIX = "mig:"
 
 
 class PlanError(ValueError):
@@ -71,6 +77,9 @@ class PlanStore:
         self._valid_until = math.inf  # clock time when the interval in force ends
         self.pool_slo: dict[str, common_pb2.Slo] = {}
         self.pool_region: dict[str, str] = {}
+        # "mig:<gpu>/<profile>@<start>" (a MIG instance the plan's layout creates) -> the engine ids the fleet
+        # inventory reports on that instance (the gpu-partitioner registers them with their own ids)
+        self.instance_engines: dict[str, list[str]] = {}
 
     # -- read side (request path) -----------------------------------------------------------------
 
@@ -85,7 +94,8 @@ class PlanStore:
     def engine_ids(self) -> set[str]:
         if self.plan is None:
             return set()
-        return {w.engine_id for interval in self.plan.intervals for w in interval.routing_weights}
+        return {e for interval in self.plan.intervals for w in interval.routing_weights
+                for e in self.instance_engines.get(w.engine_id, (w.engine_id,))}
 
     # -- write side ------------------------------------------------------------------------------
 
@@ -109,7 +119,9 @@ class PlanStore:
         weights: dict[str, Weights] = {}
         if chosen is not None:
             for w in chosen.routing_weights:
-                weights.setdefault(w.pool, {})[w.engine_id] = w.weight
+                pool = weights.setdefault(w.pool, {})
+                for engine_id in self.instance_engines.get(w.engine_id, (w.engine_id,)):
+                    pool[engine_id] = w.weight
         self._weights = weights
         self._valid_until = next_change
 
@@ -132,6 +144,13 @@ class PlanStore:
                 self.pool_slo[pool.name] = pool.slo
             if pool.region:
                 self.pool_region[pool.name] = pool.region
+        instances = {f"{MIG_PLACEMENT_PREFIX}{gpu.uuid}/{inst.profile}@{inst.placement_start}":
+                     [i for i in inst.engine_id.split(",") if i]
+                     for gpu in fleet.gpus for inst in gpu.instances if inst.engine_id}
+        if instances != self.instance_engines:
+            self.instance_engines = instances
+            if self.plan is not None:
+                self._select_interval()  # the plan's MIG placements now name these engines
 
     def persist(self, plan: common_pb2.Plan) -> None:
         """Writes the plan as the last good one (one transaction; blocking: call off the event loop)."""

@@ -20,6 +20,7 @@ Weights are the shares ``x_e / L``; an engine with weight 0 gets no requests whi
 from __future__ import annotations
 
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
+from greenserve.optimizer.solvers.mig_setup import OptionTable, gpu_model_of, variant_name
 from greenserve.v1 import common_pb2
 
 
@@ -108,3 +109,123 @@ class MinCarbonRouting:
         detail = (f"weights for {len(inputs.fleet.pools)} pools over {inputs.horizon_hours} h, engines filled by "
                   f"carbon per request up to {self.headroom:.0%} of SLO capacity ({self.load_bound} load)")
         return KnobPlan(per_interval, explanation=lines, detail=detail, pool_figures=figures)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Routing onto MIG instances
+# ------------------------------------------------------------------------------------------------------------------
+
+MIG_PLACEMENT_PREFIX = "mig:"
+
+
+def placement_engine_id(gpu_uuid: str, profile: str, start: int) -> str:
+    """The engine id a plan gives a MIG instance that runs no reported engine yet: ``mig:<gpu>/<profile>@<start>``.
+    The router resolves it to the engine the gpu-partitioner registers on that instance (the fleet inventory's
+    ``gpus[].instances[]`` carry the profile, the placement start and the engine id); the evaluation's replay
+    weights its instance engines by it."""
+    return f"{MIG_PLACEMENT_PREFIX}{gpu_uuid}/{profile}@{start}"
+
+
+def _reported_engines(fleet: common_pb2.FleetInventory) -> dict[tuple[str, str, int], str]:
+    """(GPU uuid, MIG profile, placement start) -> the engine id the gpu-partitioner reported on that instance."""
+    out: dict[tuple[str, str, int], str] = {}
+    for gpu in fleet.gpus:
+        for inst in gpu.instances:
+            ids = [i for i in inst.engine_id.split(",") if i]
+            if len(ids) == 1:  # one engine per instance is what the partitioner runs
+                out[(gpu.uuid, inst.profile, inst.placement_start)] = ids[0]
+    return out
+
+
+def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobPlan) -> KnobPlan:
+    """The routing weights with each pool's MIG-partitioned GPUs weighted per instance.
+
+    A routing solver weighs the pool's engines as the fleet lists them (whole GPUs, or the instances running now),
+    but in an hour whose ``mig_layouts`` partition a GPU for the pool, the engines there are one per placement of
+    that layout. Per pool and hour, the weight the solver gave the pool's engines on those GPUs is summed and split
+    over the placements in proportion to each instance's capacity at the pool's SLO (the option the clover-exact
+    solver sized the layout with: the running engine's measured capability, else the profiles' prediction for its
+    variant on that slice), so each instance is loaded to the same fraction of its capacity. An instance that runs
+    a reported engine is named by that engine's id; one the layout creates by ``placement_engine_id``. The pool's
+    engines on those GPUs that no placement keeps get weight 0; engines on other GPUs keep the solver's weight.
+    When the solver named no engine on those GPUs (none had a capability), the instances together get the pool's
+    mean weight per instance; when it gave the pool no weight at all, the instances share weight 1.
+    """
+    if not layouts.per_interval or len(layouts.per_interval) != len(routing.per_interval):
+        return routing
+    reported = _reported_engines(inputs.fleet)
+    gpu_models = {g.uuid: gpu_model_of(g) for g in inputs.fleet.gpus}
+    gpu_pool = {g.uuid: g.pool for g in inputs.fleet.gpus}
+    tables: dict[str, OptionTable] = {}
+    capacity_cache: dict[tuple[str, str, str, str], float] = {}
+    notes: list[str] = []
+    per_interval: list[list[common_pb2.RoutingWeight]] = []
+    split_pools: set[str] = set()
+    for h, weights in enumerate(routing.per_interval):
+        placements: dict[str, list[tuple[str, common_pb2.MigPlacement]]] = {}
+        partitioned: dict[str, set[str]] = {}  # pool -> GPUs the hour's layouts cover (also those left empty)
+        for layout in layouts.per_interval[h]:
+            if gpu_pool.get(layout.gpu_uuid):
+                partitioned.setdefault(gpu_pool[layout.gpu_uuid], set()).add(layout.gpu_uuid)
+            for pl in layout.placements:
+                if pl.pool:
+                    placements.setdefault(pl.pool, []).append((layout.gpu_uuid, pl))
+                    partitioned.setdefault(pl.pool, set()).add(layout.gpu_uuid)
+        if not partitioned:
+            per_interval.append(list(weights))
+            continue
+        out: list[common_pb2.RoutingWeight] = []
+        for pi, pool in enumerate(inputs.fleet.pools):
+            mine = [w for w in weights if w.pool == pool.name]
+            if pool.name not in partitioned:
+                out.extend(mine)
+                continue
+            gpus = partitioned[pool.name]
+            on_gpu = {e.id for e in pool.engines if e.gpu_uuid in gpus}
+            named = [w.weight for w in mine if w.engine_id in on_gpu]
+            moved = sum(named)
+            if not mine:
+                moved = 1.0
+            elif not named:  # the solver knew no engine there: each instance as the pool's mean engine
+                moved = sum(w.weight for w in mine) / len(mine) * len(placements.get(pool.name, []))
+            variants = {v.name: v for v in pool.variants}
+            caps: list[tuple[str, float]] = []
+            for uuid, pl in placements.get(pool.name, []):
+                gpu_model = gpu_models.get(uuid)
+                variant = variants.get(pl.model_variant) if pl.model_variant else (
+                    pool.variants[0] if pool.variants else None)
+                key = (pool.name, gpu_model or "", pl.profile, variant_name(variant))
+                if key not in capacity_cache:
+                    cap = 0.0
+                    if gpu_model is not None:
+                        table = tables.setdefault(pool.name, OptionTable(inputs, pool, pi))
+                        try:
+                            option = table.option(gpu_model, pl.profile, variant)
+                        except Exception as exc:  # noqa: BLE001 - an unpredictable slice is named, not fatal
+                            notes.append(f"pool {pool.name}: no capacity for {pl.profile} {variant_name(variant)} "
+                                         f"({exc}); its instances weighted as the pool's others' mean")
+                            option = None
+                        cap = option.capacity_requests_per_s if option is not None else 0.0
+                    capacity_cache[key] = cap
+                engine_id = reported.get((uuid, pl.profile, pl.start)) or placement_engine_id(uuid, pl.profile,
+                                                                                              pl.start)
+                caps.append((engine_id, capacity_cache[key]))
+            known = [c for _, c in caps if c > 0]
+            fallback = sum(known) / len(known) if known else 1.0
+            caps = [(eid, c if c > 0 else fallback) for eid, c in caps]
+            total_cap = sum(c for _, c in caps)
+            instance_ids = {eid for eid, _ in caps}
+            out.extend(w for w in mine if w.engine_id not in on_gpu and w.engine_id not in instance_ids)
+            for engine_id in sorted(on_gpu - instance_ids):
+                out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id, weight=0.0))
+            for engine_id, cap in sorted(caps):
+                out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id,
+                                                    weight=round(moved * cap / total_cap, 6) if total_cap else 0.0))
+            split_pools.add(pool.name)
+        per_interval.append(out)
+    if not split_pools:
+        return routing
+    detail = routing.detail + (f"; MIG-partitioned GPUs of {', '.join(sorted(split_pools))} weighted per instance by "
+                               f"its capacity at the SLO")
+    return KnobPlan(per_interval, explanation=list(routing.explanation) + sorted(set(notes)), detail=detail,
+                    status=routing.status, pool_figures=routing.pool_figures)

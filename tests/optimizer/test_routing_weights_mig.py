@@ -1,0 +1,171 @@
+"""Routing weights for MIG pools: a plan whose layout partitions a pool's GPUs weights each instance's engine by its
+capacity at the pool's SLO (not the whole-GPU engines), names a reported instance by its engine id and a new one by
+placement, and the router resolves and routes by those weights."""
+
+from __future__ import annotations
+
+import pytest
+from greenserve.common import carbon
+from greenserve.optimizer.capacity import Capability
+from greenserve.optimizer.planning import KnobPlan, Planner, PlanningInputs, SeriesForecast
+from greenserve.optimizer.solvers import mig_patterns as mp
+from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
+from greenserve.optimizer.solvers.keep_current import KeepCurrent
+from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting, placement_engine_id
+from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.plans import PlanStore
+from greenserve.router.policy import PolicyConfig, RoutingPolicy, rendezvous
+from greenserve.router.prefix_index import PrefixIndex
+from greenserve.v1 import common_pb2
+
+HOURS = 2
+
+
+class FixedLayouts:
+    """The mig_layouts knob as given (stands in for the clover-exact solver, whose layouts its own tests check)."""
+
+    knob = "mig_layouts"
+    name = "mig_layouts.fixed"
+
+    def __init__(self, layouts: list[common_pb2.MigLayout]) -> None:
+        self.layouts = layouts
+
+    def solve(self, inputs: PlanningInputs) -> KnobPlan:
+        return KnobPlan([list(self.layouts) for _ in range(inputs.horizon_hours)])
+
+
+def _fleet() -> common_pb2.FleetInventory:
+    """Pool chat: two MIG-capable A100-80GB, each listed with a whole-GPU engine; GPU-1 already reports one 7g
+    instance running engine ``n1-7g`` (the gpu-partitioner's id)."""
+    fleet = common_pb2.FleetInventory()
+    pool = fleet.pools.add(name="chat", model="meta-llama/Meta-Llama-3-8B-Instruct", region="R",
+                           slo=common_pb2.Slo(ttft_s=2.0, tpot_s=0.15, attainment_fraction=0.9),
+                           mean_prompt_tokens=512, mean_output_tokens=256)
+    pool.variants.extend(v.to_proto() for v in mp.family("llama3-8b-instruct")[:2])
+    for i in range(2):
+        pool.engines.add(id=f"chat-{i}", pool="chat", hardware="A100-80GB", gpu_uuid=f"GPU-{i}",
+                         model_variant=pool.variants[0].name)
+    fleet.gpus.add(uuid="GPU-0", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat", mig_enabled=True,
+                   reported_by="operator")
+    gpu1 = fleet.gpus.add(uuid="GPU-1", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat", mig_enabled=True,
+                          reported_by="gpu-partitioner/n1")
+    gpu1.instances.add(uuid="MIG-1", profile="7g.80gb", placement_start=0, placement_size=8, engine_id="n1-7g")
+    return fleet
+
+
+def _layouts(variants: list[str]) -> list[common_pb2.MigLayout]:
+    return [
+        common_pb2.MigLayout(gpu_uuid="GPU-0", placements=[
+            common_pb2.MigPlacement(profile="4g.40gb", start=0, size=4, pool="chat", model_variant=variants[0]),
+            common_pb2.MigPlacement(profile="3g.40gb", start=4, size=4, pool="chat", model_variant=variants[1])]),
+        common_pb2.MigLayout(gpu_uuid="GPU-1", placements=[
+            common_pb2.MigPlacement(profile="7g.80gb", start=0, size=8, pool="chat", model_variant=variants[0])]),
+    ]
+
+
+def _inputs(fleet: common_pb2.FleetInventory, load: float = 4.0) -> PlanningInputs:
+    flat = SeriesForecast((load,) * HOURS, (load,) * HOURS, (load * 1.1,) * HOURS)
+    ci = SeriesForecast((300.0,) * HOURS, (300.0,) * HOURS, (300.0,) * HOURS)
+    caps = {"chat-0": Capability(9.0, 60.0, 150.0, "predicted", "x"),
+            "chat-1": Capability(9.0, 60.0, 120.0, "predicted", "x")}
+    return PlanningInputs(start_s=0.0, horizon_hours=HOURS, fleet=fleet, ci={"R": ci}, load={"chat": flat},
+                          capabilities=caps, params=carbon.load_default_params(), gpu_platform={})
+
+
+def _capacity(pool: common_pb2.Pool, profile: str, variant: common_pb2.ModelVariant) -> float:
+    option = mp.predicted_option(pool, "A100-80GB", profile, variant, variant.simulator_model, "x")
+    assert option is not None
+    return option.capacity_requests_per_s
+
+
+@pytest.mark.parametrize("routing", [MinCarbonRouting(), EvenRouting()], ids=["min_carbon", "even"])
+def test_a_mig_pool_plan_weights_each_instance_by_its_capacity(routing) -> None:
+    fleet = _fleet()
+    pool = fleet.pools[0]
+    names = [v.name for v in pool.variants]
+    planner = Planner([routing, FixedCache(full=True), FixedLayouts(_layouts(names)), KeepCurrent("serving_modes")])
+    try:
+        plan = planner.plan(_inputs(fleet), trigger="test", created_s=0.0).plan
+    finally:
+        planner.close()
+    new_4g, new_3g = placement_engine_id("GPU-0", "4g.40gb", 0), placement_engine_id("GPU-0", "3g.40gb", 4)
+    assert new_4g == "mig:GPU-0/4g.40gb@0"
+    expected_cap = {new_4g: _capacity(pool, "4g.40gb", pool.variants[0]),
+                    new_3g: _capacity(pool, "3g.40gb", pool.variants[1]),
+                    "n1-7g": _capacity(pool, "7g.80gb", pool.variants[0])}
+    assert len(set(expected_cap.values())) == 3  # three different capacities: proportionality is checked
+    for interval in plan.intervals:
+        weights = {w.engine_id: w.weight for w in interval.routing_weights if w.pool == "chat"}
+        # the whole-GPU engines no longer run: weight 0; the reported 7g instance by its engine id, new ones by placement
+        assert weights["chat-0"] == 0.0 and weights["chat-1"] == 0.0
+        instances = {k: weights[k] for k in expected_cap}
+        total_w, total_cap = sum(instances.values()), sum(expected_cap.values())
+        for engine_id, cap in expected_cap.items():
+            assert instances[engine_id] == pytest.approx(total_w * cap / total_cap, rel=1e-4)
+        assert set(weights) == {"chat-0", "chat-1", *expected_cap}
+    outcome = next(o for o in plan.solver_outcomes if o.knob == "routing_weights")
+    assert outcome.solver == routing.name and outcome.status == "ok"
+
+
+def test_pools_and_hours_without_a_layout_keep_the_solvers_weights() -> None:
+    fleet = _fleet()
+    planner = Planner([MinCarbonRouting(), FixedCache(full=True), FixedLayouts([]), KeepCurrent("serving_modes")])
+    try:
+        plan = planner.plan(_inputs(fleet), trigger="test", created_s=0.0).plan
+    finally:
+        planner.close()
+    for interval in plan.intervals:
+        assert {w.engine_id for w in interval.routing_weights} == {"chat-0", "chat-1"}
+        # min-carbon: the cheaper engine (chat-1, 120 J per request) takes the load up to its headroom first
+        weights = {w.engine_id: w.weight for w in interval.routing_weights}
+        assert weights["chat-1"] > weights["chat-0"]
+
+
+def _router(engines: list[tuple[str, str, str]]) -> tuple[RoutingPolicy, PlanStore]:
+    registry = EngineRegistry(HealthPolicy())
+    for engine_id, gpu, mig in engines:
+        registry.upsert(EngineState(id=engine_id, url=f"http://{engine_id}", pool="chat", model="m", gpu_uuid=gpu,
+                                    mig_uuid=mig))
+    index = PrefixIndex(1 << 20)
+    for e in registry.engines:
+        index.add_engine(e)
+    plans = PlanStore(None)
+    return RoutingPolicy(registry, index, plans, PolicyConfig()), plans
+
+
+def test_the_router_resolves_instance_weights_and_routes_by_them() -> None:
+    fleet = _fleet()
+    names = [v.name for v in fleet.pools[0].variants]
+    planner = Planner([MinCarbonRouting(), FixedCache(full=True), FixedLayouts(_layouts(names)),
+                       KeepCurrent("serving_modes")])
+    try:
+        plan = planner.plan(_inputs(fleet), trigger="test", created_s=0.0).plan
+    finally:
+        planner.close()
+    plan.version = 1
+    planned = {w.engine_id: w.weight for w in plan.intervals[0].routing_weights}
+    # The gpu-partitioner created GPU-0's two instances and registered their engines under its own ids.
+    policy, plans = _router([("n0-4g", "GPU-0", "MIG-a"), ("n0-3g", "GPU-0", "MIG-b"), ("n1-7g", "GPU-1", "MIG-1"),
+                             ("chat-0", "GPU-0", "")])
+    assert plans.apply(plan)
+    reported = common_pb2.FleetInventory()
+    reported.CopyFrom(fleet)
+    gpu0 = reported.gpus[0]
+    gpu0.instances.add(uuid="MIG-a", profile="4g.40gb", placement_start=0, placement_size=4, engine_id="n0-4g")
+    gpu0.instances.add(uuid="MIG-b", profile="3g.40gb", placement_start=4, placement_size=4, engine_id="n0-3g")
+    plans.apply_fleet(reported)  # what the router learns from GetFleet
+    weights, version = plans.weights_for("chat")
+    assert version == 1
+    assert weights["n0-4g"] == planned["mig:GPU-0/4g.40gb@0"] and weights["n0-3g"] == planned["mig:GPU-0/3g.40gb@4"]
+    assert weights["n1-7g"] == planned["n1-7g"] and weights["chat-0"] == 0.0
+    assert {"n0-4g", "n0-3g", "n1-7g"} <= plans.engine_ids()
+    # Routing: the whole-GPU engine (weight 0) never gets a request; keyed traffic splits by the weights.
+    engines = [e for e in policy.registry.engines.values() if e.id != "chat-0"]
+    assert all(policy.choose("chat", "", []).engine.id != "chat-0" for _ in range(20))
+    counts = dict.fromkeys((e.id for e in engines), 0)
+    n = 6000
+    for key in range(1, n + 1):
+        counts[rendezvous(key * 2654435761 % (1 << 63) + 1, engines, weights).id] += 1
+    total_w = sum(weights[e.id] for e in engines)
+    for e in engines:
+        assert counts[e.id] / n == pytest.approx(weights[e.id] / total_w, abs=0.03)
