@@ -1,9 +1,9 @@
 """The workers phase of ``greenserve bench router`` (``--workers-phase N``): ``workers_speedup``.
 
 Throughput through the router with ``--workers N`` over the same with ``--workers 1``, the engine made
-so cheap that the router is the bottleneck: a no-op engine (this module's ``serve_noop_engine``: one
-aiohttp process answering every completion at once with a prebuilt SSE body in the emulator's format,
-plus ``/health``, ``/v1/models`` and an idle ``/metrics``). Each run is a closed loop of ``--concurrency``
+so cheap that the router is the bottleneck: the no-op engine of ``bench_engine.py`` (uvloop, a raw
+protocol, prebuilt SSE in the emulator's format), by default writing each stream whole at once
+(``--engine-tpot-s`` 0; > 0 streams a token per tick). Each run is a closed loop of ``--concurrency``
 streams over HTTP for ``--duration-s`` after a ramp, short outputs (``--max-tokens``), the same load for
 both worker counts; both routers run at once and are loaded in turn, ``--rounds`` times, and the
 speedup is the median of the rounds' ratios (other load on a shared machine drifts). The router is
@@ -17,7 +17,6 @@ Alone: ``python -m greenserve.router.bench_workers --workers 2`` (last line: one
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -28,97 +27,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-NOOP_MODEL = "noop"
-_FILLER = [" the", " carbon", " aware", " router", " serves", " many", " cores", "."]
+from greenserve.router.bench_engine import DEFAULT_MODEL, serve_args
+
+NOOP_MODEL = DEFAULT_MODEL
 
 
-# -- the no-op engine ---------------------------------------------------------------------------------
+# -- the no-op engine: bench_engine.py ------------------------------------------------------------------
 
 
-def _sse_body(chat: bool, tokens: int, model: str) -> bytes:
-    """A whole stream as the emulator writes it: token events, the final one, usage, [DONE]."""
-    common = f'"id":"cmpl-noop","object":"{"chat.completion.chunk" if chat else "text_completion"}",' \
-             f'"created":0,"model":{json.dumps(model)}'
-    if chat:
-        head = 'data: {' + common + ',"choices":[{"index":0,"delta":{"content":'
-        mid = '},"logprobs":null,"finish_reason":'
-    else:
-        head = 'data: {' + common + ',"choices":[{"index":0,"text":'
-        mid = ',"logprobs":null,"finish_reason":'
-    running = mid + 'null,"stop_reason":null}],"usage":null}\n\n'
-    final = mid + '"length","stop_reason":null}],"usage":null}\n\n'
-    parts = [head + json.dumps(_FILLER[i % len(_FILLER)]) + (final if i == tokens - 1 else running)
-             for i in range(tokens)]
-    usage = {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens}
-    parts.append("data: " + json.dumps({"id": "cmpl-noop", "object": "text_completion", "created": 0,
-                                        "model": model, "choices": [], "usage": usage}) + "\n\n")
-    parts.append("data: [DONE]\n\n")
-    return "".join(parts).encode()
-
-
-def noop_app(model: str = NOOP_MODEL) -> Any:
-    """The no-op engine's aiohttp application."""
-    from aiohttp import web
-
-    bodies: dict[tuple[bool, int], bytes] = {}
-    metrics = (f'vllm:num_requests_running{{model_name="{model}"}} 0\n'
-               f'vllm:num_requests_waiting{{model_name="{model}"}} 0\n'
-               f'vllm:kv_cache_usage_perc{{model_name="{model}"}} 0\n').encode()
-    models = json.dumps({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "noop"}]}).encode()
-
-    async def generate(request: web.Request) -> web.Response:
-        body = await request.json()
-        chat = request.path.endswith("/chat/completions")
-        tokens = max(1, min(4096, int(body.get("max_tokens") or 16)))
-        data = bodies.get((chat, tokens))
-        if data is None:
-            data = bodies[(chat, tokens)] = _sse_body(chat, tokens, model)
-        return web.Response(body=data, content_type="text/event-stream")
-
-    def fixed(data: bytes, content_type: str) -> Any:
-        async def handler(request: web.Request) -> web.Response:
-            return web.Response(body=data, content_type=content_type)
-
-        return handler
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", generate)
-    app.router.add_post("/v1/chat/completions", generate)
-    app.router.add_get("/health", fixed(b"", "text/plain"))
-    app.router.add_get("/metrics", fixed(metrics, "text/plain"))
-    app.router.add_get("/v1/models", fixed(models, "application/json"))
-    return app
-
-
-def serve_noop_engine(port: int = 0, model: str = NOOP_MODEL) -> None:
-    """Runs the no-op engine until killed; prints ``listening on http://127.0.0.1:PORT`` once bound."""
-    from aiohttp import web
-
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
-
-    async def main() -> None:
-        runner = web.AppRunner(noop_app(model), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(f"listening on http://127.0.0.1:{bound}", flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-def _start_noop_engine(procs: Any, cpus: list[int] | None) -> tuple[str, int]:
+def _start_noop_engine(procs: Any, cpus: list[int] | None, tpot_s: float = 0.0) -> tuple[str, int]:
+    """A bench_engine.py engine in a process of its own (``tpot_s`` 0: each stream written at once)."""
     from greenserve.router.bench import _env, _pinned, _wait_http
 
-    code = "from greenserve.router.bench_workers import serve_noop_engine; serve_noop_engine()"
-    proc = procs.add(subprocess.Popen(_pinned([sys.executable, "-c", code], cpus), stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, env=_env()))
+    proc = procs.add(subprocess.Popen(_pinned([sys.executable, *serve_args(tpot_s=tpot_s)], cpus),
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
         raise RuntimeError(f"no-op engine did not start: {line!r}")
@@ -180,7 +102,8 @@ def _median(values: list[float]) -> float:
 
 
 def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, max_tokens: int = 16,
-              loadgen_procs: int = 2, ramp_s: float = 1.0, rounds: int = 3) -> dict[str, Any]:
+              loadgen_procs: int = 2, ramp_s: float = 1.0, rounds: int = 3, engine_tpot_s: float = 0.0
+              ) -> dict[str, Any]:
     """Runs ``rounds`` rounds of (--workers 1, --workers ``workers``) under the same load, both routers
     started once and loaded in turn (the idle one only scrapes its engine), so that a machine whose
     other load drifts affects both alike; ``workers_speedup`` is the median over the rounds of the
@@ -201,7 +124,7 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
     ratios: list[float] = []
     host_before = _host_load()
     try:
-        engine, engine_pid = _start_noop_engine(procs, pinning["others"])
+        engine, engine_pid = _start_noop_engine(procs, pinning["others"], engine_tpot_s)
         routers = {}
         for n in (1, workers):
             run_dir = Path(data_dir) / f"w{n}"
@@ -240,7 +163,7 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
         "workers": {"ratios": [round(x, 3) for x in ratios], "runs": runs, "cpu_pinning": pinning,
                     "cpu_count": len(os.sched_getaffinity(0)), "concurrency": concurrency,
                     "duration_s": duration_s, "max_tokens": max_tokens, "loadgen_procs": loadgen_procs,
-                    "rounds": rounds, "engine": "no-op (bench_workers.serve_noop_engine)", "nice": bench._NICE,
+                    "rounds": rounds, "engine": f"no-op (bench_engine.py, tpot {engine_tpot_s:g} s)", "nice": bench._NICE,
                     "host_load": {"before": host_before, "after": _host_load()}},
     }
 
@@ -261,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per request")
     p.add_argument("--loadgen-procs", type=int, default=2, help="load-generator processes")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (1 worker, N workers); the median ratio is taken")
+    p.add_argument("--engine-tpot-s", type=float, default=0.0,
+                   help="seconds between the no-op engine's tokens (0: each stream written at once)")
     p.add_argument("--nice", type=int, default=0,
                    help="niceness of every process started (as bench router's --nice; negative needs root)")
     p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
@@ -272,12 +197,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.duration_s > 0:
         p.error("--duration-s: must be > 0")
+    if not args.engine_tpot_s >= 0:
+        p.error("--engine-tpot-s: must be >= 0")
     from greenserve.router import bench
 
     bench._NICE = args.nice  # the launcher every bench process starts through applies it
     try:
         result = run_phase(args.workers, concurrency=args.concurrency, duration_s=args.duration_s,
-                           max_tokens=args.max_tokens, loadgen_procs=args.loadgen_procs, rounds=args.rounds)
+                           max_tokens=args.max_tokens, loadgen_procs=args.loadgen_procs, rounds=args.rounds,
+                           engine_tpot_s=args.engine_tpot_s)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(json.dumps({"error": str(exc), "workers_speedup": None}))
         return 1
