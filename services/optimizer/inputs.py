@@ -21,6 +21,7 @@ from greenserve.common import carbon
 from greenserve.common.errors import FailedPrecondition
 from greenserve.common.persistence import Database
 from greenserve.optimizer import capacity
+from greenserve.optimizer import traffic_history as traffic_history_module
 from greenserve.optimizer.fleet import gpu_hardware
 from greenserve.optimizer.models import ForecastCache
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
@@ -294,7 +295,7 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
                  params: carbon.CarbonParams, start_s: float, hours: int, now_s: float,
                  current: common_pb2.Plan | None, carbon_weight_fraction: float,
                  declared: common_pb2.FleetInventory | None = None,
-                 cache_manager: grpc.aio.Channel | None = None) -> PlanningInputs:
+                 cache_manager: grpc.aio.Channel | None = None, traffic_history: bool = False) -> PlanningInputs:
     notes: list[str] = []
     if not fleet.pools:
         raise FailedPrecondition("the fleet has no pools: set one with SetFleet (greenserve fleet set)")
@@ -324,7 +325,9 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
     caps = await asyncio.to_thread(capabilities, fleet, profiles, notes)
     platforms = gpu_platforms(fleet, params, notes)
     cache_sizes = await fetch_cache_sizes(cache_manager, notes)
+    traffic, traffic_missing = await traffic_history_module.fetch_traces(
+        cache_manager, forecasts.stub, fleet, start_s, notes) if traffic_history else ({}, {})
     return PlanningInputs(start_s=start_s, horizon_hours=hours, fleet=fleet, ci=ci, load=load, capabilities=caps,
                           params=params, gpu_platform=platforms, current=current,
                           carbon_weight_fraction=carbon_weight_fraction, notes=notes, declared=declared,
-                          cache_sizes=cache_sizes)
+                          cache_sizes=cache_sizes, traffic=traffic, traffic_missing=traffic_missing)

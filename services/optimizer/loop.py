@@ -97,7 +97,8 @@ class OptimizerLoop:
             fleet=fleet, forecasts=self.forecasts, profiler=self.profiler, params=params or self.params,
             start_s=start, hours=hours, now_s=now, current=self.plans.active,
             carbon_weight_fraction=carbon_weight_fraction, declared=self.fleet.declared,
-            cache_manager=self.cache_manager)
+            cache_manager=self.cache_manager,
+            traffic_history=any(getattr(s, "wants_traffic_history", False) for s in self.planner.solvers))
         result = await asyncio.to_thread(self.planner.plan, inputs, trigger=trigger, created_s=now)
         plan = result.plan
         if dry_run:

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import Message
 
@@ -28,6 +28,9 @@ from greenserve.common import carbon
 from greenserve.common.carbon_messages import breakdown_to_proto
 from greenserve.optimizer.capacity import Capability
 from greenserve.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from greenserve.optimizer.replay_trace import ReplayTrace
 
 log = logging.getLogger("greenserve.optimizer.planning")
 
@@ -64,6 +67,10 @@ class PlanningInputs:
     carbon_weight_fraction: float = 1.0
     declared: common_pb2.FleetInventory | None = None  # what the operator declared (targets such as MIG layouts)
     cache_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # pool -> (DRAM, disk) bytes in force
+    # Recorded traffic to replay (traffic_history.py; only when a solver wants_traffic_history): pool -> trace,
+    # and pool -> why it has none.
+    traffic: dict[str, ReplayTrace] = field(default_factory=dict)
+    traffic_missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property

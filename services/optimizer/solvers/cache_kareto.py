@@ -8,12 +8,14 @@ of the pool's traffic through the simulator (``greenserve.simulator.replay``), o
 profile with an LMCache DRAM and disk tier of those sizes:
 
 * the window: ``window_s`` (600 s by default, as the cache profiles: conversations need minutes to reach a steady
-  state; longer when the rate is low, at most MAX_REQUESTS requests) of GreenCache's multi-turn conversations
-  at the pool's forecast rate for the first hour of the horizon, per engine (two significant digits: replays are
-  cached and reused by later plans). The forecaster's forecast is its
-  seasonal model of the pool's own load history (same hour yesterday / last week); the request *shape* is the
-  multi-turn workload, because the planner does not receive the cache-manager's access history (a gap, stated in
-  docs/optimizer.md). The first third of the window warms the caches and is not measured.
+  state; longer when the rate is low, at most MAX_REQUESTS requests) of the pool's own recorded traffic
+  (``inputs.traffic``: the same hour yesterday, else last week, else the most recent hour with recorded accesses,
+  from the cache-manager's access history and the forecaster's load history; ``traffic_history.py`` and
+  ``replay_trace.py``), thinned by whole conversations and time-scaled to the pool's forecast rate for the first
+  hour of the horizon, per engine (two significant digits: replays are cached and reused by later plans). A pool
+  without recorded traffic replays GreenCache's multi-turn conversations at that rate instead, and the
+  explanation says which was replayed. A recorded window shorter than ``window_s`` at the forecast rate is
+  replayed whole. The first third of the window warms the caches and is not measured.
 * the three objectives (Kareto Eq. 1-2): latency = mean TTFT of the measured requests (an incomplete one counts as
   the window length), throughput = measured requests completed per second, cost = carbon per hour of the pool:
   the replay's energy per request x the rate at the horizon's mean forecast CI and the PUE, plus the embodied
@@ -40,6 +42,7 @@ from functools import lru_cache
 import numpy as np
 from greenserve.common import carbon
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
+from greenserve.optimizer.replay_trace import ReplayTrace
 from greenserve.optimizer.solvers.cache_greencache import _size_text, pool_profile
 from greenserve.optimizer.solvers.cache_pareto import (
     ScoredPoint,
@@ -50,7 +53,7 @@ from greenserve.optimizer.solvers.cache_pareto import (
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.simulator.perf_model import PerfModel, load_profile
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
-from greenserve.simulator.workloads import multi_turn_workload
+from greenserve.simulator.workloads import Workload, multi_turn_workload
 from greenserve.v1 import common_pb2
 
 FINE_STEPS = 16  # at most this many fine steps per axis (the step is coarsened beyond)
@@ -71,16 +74,27 @@ class PointScore:
     disk_mean_bytes: float = 0.0  # the disk tier's mean allocated size (its size, or what an elastic tier held)
 
 
-@lru_cache(maxsize=4096)
-def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
-                ttft_slo_s: float, tpot_slo_s: float, seed: int = 7, disk_ttl_s: float = 0.0) -> PointScore:
-    """Replay ``window_s`` of multi-turn conversations at ``rate_per_s`` through one engine with these tiers (a
-    ``disk_ttl_s`` > 0 makes the disk tier elastic: idle entries leave after it); the last two thirds are measured
-    (deterministic: same arguments, same answer, so plans reuse it)."""
-    model = PerfModel(load_profile(profile))
-    per_token = max(model.profile.kv_bytes_per_token, 1.0)
+def replay_workload(rate_per_s: float, window_s: float, seed: int = 7,
+                    trace: ReplayTrace | None = None) -> tuple[Workload, float, str]:
+    """What a point replays: the pool's recorded ``trace`` at ``rate_per_s`` (cut at ``window_s``), else
+    multi-turn conversations at that rate; (workload, the window's length, how it was made)."""
+    if trace is not None:
+        return trace.workload(rate_per_s, window_s, seed)
     n_conversations = max(4, int(rate_per_s / MEAN_TURNS * window_s))
     workload = multi_turn_workload(n_conversations, rate_per_s / MEAN_TURNS, seed=seed, mean_turns=MEAN_TURNS)
+    return workload, window_s, "synthetic multi-turn conversations"
+
+
+@lru_cache(maxsize=4096)
+def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
+                ttft_slo_s: float, tpot_slo_s: float, seed: int = 7, disk_ttl_s: float = 0.0,
+                trace: ReplayTrace | None = None) -> PointScore:
+    """Replay ``window_s`` of the pool's recorded ``trace`` (else multi-turn conversations) at ``rate_per_s``
+    through one engine with these tiers (a ``disk_ttl_s`` > 0 makes the disk tier elastic: idle entries leave
+    after it); the last two thirds are measured (deterministic: same arguments, same answer, so plans reuse it)."""
+    model = PerfModel(load_profile(profile))
+    per_token = max(model.profile.kv_bytes_per_token, 1.0)
+    workload, window_s = replay_workload(rate_per_s, window_s, seed, trace)[:2]
     spec = EngineSpec(profile, dram_capacity_tokens=int(dram_bytes / per_token),
                       disk_capacity_tokens=int(disk_bytes / per_token), disk_ttl_s=disk_ttl_s)
     result = replay(workload, FleetConfig((spec,), seed=seed))
@@ -122,6 +136,7 @@ class PoolSearch:
     stopped: str  # "" or why the search stopped early
     seconds: float
     ttl_disk_bytes: int | None = None  # with the TTL axis: the disk size (y is then the disk tier's TTL, s)
+    traffic: str = ""  # what the points replayed (the pool's recorded window, or the synthetic shape and why)
 
     def target(self, p: ScoredPoint) -> tuple[int, int, float]:
         """(DRAM bytes, disk bytes, TTL s) of a point."""
@@ -152,6 +167,7 @@ class KaretoSearch:
 
     knob = "cache_targets"
     name = "cache.kareto"
+    wants_traffic_history = True  # the planner fetches each pool's recorded traffic into inputs.traffic
 
     def __init__(self, *, window_s: float = 600.0, max_evaluations: int = 32, time_limit_s: float = 8.0,
                  perf_threshold: float = 0.02, cost_threshold: float = 0.005, expand_threshold: float = 0.01,
@@ -183,6 +199,17 @@ class KaretoSearch:
         # Two significant digits, so that later plans with nearly the same forecast reuse the replays.
         rate = float(f"{max((load.mean[0] if load else 0.0) / n_engines, 0.01):.2g}")
         window_s = min(max(self.window_s, 240 * 1.5 / rate), MAX_REQUESTS / rate)
+        trace = inputs.traffic.get(pool.name)
+        if trace is not None:
+            _, replayed_s, how = trace.workload(rate, window_s)
+            traffic = (f"replayed the pool's own traffic of {trace.label}: {len(trace.requests)} requests recorded "
+                       f"at {trace.recorded_rate_per_s:.3g}/s, {trace.reused_fraction:.0%} of prompt tokens in "
+                       f"shared prefixes, mean output {trace.mean_output_tokens:.0f} tokens ({trace.output_source}); "
+                       f"at {rate:g} requests/s per engine: {how}, {replayed_s:.0f} s replayed")
+        else:
+            why = inputs.traffic_missing.get(pool.name, "the planner did not fetch it")
+            traffic = (f"replayed GreenCache's synthetic multi-turn shape at {rate:g} requests/s per engine "
+                       f"({window_s:.0f} s): no recorded traffic of the pool ({why})")
         hours = inputs.horizon_hours
         ci = float(np.mean([inputs.ci[pool.region].mean[h] for h in range(hours)])) if pool.region in inputs.ci \
             else 0.0
@@ -197,9 +224,10 @@ class KaretoSearch:
             if time.perf_counter() > deadline:
                 raise _OutOfTime
             if ttl_axis:  # y is the disk tier's TTL (0: none, the whole disk allocated), the disk at its limit
-                s = score_point(profile, int(x), disk_limit, round(rate, 6), window_s, slo[0], slo[1], disk_ttl_s=y)
+                s = score_point(profile, int(x), disk_limit, round(rate, 6), window_s, slo[0], slo[1], disk_ttl_s=y,
+                                trace=trace)
             else:
-                s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1])
+                s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1], trace=trace)
             energy_kwh = s.power_w * n_engines * 3600.0 / 3.6e6
             cost = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=inputs.params.pue) + \
                 n_engines * carbon.cache_tiers_embodied_g(dram_bytes=x, disk_bytes=s.disk_mean_bytes,
@@ -237,7 +265,7 @@ class KaretoSearch:
             max(points, key=lambda p: (attained[(p.x, p.y)], -p.cost))
         grid = (round(dram_limit / fx) + 1 if dram_limit > 0 else 1) * (round(y_limit / fy) + 1 if y_limit > 0 else 1)
         return PoolSearch(pool.name, points, pareto, attained, chosen, bool(ok), rho, rounds, grid, stopped,
-                          time.perf_counter() - started, disk_limit if ttl_axis else None)
+                          time.perf_counter() - started, disk_limit if ttl_axis else None, traffic)
 
     def solve(self, inputs: PlanningInputs) -> KnobPlan:
         started = time.perf_counter()
@@ -272,7 +300,7 @@ class KaretoSearch:
             lines.append(f"pool {s.pool}: Kareto search: {s.text(c)}, "
                          f"{c.cost:.1f} gCO2e/h, mean TTFT {c.latency_s:.3f} s: {why}; {len(s.points)} replays in "
                          f"{s.rounds} rounds (the full grid: {s.grid_points}){'; ' + s.stopped if s.stopped else ''}; "
-                         f"Pareto set (sizes: TTFT, carbon) {head}{more}")
+                         f"Pareto set (sizes: TTFT, carbon) {head}{more}; {s.traffic}")
             details.append(f"{s.pool}: " + "; ".join(
                 f"{int(p.x)},{int(p.y)},{p.latency_s:.4f},{p.throughput:.4f},{p.cost:.3f}" for p in front)
                 + f" [{s.seconds:.2f} s]")
