@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from greenserve.common import carbon
 from greenserve.evaluation.headlines import greencache as gc
 
@@ -47,8 +46,8 @@ def test_replayed_hit_rate_tracks_the_cache_size() -> None:
     assert large.ttft_ok >= none.ttft_ok  # reuse shortens prefill
 
 
-def test_quick_run_reports_the_convention_and_meets_the_slo() -> None:
-    out = gc.run(quick=True)
+def test_quick_run_reports_the_convention_and_meets_the_slo(quick_run: dict) -> None:
+    out = quick_run
     assert out["seed"] == "GreenCache"
     assert set(out) >= {"seed", "setting", "paper", "ours", "within_tolerance", "notes"}
     assert out["paper"]["carbon_saved_vs_full_cache_fr_mean_pct"]["value"] == 15.1
@@ -67,14 +66,81 @@ def test_quick_run_reports_the_convention_and_meets_the_slo() -> None:
         assert day["ilp"]["status"] == "Optimal"
     assert ours["slo_attainment_min"] >= 0.9 - 1e-9
     assert ours["carbon_saved_vs_full_cache_fr_mean_pct"] == detail["per_grid"]["FR"]["saved_vs_full_cache_pct"]
+    # the headline runs in the paper's setting: GreenCache's direct CI (CarbonCast: FR ~37 g/kWh that day)
+    assert 30 < detail["per_grid"]["FR"]["ci_mean_g_per_kwh"] < 45
+    assert detail["assumptions"]["paper"]["ci"] == "direct"
     # a lower CI makes the SSD's embodied carbon a larger share: FR's what-if at 33 g/kWh saves more
     assert detail["what_if"]["FR_ci_scaled_to_33_g_per_kwh"]["saved_vs_full_cache_pct"] >= \
         detail["per_grid"]["FR"]["saved_vs_full_cache_pct"]
-    # GreenCache's own CI source (CarbonCast, direct CI): FR averages ~37 g/kWh there, and the saving is larger
-    cc = detail["what_if"]["FR_carboncast_direct_ci"]
-    assert 30 < cc["ci_mean_g_per_kwh"] < 45
-    assert cc["saved_vs_full_cache_pct"] >= detail["per_grid"]["FR"]["saved_vs_full_cache_pct"]
+    decomposition = {row["row"]: row for row in detail["decomposition"]}
+    assert decomposition["paper_setting"]["saved_vs_full_cache_pct"]["FR"] == ours["carbon_saved_vs_full_cache_fr_mean_pct"]
+    assert decomposition["ours"]["saved_vs_full_cache_pct"]["FR"] == ours["carbon_saved_fr_with_our_defaults_pct"]
     assert out["within_tolerance"] == all(detail["checks"].values())
     assert isinstance(out["within_tolerance"], bool)
     assert out["notes"] and all(isinstance(n, str) for n in out["notes"])
     assert math.isfinite(detail["peak_rate_prompts_per_s"]) and detail["peak_rate_prompts_per_s"] > 0
+
+
+def test_direct_ci_is_greencache_source_for_every_grid() -> None:
+    for region in gc.REGIONS:
+        direct, lifecycle = gc.day_ci(region, "direct"), gc.day_ci(region, "lifecycle")
+        assert len(direct) == 24 and all(c > 0 for c in direct)
+        assert sum(direct) < sum(lifecycle), region  # operational factors only: below the life-cycle CI
+    assert gc.day_ci("FR", "direct") == list(gc.CARBONCAST_DIRECT_2022_07_06["FR"])
+    with pytest.raises(ValueError, match="kind"):
+        gc.day_ci("FR", "hourly")
+
+
+def test_whole_server_power_adds_host_and_allocated_ssd_power() -> None:
+    params = carbon.load_default_params()
+    gpu = gc.hour_carbon_g(800.0, 100.0, 16, params, gc.GPU_ONLY)
+    whole = gc.hour_carbon_g(800.0, 100.0, 16, params, gc.WHOLE_SERVER)
+    watts = 800.0 + gc.CPU_W + gc.DRAM_W + 16 * gc.SSD_W_PER_TB
+    assert whole["operational_g"] == pytest.approx(watts / 1000.0 * 100.0)
+    assert whole["operational_g"] > gpu["operational_g"]
+    assert whole["ssd_embodied_g"] == gpu["ssd_embodied_g"]  # the embodied terms do not depend on the accounting
+
+
+def test_azure_code_day_has_the_deeper_trough() -> None:
+    code, conv = gc.azure_day_shape("code"), gc.azure_day_shape("conv")
+    assert len(code) == 24 and max(code) == pytest.approx(1.0)
+    assert min(code) < 0.2
+    assert min(conv) > 0.4
+    with pytest.raises(ValueError, match="service"):
+        gc.azure_day_shape("chat")
+
+
+def test_paper_workload_reaches_table3_hit_rate_and_ours_does_not() -> None:
+    ours, paper = gc._turns(1, gc.OURS_WORKLOAD), gc._turns(1, gc.PAPER_WORKLOAD)
+    def reusable(t: gc._Turns) -> float:
+        return float(((t.prev_prompt // gc.BLOCK_TOKENS) * gc.BLOCK_TOKENS).sum() / t.prompt.sum())
+    assert reusable(paper) >= gc.TABLE3_LCS[16] > reusable(ours)
+    assert gc._prompt_stats(gc.PAPER_WORKLOAD)["p90_tokens"] < gc._prompt_stats(gc.OURS_WORKLOAD)["p90_tokens"]
+
+
+@pytest.fixture(scope="module")
+def quick_run() -> dict:
+    return gc.run(quick=True)
+
+
+def test_decomposition_rows_exist_and_each_assumption_changes_the_result(quick_run: dict) -> None:
+    rows = {row["row"]: row for row in quick_run["detail"]["decomposition"]}
+    singles = ("ci_direct", "power_whole_server", "workload_paper", "load_code_service")
+    leave_one_out = ("paper_without_ci_direct", "paper_without_whole_server", "paper_without_workload",
+                     "paper_without_code_service")
+    assert set(rows) == {"ours", "paper_setting", *singles, *leave_one_out}
+    for row in rows.values():
+        assert set(row["saved_vs_full_cache_pct"]) == set(gc.REGIONS)
+        assert row["attainment_min"] >= gc.RHO - 1e-9, row["row"]
+        assert isinstance(row["fr_within_20pct_of_15.1"], bool)
+    base = rows["ours"]["saved_vs_full_cache_pct"]
+    paper = rows["paper_setting"]["saved_vs_full_cache_pct"]
+    for key in singles:  # switched alone from ours, each assumption moves some grid's saving
+        assert rows[key]["saved_vs_full_cache_pct"] != base, key
+    for key in leave_one_out:  # and leaving it out of the paper's setting moves it too
+        assert rows[key]["saved_vs_full_cache_pct"] != paper, key
+    # the row's flag is the +-20 % test on FR's mean saving against the paper's 15.1 %
+    for row in rows.values():
+        assert row["fr_within_20pct_of_15.1"] == (abs(row["saved_vs_full_cache_pct"]["FR"] / 15.1 - 1) <= 0.2)
+    # direct CI is lower than life-cycle CI on every grid, so the SSD weighs more and FR saves more
+    assert rows["ci_direct"]["saved_vs_full_cache_pct"]["FR"] > base["FR"]
