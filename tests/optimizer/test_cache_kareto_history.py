@@ -138,11 +138,12 @@ async def test_optimizer_fetches_history_and_falls_back(start_inprocess, forecas
     yesterday, accesses_2h = hour - 86400, hour - 2 * HOUR
     accesses, _ = router_accesses("chat", yesterday, 1.0, 900.0)
     recent, _ = router_accesses("docs", accesses_2h, 1.0, 600.0, seed=2)
+    weekly, _ = router_accesses("weekly", hour - 7 * 86400, 1.0, 600.0, seed=3)
 
     async def gen(items):
         for item in items:
             yield item
-    await stub.ReportAccesses(gen(accesses + recent))
+    await stub.ReportAccesses(gen(accesses + recent + weekly))
 
     # pool_trace's order: yesterday (chat), else the most recent hour (docs), else nothing (idle).
     chat = pool("chat", [engine("a100", "A100-80GB")], max_cache_dram_bytes=8 * GIB, cache_step_bytes=4 * GIB)
@@ -152,6 +153,9 @@ async def test_optimizer_fetches_history_and_falls_back(start_inprocess, forecas
     assert trace is not None and trace.source == "recent" and why == ""
     assert "same hour yesterday" not in trace.label and "most recent hour" in trace.label
     assert trace.output_source == "the default"
+    weekly_pool = pool("weekly", [engine("d100", "A100-80GB")], max_cache_dram_bytes=8 * GIB)
+    trace, why = await pool_trace(stub, None, weekly_pool, hour)
+    assert trace is not None and trace.source == "last_week" and "same hour last week" in trace.label
     trace, why = await pool_trace(stub, None, idle, hour)
     assert trace is None and "same hour yesterday" in why and "same hour last week" in why
 
@@ -159,6 +163,9 @@ async def test_optimizer_fetches_history_and_falls_back(start_inprocess, forecas
     await ingest_daily(fc, ci_ref("FR"), 60.0, 30.0)
     for name in ("chat", "docs", "idle"):
         await ingest_daily(fc, load_ref(name), 0.5, 0.2)
+    # chat's output tokens per second: the trace's mean output per request comes from them.
+    await ingest_daily(fc, common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key="chat",
+                                                unit=common_pb2.UNIT_OUTPUT_TOKENS_PER_S), 150.0, 60.0)
     running = await optimizer(schedule_plans=False, cache_solver="kareto", cache_manager_addr=cm.address)
     opt = optimizer_pb2_grpc.OptimizerServiceStub(grpc.aio.insecure_channel(running.address))
     await opt.SetFleet(optimizer_pb2.SetFleetRequest(fleet=common_pb2.FleetInventory(pools=[chat, docs, idle])))
@@ -168,6 +175,7 @@ async def test_optimizer_fetches_history_and_falls_back(start_inprocess, forecas
     lines = {name: next((x for x in plan.explanation.splitlines() if f"pool {name}: Kareto" in x), "")
              for name in ("chat", "docs", "idle")}
     assert "replayed the pool's own traffic of same hour yesterday" in lines["chat"], plan.explanation
+    assert "mean output 300 tokens (the forecaster's load history of that hour)" in lines["chat"], plan.explanation
     assert "the most recent hour with recorded accesses" in lines["docs"], plan.explanation
     assert "synthetic multi-turn shape" in lines["idle"] and "none recorded" in lines["idle"], plan.explanation
     await cm_channel.close()
