@@ -16,7 +16,7 @@ greenserve the cost is carbon). Algorithm 1, as implemented:
 4. repeat 2-3 until nothing new is added (or `max_evaluations`); return the Pareto set of all evaluated points.
 
 This module is the search itself (`greenserve bench cache-pareto` compares it with the grid); the planner
-solver that scores points by replaying a pool's recent traffic through the simulator is not built yet.
+solver that scores points by replaying a pool's recorded traffic through the simulator is ``cache_kareto``.
 """
 
 from __future__ import annotations
