@@ -8,7 +8,9 @@ apply protocol handles both backends with one code path.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol
 
 from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement
@@ -92,10 +94,35 @@ class GpuState:
     mig_enabled: bool
     mig_pending: bool = False  # a mode change waits for a GPU reset (A100)
     instances: list[InstanceState] = field(default_factory=list)
+    hardware: str = ""  # the GPU as the simulator's profiles name it ("A100-40GB", "T4"); "" when unknown
 
     @property
     def layout(self) -> list[Placement]:
         return sorted(i.placement for i in self.instances)
+
+    @property
+    def whole(self) -> bool:
+        """Runs engines as a whole GPU: no MIG (unsupported) or MIG disabled (DPD's decoder on an older GPU)."""
+        return not self.mig_capable or (not self.mig_enabled and not self.mig_pending)
+
+
+@lru_cache(maxsize=1)
+def simulator_gpus() -> dict[str, dict]:
+    """The simulator's GPU figures by hardware name ("T4": memory, idle and max power, ...)."""
+    from greenserve.simulator.mode_units import gpu_table
+
+    return dict(gpu_table())
+
+
+def hardware_name(name: str, model: str | None = None) -> str:
+    """The simulator's name of a GPU: its MIG model key when known, else the simulator GPU whose name appears as a
+    word of the NVML product name ("Tesla T4" -> "T4", "Tesla V100-SXM2-16GB" -> "V100"); "" when none does."""
+    if model:
+        return model
+    for key in sorted(simulator_gpus(), key=len, reverse=True):
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name, flags=re.IGNORECASE):
+            return key
+    return ""
 
 
 @dataclass

@@ -12,6 +12,9 @@ Calls and traps follow ``../shared/reference/mig-nvml-reference.md`` section 3:
 * Destroying a GI needs its compute instances destroyed first; both return IN_USE while processes run.
 * MIG device UUIDs come from the MIG device handles, joined to the GI/CI ids we created.
 * Power is milliwatts and energy millijoules since driver load, for the whole GPU only.
+* A GPU whose ``nvmlDeviceGetMigMode`` answers NOT_SUPPORTED (no MIG: T4, V100) is listed with ``mig_capable``
+  false; with the MIG-capable ones whose mode is disabled it is a whole GPU (``GpuState.whole``), named by
+  ``hardware`` ("Tesla T4" -> "T4"): where the gpu-partitioner runs DPD's decoder.
 
 Profiles and placements are read from the GPU when MIG is on (``...ProfileInfo`` + ``...PossiblePlacements``);
 otherwise, or when NVML refuses, the tables of ``geometry`` are used.
@@ -29,6 +32,7 @@ from typing import Any
 from greenserve.gpu_partitioner import geometry as geometry_mod
 from greenserve.gpu_partitioner.backend import (
     GpuState,
+    hardware_name,
     InstanceState,
     InsufficientResourcesError,
     InUseError,
@@ -277,7 +281,8 @@ class NvmlBackend:
         instances = self._instances(handle, geo) if (enabled and geo is not None) else []
         model = geo.model if (geo is not None and geo.model in geometry_mod.models()) else None
         return GpuState(uuid=uuid, index=index, name=name, model=model, memory_bytes=memory, mig_capable=capable,
-                        mig_enabled=enabled, mig_pending=pending, instances=instances)
+                        mig_enabled=enabled, mig_pending=pending, instances=instances,
+                        hardware=hardware_name(name, model))
 
     def gpu(self, gpu_uuid: str) -> GpuState:
         handle = self._handle(gpu_uuid)

@@ -8,7 +8,10 @@ behaviour around them (``../shared/reference/mig-nvml-reference.md`` sections 1.
 * destroying a GI with a process on it is IN_USE;
 * changing MIG mode with processes on the GPU is IN_USE, disabling it with GIs present is IN_USE;
   on an A100 the change stays *pending* until a GPU reset (`reset_gpu`), on H100/H200 it is immediate;
-* a GPU reset drops every GI and CI (they never persist across a reset).
+* a GPU reset drops every GI and CI (they never persist across a reset);
+* a GPU without MIG (a model of the simulator's GPU table that MIG tables do not know: ``T4``, ``V100``, ``L40``)
+  is listed with ``mig_capable`` false and runs engines as a whole GPU (DPD's decoder on the older GPU); every MIG
+  call on it is NOT_SUPPORTED, as NVML answers.
 
 Every mutation is one database transaction, so the simulated GPUs survive a restart of the service
 exactly as they were (as real GPUs survive a restart of the partitioner process). Power follows a
@@ -29,6 +32,8 @@ from greenserve.common.persistence import Database
 from greenserve.gpu_partitioner import geometry as geometry_mod
 from greenserve.gpu_partitioner.backend import (
     GpuState,
+    hardware_name,
+    simulator_gpus,
     InstanceState,
     InsufficientResourcesError,
     InUseError,
@@ -52,18 +57,27 @@ MIB = 1024 * 1024
 
 
 def parse_gpu_spec(spec: str) -> list[tuple[str, bool]]:
-    """"A100-40GB,H100-80GB:nomig" -> [(model, mig_enabled), ...]; ValueError on an unknown model."""
+    """"A100-40GB,H100-80GB:nomig,T4" -> [(model, mig_enabled), ...]; ValueError on an unknown model. A model
+    without MIG (the simulator's GPU table: "T4", "V100", "L40") is a whole GPU (mig_enabled False)."""
     out = []
+    mig_models = geometry_mod.models()
+    whole_models = sorted(set(simulator_gpus()) - set(mig_models))
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
         model, _, flag = item.partition(":")
-        if model not in geometry_mod.models():
-            raise ValueError(f"unknown simulated GPU model {model!r}; known: {', '.join(geometry_mod.models())}")
+        if model not in mig_models and model not in whole_models:
+            raise ValueError(f"unknown simulated GPU model {model!r}; known: {', '.join([*mig_models, *whole_models])}")
         if flag not in ("", "mig", "nomig"):
             raise ValueError(f"simulated GPU {item!r}: the suffix must be ':mig' or ':nomig'")
-        out.append((model, flag != "nomig"))
+        if model not in mig_models and flag == "mig":
+            raise ValueError(f"simulated GPU {item!r}: {model} has no MIG")
+        out.append((model, flag != "nomig" and model in mig_models))
     return out
+
+
+def _has_mig(model: str) -> bool:
+    return model in geometry_mod.models()
 
 
 class SimulatedBackend:
@@ -110,6 +124,10 @@ class SimulatedBackend:
         state["energy_at"] = now
 
     def _power_w(self, row: SimulatedGpu, state: dict[str, Any]) -> float:
+        if not _has_mig(row.model):
+            figures = simulator_gpus()[row.model]
+            idle, peak = float(figures["idle_w"]), float(figures["tdp_w"])
+            return idle + (peak - idle) * (1.0 if state["gpu_processes"] > 0 else 0.0)
         geo = geometry_mod.geometry(row.model)
         if row.mig_enabled:
             busy = sum(geo.profile(i["profile"]).compute_slices for i in state["instances"] if i["processes"] > 0)
@@ -120,6 +138,10 @@ class SimulatedBackend:
 
     @staticmethod
     def _to_state(row: SimulatedGpu, state: dict[str, Any]) -> GpuState:
+        if not _has_mig(row.model):
+            return GpuState(uuid=row.gpu_uuid, index=state["index"], name=f"{row.model} (simulated)", model=None,
+                            memory_bytes=int(float(simulator_gpus()[row.model]["memory_bytes"])), mig_capable=False,
+                            mig_enabled=False, hardware=row.model)
         geo = geometry_mod.geometry(row.model)
         instances = [
             InstanceState(profile=i["profile"], start=i["start"], size=i["size"], gpu_instance_id=i["gi"],
@@ -130,7 +152,7 @@ class SimulatedBackend:
         return GpuState(uuid=row.gpu_uuid, index=state["index"], name=f"{geo.display_name} (simulated)",
                         model=row.model, memory_bytes=geo.memory_mib * MIB, mig_capable=True,
                         mig_enabled=row.mig_enabled, mig_pending=state["pending"] is not None,
-                        instances=instances)
+                        instances=instances, hardware=hardware_name("", row.model))
 
     # ---------------------------------------------------------------------------------------------
     # MigBackend
@@ -154,10 +176,17 @@ class SimulatedBackend:
 
     def geometry(self, gpu_uuid: str) -> GpuGeometry:
         with self._gpu_row(gpu_uuid, write=False) as (row, _):
+            self._need_mig(row)
             return geometry_mod.geometry(row.model)
+
+    @staticmethod
+    def _need_mig(row: SimulatedGpu) -> None:
+        if not _has_mig(row.model):
+            raise NotSupportedError(f"GPU {row.gpu_uuid} ({row.model}) has no MIG")
 
     def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
         with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._need_mig(row)
             geo = geometry_mod.geometry(row.model)
             effective = row.mig_enabled if state["pending"] is None else bool(state["pending"])
             if effective == enabled:
@@ -182,6 +211,7 @@ class SimulatedBackend:
 
     def create_instance(self, gpu_uuid: str, placement: Placement) -> InstanceState:
         with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._need_mig(row)
             if not row.mig_enabled:
                 raise NotSupportedError("MIG mode is not enabled on this GPU")
             geo = geometry_mod.geometry(row.model)
@@ -206,6 +236,7 @@ class SimulatedBackend:
 
     def destroy_instance(self, gpu_uuid: str, placement: Placement) -> None:
         with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._need_mig(row)
             if not row.mig_enabled:
                 raise NotSupportedError("MIG mode is not enabled on this GPU")
             match = [i for i in state["instances"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,12 +42,13 @@ from greenserve.gpu_partitioner.apply import (
     ApplyCoordinator,
     ApplyPreconditionError,
 )
-from greenserve.gpu_partitioner.backend import GpuState, InstanceState, MigBackend, MigBackendError
+from greenserve.gpu_partitioner.backend import GpuState, InstanceState, MigBackend, MigBackendError, simulator_gpus
 from greenserve.gpu_partitioner.engine_launch import (
     EngineProcess,
     EngineSpec,
     EngineStartError,
     EngineSupervisor,
+    decoder_id,
     mig_hardware,
     mode_name,
 )
@@ -183,6 +185,8 @@ class MigEnforcer:
         self.health_timeout_s = health_timeout_s
         self.on_change = on_change
         self.modes: dict[str, common_pb2.ServingModeTarget] = {}  # the interval's serving mode per pool
+        self.mode_index: dict[str, int] = {}  # its index in interval.serving_modes (to name it in a refusal)
+        self.whole_gpus: list[GpuState] = []  # this node's GPUs without MIG (or MIG off): DPD decoders run there
 
     # ---------------------------------------------------------------------------------------------
     # Reconcile
@@ -193,7 +197,9 @@ class MigEnforcer:
         if interval is None:
             return Outcome(APPLIED, "; ".join(["the plan has no interval: nothing to do", *notes]))
         self.modes = {t.pool: t for t in interval.serving_modes}
+        self.mode_index = {t.pool: k for k, t in enumerate(interval.serving_modes)}
         gpus = {g.uuid: g for g in await asyncio.to_thread(self.backend.list_gpus)}
+        self.whole_gpus = sorted((g for g in gpus.values() if g.whole), key=lambda g: g.index)
         mine = [(i, layout) for i, layout in enumerate(interval.mig_layouts) if layout.gpu_uuid in gpus]
         others = len(interval.mig_layouts) - len(mine)
         if others:
@@ -267,7 +273,29 @@ class MigEnforcer:
             target = GpuTarget(index, gpu, geo, lplan)
             self._assign_wants(target, layout, placed, unplaced)
             targets.append(target)
+        self._check_pairs(targets)
         return targets
+
+    def _check_pairs(self, targets: list[GpuTarget]) -> None:
+        """Every DPD instance of the interval pairs with a whole older GPU of this node (its decoder's): Refusal
+        naming ``serving_modes[k].old_hardware`` otherwise, before anything changes."""
+        if self.supervisor is None:
+            return  # no engines are started here
+        need: dict[str, list[str]] = {}  # old hardware -> pools, one entry per DPD instance
+        for target in targets:
+            for want in target.wants.values():
+                if want.mode == "dpd":
+                    need.setdefault(self.modes[want.pool].old_hardware, []).append(want.pool)
+        for hardware, pools in sorted(need.items()):
+            field_name = f"serving_modes[{self.mode_index[pools[0]]}].old_hardware"
+            if not hardware:
+                raise Refusal(f"{field_name}: pool {pools[0]!r} runs DISAGGREGATED without naming the older GPU "
+                              "its decoder runs on")
+            have = [g for g in self.whole_gpus if g.hardware == hardware]
+            if len(have) < len(pools):
+                raise Refusal(f"{field_name}: {len(pools)} DPD instance(s) on node {self.node} (pool "
+                              f"{', '.join(sorted(set(pools)))}) each need a whole {hardware} GPU for the decoder (no "
+                              f"MIG, or MIG disabled); the node has {len(have)}")
 
     def _assign_wants(self, target: GpuTarget, layout: common_pb2.MigLayout, placed: list[Placement],
                       unplaced: list[tuple[int, str]]) -> None:
@@ -404,6 +432,7 @@ class MigEnforcer:
         """Stops one of our engines and removes it from the router."""
         assert self.supervisor is not None
         await self.supervisor.stop(engine.spec.engine_id)
+        await self.supervisor.stop(decoder_id(engine.spec.engine_id))  # a DPD pair's decoder (none: no-op)
         if self.router is not None:
             try:
                 await self.router.deregister(engine.spec.engine_id)
@@ -429,9 +458,9 @@ class MigEnforcer:
                 notes.append(f"engine {engine.spec.engine_id} not restarted: pool {engine.spec.pool!r} unknown")
                 continue
             try:
-                spec = self._spec(gpu, geo, inst, pool, engine.spec.variant)
-                await self._launch(spec)
-                notes.append(f"engine {spec.engine_id} restarted on {inst.uuid}")
+                started, decoder = await self._start_engine(gpu, geo, inst, pool, engine.spec.variant)
+                await self._ready(started, decoder)
+                notes.append(f"engine {started.spec.engine_id} restarted on {inst.uuid}")
             except Exception as exc:  # noqa: BLE001 - reported
                 notes.append(f"restarting engine {engine.spec.engine_id} failed: {exc}")
         return notes
@@ -449,9 +478,11 @@ class MigEnforcer:
         geo = await asyncio.to_thread(self.backend.geometry, gpu.uuid)
         owned = self.supervisor.by_mig_uuid()
         launched: list[tuple[InstanceState, EngineProcess]] = []
+        launched_decoders: dict[str, EngineProcess] = {}
         for inst, want in wanted:
             engine = owned.get(inst.uuid)
-            if engine is not None and engine.returncode is None and Want(*engine.spec.role) == want:
+            if engine is not None and engine.returncode is None and Want(*engine.spec.role) == want \
+                    and self._pair_alive(engine):
                 continue
             if engine is not None:  # exited, or stale: make room for the new one
                 await self._retire(engine)
@@ -460,20 +491,67 @@ class MigEnforcer:
                 errors.append(f"engine for {inst.uuid}: pool {want.pool!r} unknown")
                 continue
             try:
-                launched.append((inst, await self.supervisor.start(self._spec(gpu, geo, inst, pool, want.variant))))
+                engine, decoder = await self._start_engine(gpu, geo, inst, pool, want.variant)
+                launched.append((inst, engine))
+                if decoder is not None:
+                    launched_decoders[engine.spec.engine_id] = decoder
             except Exception as exc:  # noqa: BLE001 - reported; the next reconcile tries again
                 errors.append(f"engine on {inst.uuid} ({want.pool}/{want.variant or 'default'}) failed: {exc}")
         # all of them load at once (a vLLM engine takes minutes), then each is registered when healthy
-        results = await asyncio.gather(*(self._ready(engine) for _, engine in launched), return_exceptions=True)
+        results = await asyncio.gather(*(self._ready(engine, launched_decoders.get(engine.spec.engine_id))
+                                         for _, engine in launched), return_exceptions=True)
         for (inst, engine), result in zip(launched, results, strict=True):
             spec = engine.spec
             if isinstance(result, BaseException):
                 errors.append(f"engine on {inst.uuid} ({spec.pool}/{spec.variant or 'default'}) failed: {result}")
                 continue
-            note = engine.command.note
+            decoder = launched_decoders.get(spec.engine_id)
+            notes = [n for n in (engine.command.note, decoder.command.note if decoder is not None else "") if n]
+            pair = (f"; DPD decoder on {decoder.spec.hardware} {decoder.spec.gpu_uuid}, {decoder.spec.url}"
+                    if decoder is not None else "")
             started.append(f"started engine {spec.engine_id} ({spec.pool}/{spec.variant or 'default'} on "
-                           f"{inst.profile} {inst.uuid}, {spec.url})" + (f" [{note}]" if note else ""))
+                           f"{inst.profile} {inst.uuid}, {spec.url}{pair})"
+                           + (f" [{'; '.join(notes)}]" if notes else ""))
         return started, errors
+
+    def _pair_alive(self, engine: EngineProcess) -> bool:
+        """A DPD pair runs while both its engines do; any other engine while its own process does."""
+        if engine.spec.pd_role != "prefill":
+            return True
+        assert self.supervisor is not None
+        decoder = self.supervisor.decoder_of(engine.spec.engine_id)
+        return decoder is not None and decoder.returncode is None
+
+    async def _start_engine(self, gpu: GpuState, geo: GpuGeometry, inst: InstanceState, pool: common_pb2.Pool,
+                            variant: str) -> tuple[EngineProcess, EngineProcess | None]:
+        """Starts the instance's engine, or for DPD the pair: the prefiller on the instance and the decoder on a
+        whole older GPU of this node that no other decoder of ours uses (not waited for: see `_ready`)."""
+        assert self.supervisor is not None
+        spec = self._spec(gpu, geo, inst, pool, variant)
+        if spec.mode != "dpd":
+            return await self.supervisor.start(spec), None
+        busy = {e.spec.gpu_uuid for e in self.supervisor.engines.values()
+                if e.spec.pd_role == "decode" and e.returncode is None}
+        old = next((g for g in self.whole_gpus if g.hardware == spec.old_hardware and g.uuid not in busy), None)
+        if old is None:
+            raise EngineStartError(f"no whole {spec.old_hardware or '?'} GPU free on node {self.node} for the DPD "
+                                   f"decoder of {spec.engine_id}")
+        ports = [spec.port]
+        for _ in range(3):  # the decoder's HTTP port, then its NIXL init and alloc ports
+            ports.append(self.supervisor.next_port(also_taken=ports))
+        spec = dataclasses.replace(spec, pd_role="prefill", pd_peer_host=self.supervisor.host,
+                                   pd_init_port=ports[2], pd_alloc_port=ports[3])
+        figures = simulator_gpus().get(old.hardware, {})
+        decode_spec = dataclasses.replace(
+            spec, engine_id=decoder_id(spec.engine_id), pd_role="decode", gpu_uuid=old.uuid, mig_uuid="",
+            hardware=old.hardware, port=ports[1], idle_power_w=float(figures.get("idle_w", 0.0)),
+            busy_power_w=float(figures.get("tdp_w", 0.0)))
+        decoder = await self.supervisor.start(decode_spec)
+        try:
+            return await self.supervisor.start(spec), decoder
+        except BaseException:
+            await self.supervisor.stop(decode_spec.engine_id)
+            raise
 
     def _spec(self, gpu: GpuState, geo: GpuGeometry, inst: InstanceState, pool: common_pb2.Pool,
               variant: str) -> EngineSpec:
@@ -503,28 +581,31 @@ class MigEnforcer:
             idle_power_w=round(geo.sim_idle_power_w * share, 3), busy_power_w=round(geo.max_power_w * share, 3),
         )
 
-    async def _launch(self, spec: EngineSpec) -> str:
-        """Starts the engine, waits for its health and registers it; returns the launcher's note."""
-        assert self.supervisor is not None
-        engine = await self.supervisor.start(spec)
-        await self._ready(engine)
-        return engine.command.note
-
-    async def _ready(self, engine: EngineProcess) -> None:
-        """Waits for a started engine's health and registers it (stopped again when either fails)."""
+    async def _ready(self, engine: EngineProcess, decoder: EngineProcess | None = None) -> None:
+        """Waits for a started engine's health (and its DPD decoder's) and registers it: a pair as one engine whose
+        ``url`` is the decoder's and ``prefill_url`` the prefiller's, power the two GPUs' (stopped again when any of
+        it fails)."""
         assert self.supervisor is not None
         spec = engine.spec
         try:
-            await self.supervisor.wait_healthy(engine, self.health_timeout_s)
+            await asyncio.gather(*(self.supervisor.wait_healthy(e, self.health_timeout_s)
+                                   for e in (engine, decoder) if e is not None))
         except EngineStartError:
             await self.supervisor.stop(spec.engine_id)
+            await self.supervisor.stop(decoder_id(spec.engine_id))
             raise
         if self.router is not None:
+            message = common_pb2.Engine(
+                id=spec.engine_id, url=spec.url, pool=spec.pool, model=spec.served_model, kind=engine.kind,
+                gpu_uuid=spec.gpu_uuid, mig_uuid=spec.mig_uuid, idle_power_w=spec.idle_power_w,
+                busy_power_w=spec.busy_power_w, hardware=spec.hardware, model_variant=spec.variant)
+            if decoder is not None:
+                message.url, message.prefill_url = decoder.spec.url, spec.url
+                message.idle_power_w += decoder.spec.idle_power_w
+                message.busy_power_w += decoder.spec.busy_power_w
             try:
-                await self.router.register(common_pb2.Engine(
-                    id=spec.engine_id, url=spec.url, pool=spec.pool, model=spec.served_model, kind=engine.kind,
-                    gpu_uuid=spec.gpu_uuid, mig_uuid=spec.mig_uuid, idle_power_w=spec.idle_power_w,
-                    busy_power_w=spec.busy_power_w, hardware=spec.hardware, model_variant=spec.variant))
+                await self.router.register(message)
             except Exception as exc:
                 await self.supervisor.stop(spec.engine_id)
+                await self.supervisor.stop(decoder_id(spec.engine_id))
                 raise RuntimeError(f"registering engine {spec.engine_id} with the router failed: {exc}") from exc

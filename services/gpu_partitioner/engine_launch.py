@@ -10,18 +10,21 @@ Two launchers build the command of one engine behind one small interface (`Engin
   Serving modes (GreenLLM; the plan's ``ServingModeTarget`` with the pool's ``draft``): SpecDecode adds
   ``--speculative-config '{"method":"draft_model","model":<draft>,"num_speculative_tokens":k}'`` (vLLM's
   draft-model speculation: a vLLM recent enough to have it, see docs/gpu_partitioner.md). DPD is a pair of
-  engines, ``disaggregated_prefill_commands``: the prefiller on the new GPU and the decoder on the older one,
-  ``--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_producer"|"kv_consumer"}'`` with
-  LMCache's PD settings (``LMCACHE_ENABLE_PD``, ``LMCACHE_PD_ROLE`` sender / receiver), behind a proxy that sends
-  each request to the prefiller and then the decoder (vLLM's disaggregated-prefill examples); ``command`` refuses
-  DPD and DSD (vLLM has no disaggregated speculative decoding: GreenLLM's is its own plug-in) because one MIG
-  instance of this node cannot run them alone.
+  engines (``EngineSpec.pd_role``): the prefiller on the MIG instance and the decoder on a whole older GPU of the
+  node, each with LMCache's in-process connector (``--kv-transfer-config`` with ``LMCacheConnectorV1``,
+  ``kv_producer`` / ``kv_consumer``, the ``kv_connector_extra_config`` of LMCache's disaggregated-prefill example)
+  and LMCache's PD settings as ``LMCACHE_*`` variables (``pd_settings``: NIXL channel, sender / receiver, the
+  receiver's host and init/alloc ports, buffers), behind the router's proxy (``router/disaggregated.py``).
+  A DPD engine without a role and DSD are refused (vLLM has no disaggregated speculative decoding: GreenLLM's
+  is its own plug-in).
 * `EmulatorLauncher`: ``greenserve-engine-sim --port P --model <served name> --profile <sim model>@<hardware>
   --time-scale X`` where the hardware is the MIG instance's (``A100-80GB-MIG-3g.40gb``); when the simulator
   has no profile of that name, the closest one of the same model (same GPU, then same GPU family, then the
   closest slice count) is used and the note says so. A serving mode adds ``--mode`` with the draft's profile
   (SpecDecode on the instance's hardware, DSD on the older GPU) or the decode GPU's (DPD), the acceptance rate,
-  the speculative tokens and the link: the emulated engine runs all four modes from the performance model.
+  the speculative tokens and the link: the emulated engine runs all four modes from the performance model. A DPD
+  pair runs as two emulated engines (``--mode dpd --pd-role prefill`` on the instance's profile, ``--pd-role
+  decode`` on the older GPU's, with the link), as vLLM's pair does.
 
 `EngineSupervisor` owns the processes: each engine is a child in its own session (process group), stopped
 with SIGTERM to the group and SIGKILL after a grace period; `stop_all` runs when the service stops, so a
@@ -85,6 +88,12 @@ class EngineSpec:
     acceptance_fraction: float = 0.0  # accepted / proposed (the emulator paces by it)
     old_hardware: str = ""  # the older GPU of DPD / DSD ("T4")
     link_bandwidth_bytes_per_s: float = 0.0
+    # DPD as a pair of engines: "prefill" (on the MIG instance) or "decode" (on the whole older GPU ``gpu_uuid``,
+    # ``mig_uuid`` empty); the receiver's host and NIXL init/alloc ports (LMCache PD), the same in both specs
+    pd_role: str = ""
+    pd_peer_host: str = ""
+    pd_init_port: int = 0
+    pd_alloc_port: int = 0
 
     @property
     def url(self) -> str:
@@ -95,6 +104,11 @@ class EngineSpec:
         return mode_name(self.serving_mode)
 
     @property
+    def device(self) -> str:
+        """What ``CUDA_VISIBLE_DEVICES`` names: the MIG device, else the whole GPU (a DPD decoder)."""
+        return self.mig_uuid or self.gpu_uuid
+
+    @property
     def role(self) -> tuple[str, str, str]:
         """(pool, variant, mode): an engine is replaced when its role on the instance changes."""
         return self.pool, self.variant, self.mode
@@ -103,6 +117,11 @@ class EngineSpec:
 MODE_NAMES = {common_pb2.SERVING_MODE_UNSPECIFIED: "standalone", common_pb2.SERVING_MODE_STANDALONE: "standalone",
               common_pb2.SERVING_MODE_SPEC_DECODE: "spec_decode", common_pb2.SERVING_MODE_DISAGGREGATED: "dpd",
               common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE: "dsd"}
+
+
+def decoder_id(prefill_engine_id: str) -> str:
+    """The supervisor's id of a DPD pair's decoder (the router knows the pair by the prefiller's id only)."""
+    return f"{prefill_engine_id}/decode"
 
 
 def mode_name(serving_mode: int) -> str:
@@ -179,14 +198,15 @@ class VllmLauncher:
                 "--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len > 0:
             argv += ["--max-model-len", str(self.max_model_len)]
+        if spec.mode == "dpd" and spec.pd_role:
+            return self._pd_command(spec, argv)
         if spec.mode in ("dpd", "dsd"):
             raise ValueError(
                 f"engine {spec.engine_id}: mode {spec.mode} needs an engine on the older GPU "
                 f"({spec.old_hardware or '?'})"
-                + (" and a proxy that sends each request to the prefiller, then the decoder "
-                   "(disaggregated_prefill_commands builds both vLLM commands)" if spec.mode == "dpd" else
-                   ": vLLM has no disaggregated speculative decoding (GreenLLM's DSD is its own plug-in)")
-                + "; the gpu-partitioner runs one engine per MIG instance of its node")
+                + (" and the router's proxy: the gpu-partitioner starts it as a prefill/decode pair "
+                   "(EngineSpec.pd_role), not as one engine" if spec.mode == "dpd" else
+                   ": vLLM has no disaggregated speculative decoding (GreenLLM's DSD is its own plug-in)"))
         if spec.mode == "spec_decode":
             if not spec.draft_model:
                 raise ValueError(f"engine {spec.engine_id}: mode spec_decode needs the pool's draft model "
@@ -206,25 +226,48 @@ class VllmLauncher:
         return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
                              health_path=VLLM_HEALTH_PATH)
 
+    def _pd_command(self, spec: EngineSpec, argv: list[str]) -> LaunchCommand:
+        """One engine of a DPD pair: LMCache's in-process connector in its role, its PD settings in the
+        environment (LMCache reads ``LMCACHE_<KEY>`` as the config file's ``<key>``)."""
+        if spec.pd_role not in ("prefill", "decode"):
+            raise ValueError(f"engine {spec.engine_id}: pd_role must be prefill or decode, got {spec.pd_role!r}")
+        if not spec.device:
+            raise ValueError(f"engine {spec.engine_id}: the {spec.pd_role} engine of a DPD pair names no GPU")
+        if spec.lmcache_url:  # one KV connector per engine: the pair's transfer replaces the shared cache
+            raise ValueError(f"engine {spec.engine_id}: pool {spec.pool!r} has an LMCache server "
+                             "(--engine-lmcache-servers) and mode dpd: vLLM takes one KV connector per engine")
+        prefill = spec.pd_role == "prefill"
+        extra: dict[str, object] = {"discard_partial_chunks": False,
+                                    "lmcache_rpc_port": f"{'producer' if prefill else 'consumer'}-{spec.engine_id}"}
+        if not prefill:
+            extra["skip_last_n_tokens"] = 1
+        argv += ["--kv-transfer-config", json.dumps({
+            "kv_connector": LMCACHE_V1_CONNECTOR, "kv_role": "kv_producer" if prefill else "kv_consumer",
+            "kv_connector_extra_config": extra}, separators=(",", ":"))]
+        argv += list(spec.vllm_args)
+        return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.device, **pd_settings(spec)},
+                             health_path=VLLM_HEALTH_PATH)
 
-def disaggregated_prefill_commands(spec: EngineSpec, decode_host: str, decode_port: int, *,
-                                   executable: str = "vllm") -> tuple[LaunchCommand, LaunchCommand]:
-    """DPD's two vLLM engines (vLLM's disaggregated prefill with LMCache's connector): the prefiller on ``spec``'s
-    GPU (``kv_producer``, LMCache PD sender) and the decoder on the older GPU (``kv_consumer``, receiver), whose
-    device the caller sets. A proxy in front sends each request to the prefiller with max_tokens 1, then to the
-    decoder."""
-    def one(role: str, pd_role: str, host: str, port: int, device: str) -> LaunchCommand:
-        argv = (executable, "serve", spec.model, "--host", host, "--port", str(port),
-                "--served-model-name", spec.served_model,
-                "--kv-transfer-config", json.dumps({"kv_connector": LMCACHE_V1_CONNECTOR, "kv_role": role},
-                                                   separators=(",", ":")), *spec.vllm_args)
-        env = {"LMCACHE_ENABLE_PD": "True", "LMCACHE_PD_ROLE": pd_role, "LMCACHE_PD_PEER_HOST": decode_host}
-        if device:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        return LaunchCommand(argv=argv, env=env, health_path=VLLM_HEALTH_PATH)
 
-    return (one("kv_producer", "sender", spec.host, spec.port, spec.mig_uuid),
-            one("kv_consumer", "receiver", decode_host, decode_port, ""))
+PD_BUFFER_BYTES = {"prefill": 1 << 30, "decode": 2 << 30}  # LMCache's 1P1D example: 1 GiB sender, 2 GiB receiver
+
+
+def pd_settings(spec: EngineSpec) -> dict[str, str]:
+    """LMCache's PD configuration of one engine of a DPD pair (LMCache's disaggregated-prefill example, in-process
+    mode: ``enable_pd``, ``transfer_channel`` nixl, ``pd_role`` sender / receiver, the receiver's
+    ``pd_peer_host`` / ``pd_peer_init_port`` / ``pd_peer_alloc_port``, ``pd_buffer_size`` / ``pd_buffer_device``,
+    no local CPU cache) as environment variables; ``PYTHONHASHSEED`` 0 in both, as LMCache requires for matching
+    KV keys across processes."""
+    if not (spec.pd_peer_host and spec.pd_init_port and spec.pd_alloc_port):
+        raise ValueError(f"engine {spec.engine_id}: a DPD pair needs the decoder's host and NIXL init/alloc ports")
+    env = {"PYTHONHASHSEED": "0", "LMCACHE_LOCAL_CPU": "False", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0",
+           "LMCACHE_ENABLE_PD": "True", "LMCACHE_TRANSFER_CHANNEL": "nixl",
+           "LMCACHE_PD_ROLE": "sender" if spec.pd_role == "prefill" else "receiver",
+           "LMCACHE_PD_BUFFER_SIZE": str(PD_BUFFER_BYTES[spec.pd_role]), "LMCACHE_PD_BUFFER_DEVICE": "cuda"}
+    if spec.pd_role == "decode":
+        env.update({"LMCACHE_PD_PEER_HOST": spec.pd_peer_host, "LMCACHE_PD_PEER_INIT_PORT": str(spec.pd_init_port),
+                    "LMCACHE_PD_PEER_ALLOC_PORT": str(spec.pd_alloc_port)})
+    return env
 
 
 def _hardware_parts(hardware: str) -> tuple[str, int]:
@@ -293,9 +336,15 @@ class EmulatorLauncher:
         if profile is not None:
             argv += ["--profile", profile]
         notes = [note] if note else []
-        if spec.mode != "standalone":
+        if spec.mode == "dpd" and spec.pd_role:
+            if spec.pd_role not in ("prefill", "decode"):
+                raise ValueError(f"engine {spec.engine_id}: pd_role must be prefill or decode, got {spec.pd_role!r}")
+            argv += ["--mode", "dpd", "--pd-role", spec.pd_role]
+            if spec.link_bandwidth_bytes_per_s > 0:
+                argv += ["--link-bandwidth-bytes-per-s", f"{spec.link_bandwidth_bytes_per_s:g}"]
+        elif spec.mode != "standalone":
             argv += self._mode_args(spec, notes)
-        return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
+        return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.device},
                              health_path=VLLM_HEALTH_PATH, note="; ".join(notes))
 
     def _mode_args(self, spec: EngineSpec, notes: list[str]) -> list[str]:
@@ -369,11 +418,17 @@ class EngineSupervisor:
     engines: dict[str, EngineProcess] = field(default_factory=dict)  # by engine id
 
     def by_mig_uuid(self) -> dict[str, EngineProcess]:
-        return {e.spec.mig_uuid: e for e in self.engines.values()}
+        """Engines on MIG instances (a DPD pair by its prefiller; its decoder is ``decoder_of``)."""
+        return {e.spec.mig_uuid: e for e in self.engines.values() if e.spec.mig_uuid}
 
-    def next_port(self) -> int:
+    def decoder_of(self, engine_id: str) -> EngineProcess | None:
+        """The decoder of the DPD pair whose prefiller is ``engine_id`` (None when it has none)."""
+        return self.engines.get(decoder_id(engine_id))
+
+    def next_port(self, also_taken: Sequence[int] = ()) -> int:
         """The lowest port of the range that no engine of ours uses and that can be bound now."""
-        taken = {e.spec.port for e in self.engines.values()}
+        taken = {p for e in self.engines.values() for p in (e.spec.port, e.spec.pd_init_port, e.spec.pd_alloc_port)}
+        taken |= set(also_taken)
         low, high = self.port_range
         for port in range(low, high + 1):
             if port not in taken and _port_free(self.host, port):

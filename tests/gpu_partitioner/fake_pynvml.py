@@ -46,6 +46,8 @@ H100_80GB = {
 DEVICES = {
     "A100-40GB": ("NVIDIA A100-SXM4-40GB", 0x20B010DE, 40960, A100_40GB, True),
     "H100-80GB": ("NVIDIA H100 80GB HBM3", 0x233010DE, 81559, H100_80GB, False),
+    # no MIG (Turing): nvmlDeviceGetMigMode and every MIG call answer NOT_SUPPORTED (reference section 5)
+    "T4": ("Tesla T4", 0x1EB810DE, 15360, {}, False),
 }
 
 
@@ -219,10 +221,14 @@ class FakeNvml:
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         dev = self._device(handle)
+        if not dev.spec[3]:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
         return [dev.mig_current, dev.mig_pending]
 
     def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
         dev = self._device(handle)
+        if not dev.spec[3]:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
         self.calls.append(f"SetMigMode({mode})")
         if mode not in (0, 1):
             _raise(real.NVML_ERROR_INVALID_ARGUMENT)

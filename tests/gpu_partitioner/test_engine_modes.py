@@ -20,7 +20,6 @@ from greenserve.gpu_partitioner.engine_launch import (
     EngineSpec,
     EngineSupervisor,
     VllmLauncher,
-    disaggregated_prefill_commands,
 )
 from greenserve.gpu_partitioner.enforcer import MigEnforcer, RouterEngines, engine_id_for
 from greenserve.router.service import RouterSettings
@@ -53,16 +52,11 @@ def test_vllm_speculative_config_and_disaggregated_prefill_flags() -> None:
     assert "--speculative-config" not in VllmLauncher().command(_spec(common_pb2.SERVING_MODE_STANDALONE)).argv
     with pytest.raises(ValueError, match="draft"):
         VllmLauncher().command(_spec(common_pb2.SERVING_MODE_SPEC_DECODE, draft_model=""))
-    for mode, why in ((common_pb2.SERVING_MODE_DISAGGREGATED, "proxy"),
+    for mode, why in ((common_pb2.SERVING_MODE_DISAGGREGATED, "prefill/decode pair"),
                       (common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE, "no disaggregated speculative")):
         with pytest.raises(ValueError, match=why):
             VllmLauncher().command(_spec(mode, old_hardware="T4"))
-    prefill, decode = disaggregated_prefill_commands(_spec(common_pb2.SERVING_MODE_DISAGGREGATED), "10.0.0.9", 8100)
-    for cmd, role, pd in ((prefill, "kv_producer", "sender"), (decode, "kv_consumer", "receiver")):
-        config = json.loads(cmd.argv[cmd.argv.index("--kv-transfer-config") + 1])
-        assert config == {"kv_connector": "LMCacheConnectorV1", "kv_role": role}
-        assert cmd.env["LMCACHE_ENABLE_PD"] == "True" and cmd.env["LMCACHE_PD_ROLE"] == pd
-    assert prefill.env["CUDA_VISIBLE_DEVICES"] == "MIG-1" and "--port" in decode.argv and "8100" in decode.argv
+    # the DPD pair's two commands: test_dpd_pair.py
 
 
 def test_emulator_gets_the_mode_and_its_profiles() -> None:
