@@ -188,8 +188,9 @@ class Planner:
             # The routing knob follows the layouts: a partitioned GPU's weight goes to its instances' engines.
             from greenserve.optimizer.solvers.routing_weights import onto_mig_instances
             try:
-                results["routing_weights"] = onto_mig_instances(inputs, results["routing_weights"],
-                                                                results["mig_layouts"])
+                results["routing_weights"] = onto_mig_instances(
+                    inputs, results["routing_weights"], results["mig_layouts"],
+                    solver=next(s for s in self.solvers if s.knob == "routing_weights"))
             except Exception:  # noqa: BLE001 - the whole-GPU weights stay; the plan still goes out
                 log.exception("routing weights not split over MIG instances")
         plan = assemble(inputs, results, outcomes, trigger=trigger, created_s=created_s)

@@ -78,33 +78,60 @@ def _capacity(pool: common_pb2.Pool, profile: str, variant: common_pb2.ModelVari
     return option.capacity_requests_per_s
 
 
-@pytest.mark.parametrize("routing", [MinCarbonRouting(), EvenRouting()], ids=["min_carbon", "even"])
-def test_a_mig_pool_plan_weights_each_instance_by_its_capacity(routing) -> None:
+def _plan(routing, load: float = 4.0) -> common_pb2.Plan:
     fleet = _fleet()
-    pool = fleet.pools[0]
-    names = [v.name for v in pool.variants]
+    names = [v.name for v in fleet.pools[0].variants]
     planner = Planner([routing, FixedCache(full=True), FixedLayouts(_layouts(names)), KeepCurrent("serving_modes")])
     try:
-        plan = planner.plan(_inputs(fleet), trigger="test", created_s=0.0).plan
+        return planner.plan(_inputs(fleet, load), trigger="test", created_s=0.0).plan
     finally:
         planner.close()
-    new_4g, new_3g = placement_engine_id("GPU-0", "4g.40gb", 0), placement_engine_id("GPU-0", "3g.40gb", 4)
-    assert new_4g == "mig:GPU-0/4g.40gb@0"
-    expected_cap = {new_4g: _capacity(pool, "4g.40gb", pool.variants[0]),
-                    new_3g: _capacity(pool, "3g.40gb", pool.variants[1]),
-                    "n1-7g": _capacity(pool, "7g.80gb", pool.variants[0])}
+
+
+NEW_4G, NEW_3G = placement_engine_id("GPU-0", "4g.40gb", 0), placement_engine_id("GPU-0", "3g.40gb", 4)
+
+
+def _options() -> dict[str, mp.Option]:
+    pool = _fleet().pools[0]
+    return {engine_id: mp.predicted_option(pool, "A100-80GB", profile, variant, variant.simulator_model, "x")
+            for engine_id, profile, variant in ((NEW_4G, "4g.40gb", pool.variants[0]),
+                                                (NEW_3G, "3g.40gb", pool.variants[1]),
+                                                ("n1-7g", "7g.80gb", pool.variants[0]))}
+
+
+def test_a_mig_pool_plan_weights_each_instance_by_its_capacity() -> None:
+    plan = _plan(EvenRouting())
+    assert NEW_4G == "mig:GPU-0/4g.40gb@0"
+    expected_cap = {k: o.capacity_requests_per_s for k, o in _options().items()}
     assert len(set(expected_cap.values())) == 3  # three different capacities: proportionality is checked
     for interval in plan.intervals:
         weights = {w.engine_id: w.weight for w in interval.routing_weights if w.pool == "chat"}
         # the whole-GPU engines no longer run: weight 0; the reported 7g instance by its engine id, new ones by placement
         assert weights["chat-0"] == 0.0 and weights["chat-1"] == 0.0
-        instances = {k: weights[k] for k in expected_cap}
-        total_w, total_cap = sum(instances.values()), sum(expected_cap.values())
-        for engine_id, cap in expected_cap.items():
-            assert instances[engine_id] == pytest.approx(total_w * cap / total_cap, rel=1e-4)
         assert set(weights) == {"chat-0", "chat-1", *expected_cap}
+        total_w, total_cap = sum(weights[k] for k in expected_cap), sum(expected_cap.values())
+        assert total_w == pytest.approx(2.0)  # even routing gave the two GPUs' engines weight 1 each
+        for engine_id, cap in expected_cap.items():
+            assert weights[engine_id] == pytest.approx(total_w * cap / total_cap, rel=1e-4)
     outcome = next(o for o in plan.solver_outcomes if o.knob == "routing_weights")
-    assert outcome.solver == routing.name and outcome.status == "ok"
+    assert outcome.solver == "routing_weights.even" and outcome.status == "ok"
+
+
+def test_min_carbon_routing_fills_the_cheapest_instances_first() -> None:
+    options = _options()
+    order = sorted(options, key=lambda k: options[k].energy_per_request_j)
+    light = {w.engine_id: w.weight for w in _plan(MinCarbonRouting(), load=4.0).intervals[0].routing_weights}
+    # 4.4 req/s (the forecast's upper bound) fits within 90 % of the cheapest instance: it takes everything
+    assert 4.4 < 0.9 * options[order[0]].capacity_requests_per_s
+    assert light[order[0]] == 1.0 and light[order[1]] == 0.0 and light[order[2]] == 0.0
+    assert light["chat-0"] == 0.0 and light["chat-1"] == 0.0
+    heavy = {w.engine_id: w.weight for w in _plan(MinCarbonRouting(), load=20.0).intervals[0].routing_weights}
+    upper = 22.0
+    first, second = (0.9 * options[k].capacity_requests_per_s for k in order[:2])
+    assert first + second < upper < sum(0.9 * o.capacity_requests_per_s for o in options.values())
+    assert heavy[order[0]] == pytest.approx(first / upper, abs=1e-5)
+    assert heavy[order[1]] == pytest.approx(second / upper, abs=1e-5)
+    assert heavy[order[2]] == pytest.approx(1 - (first + second) / upper, abs=1e-5)
 
 
 def test_pools_and_hours_without_a_layout_keep_the_solvers_weights() -> None:
@@ -135,13 +162,7 @@ def _router(engines: list[tuple[str, str, str]]) -> tuple[RoutingPolicy, PlanSto
 
 def test_the_router_resolves_instance_weights_and_routes_by_them() -> None:
     fleet = _fleet()
-    names = [v.name for v in fleet.pools[0].variants]
-    planner = Planner([MinCarbonRouting(), FixedCache(full=True), FixedLayouts(_layouts(names)),
-                       KeepCurrent("serving_modes")])
-    try:
-        plan = planner.plan(_inputs(fleet), trigger="test", created_s=0.0).plan
-    finally:
-        planner.close()
+    plan = _plan(EvenRouting())
     plan.version = 1
     planned = {w.engine_id: w.weight for w in plan.intervals[0].routing_weights}
     # The gpu-partitioner created GPU-0's two instances and registered their engines under its own ids.

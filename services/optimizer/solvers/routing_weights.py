@@ -137,27 +137,35 @@ def _reported_engines(fleet: common_pb2.FleetInventory) -> dict[tuple[str, str, 
     return out
 
 
-def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobPlan) -> KnobPlan:
+def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobPlan,
+                       solver: object | None = None) -> KnobPlan:
     """The routing weights with each pool's MIG-partitioned GPUs weighted per instance.
 
     A routing solver weighs the pool's engines as the fleet lists them (whole GPUs, or the instances running now),
     but in an hour whose ``mig_layouts`` partition a GPU for the pool, the engines there are one per placement of
-    that layout. Per pool and hour, the weight the solver gave the pool's engines on those GPUs is summed and split
-    over the placements in proportion to each instance's capacity at the pool's SLO (the option the clover-exact
-    solver sized the layout with: the running engine's measured capability, else the profiles' prediction for its
-    variant on that slice), so each instance is loaded to the same fraction of its capacity. An instance that runs
-    a reported engine is named by that engine's id; one the layout creates by ``placement_engine_id``. The pool's
-    engines on those GPUs that no placement keeps get weight 0; engines on other GPUs keep the solver's weight.
-    When the solver named no engine on those GPUs (none had a capability), the instances together get the pool's
-    mean weight per instance; when it gave the pool no weight at all, the instances share weight 1.
+    that layout, each with its capacity at the pool's SLO (the option the clover-exact solver sized the layout
+    with: the running engine's measured capability, else the profiles' prediction for its variant on that slice).
+    An instance that runs a reported engine is named by that engine's id; one the layout creates by
+    ``placement_engine_id``. The pool's engines on those GPUs that no placement keeps get weight 0.
+
+    * By default (even routing, any other solver, or a min-carbon answer that is not its own): the weight the
+      solver gave the pool's engines on those GPUs is summed and split over the placements in proportion to each
+      instance's capacity, so each instance is loaded to the same fraction of its capacity; engines on other GPUs
+      keep the solver's weight. When the solver named no engine on those GPUs (none had a capability), the
+      instances together get the pool's mean weight per instance; when it gave the pool no weight, they share 1.
+    * With ``MinCarbonRouting`` (``solver``) and its own answer, its rule is re-run for the pool over the instances
+      and the pool's other engines: filled in increasing carbon per request (the instance's dynamic energy per
+      request x PUE x CI) up to the headroom of their capacity, so that, as on whole GPUs, the load is concentrated
+      on the fewest instances that carry it within the SLO. With no load the instances are weighted by capacity.
     """
+    min_carbon = isinstance(solver, MinCarbonRouting) and routing.status == "ok" and routing.pool_figures is not None
     if not layouts.per_interval or len(layouts.per_interval) != len(routing.per_interval):
         return routing
     reported = _reported_engines(inputs.fleet)
     gpu_models = {g.uuid: gpu_model_of(g) for g in inputs.fleet.gpus}
     gpu_pool = {g.uuid: g.pool for g in inputs.fleet.gpus}
     tables: dict[str, OptionTable] = {}
-    capacity_cache: dict[tuple[str, str, str, str], float] = {}
+    capacity_cache: dict[tuple[str, str, str, str], tuple[float, float]] = {}
     notes: list[str] = []
     per_interval: list[list[common_pb2.RoutingWeight]] = []
     split_pools: set[str] = set()
@@ -190,13 +198,14 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
                 moved = sum(w.weight for w in mine) / len(mine) * len(placements.get(pool.name, []))
             variants = {v.name: v for v in pool.variants}
             caps: list[tuple[str, float]] = []
+            costs: dict[str, float] = {}  # engine id -> dynamic J per request (min-carbon only)
             for uuid, pl in placements.get(pool.name, []):
                 gpu_model = gpu_models.get(uuid)
                 variant = variants.get(pl.model_variant) if pl.model_variant else (
                     pool.variants[0] if pool.variants else None)
                 key = (pool.name, gpu_model or "", pl.profile, variant_name(variant))
                 if key not in capacity_cache:
-                    cap = 0.0
+                    cap, energy_j = 0.0, 0.0
                     if gpu_model is not None:
                         table = tables.setdefault(pool.name, OptionTable(inputs, pool, pi))
                         try:
@@ -205,11 +214,13 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
                             notes.append(f"pool {pool.name}: no capacity for {pl.profile} {variant_name(variant)} "
                                          f"({exc}); its instances weighted as the pool's others' mean")
                             option = None
-                        cap = option.capacity_requests_per_s if option is not None else 0.0
-                    capacity_cache[key] = cap
+                        if option is not None:
+                            cap, energy_j = option.capacity_requests_per_s, option.energy_per_request_j
+                    capacity_cache[key] = (cap, energy_j)
                 engine_id = reported.get((uuid, pl.profile, pl.start)) or placement_engine_id(uuid, pl.profile,
                                                                                               pl.start)
-                caps.append((engine_id, capacity_cache[key]))
+                caps.append((engine_id, capacity_cache[key][0]))
+                costs[engine_id] = capacity_cache[key][1]
             known = [c for _, c in caps if c > 0]
             fallback = sum(known) / len(known) if known else 1.0
             caps = [(eid, c if c > 0 else fallback) for eid, c in caps]
@@ -218,9 +229,12 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
             out.extend(w for w in mine if w.engine_id not in on_gpu and w.engine_id not in instance_ids)
             for engine_id in sorted(on_gpu - instance_ids):
                 out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id, weight=0.0))
-            for engine_id, cap in sorted(caps):
+            shares = {eid: (moved * cap / total_cap if total_cap else 0.0) for eid, cap in caps}
+            if min_carbon and caps:
+                shares.update(_fill_shares(inputs, solver, h, pool, caps, costs, on_gpu | instance_ids, mine, out))
+            for engine_id, _ in sorted(caps):
                 out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id,
-                                                    weight=round(moved * cap / total_cap, 6) if total_cap else 0.0))
+                                                    weight=round(shares[engine_id], 6)))
             split_pools.add(pool.name)
         per_interval.append(out)
     if not split_pools:
@@ -229,3 +243,34 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
                                f"its capacity at the SLO")
     return KnobPlan(per_interval, explanation=list(routing.explanation) + sorted(set(notes)), detail=detail,
                     status=routing.status, pool_figures=routing.pool_figures)
+
+
+def _fill_shares(inputs: PlanningInputs, solver: MinCarbonRouting, h: int, pool: common_pb2.Pool,
+                 caps: list[tuple[str, float]], costs: dict[str, float], moved_ids: set[str],
+                 mine: list[common_pb2.RoutingWeight], out: list[common_pb2.RoutingWeight]) -> dict[str, float]:
+    """Min-carbon routing's fill re-run over the pool's instances and its engines on other GPUs: shares of the
+    hour's load per instance; ``out``'s weights of the pool's other engines are rewritten to their new shares."""
+    fc = inputs.load.get(pool.name)
+    load = (fc.upper[h] if solver.load_bound == "upper" else fc.mean[h]) if fc else 0.0
+    ci = inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0
+    g_per_j = inputs.params.pue * ci / 3.6e6
+    known = [c for c in costs.values() if c > 0]
+    mean_j = sum(known) / len(known) if known else 0.0  # an instance with no prediction: as the mean one
+    engines = [(eid, (costs.get(eid, 0.0) or mean_j) * g_per_j, cap) for eid, cap in caps]
+    others = {w.engine_id for w in mine if w.engine_id not in moved_ids}
+    for engine in pool.engines:
+        cap = inputs.capabilities.get(engine.id)
+        if engine.id in others and cap is not None:
+            engines.append((engine.id, cap.energy_per_request_j * g_per_j, cap.capacity_requests_per_s))
+    rates = fill(load, engines, solver.headroom)
+    total = sum(rates.values())
+    if total <= 0:  # no load: every instance eligible, by capacity
+        total_cap = sum(cap for _, _, cap in engines) or 1.0
+        shares = {eid: cap / total_cap for eid, _, cap in engines}
+    else:
+        shares = {eid: r / total for eid, r in rates.items()}
+    for i, w in enumerate(out):
+        if w.pool == pool.name and w.engine_id in others and w.engine_id in shares:
+            out[i] = common_pb2.RoutingWeight(pool=pool.name, engine_id=w.engine_id,
+                                              weight=round(shares[w.engine_id], 6))
+    return {eid: shares[eid] for eid, _ in caps}
