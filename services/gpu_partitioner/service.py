@@ -83,7 +83,8 @@ class GpuPartitionerSettings(ServiceSettings, DependencyAddresses, PlanFollowSet
         "auto", description="MIG backend: auto (NVML when nvmlInit works, else simulated), nvml or simulated")
     sim_gpus: str = Field(
         "A100-40GB", description="simulated GPUs, comma-separated models (A100-40GB, A100-80GB, H100-80GB, "
-        "H200-141GB), ':nomig' to start with MIG off; used on first start of an empty database")
+        "H200-141GB), ':nomig' to start with MIG off, or GPUs without MIG (T4, V100, L40: where a DPD pair's "
+        "decoder runs); used on first start of an empty database")
     recovery_policy: Literal["rollback", "resume"] = Field(
         "rollback", description="what to do at start with an apply a crash left open: restore the previous layout "
         "(rollback) or finish it (resume, once its drain was done)")
