@@ -51,6 +51,7 @@ from greenserve.gpu_partitioner.engine_launch import (
     decoder_id,
     mig_hardware,
     mode_name,
+    pd_kv_transfer_params,
 )
 from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2, router_pb2_grpc
@@ -601,6 +602,7 @@ class MigEnforcer:
                 busy_power_w=spec.busy_power_w, hardware=spec.hardware, model_variant=spec.variant)
             if decoder is not None:
                 message.url, message.prefill_url = decoder.spec.url, spec.url
+                message.prefill_kv_transfer_params = pd_kv_transfer_params(spec)
                 message.idle_power_w += decoder.spec.idle_power_w
                 message.busy_power_w += decoder.spec.busy_power_w
             try:

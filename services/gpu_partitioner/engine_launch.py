@@ -256,7 +256,8 @@ def pd_settings(spec: EngineSpec) -> dict[str, str]:
     """LMCache's PD configuration of one engine of a DPD pair (LMCache's disaggregated-prefill example, in-process
     mode: ``enable_pd``, ``transfer_channel`` nixl, ``pd_role`` sender / receiver, the receiver's
     ``pd_peer_host`` / ``pd_peer_init_port`` / ``pd_peer_alloc_port``, ``pd_buffer_size`` / ``pd_buffer_device``,
-    no local CPU cache) as environment variables; ``PYTHONHASHSEED`` 0 in both, as LMCache requires for matching
+    no local CPU cache; the sender skips the ZMQ notification of LMCache's own proxy, ``pd_skip_proxy_notification``,
+    since the router waits for the HTTP answer) as environment variables; ``PYTHONHASHSEED`` 0 in both, as LMCache requires for matching
     KV keys across processes."""
     if not (spec.pd_peer_host and spec.pd_init_port and spec.pd_alloc_port):
         raise ValueError(f"engine {spec.engine_id}: a DPD pair needs the decoder's host and NIXL init/alloc ports")
@@ -267,7 +268,16 @@ def pd_settings(spec: EngineSpec) -> dict[str, str]:
     if spec.pd_role == "decode":
         env.update({"LMCACHE_PD_PEER_HOST": spec.pd_peer_host, "LMCACHE_PD_PEER_INIT_PORT": str(spec.pd_init_port),
                     "LMCACHE_PD_PEER_ALLOC_PORT": str(spec.pd_alloc_port)})
+    else:  # the router's HTTP answer is the "KV sent" signal: no ZMQ message to a proxy (LMCache's setting for
+        env["LMCACHE_PD_SKIP_PROXY_NOTIFICATION"] = "True"  # orchestrators that run the PD flow over HTTP)
     return env
+
+
+def pd_kv_transfer_params(spec: EngineSpec) -> str:
+    """What the router adds to each prefill request of the pair (``Engine.prefill_kv_transfer_params``): LMCache's
+    ``disagg_spec`` naming the decoder's host and NIXL ports (the router adds ``req_id``)."""
+    return json.dumps({"disagg_spec": {"receiver_host": spec.pd_peer_host, "receiver_init_port": [spec.pd_init_port],
+                                       "receiver_alloc_port": [spec.pd_alloc_port]}}, separators=(",", ":"))
 
 
 def _hardware_parts(hardware: str) -> tuple[str, int]:

@@ -441,7 +441,8 @@ class RouterCore:
         values = {"url": engine.url, "pool": engine.pool, "model": engine.model, "source": engine.source,
                   "draining": draining, "kind": int(engine.kind), "gpu_uuid": engine.gpu_uuid,
                   "mig_uuid": engine.mig_uuid, "idle_power_w": float(engine.idle_power_w),
-                  "busy_power_w": float(engine.busy_power_w), "prefill_url": engine.prefill_url}
+                  "busy_power_w": float(engine.busy_power_w), "prefill_url": engine.prefill_url,
+                  "prefill_kv_transfer_params": engine.prefill_kv_transfer_params}
         if row is None:
             s.add(models.Engine(id=engine.id, registered_at=utcnow(), **values))
         else:
@@ -479,7 +480,8 @@ class RouterCore:
                                         model=e.model or pool.model, kind=e.kind, gpu_uuid=e.gpu_uuid,
                                         mig_uuid=e.mig_uuid, idle_power_w=e.idle_power_w,
                                         busy_power_w=e.busy_power_w, source="plan",
-                                        prefill_url=e.prefill_url.rstrip("/"))
+                                        prefill_url=e.prefill_url.rstrip("/"),
+                                        prefill_kv_transfer_params=e.prefill_kv_transfer_params)
                     try:
                         await self.register_engine(state)
                     except ValueError as exc:
@@ -579,7 +581,7 @@ class RouterCore:
 
 def _static(e: EngineState) -> tuple[Any, ...]:
     return (e.url, e.pool, e.model, e.kind, e.gpu_uuid, e.mig_uuid, e.idle_power_w, e.busy_power_w, e.source,
-            e.prefill_url)
+            e.prefill_url, e.prefill_kv_transfer_params)
 
 
 def _short() -> Any:

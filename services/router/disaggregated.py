@@ -8,6 +8,12 @@ answer is read and discarded (the prefiller's KV connector has shipped the promp
 then); then the real request goes to the decoder, which streams the text. The dispatcher (``upstream.py``) calls
 ``prefill`` right before it sends the request to ``engine.url``, inside the same first-token deadline.
 
+LMCache's PD mode needs the prefiller told where the decoder listens: the pair's registration may carry
+``prefill_kv_transfer_params`` (JSON, ``{"disagg_spec": {"receiver_host": ..., "receiver_init_port": [..],
+"receiver_alloc_port": [..]}}``), added to every prefill request as ``kv_transfer_params`` with a fresh
+``disagg_spec.req_id``, as LMCache's proxies do. The prefiller then answers once the KV cache is sent (its
+``pd_skip_proxy_notification``: no ZMQ message to a proxy, the HTTP answer is the signal).
+
 Errors of the prefill step: a connection failure, a timeout, HTTP 5xx/429 or an unreadable answer raise
 ``PrefillFailed`` (an ``aiohttp.ClientError``), which the dispatcher treats like any failed attempt before the first
 token (charged to the engine, retried on another one, else 503/UNAVAILABLE); a 4xx is the request's own fault and
@@ -17,6 +23,7 @@ is passed back to the caller as the prefiller's answer (``UpstreamClientError``)
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import aiohttp
@@ -28,8 +35,23 @@ class PrefillFailed(aiohttp.ClientError):
     """The prefill step of a DPD pair failed (the attempt fails; nothing reached the caller)."""
 
 
-def prefill_body(body: bytes) -> bytes:
-    """The request for the prefiller: ``max_tokens`` 1 (and ``max_completion_tokens`` 1 when set), not streamed."""
+def kv_transfer_params(text: str) -> dict[str, Any]:
+    """A registration's ``prefill_kv_transfer_params``: a JSON object whose ``disagg_spec``, when present, is an
+    object; ValueError saying what is wrong."""
+    try:
+        params = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"must be a JSON object ({exc})") from None
+    if not isinstance(params, dict):
+        raise ValueError("must be a JSON object")
+    if "disagg_spec" in params and not isinstance(params["disagg_spec"], dict):
+        raise ValueError("disagg_spec must be a JSON object")
+    return params
+
+
+def prefill_body(body: bytes, params: str = "") -> bytes:
+    """The request for the prefiller: ``max_tokens`` 1 (and ``max_completion_tokens`` 1 when set), not streamed,
+    with the pair's ``kv_transfer_params`` (``params``, a fresh ``disagg_spec.req_id``) when it has some."""
     try:
         obj: dict[str, Any] = json.loads(body)
     except ValueError as exc:
@@ -41,18 +63,25 @@ def prefill_body(body: bytes) -> bytes:
         obj["max_completion_tokens"] = 1
     obj["stream"] = False
     obj.pop("stream_options", None)
+    if params:
+        transfer = kv_transfer_params(params)  # checked at registration; parsed per request (DPD engines only)
+        if isinstance(transfer.get("disagg_spec"), dict):
+            transfer["disagg_spec"] = {**transfer["disagg_spec"], "req_id": uuid.uuid4().hex}
+        obj["kv_transfer_params"] = transfer
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-async def prefill(session: aiohttp.ClientSession, prefill_url: str, path: str, body: bytes,
+async def prefill(session: aiohttp.ClientSession, engine: Any, path: str, body: bytes,
                   timeout: aiohttp.ClientTimeout) -> None:
-    """Runs the prefill step of one request on the pair's prefiller (see the module docstring)."""
+    """Runs the prefill step of one request on the pair's prefiller (``engine``: the pair's ``EngineState``; see
+    the module docstring)."""
     from greenserve.router.upstream import (
         UpstreamClientError,  # upstream imports this module
     )
 
-    async with session.post(prefill_url + path, data=prefill_body(body), headers=_JSON_HEADERS,
-                            timeout=timeout) as resp:
+    prefill_url = engine.prefill_url
+    async with session.post(prefill_url + path, data=prefill_body(body, engine.prefill_kv_transfer_params),
+                            headers=_JSON_HEADERS, timeout=timeout) as resp:
         data = await resp.read()
         if resp.status >= 500 or resp.status == 429:
             raise PrefillFailed(f"prefiller {prefill_url} answered HTTP {resp.status}")

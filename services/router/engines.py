@@ -76,6 +76,7 @@ class EngineState:
     source: str = "rpc"
     draining: bool = False
     prefill_url: str = ""  # DPD pair: the prefiller (disaggregated.py); ``url`` is the decoder
+    prefill_kv_transfer_params: str = ""  # DPD pair: JSON added to each prefill request (disaggregated.py)
     # live load
     in_flight: int = 0
     prefilling: int = 0  # of in_flight: sent, no first token yet (queued or in prefill on the engine)
@@ -222,6 +223,7 @@ class EngineState:
             id=self.id, url=self.url, pool=self.pool, model=self.model, kind=self.kind, gpu_uuid=self.gpu_uuid,
             mig_uuid=self.mig_uuid, state=self.state(now, stale_after_s), idle_power_w=self.idle_power_w,
             busy_power_w=self.busy_power_w, prefill_url=self.prefill_url,
+            prefill_kv_transfer_params=self.prefill_kv_transfer_params,
         )
 
 
@@ -260,7 +262,7 @@ class EngineRegistry:
             self._reindex()
             return engine, True
         for name in ("url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "idle_power_w", "busy_power_w",
-                     "source", "prefill_url"):
+                     "source", "prefill_url", "prefill_kv_transfer_params"):
             setattr(known, name, getattr(engine, name))
         self._reindex()
         return known, False

@@ -46,6 +46,7 @@ URL_MAX_CHARS = 512
 POOL_MAX_CHARS = 128
 MODEL_MAX_CHARS = 255
 UUID_MAX_CHARS = 96  # "GPU-<uuid>" / "MIG-<uuid>" are 40; the legacy "MIG-GPU-<uuid>/<gi>/<ci>" ~ 56
+KV_TRANSFER_PARAMS_MAX_CHARS = 1024  # a DPD pair's prefill kv_transfer_params (JSON)
 
 
 class Base(DeclarativeBase):
@@ -79,6 +80,8 @@ class Engine(Base):
     busy_power_w: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
     # DPD pair: the prefiller's base URL (``url`` is the decoder's); "" for a single engine
     prefill_url: Mapped[str] = mapped_column(String(URL_MAX_CHARS), default="", server_default="")
+    prefill_kv_transfer_params: Mapped[str] = mapped_column(String(KV_TRANSFER_PARAMS_MAX_CHARS), default="",
+                                                            server_default="")
 
     def __repr__(self) -> str:
         return (f"Engine(id={self.id!r}, url={self.url!r}, pool={self.pool!r}, mig_uuid={self.mig_uuid!r}, "

@@ -33,7 +33,7 @@ from greenserve.common.errors import (
     Unavailable,
 )
 from greenserve.common.server import Registration, registration
-from greenserve.router import models
+from greenserve.router import disaggregated, models
 from greenserve.router.core import CoreConfig, RouterCore
 from greenserve.router.engines import EngineState
 from greenserve.router.http_front import HttpFront
@@ -390,7 +390,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         for name, limit in (("id", models.ID_MAX_CHARS), ("url", models.URL_MAX_CHARS),
                             ("pool", models.POOL_MAX_CHARS), ("model", models.MODEL_MAX_CHARS),
                             ("gpu_uuid", models.UUID_MAX_CHARS), ("mig_uuid", models.UUID_MAX_CHARS),
-                            ("prefill_url", models.URL_MAX_CHARS)):
+                            ("prefill_url", models.URL_MAX_CHARS),
+                            ("prefill_kv_transfer_params", models.KV_TRANSFER_PARAMS_MAX_CHARS)):
             if len(getattr(e, name)) > limit:
                 raise InvalidArgument(f"engine.{name}", f"must be at most {limit} characters")
         for name in ("url", "prefill_url") if e.prefill_url else ("url",):
@@ -405,6 +406,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 raise InvalidArgument(f"engine.{name}", f"must be an http(s)://host:port URL, got {value!r}")
         if e.prefill_url and e.prefill_url.rstrip("/") == e.url.rstrip("/"):
             raise InvalidArgument("engine.prefill_url", "must be the prefiller's URL, not the decoder's (engine.url)")
+        if e.prefill_kv_transfer_params:
+            if not e.prefill_url:
+                raise InvalidArgument("engine.prefill_kv_transfer_params", "only a DPD pair (engine.prefill_url) has it")
+            try:
+                disaggregated.kv_transfer_params(e.prefill_kv_transfer_params)
+            except ValueError as exc:
+                raise InvalidArgument("engine.prefill_kv_transfer_params", str(exc)) from None
         if e.kind not in common_pb2.EngineKind.values():
             raise InvalidArgument("engine.kind", f"must be a known EngineKind, got {e.kind}")
         for name in ("idle_power_w", "busy_power_w"):
@@ -412,7 +420,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         state = EngineState(id=e.id, url=e.url.rstrip("/"), pool=e.pool, model=e.model,
                             kind=e.kind or common_pb2.ENGINE_KIND_VLLM, gpu_uuid=e.gpu_uuid, mig_uuid=e.mig_uuid,
                             idle_power_w=e.idle_power_w, busy_power_w=e.busy_power_w, source="rpc",
-                            prefill_url=e.prefill_url.rstrip("/"))
+                            prefill_url=e.prefill_url.rstrip("/"),
+                            prefill_kv_transfer_params=e.prefill_kv_transfer_params)
         try:
             stored, created = await self.core.register_engine(state)
         except ValueError as exc:

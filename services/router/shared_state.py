@@ -56,7 +56,8 @@ def bump(s: Session) -> None:
 def engine_state(row: models.Engine) -> EngineState:
     return EngineState(id=row.id, url=row.url, pool=row.pool, model=row.model, source=row.source,
                        draining=row.draining, kind=row.kind, gpu_uuid=row.gpu_uuid, mig_uuid=row.mig_uuid,
-                       idle_power_w=row.idle_power_w, busy_power_w=row.busy_power_w, prefill_url=row.prefill_url)
+                       idle_power_w=row.idle_power_w, busy_power_w=row.busy_power_w, prefill_url=row.prefill_url,
+                       prefill_kv_transfer_params=row.prefill_kv_transfer_params)
 
 
 @dataclass(frozen=True)

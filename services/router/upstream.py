@@ -265,7 +265,7 @@ class Dispatcher:
             async with asyncio.timeout(timeout):
                 t_sent = time.monotonic()
                 if engine.prefill_url:  # a DPD pair: the prefiller first, then the decoder streams (disaggregated.py)
-                    await disaggregated.prefill(self.session, engine.prefill_url, req.path, body, self._timeout)
+                    await disaggregated.prefill(self.session, engine, req.path, body, self._timeout)
                 resp = await self.session.post(engine.url + req.path, data=body, headers=_JSON_HEADERS,
                                                timeout=self._timeout)
                 try:

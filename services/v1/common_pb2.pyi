@@ -326,7 +326,7 @@ class Gpu(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[_Union[GpuModel, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., instances: _Optional[_Iterable[_Union[MigInstance, _Mapping]]] = ..., node: _Optional[str] = ..., pool: _Optional[str] = ..., hardware: _Optional[str] = ..., reported_by: _Optional[str] = ...) -> None: ...
 
 class Engine(_message.Message):
-    __slots__ = ("id", "url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "state", "idle_power_w", "busy_power_w", "hardware", "model_variant", "prefill_url")
+    __slots__ = ("id", "url", "pool", "model", "kind", "gpu_uuid", "mig_uuid", "state", "idle_power_w", "busy_power_w", "hardware", "model_variant", "prefill_url", "prefill_kv_transfer_params")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +340,7 @@ class Engine(_message.Message):
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VARIANT_FIELD_NUMBER: _ClassVar[int]
     PREFILL_URL_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     pool: str
@@ -353,7 +354,8 @@ class Engine(_message.Message):
     hardware: str
     model_variant: str
     prefill_url: str
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[EngineKind, str]] = ..., gpu_uuid: _Optional[str] = ..., mig_uuid: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., idle_power_w: _Optional[float] = ..., busy_power_w: _Optional[float] = ..., hardware: _Optional[str] = ..., model_variant: _Optional[str] = ..., prefill_url: _Optional[str] = ...) -> None: ...
+    prefill_kv_transfer_params: str
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[EngineKind, str]] = ..., gpu_uuid: _Optional[str] = ..., mig_uuid: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., idle_power_w: _Optional[float] = ..., busy_power_w: _Optional[float] = ..., hardware: _Optional[str] = ..., model_variant: _Optional[str] = ..., prefill_url: _Optional[str] = ..., prefill_kv_transfer_params: _Optional[str] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("name", "model", "slo", "engines", "region", "variants", "load_series_key", "max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes", "mean_prompt_tokens", "mean_output_tokens", "draft")

@@ -68,6 +68,7 @@ def test_vllm_runs_dpd_as_a_pair_with_lmcache_pd_settings_and_still_refuses_dsd(
     assert json.loads(decode.argv[decode.argv.index("--kv-transfer-config") + 1])[
         "kv_connector_extra_config"]["skip_last_n_tokens"] == 1
     assert prefill.env["LMCACHE_PD_ROLE"] == "sender" and prefill.env["CUDA_VISIBLE_DEVICES"] == "MIG-1"
+    assert prefill.env["LMCACHE_PD_SKIP_PROXY_NOTIFICATION"] == "True"
     assert decode.env["LMCACHE_PD_ROLE"] == "receiver" and decode.env["CUDA_VISIBLE_DEVICES"] == "GPU-T4"
     assert (decode.env["LMCACHE_PD_PEER_HOST"], decode.env["LMCACHE_PD_PEER_INIT_PORT"],
             decode.env["LMCACHE_PD_PEER_ALLOC_PORT"]) == ("127.0.0.1", "8102", "8103")
@@ -165,6 +166,10 @@ async def test_a_dpd_plan_starts_the_pair_and_the_router_streams_the_decoders_te
     listed = (await routers.ListEngines(router_pb2.ListEnginesRequest())).engines
     assert [(s.engine.id, s.engine.url, s.engine.prefill_url) for s in listed] == [
         (engine_id_for(NODE, inst.uuid), decoder.spec.url, prefiller.spec.url)]
+    spec = json.loads(listed[0].engine.prefill_kv_transfer_params)["disagg_spec"]  # where the decoder's NIXL listens
+    assert spec == {"receiver_host": "127.0.0.1", "receiver_init_port": [decoder.spec.pd_init_port],
+                    "receiver_alloc_port": [decoder.spec.pd_alloc_port]}
+    assert len({prefiller.spec.port, decoder.spec.port, decoder.spec.pd_init_port, decoder.spec.pd_alloc_port}) == 4
     body = {"model": POOL.model, "prompt": "tell me about carbon " * 20, "max_tokens": 9, "stream": True}
     text = []
     async with aiohttp.ClientSession() as s:

@@ -60,12 +60,17 @@ def test_prefill_body_asks_one_token_not_streamed() -> None:
                                               "max_completion_tokens": 1, "stream": False}
     with pytest.raises(PrefillFailed, match="not JSON"):
         prefill_body(b"{")
+    spec = {"receiver_host": "10.0.0.9", "receiver_init_port": [7300], "receiver_alloc_port": [7400]}
+    first, second = (json.loads(prefill_body(body, json.dumps({"disagg_spec": spec})))["kv_transfer_params"]
+                     for _ in range(2))
+    assert {k: v for k, v in first["disagg_spec"].items() if k != "req_id"} == spec
+    assert first["disagg_spec"]["req_id"] != second["disagg_spec"]["req_id"], "one req_id per request"
 
 
-async def _register(r: Any, engine_id: str, url: str, prefill_url: str, model: str) -> None:
+async def _register(r: Any, engine_id: str, url: str, prefill_url: str, model: str, params: str = "") -> None:
     await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
         id=engine_id, url=url, prefill_url=prefill_url, pool="default", model=model,
-        kind=common_pb2.ENGINE_KIND_SIMULATED)))
+        kind=common_pb2.ENGINE_KIND_SIMULATED, prefill_kv_transfer_params=params)))
 
 
 async def _stream_text(s: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, str]:
@@ -84,9 +89,12 @@ async def test_a_request_prefills_on_the_prefiller_then_streams_from_the_decoder
                                                                                  prefiller) -> None:
     (decoder,) = await emulators(1, serving_mode=ModeSettings("dpd", pd_role="decode"))
     r = await router()
-    await _register(r, "pair-1", decoder.url, prefiller.url, decoder.model)
+    params = json.dumps({"disagg_spec": {"receiver_host": "127.0.0.1", "receiver_init_port": [7300],
+                                         "receiver_alloc_port": [7400]}})
+    await _register(r, "pair-1", decoder.url, prefiller.url, decoder.model, params)
     listed = await r.stub.ListEngines(router_pb2.ListEnginesRequest())
-    assert [e.engine.prefill_url for e in listed.engines] == [prefiller.url]
+    assert [(e.engine.prefill_url, e.engine.prefill_kv_transfer_params) for e in listed.engines] == [
+        (prefiller.url, params)]
     body = {"model": decoder.model, "prompt": "hello " * 30, "max_tokens": 12, "stream": True,
             "stream_options": {"include_usage": True}}
     async with aiohttp.ClientSession() as s:
@@ -97,6 +105,8 @@ async def test_a_request_prefills_on_the_prefiller_then_streams_from_the_decoder
     sent = prefiller.bodies[0]
     assert sent["max_tokens"] == 1 and sent["stream"] is False and "stream_options" not in sent
     assert sent["prompt"] == body["prompt"]
+    assert sent["kv_transfer_params"]["disagg_spec"]["receiver_init_port"] == [7300]
+    assert sent["kv_transfer_params"]["disagg_spec"]["req_id"]
     assert decoder.metrics.generation_tokens == 12, "the decoder generated the whole answer"
 
 
@@ -123,6 +133,12 @@ async def test_register_engine_checks_the_prefill_url(emulators, router) -> None
             await _register(r, "pair-1", decoder.url, bad, decoder.model)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "engine.prefill_url" in (err.value.details() or "")
+    for prefill_url, params in (("http://127.0.0.1:1", "[1]"), ("http://127.0.0.1:1", '{"disagg_spec": 3}'),
+                                ("", "{}")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _register(r, "pair-1", decoder.url, prefill_url, decoder.model, params)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "engine.prefill_kv_transfer_params" in (err.value.details() or "")
     assert not (await r.stub.ListEngines(router_pb2.ListEnginesRequest())).engines
 
 
