@@ -36,9 +36,11 @@ from greenserve.router.upstream import (
     RouteRequest,
     UpstreamClientError,
     UpstreamUnavailable,
+    HookedReader,
     complete_events,
     event_data,
     split_events,
+    stream_hooks,
 )
 from greenserve.router.http_guard import CappedSite, ConnectionGuard, HttpLimits, auth_middleware
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
@@ -361,8 +363,8 @@ class HttpFront:
                 write = resp.write
                 forwarding = _Forwarder(call, send) if send is not None and type(content) is StreamReader else None
                 if forwarding is not None:
-                    content.__class__ = _ForwardingReader  # same layout: feed_data consults the forwarder
-                    _FORWARDERS[id(content)] = forwarding
+                    content.__class__ = HookedReader  # same layout: feed_data consults the forwarder
+                    stream_hooks[id(content)] = forwarding
                 while True:
                     try:
                         chunk = b""
@@ -423,7 +425,7 @@ class HttpFront:
             log.info("client disconnected", extra={"engine_id": engine.id, "path": request.path})
             raise
         finally:
-            _FORWARDERS.pop(id(call.response.content), None)
+            stream_hooks.pop(id(call.response.content), None)
             if not finished:
                 dispatcher.finish(call, aborted=True)
 
@@ -476,22 +478,6 @@ class _Forwarder:
         return True
 
 
-_FORWARDERS: dict[int, _Forwarder] = {}
-"""The forwarder of each streaming response's reader (by id; removed when the handler ends)."""
-
-
-class _ForwardingReader(StreamReader):
-    """aiohttp's StreamReader whose ``feed_data`` offers each chunk to the stream's forwarder first (its
-    class is set on a response's ``content`` by ``_stream``; no slots of its own, so the layout is the
-    same)."""
-
-    __slots__ = ()
-
-    def feed_data(self, data: bytes, size: int = 0) -> bool:
-        forward = _FORWARDERS.get(id(self))
-        if forward is not None and data and forward(data):
-            return False
-        return StreamReader.feed_data(self, data, size)
 _DIRECT_WRITE_MAX_BUFFERED = 64 * 1024
 
 

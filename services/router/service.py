@@ -42,6 +42,7 @@ from greenserve.router.policy import NoEngineError, PolicyConfig
 from greenserve.router.prefix_index import chain_hashes, render_chat
 from greenserve.router.upstream import (
     Call,
+    HookedReader,
     RouteRequest,
     UpstreamClientError,
     UpstreamUnavailable,
@@ -51,6 +52,7 @@ from greenserve.router.upstream import (
     TEXT_KEY_COMPLETION,
     event_data,
     running_text,
+    stream_hooks,
 )
 from greenserve.router.workers import current_worker
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
@@ -115,6 +117,14 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         description="Generate: after the first token (always sent at once), at most one message per this many "
         "seconds, carrying every token that arrived meanwhile (a gRPC message costs the router several times "
         "what a token costs over HTTP); 0: one message per read of the engine's stream")
+    grpc_stream_messages_per_s: float = Field(
+        2000.0, ge=0,
+        description="Generate: messages per second all streams may send together; when the streams in flight "
+        "would send more at --grpc-stream-interval-s, each stream's interval widens to its share (streams / "
+        "this), up to --grpc-stream-max-interval-s, so the router's gRPC message CPU stays bounded as "
+        "concurrency grows; 0: no budget")
+    grpc_stream_max_interval_s: float = Field(
+        0.25, ge=0, le=5.0, description="Generate: the widest interval the message budget may set (seconds)")
     workers: int | None = Field(
         None, ge=1, le=64,
         description="worker processes serving both ports (SO_REUSEPORT, Linux) under a supervisor that restarts a "
@@ -257,14 +267,30 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.core = core
         self.http: HttpFront | None = None
         self.stream_interval_s = float(getattr(ctx.settings, "grpc_stream_interval_s", 0.0))
+        self.stream_messages_per_s = float(getattr(ctx.settings, "grpc_stream_messages_per_s", 0.0))
+        self.stream_max_interval_s = max(self.stream_interval_s,
+                                         float(getattr(ctx.settings, "grpc_stream_max_interval_s", 0.0)))
+        self.streams = 0  # Generate streams past their first token, now
+
+    def interval_s(self) -> float:
+        """The least time between two messages of a stream now: ``--grpc-stream-interval-s``, widened when
+        the streams in flight would together send more than ``--grpc-stream-messages-per-s`` (each then
+        gets its share of that budget), at most ``--grpc-stream-max-interval-s``."""
+        base = self.stream_interval_s
+        if not base or not self.stream_messages_per_s:
+            return base
+        share = self.streams / self.stream_messages_per_s
+        return base if share <= base else min(share, self.stream_max_interval_s)
 
     # -- request path ---------------------------------------------------------------------------------
 
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         """Streams the output with ``context.write`` from this one coroutine (no async-generator layer
         resumed per message). The first token goes out at once; after it, a message carries every token
-        that arrived since the previous one and goes at most once per ``--grpc-stream-interval-s``
-        (``token_count`` says how many tokens it carries); the last message carries what is still
+        that arrived since the previous one and goes at most once per the stream's interval
+        (``interval_s``: ``--grpc-stream-interval-s``, widened under the router-wide message budget
+        ``--grpc-stream-messages-per-s``; ``token_count`` says how many tokens it carries); the end of the
+        engine's stream cuts the wait short; the last message carries what is still
         pending with the finish reason and the receipt. A gRPC message costs the router several times
         what a forwarded token costs over HTTP (grpc.aio's completion round trip through its poller
         thread), so fewer, larger messages are what makes this path cheap. See docs/router.md."""
@@ -277,6 +303,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         dispatcher = core.dispatcher
         assert dispatcher is not None
         call = None
+        reader: _EventReader | None = None
+        counted = False
         finished = False
         try:
             path, prompt, messages = describe(request.request)
@@ -314,19 +342,19 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if texts:
                 await write(Response(request_id=request_id, text_delta="".join(texts), engine_id=engine_id,
                                      token_count=tokens))
-            # after the first token: text read but not yet sent waits until --grpc-stream-interval-s has
-            # passed since the previous message, gathering the tokens that arrive meanwhile (one timer
-            # per message, no wake-up per token)
+            # after the first token: text read but not yet sent waits until the stream's interval has
+            # passed since the previous message, gathering the tokens that arrive meanwhile (one timer per
+            # message; a token that arrives meanwhile is only appended to a list by the reader's hook)
             reader = _EventReader(call, TEXT_KEY_CHAT if messages is not None else TEXT_KEY_COMPLETION)
-            interval = self.stream_interval_s
+            self.streams += 1
+            counted = True
             last_sent = time.monotonic()
             while not reader.ended:
+                interval = self.interval_s()
                 if interval:
-                    # sleep out the interval, then take what came meanwhile: tokens that arrive while
-                    # nothing waits on the stream cost no task wake-up, only aiohttp's buffering
                     wait = last_sent + interval - time.monotonic()
                     if wait > 0:
-                        await asyncio.sleep(wait)
+                        await reader.gather(wait)  # cut short by the end of the stream
                     reader.drain()
                 if not reader.texts and not reader.ended:
                     await reader.read()  # nothing came within the interval: wait for the next token
@@ -358,6 +386,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                                  finish_reason=reason or "stop", receipt=receipt.to_proto(),
                                  engine_id=engine_id if first else ""))
         finally:
+            if reader is not None:
+                reader.close()
+            if counted:
+                self.streams -= 1
             if call is not None and not finished:
                 dispatcher.finish(call, aborted=True)
             core.release()
@@ -501,16 +533,22 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
 
 class _EventReader:
-    """Reads a committed call's SSE stream for Generate: ``read`` takes one upstream read, adds the text
-    of its token events to ``texts`` (running tokens found by a byte scan, no JSON decoded) and notes
-    usage and finish reason; ``ended`` once [DONE] came or the stream stopped (``call.done`` tells
-    which)."""
+    """Reads a committed call's SSE stream for Generate: ``read`` waits for the next upstream bytes,
+    ``gather`` lets them pile up for a while, ``drain`` takes what piled up; the text of token events goes
+    to ``texts`` (running tokens found by a byte scan, no JSON decoded), usage and finish reason are
+    noted; ``ended`` once [DONE] came or the stream stopped (``call.done`` tells which).
 
-    __slots__ = ("call", "content", "key", "buf", "texts", "tokens", "usage", "reason", "ended")
+    Between two reads the reader's hook (``upstream.stream_hooks``) takes each chunk the response
+    parser delivers and only appends it to ``chunks``: no StreamReader bookkeeping per token (its buffer,
+    chunk splits, flow control) and no wake-up, except for a chunk holding [DONE], which ends ``gather``
+    at once so that the last message does not wait out the interval."""
+
+    __slots__ = ("call", "content", "key", "buf", "texts", "tokens", "usage", "reason", "ended", "chunks",
+                 "hooked", "waiter")
 
     def __init__(self, call: Call, key: str) -> None:
         self.call = call
-        self.content = call.response.content
+        self.content = content = call.response.content
         self.key = key
         self.buf = call.tail
         call.tail = b""
@@ -519,6 +557,26 @@ class _EventReader:
         self.usage: dict[str, Any] | None = None
         self.reason = ""
         self.ended = call.done
+        self.chunks: list[bytes] = []
+        self.waiter: asyncio.Future[None] | None = None
+        # only aiohttp's own reader class is swapped (same layout); anything else is read as before
+        self.hooked = type(content) is aiohttp.StreamReader and not self.ended
+        if self.hooked:
+            content.__class__ = HookedReader
+            stream_hooks[id(content)] = self._hook
+
+    def _hook(self, data: bytes) -> bool:
+        self.chunks.append(data)
+        if b"[DONE]" in data:
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        return True
+
+    def close(self) -> None:
+        if self.hooked:
+            stream_hooks.pop(id(self.content), None)
+            self.hooked = False
 
     def take(self) -> str:
         text = "".join(self.texts)
@@ -529,23 +587,44 @@ class _EventReader:
         n, self.tokens = self.tokens, 0
         return n
 
+    async def gather(self, wait_s: float) -> None:
+        """Lets the stream's chunks pile up for ``wait_s`` (less when [DONE] arrives meanwhile)."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(wait_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
     async def read(self) -> None:
-        """Waits for the next bytes of the stream and takes them."""
+        """Waits for the next bytes of the stream and takes them (with what piled up before)."""
+        self.drain()
+        if self.texts or self.ended:
+            return
+        hook = stream_hooks.pop(id(self.content), None) if self.hooked else None
         try:
             chunk = await self.content.readany()
         except (aiohttp.ClientError, OSError):
             self.ended = True  # the engine went away (call.done stays False)
             return
+        finally:
+            if hook is not None:
+                stream_hooks[id(self.content)] = hook
         self._take(chunk)
 
     def drain(self) -> None:
-        """Takes what is buffered now, without waiting (the tokens that came while the caller slept);
+        """Takes what is there now, without waiting (the tokens that came while the caller slept);
         the end of the stream is noticed by the next ``read``."""
         try:
-            chunk = self.content.read_nowait()
+            chunk = self.content.read_nowait()  # bytes buffered while the hook was off (older)
         except (aiohttp.ClientError, OSError):
             self.ended = True
             return
+        if self.chunks:
+            chunk += b"".join(self.chunks)
+            self.chunks.clear()
         if chunk:
             self._take(chunk)
 
@@ -580,6 +659,11 @@ class _EventReader:
                 texts.append(text)
         self.tokens += tokens
         self.call.events += tokens
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _parse_event(ev: bytes) -> tuple[str, str | None, dict[str, Any] | None]:

@@ -381,3 +381,25 @@ class Dispatcher:
         else:
             call.response.release()
         return call.engine.end_request(time.monotonic(), self.saturation_requests)
+
+
+# -- hooks on a committed stream's reader -------------------------------------------------------------
+
+stream_hooks: dict[int, Any] = {}
+"""Per streaming response reader (by id): a function offered each chunk the response parser feeds,
+before aiohttp buffers it; it returns True when it took the chunk (it is then not buffered). Set by the
+HTTP front's forwarder and the gRPC Generate collector, removed by them when their handler ends."""
+
+
+class HookedReader(aiohttp.StreamReader):
+    """aiohttp's StreamReader whose ``feed_data`` offers each chunk to the stream's hook first
+    (``stream_hooks``). A front sets it as the class of ``call.response.content``; it has no slots of its
+    own, so the layout is the same. End of stream and errors still reach the reader as usual."""
+
+    __slots__ = ()
+
+    def feed_data(self, data: bytes, size: int = 0) -> bool:
+        hook = stream_hooks.get(id(self))
+        if hook is not None and data and hook(data):
+            return False
+        return aiohttp.StreamReader.feed_data(self, data, size)
