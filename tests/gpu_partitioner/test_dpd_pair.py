@@ -147,7 +147,7 @@ def _plan(version: int, gpu: str, mode: int, old: str = "V100") -> tuple[common_
 async def _generation_tokens(s: aiohttp.ClientSession, url: str) -> float:
     async with s.get(url + "/metrics") as resp:
         text = await resp.text()
-    return sum(float(m) for m in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+    return sum(float(m) for m in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.MULTILINE))
 
 
 async def test_a_dpd_plan_starts_the_pair_and_the_router_streams_the_decoders_text(rig: tuple) -> None:
@@ -193,8 +193,32 @@ async def test_a_dpd_plan_starts_the_pair_and_the_router_streams_the_decoders_te
 
 @pytest.mark.parametrize("rig", ["A100-40GB"], indirect=True)
 async def test_dpd_without_an_older_gpu_on_the_node_is_refused_naming_the_field(rig: tuple) -> None:
-    enforcer, backend, supervisor, routers, _ = rig
+    enforcer, backend, supervisor, _routers, _ = rig
     (a100,) = backend.list_gpus()
     outcome = await enforcer.reconcile(*_plan(1, a100.uuid, DPD, old="T4"))
     assert outcome.state == REFUSED and "serving_modes[0].old_hardware" in outcome.detail, outcome.detail
     assert backend.gpu(a100.uuid).instances == [] and not supervisor.engines, "nothing changed"
+
+
+async def test_the_service_lists_and_meters_a_whole_gpu(start_inprocess: Any, router: Any) -> None:
+    from greenserve.common.client import create_channel
+    from greenserve.gpu_partitioner.service import GpuPartitionerSettings, build
+    from greenserve.v1 import gpu_partitioner_pb2, gpu_partitioner_pb2_grpc
+
+    svc = await start_inprocess(GpuPartitionerSettings, build, backend="simulated", sim_gpus="A100-40GB,T4",
+                                router_addr=router.address, energy_sample_interval_s=0, follow_plans=False)
+    channel = create_channel(ChannelConfig(address=svc.address))
+    try:
+        stub = gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel)
+        gpus = (await stub.GetInventory(gpu_partitioner_pb2.GetInventoryRequest())).gpus
+        assert [g.mig_enabled for g in gpus] == [True, False] and gpus[1].name == "T4 (simulated)"
+        assert gpus[1].model == common_pb2.GPU_MODEL_OTHER
+        energy = (await stub.GetEnergy(gpu_partitioner_pb2.GetEnergyRequest(gpu_uuids=[gpus[1].uuid]))).gpus
+        assert energy[0].power_w == pytest.approx(energy[0].idle_power_w) and not energy[0].instances
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # no MIG on it: refused, not INTERNAL
+            await stub.ApplyLayout(gpu_partitioner_pb2.ApplyLayoutRequest(layout=common_pb2.MigLayout(
+                gpu_uuid=gpus[1].uuid, placements=[common_pb2.MigPlacement(profile="1g.5gb")])))
+        assert err.value.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT), \
+            err.value.details()
+    finally:
+        await channel.close()
