@@ -168,8 +168,9 @@ class HttpFront:
             Gauge(name, doc, registry=core.prom,  # summed over workers; counts of dead ones kept
                   multiprocess_mode="sum" if name.endswith(("_refused", "_timeouts")) else "livesum"
                   ).set_function(read)
-        app = web.Application(client_max_size=self.limits.max_body_bytes,
-                              middlewares=[self.guard.middleware(), auth_middleware(tokens)])
+        # without tokens the auth middleware is left out: each middleware is a coroutine per request
+        middlewares = [self.guard.middleware(), *([auth_middleware(tokens)] if any(tokens) else [])]
+        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=middlewares)
         app.on_response_prepare.append(self.guard.on_response_prepare)
         # the generation handlers are _generate itself (no wrapper coroutine frame to resume per token)
         app.router.add_post("/v1/completions", functools.partial(self._generate, path="/v1/completions", chat=False))
@@ -249,7 +250,9 @@ class HttpFront:
         self.body_bytes_in_flight += reserved
         try:
             try:
-                raw: bytes | None = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
+                # asyncio.timeout, not wait_for: wait_for wraps the read in a task of its own per request
+                async with asyncio.timeout(self.limits.body_timeout_s):
+                    raw: bytes | None = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 return _too_large(limit, None)
             except web.RequestPayloadError as exc:  # e.g. a Content-Encoding the body does not decode with
