@@ -225,7 +225,7 @@ class MigEnforcer:
     def _crashed_notes(self) -> list[str]:
         if self.supervisor is None:
             return []
-        return [f"engine {e.spec.engine_id} on {e.spec.mig_uuid} had exited (code {e.returncode}); it is restarted "
+        return [f"engine {e.spec.engine_id} on {e.spec.device} had exited (code {e.returncode}); it is restarted "
                 "where the plan still wants it" for e in self.supervisor.exited()]
 
     async def _validate(self, mine: list[tuple[int, common_pb2.MigLayout]]) -> list[GpuTarget]:

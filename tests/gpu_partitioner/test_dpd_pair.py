@@ -6,8 +6,10 @@ decoder's text."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,16 @@ async def test_a_dpd_plan_starts_the_pair_and_the_router_streams_the_decoders_te
         assert "".join(text), "the decoder streamed text"
         assert await _generation_tokens(s, prefiller.spec.url) == 1  # the prefill step's one token
         assert await _generation_tokens(s, decoder.spec.url) == 9  # the answer, from the decoder
+    # the decoder dies: the next reconcile restarts the pair (a prefiller alone cannot serve)
+    os.killpg(decoder.pid, signal.SIGKILL)
+    await decoder.process.wait()
+    outcome = await enforcer.reconcile(*_plan(1, a100.uuid, DPD))
+    assert outcome.state == APPLIED and "had exited" in outcome.detail, outcome.detail
+    prefiller, old_decoder = supervisor.by_mig_uuid()[inst.uuid], decoder
+    decoder = supervisor.decoder_of(prefiller.spec.engine_id)
+    assert decoder is not None and decoder.returncode is None and decoder.pid != old_decoder.pid
+    listed = (await routers.ListEngines(router_pb2.ListEnginesRequest())).engines
+    assert [(s.engine.url, s.engine.prefill_url) for s in listed] == [(decoder.spec.url, prefiller.spec.url)]
     # back to Standalone: the pair goes (both processes), one engine on the instance
     outcome = await enforcer.reconcile(*_plan(2, a100.uuid, common_pb2.SERVING_MODE_STANDALONE))
     assert outcome.state == APPLIED, outcome.detail
