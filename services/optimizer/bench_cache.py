@@ -58,10 +58,29 @@ def synthetic_models(pools: int, hours: int, sizes: int, seed: int = 0, restart_
     return models
 
 
-def kareto_figures(rate: float, with_grid: bool) -> dict:
+def recorded_trace(shape: str, rate: float, seconds: float = 1800.0):
+    """A recorded window of ``shape`` at ``rate`` requests/s as the router would have reported it
+    (``replay_trace.router_accesses``), turned into a replay trace: ``multi-turn`` (GreenCache's conversations) or
+    ``independent`` (Poisson arrivals, no shared prefixes)."""
+    from greenserve.optimizer.replay_trace import build_trace, router_accesses
+    from greenserve.simulator.workloads import multi_turn_workload, poisson_workload
+
+    if shape == "multi-turn":
+        wl = multi_turn_workload(int(rate / 4 * seconds), rate / 4, seed=11)
+    else:
+        wl = poisson_workload(int(rate * seconds), rate, seed=11)
+    wl = wl.head(sum(1 for t in wl.arrival_s if t < seconds))
+    start = 1_700_000_000.0
+    return build_trace("chat", "yesterday", f"a recorded {shape} window (bench)", start,
+                       router_accesses(wl, "chat", start), mean_output_tokens=250.0, output_source="the bench")
+
+
+def kareto_figures(rate: float, with_grid: bool, history: str = "none") -> dict:
     """The Kareto solver on one Llama-3 8B / A100-80GB pool (DRAM 0-64 GiB in 8 GiB steps x disk 0-512 GiB in
     32 GiB steps, FR CI 60 g/kWh) at ``rate`` requests/s: time, replays, choice; with ``with_grid`` also every grid
-    point replayed and the hypervolume of the adaptive Pareto set over the grid's (Kareto Sec. 5.3.1)."""
+    point replayed and the hypervolume of the adaptive Pareto set over the grid's (Kareto Sec. 5.3.1). ``history``
+    other than ``none``: the points replay a recorded window of that shape (``recorded_trace``) instead of the
+    synthetic multi-turn shape."""
     from greenserve.common import carbon
     from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
     from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
@@ -80,6 +99,8 @@ def kareto_figures(rate: float, with_grid: bool) -> dict:
     flat = SeriesForecast((rate,), (rate,), (rate,))
     inputs = PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[pool]), {"FR": SeriesForecast((60.0,), (60.0,),
                             (60.0,))}, {"chat": flat}, {}, carbon.load_default_params(), {})
+    if history != "none":
+        inputs.traffic["chat"] = recorded_trace(history, rate)
     solver = KaretoSearch(time_limit_s=3600.0, max_evaluations=10_000)
     t0 = time.perf_counter()
     search = solver.search_pool(inputs, pool, time.perf_counter() + 3600.0)
@@ -88,7 +109,7 @@ def kareto_figures(rate: float, with_grid: bool) -> dict:
     out = {"rate_per_s": rate, "search_s": search_s, "evaluations": len(search.points), "rounds": search.rounds,
            "grid_points": search.grid_points, "pareto_points": len(search.pareto),
            "chosen_dram_bytes": int(search.chosen.x), "chosen_disk_bytes": int(search.chosen.y),
-           "chosen_g_per_h": search.chosen.cost, "meets_slo": search.meets_slo}
+           "chosen_g_per_h": search.chosen.cost, "meets_slo": search.meets_slo, "traffic": search.traffic}
     if with_grid:
         # Every grid point through the same scoring (replays already made are reused from the cache).
         t0 = time.perf_counter()
@@ -117,6 +138,9 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
                         help="also time the Kareto solver on one pool at this many requests/s per engine (0: skip)")
     parser.add_argument("--kareto-grid", action="store_true",
                         help="with --kareto-rate: also replay the full grid and report the hypervolume ratio")
+    parser.add_argument("--kareto-history", choices=("none", "multi-turn", "independent"), default="none",
+                        help="with --kareto-rate: score the points on a recorded window of this shape (as the "
+                        "router reports it) instead of the synthetic multi-turn shape")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
     if ns.restart_g < 0:
@@ -144,7 +168,7 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     resizes = sum(sum(1 for a, b in itertools.pairwise(p) if a != b) for p in large_picks.values())
     print(f"large: {ns.large_hours} h x {ns.large_sizes} sizes x {ns.large_pools} pools: {large_s:.2f} s "
           f"({large_cpu_s:.2f} s CPU, {large_status}, gap {large_gap}, {resizes} resizes)", file=sys.stderr)
-    kareto = kareto_figures(ns.kareto_rate, ns.kareto_grid) if ns.kareto_rate > 0 else None
+    kareto = kareto_figures(ns.kareto_rate, ns.kareto_grid, ns.kareto_history) if ns.kareto_rate > 0 else None
     if kareto:
         print(f"kareto: {kareto['evaluations']} replays of {kareto['grid_points']} grid points in "
               f"{kareto['search_s']:.2f} s", file=sys.stderr)

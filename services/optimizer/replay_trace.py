@@ -28,6 +28,7 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from greenserve.simulator.workloads import Workload
 from greenserve.v1 import cache_manager_pb2
@@ -76,6 +77,8 @@ class ReplayTrace:
             raise ValueError("rate_per_s: must be a finite number > 0")
         n = len(self.requests)
         keep = min(1.0, max(rate_per_s / self.recorded_rate_per_s, min(1.0, MIN_KEPT / max(n, 1))))
+        if keep > 0.98:  # within 2 %: keep every request and let the time scale make up the difference
+            keep = 1.0
         kept = [r for r in self.requests if keep >= 1.0 or _share(r.group) < keep]
         if len(kept) < 2:
             kept = list(self.requests)
@@ -179,3 +182,34 @@ def build_trace(pool: str, source: str, label: str, window_start_s: float, acces
     h.update(f"{mean_output_tokens:.3f}".encode())
     return ReplayTrace(pool, source, label, tuple(out), span, mean_output_tokens, output_source,
                        reused / max(total, 1), h.hexdigest())
+
+
+def router_accesses(workload: Workload, pool: str, start_s: float) -> list[cache_manager_pb2.AccessRecord]:
+    """The accesses the router would report for ``workload`` (its arrivals from ``start_s``) in front of an
+    unbounded prefix cache: per request a HIT of the deepest block any earlier prompt held (or a MISS), then a
+    STORE of its own deepest block, with the request's conversation. For benches and tests: a recorded window of a
+    known shape. A request without block hashes is a prompt of its own (a MISS and a STORE of a fresh key)."""
+    bt = workload.hash_block_tokens
+    seen: set[tuple[int, ...]] = set()
+    out: list[cache_manager_pb2.AccessRecord] = []
+    sessions = workload.session_ids or [None] * len(workload)
+    blocks_of = workload.block_hashes or [()] * len(workload)
+    for i, (t, tokens, blocks, conv) in enumerate(zip(workload.arrival_s, workload.prompt_tokens, blocks_of,
+                                                      sessions)):
+        blocks = tuple(blocks)
+        at = Timestamp()
+        at.FromNanoseconds(int(round((start_s + t) * 1e9)))
+        cid = "" if conv is None else f"c{conv}"
+        depth = max((j for j in range(1, len(blocks) + 1) if blocks[:j] in seen), default=0)
+        key = f"{hash(blocks) & (2**63 - 1):016x}" if blocks else f"r{i:015x}"
+        if depth:
+            out.append(cache_manager_pb2.AccessRecord(
+                entry_key=f"{hash(blocks[:depth]) & (2**63 - 1):016x}", kind=cache_manager_pb2.ACCESS_KIND_HIT,
+                tokens=depth * bt, hit_tokens=depth * bt, conversation_id=cid, time=at))
+        else:
+            out.append(cache_manager_pb2.AccessRecord(entry_key=key, kind=cache_manager_pb2.ACCESS_KIND_MISS,
+                                                      tokens=tokens, conversation_id=cid, time=at))
+        out.append(cache_manager_pb2.AccessRecord(entry_key=key, kind=cache_manager_pb2.ACCESS_KIND_STORE,
+                                                  tokens=tokens, conversation_id=cid, time=at))
+        seen.update(blocks[:j] for j in range(1, len(blocks) + 1))
+    return out

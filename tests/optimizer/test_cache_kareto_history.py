@@ -16,6 +16,7 @@ from greenserve.cache_manager.service import build as build_cache_manager
 from greenserve.common import carbon
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.replay_trace import BLOCK_TOKENS, build_trace
+from greenserve.optimizer.replay_trace import router_accesses as replay_accesses
 from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
 from greenserve.optimizer.traffic_history import pool_trace
 from greenserve.simulator.workloads import multi_turn_workload
@@ -38,32 +39,20 @@ def _ts(seconds: float) -> Timestamp:
 
 def router_accesses(pool_name: str, start_s: float, rate_per_s: float, seconds: float,
                     seed: int = 1) -> tuple[list[cpb.ReportAccessesRequest], float]:
-    """Multi-turn conversations as the router reports them (an unbounded cache: a request hits the deepest block
-    any earlier prompt held, then stores its own deepest block), and the true fraction of prompt tokens in
-    blocks an earlier request held."""
+    """Multi-turn conversations as the router reports them (replay_trace.router_accesses: an unbounded cache),
+    as ReportAccesses messages, and the true fraction of prompt tokens in blocks an earlier request held."""
     wl = multi_turn_workload(int(rate_per_s / 4 * seconds), rate_per_s / 4, seed=seed, block_tokens=BLOCK_TOKENS)
-    seen: set[tuple[int, ...]] = set()
+    wl = wl.head(sum(1 for t in wl.arrival_s if t < seconds))
     held: set[int] = set()
-    out = []
-    reused = total = 0
-    for t, tokens, blocks, conv in zip(wl.arrival_s, wl.prompt_tokens, wl.block_hashes, wl.session_ids):
-        if t >= seconds:
-            break
-        at = _ts(start_s + t)
-        depth = max((j for j in range(1, len(blocks) + 1) if blocks[:j] in seen), default=0)
+    reused = 0
+    for blocks in wl.block_hashes:
         reused += sum(1 for b in blocks if b in held) * BLOCK_TOKENS
-        total += tokens
-        if depth:
-            out.append(cpb.ReportAccessesRequest(
-                pool=pool_name, entry_key=f"{hash(blocks[:depth]) & (2**63 - 1):016x}", kind=cpb.ACCESS_KIND_HIT,
-                tokens=depth * BLOCK_TOKENS, size_bytes=depth * BLOCK_TOKENS, hit_tokens=depth * BLOCK_TOKENS,
-                conversation_id=f"c{conv}", time=at))
-        out.append(cpb.ReportAccessesRequest(
-            pool=pool_name, entry_key=f"{hash(blocks) & (2**63 - 1):016x}", kind=cpb.ACCESS_KIND_STORE,
-            tokens=tokens, size_bytes=tokens, conversation_id=f"c{conv}", time=at))
-        seen.update(blocks[:j] for j in range(1, len(blocks) + 1))
         held.update(blocks)
-    return out, reused / total
+    out = [cpb.ReportAccessesRequest(pool=pool_name, entry_key=a.entry_key, kind=a.kind, tokens=a.tokens,
+                                     size_bytes=max(a.tokens, 1), hit_tokens=a.hit_tokens,
+                                     conversation_id=a.conversation_id, time=a.time)
+           for a in replay_accesses(wl, pool_name, start_s)]
+    return out, reused / sum(wl.prompt_tokens)
 
 
 def _records(requests: list[cpb.ReportAccessesRequest]) -> list[cpb.AccessRecord]:
