@@ -144,3 +144,20 @@ def test_decomposition_rows_exist_and_each_assumption_changes_the_result(quick_r
         assert row["fr_within_20pct_of_15.1"] == (abs(row["saved_vs_full_cache_pct"]["FR"] / 15.1 - 1) <= 0.2)
     # direct CI is lower than life-cycle CI on every grid, so the SSD weighs more and FR saves more
     assert rows["ci_direct"]["saved_vs_full_cache_pct"]["FR"] > base["FR"]
+
+
+def test_paper_best_hour_implies_a_one_kilowatt_server() -> None:
+    # 25.3 % saved by 15 TB less SSD (15 x 30 kgCO2e over 5 years per hour) at CarbonCast's 26.59 g/kWh
+    params = carbon.load_default_params()
+    ssd_h = 30_000.0 / (5 * 365 * 24)
+    other_h = (4 * 26.6 + 9.3 + 30.8) * 1000.0 / (5 * 365 * 24)
+    expected_w = (15 * ssd_h / 0.253 - 16 * ssd_h - other_h) / 26.59 * 1000.0
+    assert gc._implied_paper_power_w(params) == pytest.approx(expected_w, rel=1e-6)
+    assert 900 < expected_w < 1100
+
+
+def test_profile_from_size_drops_the_small_sizes() -> None:
+    profile = gc.build_profile((0.1, 0.2), sizes_tb=(0, 8, 16), requests=40, seed=2)
+    cut = gc._from_size(profile, 1)
+    assert cut.sizes_tb == tuple(range(1, gc.MAX_TB + 1))
+    assert cut.points[0] == profile.points[1] and cut.points[-1] == profile.points[-1]
