@@ -17,14 +17,13 @@ import math
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from sqlalchemy import delete, func, insert, select
-
 from greenserve.cache_manager.journal import Event
 from greenserve.cache_manager.models import AccessSample
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.names import check_name
 from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2
+from sqlalchemy import delete, func, insert, select
 
 HOUR_S = 3600
 PER_HOUR = 5000  # default of --access-history-per-hour
@@ -72,7 +71,7 @@ def check_request(request: cache_manager_pb2.GetAccessWindowRequest) -> WindowQu
 
 
 def hour_of(time_s: float) -> int:
-    return int(math.floor(time_s / HOUR_S)) * HOUR_S
+    return math.floor(time_s / HOUR_S) * HOUR_S
 
 
 class AccessHistory:
@@ -158,5 +157,5 @@ class AccessHistory:
 
 
 def _set_time(ts: Timestamp, time_s: float) -> None:
-    seconds = int(math.floor(time_s))
-    ts.seconds, ts.nanos = seconds, min(int(round((time_s - seconds) * 1e9)), 999_999_999)
+    seconds = math.floor(time_s)
+    ts.seconds, ts.nanos = seconds, min(round((time_s - seconds) * 1e9), 999_999_999)

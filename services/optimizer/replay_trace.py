@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from greenserve.simulator.workloads import Workload
 from greenserve.v1 import cache_manager_pb2
 
@@ -198,7 +197,7 @@ def router_accesses(workload: Workload, pool: str, start_s: float) -> list[cache
                                                       sessions)):
         blocks = tuple(blocks)
         at = Timestamp()
-        at.FromNanoseconds(int(round((start_s + t) * 1e9)))
+        at.FromNanoseconds(round((start_s + t) * 1e9))
         cid = "" if conv is None else f"c{conv}"
         depth = max((j for j in range(1, len(blocks) + 1) if blocks[:j] in seen), default=0)
         key = f"{hash(blocks) & (2**63 - 1):016x}" if blocks else f"r{i:015x}"

@@ -18,9 +18,13 @@ from datetime import UTC, datetime
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from greenserve.optimizer.replay_trace import ReplayTrace, build_trace
-from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, forecaster_pb2
+from greenserve.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    forecaster_pb2,
+)
 
 log = logging.getLogger("greenserve.optimizer.traffic_history")
 

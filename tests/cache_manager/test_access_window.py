@@ -10,7 +10,6 @@ import time
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from greenserve.cache_manager import access_history, journal
 from greenserve.cache_manager.service import CacheManagerSettings, build
 from greenserve.common.persistence import Database
@@ -55,7 +54,7 @@ async def _start(start_inprocess, tmp_path, **kw):
 
 async def test_window_returns_recorded_accesses_across_checkpoints(start_inprocess, tmp_path) -> None:
     # Checkpoints every 0.1 s: they prune the journal, not the access history.
-    svc, channel, stub = await _start(start_inprocess, tmp_path, access_history_per_hour=5, snapshot_interval_s=0.1)
+    _svc, channel, stub = await _start(start_inprocess, tmp_path, access_history_per_hour=5, snapshot_interval_s=0.1)
     try:
         hour = (int(time.time()) // HOUR - 2) * HOUR  # two hours ago
         events = [e for i in range(4) for e in _request("p1", i, hour + 10.0 * i)]  # 7 events
@@ -115,7 +114,7 @@ async def test_old_hours_are_pruned(tmp_path) -> None:
     ({"limit": 20_001}, "limit"),
 ])
 async def test_bad_window_arguments_are_refused_naming_the_field(start_inprocess, tmp_path, kw, field) -> None:
-    svc, channel, stub = await _start(start_inprocess, tmp_path)
+    _svc, channel, stub = await _start(start_inprocess, tmp_path)
     try:
         args = {"pool": "p1", "start": 1e6, "end": 1e6 + HOUR, "limit": 0, **kw}
         request = pb.GetAccessWindowRequest(pool=args["pool"], limit=args["limit"])
