@@ -86,7 +86,8 @@ def test_direct_ci_is_greencache_source_for_every_grid() -> None:
         direct, lifecycle = gc.day_ci(region, "direct"), gc.day_ci(region, "lifecycle")
         assert len(direct) == 24 and all(c > 0 for c in direct)
         assert sum(direct) < sum(lifecycle), region  # operational factors only: below the life-cycle CI
-    assert gc.day_ci("FR", "direct") == list(gc.CARBONCAST_DIRECT_2022_07_06["FR"])
+    assert gc.day_ci("FR", "direct") == list(gc.direct_ci_2022_07_06()["FR"])
+    assert gc.day_ci("FR", "direct")[0] == 26.59  # CarbonCast FR_direct_emissions.csv, 2022-07-06 00:00 UTC
     with pytest.raises(ValueError, match="kind"):
         gc.day_ci("FR", "hourly")
 

@@ -73,36 +73,49 @@ MEAN_TURNS = 6.0
 SHORT_MEAN_TURNS = 4.0
 FR_CI_PAPER_G_PER_KWH = 33.0
 
-# GreenCache Sec. 6.1: "The training data and groundtruth CI come from the CarbonCast dataset [49]". CarbonCast's
-# *direct* (operational) CI of 6 July 2022, hours 00-23 UTC, column carbon_intensity of GitHub carbonfirst/CarbonCast
-# data/EU_DATA/FR/FR_direct_emissions.csv (commit 92ea600d), data/EU_DATA/FI/FI_direct_emissions.csv (2aed0db9),
-# data/CISO/CISO_direct_emissions.csv (3b927b0d); rows 30768-30791. ES's direct file is not in the snapshot we read.
-# FR's mean, 37.1 g/kWh, is close to the 33 g/kWh GreenCache quotes for FR; the shipped life-cycle series is 94.3.
-CARBONCAST_DIRECT_2022_07_06: dict[str, tuple[float, ...]] = {
-    "FR": (26.59, 27.35, 27.52, 29.09, 37.94, 39.53, 39.78, 39.98, 35.68, 29.19, 31.22, 33.08, 33.33, 32.8, 32.92,
-           34.66, 36.58, 38.59, 43.11, 50.47, 50.23, 48.88, 47.24, 45.54),
-    "FI": (41.38, 43.18, 43.6, 49.55, 60.3, 62.6, 57.56, 55.8, 56.5, 57.96, 58.26, 59.5, 61.15, 63.59, 62.21, 63.8,
-           62.74, 62.01, 63.46, 59.94, 61.53, 64.97, 59.18, 56.56),
-    "CISO": (102.37, 117.29, 156.75, 205.21, 218.66, 213.82, 200.28, 199.75, 186.48, 172.73, 166.73, 168.64, 174.77,
-             193.2, 169.37, 102.66, 97.02, 98.11, 95.91, 93.69, 88.92, 87.64, 93.82, 102.55),
-}  # GreenCache Sec. 3.2.2 / Fig. 2a: FR's average CI
-# ES: CarbonCast's ES direct series ends in 2021, so the stand-in is Electricity Maps' *direct* CI of the same day
-# (column "Carbon Intensity gCO2eq/kWh (direct)" of ES_2022_hourly.csv in GitHub umassos/decarbonization-potential,
-# commit 3493a630, downloaded_carbon_data/; Apache-2.0 repository, data (c) Electricity Maps, ODbL), hours 00-23 UTC.
-ELECTRICITYMAPS_DIRECT_ES_2022_07_06: tuple[float, ...] = (
-    167.86, 175.15, 175.42, 175.03, 176.41, 180.51, 175.4, 155.68, 144.06, 140.73, 137.95, 136.99, 135.06, 130.33,
-    126.53, 136.13, 134.48, 140.05, 162.71, 184.14, 182.59, 174.3, 167.97, 160.94)
+# GreenCache Sec. 6.1: "The training data and groundtruth CI come from the CarbonCast dataset [49]". The *direct*
+# (operational) CI of 6 July 2022, hours 00-23 UTC, ships in ``DIRECT_CI_FILE`` (sources per region in the data
+# folder's SOURCE.md): CarbonCast's for FR, FI and CISO; CarbonCast's ES series ends in 2021, so ES is Electricity
+# Maps' direct CI of the same day. FR's mean, 37.1 g/kWh, is close to the 33 g/kWh GreenCache quotes for FR (Sec.
+# 3.2.2 / Fig. 2a); the shipped life-cycle series is 94.3.
+DIRECT_CI_FILE = "ci_2022-07-06_direct.csv"
 HOUR_S = 3600.0
 BLOCK_TOKENS = 256
 AZURE_FILE = "azure2024_conv_requests_hourly.csv"
 AZURE_DAY = "2024-05-13"  # the trace's first full weekday (a Monday)
 
-# The Azure LLM inference trace 2024's *code* service, hourly request counts of AZURE_DAY (00-23 UTC): Microsoft Azure /
-# AzurePublicDataset, AzureLLMInferenceTrace_code_1week.csv (CC-BY 4.0), as aggregated per minute in GitHub
-# wattproof/wattproof testdata/azure2024-llm-minutes.csv (commit abc2b023). Its trough is 0.10 of its peak (conv: 0.55).
-AZURE_CODE_2024_05_13: tuple[int, ...] = (
-    65623, 66573, 65925, 56872, 48968, 40353, 32707, 31220, 28452, 28468, 29280, 43715, 75558, 141963, 200966, 227624,
-    217037, 242526, 272130, 284085, 267866, 201648, 156399, 111334)
+# The Azure LLM inference trace 2024's *code* service, hourly request counts of AZURE_DAY (00-23 UTC), shipped in
+# ``AZURE_CODE_FILE`` (source in the data folder's SOURCE.md). Its trough is 0.10 of its peak (conv: 0.55).
+AZURE_CODE_FILE = "azure2024_code_requests_2024-05-13.csv"
+
+
+def _data_rows(name: str) -> list[dict[str, str]]:
+    """The rows of the evaluation data file ``name`` (``greenserve/evaluation/data``)."""
+    resource = resources.files("greenserve.evaluation").joinpath("data", name)
+    with resources.as_file(resource) as path, path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+@lru_cache(maxsize=1)
+def direct_ci_2022_07_06() -> dict[str, tuple[float, ...]]:
+    """Region -> the 24 hourly direct CIs (gCO2e/kWh) of 6 July 2022 from ``DIRECT_CI_FILE``."""
+    out: dict[str, list[float]] = {}
+    for row in _data_rows(DIRECT_CI_FILE):
+        out.setdefault(row["region"], []).append(float(row["ci_direct_g_per_kwh"]))
+    bad = sorted(r for r, v in out.items() if len(v) != 24)
+    if bad or set(out) != set(REGIONS):
+        raise ValueError(f"{DIRECT_CI_FILE}: expected 24 hours of each of {REGIONS}, got {sorted(out)} ({bad})")
+    return {r: tuple(v) for r, v in out.items()}
+
+
+@lru_cache(maxsize=1)
+def azure_code_day() -> tuple[int, ...]:
+    """The 24 hourly request counts of the Azure code service on ``AZURE_DAY`` from ``AZURE_CODE_FILE``."""
+    day = tuple(int(r["requests"]) for r in _data_rows(AZURE_CODE_FILE) if r["hour_start_utc"].startswith(AZURE_DAY))
+    if len(day) != 24:
+        raise ValueError(f"{AZURE_CODE_FILE}: {AZURE_DAY} has {len(day)} hours, expected 24")
+    return day
+
 
 # GreenCache Table 3, Llama-3 70B, ShareGPT, LCS: token hit rate at 1, 2, 4, 8, 16 TB.
 TABLE3_LCS = {1: 0.08, 2: 0.17, 4: 0.28, 8: 0.47, 16: 0.71}
@@ -157,9 +170,10 @@ def hit_rate(size_tb: float) -> float:
 
 def azure_day_shape(service: str = "conv") -> list[float]:
     """The 24 hourly request counts of ``AZURE_DAY`` in the Azure 2024 trace's ``service`` (``conv``: the shipped
-    conversation trace; ``code``: ``AZURE_CODE_2024_05_13``), divided by their maximum (peak = 1)."""
+    conversation trace; ``code``: ``AZURE_CODE_FILE``), divided by their maximum (peak = 1)."""
     if service == "code":
-        return [v / max(AZURE_CODE_2024_05_13) for v in AZURE_CODE_2024_05_13]
+        code = azure_code_day()
+        return [v / max(code) for v in code]
     if service != "conv":
         raise ValueError(f"service: must be 'conv' or 'code', got {service!r}")
     resource = resources.files("greenserve.common").joinpath("data", "demo", AZURE_FILE)
@@ -178,9 +192,7 @@ def day_ci(region: str, kind: str = "lifecycle") -> list[float]:
     if kind == "lifecycle":
         return list(grids.shipped()[region].window(int(DAY.timestamp()), 24))
     if kind == "direct":
-        if region == "ES":
-            return list(ELECTRICITYMAPS_DIRECT_ES_2022_07_06)
-        return list(CARBONCAST_DIRECT_2022_07_06[region])
+        return list(direct_ci_2022_07_06()[region])
     raise ValueError(f"kind: must be 'lifecycle' or 'direct', got {kind!r}")
 
 
@@ -593,7 +605,7 @@ def _best_hour(day: dict[str, Any], profile: Profile, rates: list[float], ci: li
 def _implied_paper_power_w(params: carbon.CarbonParams) -> float:
     """The server power GreenCache's best FR hour implies: 25.3 % saved at midnight (CarbonCast direct CI of that
     hour) by 15 TB less SSD, if the operational carbon barely changes between 1 and 16 TB at that load."""
-    ci = CARBONCAST_DIRECT_2022_07_06["FR"][0]
+    ci = direct_ci_2022_07_06()["FR"][0]
     ssd_saved = hour_carbon_g(0.0, 0.0, 15, params)["ssd_embodied_g"]
     full = ssd_saved / 0.253
     fixed = hour_carbon_g(0.0, 0.0, MAX_TB, params)
@@ -629,7 +641,7 @@ def _notes(per_grid: dict[str, Any], ours_grid: dict[str, Any], params: carbon.C
         (f"Power: the simulator models the 4 GPUs (idle {pm.profile.idle_w:.0f} W to {pm.profile.max_w:.0f} W); the "
         f"paper's accounting (Sec. 5.2) adds the CPU (RAPL) and DRAM/SSD datasheet power; its figures are not "
         f"printed, so WHOLE_SERVER assumes {CPU_W:.0f} W CPU + {DRAM_W:.0f} W DRAM + {SSD_W_PER_TB:g} W per "
-        f"allocated SSD TB. GreenCache's best FR hour (25.3 % by 15 TB less at CarbonCast's {CARBONCAST_DIRECT_2022_07_06['FR'][0]} g/kWh) "
+        f"allocated SSD TB. GreenCache's best FR hour (25.3 % by 15 TB less at CarbonCast's {direct_ci_2022_07_06()['FR'][0]} g/kWh) "
         f"implies a server of ~{_implied_paper_power_w(params):.0f} W at its midnight load."),
         ("Workload: the paper pins its ShareGPT sample by three figures: 77.2 % of prompts over 1,000 tokens (Fig. 4), "
         "a token hit rate of 0.71 at 16 TB (Table 3, so at least 71 % of prompt tokens are earlier turns), and a "
