@@ -167,3 +167,25 @@ async def test_optimizer_fetches_history_and_falls_back(start_inprocess, forecas
     assert "the most recent hour with recorded accesses" in lines["docs"], plan.explanation
     assert "synthetic multi-turn shape" in lines["idle"] and "none recorded" in lines["idle"], plan.explanation
     await cm_channel.close()
+
+
+def test_scores_are_cached_by_the_trace_digest_without_holding_the_trace() -> None:
+    import gc
+    import weakref
+
+    from greenserve.optimizer.solvers.cache_kareto import score_point
+
+    start = 1_700_000_000.0
+    accesses, _ = router_accesses("chat", start, 1.0, 600.0, seed=4)
+    trace = build_trace("chat", "yesterday", "x", start, _records(accesses), mean_output_tokens=100.0,
+                        output_source="test")
+    twin = build_trace("chat", "yesterday", "x", start, _records(accesses), mean_output_tokens=100.0,
+                       output_source="test")
+    args = ("llama3-8b@A100-80GB", 0, 0, 1.0, 120.0, 1.0, 0.1)
+    first = score_point(*args, trace=trace)
+    assert score_point(*args, trace=twin) is first  # same content, same digest: the cached score
+    assert score_point(*args) is not first  # the synthetic shape is another key
+    ref = weakref.ref(trace)
+    del trace, twin
+    gc.collect()
+    assert ref() is None  # the cache keeps scores, not the recorded windows

@@ -35,9 +35,10 @@ chosen TTL, which the cache-manager applies pool-wide. The disk medium is not se
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 from greenserve.common import carbon
@@ -59,6 +60,7 @@ from greenserve.v1 import common_pb2
 FINE_STEPS = 16  # at most this many fine steps per axis (the step is coarsened beyond)
 START_STEPS = 2  # the coarse start grid: 0, half and the whole limit per axis
 MEAN_TURNS = 4.0
+SCORE_CACHE_SIZE = 4096
 MAX_REQUESTS = 3000  # per replay (as the cache profiles): about 1 s each on the shared 2-core box at 8 requests/s
 
 
@@ -85,13 +87,37 @@ def replay_workload(rate_per_s: float, window_s: float, seed: int = 7,
     return workload, window_s, "synthetic multi-turn conversations"
 
 
-@lru_cache(maxsize=4096)
+_SCORES: OrderedDict[tuple, PointScore] = OrderedDict()  # the last SCORE_CACHE_SIZE scores, oldest first
+_SCORES_LOCK = threading.Lock()
+
+
 def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
                 ttft_slo_s: float, tpot_slo_s: float, seed: int = 7, disk_ttl_s: float = 0.0,
                 trace: ReplayTrace | None = None) -> PointScore:
     """Replay ``window_s`` of the pool's recorded ``trace`` (else multi-turn conversations) at ``rate_per_s``
     through one engine with these tiers (a ``disk_ttl_s`` > 0 makes the disk tier elastic: idle entries leave
-    after it); the last two thirds are measured (deterministic: same arguments, same answer, so plans reuse it)."""
+    after it); the last two thirds are measured. Deterministic (same arguments, same answer), so the last
+    SCORE_CACHE_SIZE scores are kept for later plans, keyed by the trace's digest: a cache keyed by the trace itself
+    would hold every recorded window it saw (about 1.7 MB per 5,000 requests)."""
+    key = (profile, dram_bytes, disk_bytes, rate_per_s, window_s, ttft_slo_s, tpot_slo_s, seed, disk_ttl_s,
+           trace.digest if trace is not None else "")
+    with _SCORES_LOCK:
+        hit = _SCORES.get(key)
+        if hit is not None:
+            _SCORES.move_to_end(key)
+            return hit
+    score = _replay_score(profile, dram_bytes, disk_bytes, rate_per_s, window_s, ttft_slo_s, tpot_slo_s, seed,
+                          disk_ttl_s, trace)
+    with _SCORES_LOCK:
+        _SCORES[key] = score
+        while len(_SCORES) > SCORE_CACHE_SIZE:
+            _SCORES.popitem(last=False)
+    return score
+
+
+def _replay_score(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
+                  ttft_slo_s: float, tpot_slo_s: float, seed: int, disk_ttl_s: float,
+                  trace: ReplayTrace | None) -> PointScore:
     model = PerfModel(load_profile(profile))
     per_token = max(model.profile.kv_bytes_per_token, 1.0)
     workload, window_s = replay_workload(rate_per_s, window_s, seed, trace)[:2]
