@@ -250,7 +250,7 @@ class PlanWatcher:
         if not weights:
             return f"plan v{plan.version}: no routing weights in this interval; routing by load and affinity"
         pools = {w.pool for w in weights}
-        engines = {w.engine_id for w in weights}
+        engines = {e for w in weights for e in self.store.instance_engines.get(w.engine_id, (w.engine_id,))}
         detail = f"plan v{plan.version}: weights for {len(pools)} pool(s), {len(engines)} engine(s)"
         if self.known_engines is not None:
             unknown = sorted(engines - self.known_engines())

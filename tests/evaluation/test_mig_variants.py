@@ -120,3 +120,23 @@ def test_shipped_mig_scenario_loads() -> None:
     chosen = scenario.load(shipped)
     assert chosen.has_mig and chosen.pools[0].engines == 4 and chosen.pools[0].profile == "llama3-8b@A100-80GB"
     assert [v.name for v in chosen.pools[0].variants][0] == "8b-bf16"
+
+
+def test_the_replay_weights_mig_instances_as_the_plan_weights_their_placements(tmp_path: Path) -> None:
+    from greenserve.optimizer.solvers.routing_weights import placement_engine_id
+    from greenserve.v1 import common_pb2
+
+    pool = scenario.load(_write(tmp_path, MIG_POOL)).pools[0]
+    bf16, w4 = (v.name for v in pool.variants)
+    interval = common_pb2.PlanInterval(mig_layouts=[
+        common_pb2.MigLayout(gpu_uuid="GPU-chat-0", placements=[
+            common_pb2.MigPlacement(profile="7g.80gb", start=0, size=8, pool="chat", model_variant=w4)]),
+        common_pb2.MigLayout(gpu_uuid="GPU-chat-1", placements=[
+            common_pb2.MigPlacement(profile="7g.80gb", start=0, size=8, pool="chat", model_variant=bf16)])])
+    planned = {placement_engine_id("GPU-chat-0", "7g.80gb", 0): 0.8, placement_engine_id("GPU-chat-1", "7g.80gb", 0): 0.2,
+               "chat-0": 0.0, "chat-1": 0.0}
+    engines = day.pool_engines(pool, interval, planned, 1 << 30)
+    assert engines.weights == {f"GPU-chat-0/7g.80gb@0/{w4}": 0.8, f"GPU-chat-1/7g.80gb@0/{bf16}": 0.2}
+    # a plan that names no placement (a routing answer kept from before the layout): weighted by capacity
+    fallback = day.pool_engines(pool, interval, {"chat-0": 1.0, "chat-1": 1.0}, 1 << 30)
+    assert all(w > 1.0 for w in fallback.weights.values())  # requests/s at the SLO, not the plan's shares

@@ -13,7 +13,7 @@ from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting, placement_engine_id
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.plans import PlanStore
+from greenserve.router.plans import PlanStore, PlanWatcher
 from greenserve.router.policy import PolicyConfig, RoutingPolicy, rendezvous
 from greenserve.router.prefix_index import PrefixIndex
 from greenserve.v1 import common_pb2
@@ -180,6 +180,9 @@ def test_the_router_resolves_instance_weights_and_routes_by_them() -> None:
     assert weights["n0-4g"] == planned["mig:GPU-0/4g.40gb@0"] and weights["n0-3g"] == planned["mig:GPU-0/3g.40gb@4"]
     assert weights["n1-7g"] == planned["n1-7g"] and weights["chat-0"] == 0.0
     assert {"n0-4g", "n0-3g", "n1-7g"} <= plans.engine_ids()
+    # the router's report on the plan counts the resolved engines, none of them unknown
+    watcher = PlanWatcher(plans, None, known_engines=lambda: {"n0-4g", "n0-3g", "n1-7g", "chat-0", "chat-1"})
+    assert watcher.describe(plan, plan.intervals[0]) == "plan v1: weights for 1 pool(s), 5 engine(s)"
     # Routing: the whole-GPU engine (weight 0) never gets a request; keyed traffic splits by the weights.
     engines = [e for e in policy.registry.engines.values() if e.id != "chat-0"]
     assert all(policy.choose("chat", "", []).engine.id != "chat-0" for _ in range(20))
