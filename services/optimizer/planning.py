@@ -191,7 +191,7 @@ class Planner:
                 results["routing_weights"] = onto_mig_instances(
                     inputs, results["routing_weights"], results["mig_layouts"],
                     solver=next(s for s in self.solvers if s.knob == "routing_weights"))
-            except Exception:  # noqa: BLE001 - the whole-GPU weights stay; the plan still goes out
+            except Exception:  # the whole-GPU weights stay; the plan still goes out
                 log.exception("routing weights not split over MIG instances")
         plan = assemble(inputs, results, outcomes, trigger=trigger, created_s=created_s)
         return PlannerResult(plan, time.perf_counter() - started)
