@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
 from greenserve.evaluation import breakdown, grids, run, scenario
 from greenserve.simulator.perf_model import PerfModel, load_profile
 

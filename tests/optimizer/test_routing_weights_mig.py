@@ -7,11 +7,19 @@ from __future__ import annotations
 import pytest
 from greenserve.common import carbon
 from greenserve.optimizer.capacity import Capability
-from greenserve.optimizer.planning import KnobPlan, Planner, PlanningInputs, SeriesForecast
+from greenserve.optimizer.planning import (
+    KnobPlan,
+    Planner,
+    PlanningInputs,
+    SeriesForecast,
+)
 from greenserve.optimizer.solvers import mig_patterns as mp
 from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
-from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting, placement_engine_id
+from greenserve.optimizer.solvers.routing_weights import (
+    MinCarbonRouting,
+    placement_engine_id,
+)
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
 from greenserve.router.plans import PlanStore, PlanWatcher
 from greenserve.router.policy import PolicyConfig, RoutingPolicy, rendezvous

@@ -20,7 +20,11 @@ Weights are the shares ``x_e / L``; an engine with weight 0 gets no requests whi
 from __future__ import annotations
 
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
-from greenserve.optimizer.solvers.mig_setup import OptionTable, gpu_model_of, variant_name
+from greenserve.optimizer.solvers.mig_setup import (
+    OptionTable,
+    gpu_model_of,
+    variant_name,
+)
 from greenserve.v1 import common_pb2
 
 
