@@ -313,10 +313,17 @@ class Platform:
 
 
 _SCALAR_FIELDS = ("pue", "default_lifetime_s", "ssd_embodied_g_per_tb", "ssd_lifetime_s", "dram_embodied_g_per_tb",
-                  "dram_lifetime_s")
+                  "dram_lifetime_s", "hdd_embodied_g_per_tb", "hdd_lifetime_s")
 # GreenCache Table 1, row "Memory": 512 GB DDR4 = 30.8 kgCO2e -> 30.8 / 0.512 = 60.16 kgCO2e per TB (footnote 1 applies
 # Eq. 4 to DRAM too). Used when a TOML file has no [dram_cache] table.
 DEFAULT_DRAM_EMBODIED_G_PER_TB = 30.8e3 / 0.512
+# Tannu & Nair, "The Dirty Secret of SSDs: Embodied Carbon" (HotCarbon 2022): 0.16 kgCO2e per GB of SSD, 0.02 per GB of
+# HDD, so an HDD TB carries 1/8 of an SSD TB; applied to GreenCache's SSD rate (30 kgCO2e/TB). Used when a TOML file has
+# no [hdd] table.
+DEFAULT_HDD_EMBODIED_G_PER_TB = 30.0e3 * 0.02 / 0.16
+DISK_MEDIA: tuple[str, ...] = ("nvme", "sata-ssd", "hdd")
+"""Disk media a cache's disk tier can be on (the simulator's ``tiers.DISK_MEDIA``). Both SSDs are charged the SSD rate:
+their embodied carbon is in the flash (Tannu & Nair give one per-GB figure for NAND SSDs, whatever the interface)."""
 _COMPONENT_FIELDS = ("embodied_g", "lifetime_s")
 
 
@@ -340,6 +347,8 @@ class CarbonParams:
     components: tuple[ComponentSpec, ...]
     dram_embodied_g_per_tb: float = DEFAULT_DRAM_EMBODIED_G_PER_TB
     dram_lifetime_s: float = 5 * 365 * 24 * 3600.0
+    hdd_embodied_g_per_tb: float = DEFAULT_HDD_EMBODIED_G_PER_TB
+    hdd_lifetime_s: float = 5 * 365 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pue", _at_least("pue", self.pue, 1.0))
@@ -352,6 +361,10 @@ class CarbonParams:
             self, "dram_embodied_g_per_tb", _non_negative("dram_embodied_g_per_tb", self.dram_embodied_g_per_tb)
         )
         object.__setattr__(self, "dram_lifetime_s", _positive("dram_lifetime_s", self.dram_lifetime_s))
+        object.__setattr__(
+            self, "hdd_embodied_g_per_tb", _non_negative("hdd_embodied_g_per_tb", self.hdd_embodied_g_per_tb)
+        )
+        object.__setattr__(self, "hdd_lifetime_s", _positive("hdd_lifetime_s", self.hdd_lifetime_s))
         components = tuple(sorted(self.components, key=lambda spec: spec.key))
         keys = [spec.key for spec in components]
         if len(set(keys)) != len(keys):
@@ -359,6 +372,15 @@ class CarbonParams:
         object.__setattr__(self, "components", components)
 
     # -- lookup --------------------------------------------------------------------------------
+
+    def disk_rate(self, medium: str = "") -> tuple[float, float]:
+        """(embodied g per TB, lifetime s) of a cache disk on ``medium`` (``DISK_MEDIA``; empty: the SSD rate, as
+        before media were told apart); ValueError naming the medium if unknown."""
+        if medium == "hdd":
+            return self.hdd_embodied_g_per_tb, self.hdd_lifetime_s
+        if medium in ("", "nvme", "sata-ssd"):
+            return self.ssd_embodied_g_per_tb, self.ssd_lifetime_s
+        raise ValueError(f"disk medium {medium!r} is unknown; known: {', '.join(DISK_MEDIA)}")
 
     def component(self, key: str) -> ComponentSpec:
         """The component named ``"<kind>.<model>"``; ValueError naming the key if unknown."""
@@ -424,7 +446,17 @@ class CarbonParams:
         ssd_lifetime_years = ssd.get("lifetime_years")
         dram = _table(document, "dram_cache", required=False)
         dram_lifetime_years = dram.get("lifetime_years")
+        hdd = _table(document, "hdd", required=False)
+        hdd_lifetime_years = hdd.get("lifetime_years")
         return cls(
+            hdd_embodied_g_per_tb=_non_negative(
+                "hdd.embodied_kg_per_tb", hdd.get("embodied_kg_per_tb", DEFAULT_HDD_EMBODIED_G_PER_TB / 1000.0)
+            ) * 1000.0,
+            hdd_lifetime_s=(
+                default_lifetime_s
+                if hdd_lifetime_years is None
+                else _positive("hdd.lifetime_years", hdd_lifetime_years) * SECONDS_PER_YEAR
+            ),
             dram_embodied_g_per_tb=_non_negative(
                 "dram_cache.embodied_kg_per_tb", dram.get("embodied_kg_per_tb", DEFAULT_DRAM_EMBODIED_G_PER_TB / 1000.0)
             ) * 1000.0,
@@ -529,11 +561,14 @@ def request_carbon(
     return CarbonBreakdown(operational_g=operational, embodied_g=embodied)
 
 
-def cache_tiers_embodied_g(*, dram_bytes: float, disk_bytes: float, duration_s: float, params: CarbonParams) -> float:
-    """Embodied carbon of an allocated DRAM tier and disk (SSD) tier for ``duration_s`` (GreenCache Eq. 4 for each
-    tier, with the tier's own per-TB figure and lifetime; footnote 1 applies Eq. 4 to DRAM)."""
-    disk = cache_embodied_g(allocated_bytes=disk_bytes, duration_s=duration_s, lifetime_s=params.ssd_lifetime_s,
-                            ssd_embodied_g_per_tb=params.ssd_embodied_g_per_tb)
+def cache_tiers_embodied_g(*, dram_bytes: float, disk_bytes: float, duration_s: float, params: CarbonParams,
+                           disk_medium: str = "") -> float:
+    """Embodied carbon of an allocated DRAM tier and disk tier for ``duration_s`` (GreenCache Eq. 4 for each
+    tier, with the tier's own per-TB figure and lifetime; footnote 1 applies Eq. 4 to DRAM); the disk at its
+    medium's rate (``CarbonParams.disk_rate``: HDD or SSD; empty: SSD)."""
+    disk_g_per_tb, disk_lifetime_s = params.disk_rate(disk_medium)
+    disk = cache_embodied_g(allocated_bytes=disk_bytes, duration_s=duration_s, lifetime_s=disk_lifetime_s,
+                            ssd_embodied_g_per_tb=disk_g_per_tb)
     dram = cache_embodied_g(allocated_bytes=dram_bytes, duration_s=duration_s, lifetime_s=params.dram_lifetime_s,
                             ssd_embodied_g_per_tb=params.dram_embodied_g_per_tb)
     return disk + dram

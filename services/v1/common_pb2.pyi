@@ -358,7 +358,7 @@ class Engine(_message.Message):
     def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[EngineKind, str]] = ..., gpu_uuid: _Optional[str] = ..., mig_uuid: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., idle_power_w: _Optional[float] = ..., busy_power_w: _Optional[float] = ..., hardware: _Optional[str] = ..., model_variant: _Optional[str] = ..., prefill_url: _Optional[str] = ..., prefill_kv_transfer_params: _Optional[str] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("name", "model", "slo", "engines", "region", "variants", "load_series_key", "max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes", "mean_prompt_tokens", "mean_output_tokens", "draft")
+    __slots__ = ("name", "model", "slo", "engines", "region", "variants", "load_series_key", "max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes", "mean_prompt_tokens", "mean_output_tokens", "draft", "disk_tiers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SLO_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +372,7 @@ class Pool(_message.Message):
     MEAN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
+    DISK_TIERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     slo: Slo
@@ -385,7 +386,18 @@ class Pool(_message.Message):
     mean_prompt_tokens: int
     mean_output_tokens: int
     draft: SpeculativeDraft
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ..., region: _Optional[str] = ..., variants: _Optional[_Iterable[_Union[ModelVariant, _Mapping]]] = ..., load_series_key: _Optional[str] = ..., max_cache_dram_bytes: _Optional[int] = ..., max_cache_disk_bytes: _Optional[int] = ..., cache_step_bytes: _Optional[int] = ..., mean_prompt_tokens: _Optional[int] = ..., mean_output_tokens: _Optional[int] = ..., draft: _Optional[_Union[SpeculativeDraft, _Mapping]] = ...) -> None: ...
+    disk_tiers: _containers.RepeatedCompositeFieldContainer[CacheDiskTier]
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ..., region: _Optional[str] = ..., variants: _Optional[_Iterable[_Union[ModelVariant, _Mapping]]] = ..., load_series_key: _Optional[str] = ..., max_cache_dram_bytes: _Optional[int] = ..., max_cache_disk_bytes: _Optional[int] = ..., cache_step_bytes: _Optional[int] = ..., mean_prompt_tokens: _Optional[int] = ..., mean_output_tokens: _Optional[int] = ..., draft: _Optional[_Union[SpeculativeDraft, _Mapping]] = ..., disk_tiers: _Optional[_Iterable[_Union[CacheDiskTier, _Mapping]]] = ...) -> None: ...
+
+class CacheDiskTier(_message.Message):
+    __slots__ = ("medium", "path", "max_bytes")
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    medium: str
+    path: str
+    max_bytes: int
+    def __init__(self, medium: _Optional[str] = ..., path: _Optional[str] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class SpeculativeDraft(_message.Message):
     __slots__ = ("model", "simulator_model", "acceptance_fraction", "num_speculative_tokens", "acceptance_source")
@@ -580,16 +592,20 @@ class Profile(_message.Message):
     def __init__(self, config_key: _Optional[str] = ..., version: _Optional[int] = ..., config: _Optional[_Union[ProfileConfig, _Mapping]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., points: _Optional[_Iterable[_Union[ProfilePoint, _Mapping]]] = ..., source: _Optional[_Union[ProfileSource, str]] = ..., note: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., method: _Optional[_Union[ProfileMethod, _Mapping]] = ..., sweep_id: _Optional[str] = ..., ladder_note: _Optional[str] = ..., skipped_rates_per_s: _Optional[_Iterable[float]] = ..., variant_quality_fraction: _Optional[float] = ..., facts: _Optional[_Iterable[_Union[ProfileFact, _Mapping]]] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class CacheTarget(_message.Message):
-    __slots__ = ("pool", "dram_bytes", "disk_bytes", "ttl_s")
+    __slots__ = ("pool", "dram_bytes", "disk_bytes", "ttl_s", "disk_medium", "disk_path")
     POOL_FIELD_NUMBER: _ClassVar[int]
     DRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    DISK_MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    DISK_PATH_FIELD_NUMBER: _ClassVar[int]
     pool: str
     dram_bytes: int
     disk_bytes: int
     ttl_s: float
-    def __init__(self, pool: _Optional[str] = ..., dram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+    disk_medium: str
+    disk_path: str
+    def __init__(self, pool: _Optional[str] = ..., dram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., disk_medium: _Optional[str] = ..., disk_path: _Optional[str] = ...) -> None: ...
 
 class MigPlacement(_message.Message):
     __slots__ = ("profile", "start", "size", "model_variant", "pool")
