@@ -17,6 +17,7 @@ import threading
 from datetime import datetime
 from urllib.parse import urlsplit
 
+from greenserve.common.carbon import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.persistence import Database, utcnow
 from greenserve.optimizer.models import Fleet, ReportedGpus
@@ -78,6 +79,28 @@ def gpu_hardware(gpu: common_pb2.Gpu) -> str:
     return gpu.hardware or GPU_HARDWARE.get(gpu.model, gpu.name.replace("NVIDIA ", "").replace(" ", "-"))
 
 
+def validate_disk_tiers(path: str, pool: common_pb2.Pool) -> None:
+    """A pool's declared disk tiers: a known medium each, once; an absolute folder; a size within its disk limit."""
+    media: set[str] = set()
+    for j, tier in enumerate(pool.disk_tiers):
+        tpath = f"{path}.disk_tiers[{j}]"
+        if tier.medium not in DISK_MEDIA:
+            raise InvalidArgument(f"{tpath}.medium", f"unknown disk medium {tier.medium!r}; known: "
+                                  f"{', '.join(DISK_MEDIA)}")
+        if tier.medium in media:
+            raise InvalidArgument(f"{tpath}.medium", f"medium {tier.medium} is listed twice in pool {pool.name}")
+        media.add(tier.medium)
+        if not tier.path.startswith("/") or len(tier.path) > 1024 or any(c in tier.path for c in "\x00\n\r"):
+            raise InvalidArgument(f"{tpath}.path", "must be the absolute folder of the LMCache fs L2 adapter on "
+                                  "that disk (at most 1024 characters, no newline)")
+        if not pool.max_cache_disk_bytes:
+            raise InvalidArgument(f"{path}.max_cache_disk_bytes", "a pool declaring disk_tiers needs a disk limit "
+                                  "(the largest disk size on any of them)")
+        if tier.max_bytes > pool.max_cache_disk_bytes:
+            raise InvalidArgument(f"{tpath}.max_bytes", f"must be <= the pool's max_cache_disk_bytes "
+                                  f"({pool.max_cache_disk_bytes}); 0 means that limit")
+
+
 def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = frozenset(),
                    reported_models: dict[str, int] | None = None) -> None:
     """InvalidArgument naming the first bad field; ``known_gpus`` are the UUIDs reported by gpu-partitioners,
@@ -117,6 +140,7 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
         for name in ("max_cache_dram_bytes", "max_cache_disk_bytes", "cache_step_bytes"):
             if getattr(pool, name) > MAX_CACHE_BYTES:
                 raise InvalidArgument(f"{path}.{name}", f"must be <= {MAX_CACHE_BYTES}")
+        validate_disk_tiers(path, pool)
         if pool.mean_prompt_tokens > 1_000_000 or pool.mean_output_tokens > 1_000_000:
             field = "mean_prompt_tokens" if pool.mean_prompt_tokens > 1_000_000 else "mean_output_tokens"
             raise InvalidArgument(f"{path}.{field}", "must be <= 1000000")

@@ -36,7 +36,7 @@ def test_search_chooses_the_lowest_carbon_point_meeting_the_slo_and_keeps_the_pa
     # Adaptive: never more points than the grid, the Pareto set is the filter of what was scored.
     assert search.grid_points == 2 * 9 and len(search.points) < search.grid_points  # DRAM 0, 4 x disk 0-32 step 4
     assert {(p.x, p.y) for p in search.pareto} == {(p.x, p.y) for p in pareto_filter(search.points)}
-    ok = [p for p in search.points if search.attainment[(p.x, p.y)] >= 0.9]
+    ok = [p for p in search.points if search.attained(p) >= 0.9]
     assert search.meets_slo == bool(ok)
     if ok:
         assert search.chosen.cost == min(p.cost for p in ok)

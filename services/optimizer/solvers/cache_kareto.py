@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from greenserve.common import carbon
@@ -93,21 +93,23 @@ _SCORES_LOCK = threading.Lock()
 
 def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
                 ttft_slo_s: float, tpot_slo_s: float, seed: int = 7, disk_ttl_s: float = 0.0,
-                trace: ReplayTrace | None = None) -> PointScore:
+                trace: ReplayTrace | None = None, disk_medium: str = "") -> PointScore:
     """Replay ``window_s`` of the pool's recorded ``trace`` (else multi-turn conversations) at ``rate_per_s``
     through one engine with these tiers (a ``disk_ttl_s`` > 0 makes the disk tier elastic: idle entries leave
     after it); the last two thirds are measured. Deterministic (same arguments, same answer), so the last
     SCORE_CACHE_SIZE scores are kept for later plans, keyed by the trace's digest: a cache keyed by the trace itself
     would hold every recorded window it saw (about 1.7 MB per 5,000 requests)."""
+    if disk_bytes <= 0:
+        disk_medium = ""  # no disk tier: the medium changes nothing, so every medium shares the replay
     key = (profile, dram_bytes, disk_bytes, rate_per_s, window_s, ttft_slo_s, tpot_slo_s, seed, disk_ttl_s,
-           trace.digest if trace is not None else "")
+           trace.digest if trace is not None else "", disk_medium)
     with _SCORES_LOCK:
         hit = _SCORES.get(key)
         if hit is not None:
             _SCORES.move_to_end(key)
             return hit
     score = _replay_score(profile, dram_bytes, disk_bytes, rate_per_s, window_s, ttft_slo_s, tpot_slo_s, seed,
-                          disk_ttl_s, trace)
+                          disk_ttl_s, trace, disk_medium)
     with _SCORES_LOCK:
         _SCORES[key] = score
         while len(_SCORES) > SCORE_CACHE_SIZE:
@@ -117,12 +119,13 @@ def score_point(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: floa
 
 def _replay_score(profile: str, dram_bytes: int, disk_bytes: int, rate_per_s: float, window_s: float,
                   ttft_slo_s: float, tpot_slo_s: float, seed: int, disk_ttl_s: float,
-                  trace: ReplayTrace | None) -> PointScore:
+                  trace: ReplayTrace | None, disk_medium: str = "") -> PointScore:
     model = PerfModel(load_profile(profile))
     per_token = max(model.profile.kv_bytes_per_token, 1.0)
     workload, window_s = replay_workload(rate_per_s, window_s, seed, trace)[:2]
     spec = EngineSpec(profile, dram_capacity_tokens=int(dram_bytes / per_token),
-                      disk_capacity_tokens=int(disk_bytes / per_token), disk_ttl_s=disk_ttl_s)
+                      disk_capacity_tokens=int(disk_bytes / per_token), disk_ttl_s=disk_ttl_s,
+                      disk_medium=disk_medium)
     result = replay(workload, FleetConfig((spec,), seed=seed))
     arrivals = np.asarray(result.arrival_s)
     measured = np.flatnonzero((arrivals >= window_s / 3.0) & (arrivals < window_s))
@@ -163,16 +166,42 @@ class PoolSearch:
     seconds: float
     ttl_disk_bytes: int | None = None  # with the TTL axis: the disk size (y is then the disk tier's TTL, s)
     traffic: str = ""  # what the points replayed (the pool's recorded window, or the synthetic shape and why)
+    media: tuple[DiskMedium, ...] = ()  # the declared disk media searched (empty: the profile's disk, undeclared)
 
-    def target(self, p: ScoredPoint) -> tuple[int, int, float]:
-        """(DRAM bytes, disk bytes, TTL s) of a point."""
+    def attained(self, p: ScoredPoint) -> float:
+        """The point's SLO attainment (the lower of TTFT's and TPOT's)."""
+        return self.attainment[(p.tag, p.x, p.y)]
+
+    def medium(self, p: ScoredPoint) -> DiskMedium | None:
+        """The declared disk medium of a point (None: no disk tier, or no medium declared)."""
+        return next((m for m in self.media if m.medium == p.tag), None) if p.tag else None
+
+    def target(self, p: ScoredPoint) -> tuple[int, int, float, str]:
+        """(DRAM bytes, disk bytes, TTL s, disk medium) of a point."""
+        m = self.medium(p)
         if self.ttl_disk_bytes is not None:
-            return int(p.x), self.ttl_disk_bytes, float(p.y)
-        return int(p.x), int(p.y), 0.0
+            return int(p.x), m.limit_bytes if m else self.ttl_disk_bytes, float(p.y), p.tag
+        return int(p.x), int(p.y), 0.0, p.tag
 
     def text(self, p: ScoredPoint) -> str:
-        dram, disk, ttl = self.target(p)
-        return f"DRAM {_size_text(dram)}, disk {_size_text(disk)}" + (f" TTL {ttl:g} s" if ttl else "")
+        dram, disk, ttl, medium = self.target(p)
+        return (f"DRAM {_size_text(dram)}, disk {_size_text(disk)}" + (f" on {medium}" if medium and disk else "")
+                + (f" TTL {ttl:g} s" if ttl else ""))
+
+
+@dataclass(frozen=True)
+class DiskMedium:
+    """A disk the pool declares for its L2 tier (``Pool.disk_tiers``): medium, LMCache folder, largest size."""
+
+    medium: str
+    path: str
+    limit_bytes: int
+
+
+def declared_media(pool: common_pb2.Pool) -> tuple[DiskMedium, ...]:
+    """The pool's declared disk tiers, each with its limit (its max_bytes, else the pool's max_cache_disk_bytes)."""
+    return tuple(DiskMedium(t.medium, t.path, int(t.max_bytes or pool.max_cache_disk_bytes))
+                 for t in pool.disk_tiers)
 
 
 def _axis(limit: int, step: int) -> tuple[float, float]:
@@ -241,25 +270,72 @@ class KaretoSearch:
             else 0.0
         slo = (pool.slo.ttft_s or 1.0, pool.slo.tpot_s or 0.2)
         rho = pool.slo.attainment_fraction
-        attained: dict[tuple[float, float], float] = {}
+        attained: dict[tuple[str, float, float], float] = {}
+        media = declared_media(pool)
+        # One 2-D search (Algorithm 1) per declared medium, the medium a categorical axis: each gets an equal share of
+        # the evaluation budget and of the time left; a pool without declared media searches its profile's disk.
+        runs = media or (DiskMedium("", "", disk_limit),)
+        ttl_axis = self.ttl_max_s > 0 and disk_limit > 0
+        points: list[ScoredPoint] = []
+        stops: list[str] = []
+        rounds = grid_points = 0
+        for k, m in enumerate(runs):
+            share = (deadline - time.perf_counter()) / (len(runs) - k)
+            budget = max(4, self.max_evaluations // len(runs))
+            found, r, grid, stop = self._search_medium(
+                m, dram_limit, ttl_axis, profile, rate, window_s, slo, ci, n_engines, trace, inputs, pool,
+                attained, min(deadline, time.perf_counter() + share), budget, full_grid)
+            points += found
+            rounds = max(rounds, r)
+            grid_points += grid
+            if stop:
+                stops.append(f"{m.medium}: {stop}" if m.medium and len(runs) > 1 else stop)
+        if not ttl_axis:  # the no-disk points are the same replay whatever the medium: keep one of each
+            unique: dict[tuple[str, float, float], ScoredPoint] = {}
+            for p in points:
+                unique.setdefault((p.tag, p.x, p.y), p)
+            points = list(unique.values())
+            grid_points -= (len(runs) - 1) * (round(dram_limit / _axis(dram_limit, pool.cache_step_bytes)[0]) + 1
+                                              if dram_limit > 0 else 1)
+        if not points:
+            return None
+        pareto = pareto_filter(points)
+        ok = [p for p in points if attained[(p.tag, p.x, p.y)] >= rho]
+        chosen = min(ok, key=lambda p: (p.cost, p.x + p.y)) if ok else \
+            max(points, key=lambda p: (attained[(p.tag, p.x, p.y)], -p.cost))
+        return PoolSearch(pool.name, points, pareto, attained, chosen, bool(ok), rho, rounds, grid_points,
+                          "; ".join(stops), time.perf_counter() - started, disk_limit if ttl_axis else None, traffic,
+                          media)
+
+    def _search_medium(self, m: DiskMedium, dram_limit: int, ttl_axis: bool, profile: str, rate: float,
+                       window_s: float, slo: tuple[float, float], ci: float, n_engines: int,
+                       trace: ReplayTrace | None, inputs: PlanningInputs, pool: common_pb2.Pool,
+                       attained: dict[tuple[str, float, float], float], deadline: float, budget: int,
+                       full_grid: bool) -> tuple[list[ScoredPoint], int, int, str]:
+        """Algorithm 1 over DRAM x disk size (or TTL) with the disk on medium ``m``: (points tagged with the medium,
+        or untagged without a disk; rounds; the full grid's size; why it stopped early or "")."""
+        disk_limit = m.limit_bytes
         scored: list[ScoredPoint] = []
 
-        ttl_axis = self.ttl_max_s > 0 and disk_limit > 0
+        def tag(y: float) -> str:
+            return m.medium if ttl_axis or y > 0 else ""
 
         def evaluate(x: float, y: float) -> tuple[float, float, float]:
             if time.perf_counter() > deadline:
                 raise _OutOfTime
             if ttl_axis:  # y is the disk tier's TTL (0: none, the whole disk allocated), the disk at its limit
                 s = score_point(profile, int(x), disk_limit, round(rate, 6), window_s, slo[0], slo[1], disk_ttl_s=y,
-                                trace=trace)
+                                trace=trace, disk_medium=m.medium)
             else:
-                s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1], trace=trace)
+                s = score_point(profile, int(x), int(y), round(rate, 6), window_s, slo[0], slo[1], trace=trace,
+                                disk_medium=m.medium)
             energy_kwh = s.power_w * n_engines * 3600.0 / 3.6e6
             cost = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=inputs.params.pue) + \
                 n_engines * carbon.cache_tiers_embodied_g(dram_bytes=x, disk_bytes=s.disk_mean_bytes,
-                                                          duration_s=3600.0, params=inputs.params)
-            attained[(x, y)] = min(s.ttft_attainment, s.tpot_attainment)
-            scored.append(ScoredPoint(x, y, s.latency_s, s.throughput_per_s, cost))
+                                                          duration_s=3600.0, params=inputs.params,
+                                                          disk_medium=m.medium)
+            attained[(tag(y), x, y)] = min(s.ttft_attainment, s.tpot_attainment)
+            scored.append(ScoredPoint(x, y, s.latency_s, s.throughput_per_s, cost, tag(y)))
             return s.latency_s, s.throughput_per_s, cost
 
         fx, cx = _axis(dram_limit, pool.cache_step_bytes)
@@ -276,22 +352,16 @@ class KaretoSearch:
             else:
                 result = adaptive_search(evaluate, x_start=(0.0, float(dram_limit), cx), y_start=(0.0, float(y_limit), cy),
                                          x_max=float(dram_limit), y_max=float(y_limit), x_fine_step=fx,
-                                         y_fine_step=fy, max_evaluations=self.max_evaluations, **self.thresholds)
-            points, rounds = result.points, result.rounds
+                                         y_fine_step=fy, max_evaluations=budget, **self.thresholds)
+            points = [replace(p, tag=tag(p.y)) for p in result.points]
+            rounds = result.rounds
             if result.stopped_by_budget:
-                stopped = f"stopped at {self.max_evaluations} evaluations"
+                stopped = f"stopped at {budget} evaluations"
         except _OutOfTime:
             points = scored
             stopped = f"stopped by the {self.time_limit_s:g} s time limit"
-        if not points:
-            return None
-        pareto = pareto_filter(points)
-        ok = [p for p in points if attained[(p.x, p.y)] >= rho]
-        chosen = min(ok, key=lambda p: (p.cost, p.x + p.y)) if ok else \
-            max(points, key=lambda p: (attained[(p.x, p.y)], -p.cost))
         grid = (round(dram_limit / fx) + 1 if dram_limit > 0 else 1) * (round(y_limit / fy) + 1 if y_limit > 0 else 1)
-        return PoolSearch(pool.name, points, pareto, attained, chosen, bool(ok), rho, rounds, grid, stopped,
-                          time.perf_counter() - started, disk_limit if ttl_axis else None, traffic)
+        return points, rounds, grid, stopped
 
     def solve(self, inputs: PlanningInputs) -> KnobPlan:
         started = time.perf_counter()
@@ -313,24 +383,56 @@ class KaretoSearch:
         lines, details = [], []
         for s in searches:
             c = s.chosen
-            dram, disk, ttl = s.target(c)
+            dram, disk, ttl, _ = s.target(c)
+            medium = s.medium(c) or (s.media[0] if len(s.media) == 1 else None)
             for h in range(hours):
-                per_interval[h].append(common_pb2.CacheTarget(pool=s.pool, dram_bytes=dram, disk_bytes=disk,
-                                                              ttl_s=ttl))
+                per_interval[h].append(common_pb2.CacheTarget(
+                    pool=s.pool, dram_bytes=dram, disk_bytes=disk, ttl_s=ttl,
+                    disk_medium=medium.medium if medium else "", disk_path=medium.path if medium else ""))
             front = sorted(s.pareto, key=lambda p: p.cost)
             head = ", ".join(f"({s.text(p)}: TTFT {p.latency_s:.3f} s, {p.cost:.1f} g/h)" for p in front[:6])
             more = f" and {len(front) - 6} more" if len(front) > 6 else ""
-            why = (f"the lowest-carbon point meeting the SLO (attainment {s.attainment[(c.x, c.y)]:.2f}, target "
+            why = (f"the lowest-carbon point meeting the SLO (attainment {s.attained(c):.2f}, target "
                    f"{s.rho:.2f})" if s.meets_slo else
-                   f"no point meets the SLO: the best-attaining one ({s.attainment[(c.x, c.y)]:.2f})")
+                   f"no point meets the SLO: the best-attaining one ({s.attained(c):.2f})")
+            if len(s.media) > 1:
+                why += f"; {media_text(s, inputs.params)}"
             lines.append(f"pool {s.pool}: Kareto search: {s.text(c)}, "
                          f"{c.cost:.1f} gCO2e/h, mean TTFT {c.latency_s:.3f} s: {why}; {len(s.points)} replays in "
                          f"{s.rounds} rounds (the full grid: {s.grid_points}){'; ' + s.stopped if s.stopped else ''}; "
                          f"Pareto set (sizes: TTFT, carbon) {head}{more}; {s.traffic}")
-            details.append(f"{s.pool}: " + "; ".join(
-                f"{int(p.x)},{int(p.y)},{p.latency_s:.4f},{p.throughput:.4f},{p.cost:.3f}" for p in front)
+            details.append(f"{s.pool}{' (last: the disk medium)' if len(s.media) > 1 else ''}: " + "; ".join(
+                f"{int(p.x)},{int(p.y)},{p.latency_s:.4f},{p.throughput:.4f},{p.cost:.3f}"
+                + (f",{p.tag or 'none'}" if len(s.media) > 1 else "") for p in front)
                 + f" [{s.seconds:.2f} s]")
         detail = (f"{len(searches)} pool(s), {sum(len(s.points) for s in searches)} replays, total "
                   f"{time.perf_counter() - started:.2f} s; Pareto sets (dram_bytes,disk_bytes or disk TTL s,ttft_s,"
                   f"requests_per_s,g_per_h): " + " | ".join(details))
         return KnobPlan(per_interval, explanation=lines, detail=detail)
+
+
+def media_text(s: PoolSearch, params: carbon.CarbonParams) -> str:
+    """Why the chosen point's disk medium (or none) among the pool's declared media, e.g. ``hdd: 88 % less embodied
+    than nvme for 128.0 GiB, TTFT still within the SLO (0.95; nvme's best 31.2 g/h against 30.9 g/h)``."""
+    c = s.chosen
+    best: dict[str, ScoredPoint] = {}
+    for p in s.points:
+        if p.tag and s.attained(p) >= s.rho and (p.tag not in best or p.cost < best[p.tag].cost):
+            best[p.tag] = p
+    parts = [f"{m.medium} best {best[m.medium].cost:.1f} g/h ({s.text(best[m.medium])})" if m.medium in best else
+             f"{m.medium}: no disk size meets the SLO" for m in s.media]
+    searched = f"media searched: {', '.join(parts)}"
+    if not c.tag:
+        return f"no disk tier: on no medium does a disk save more than its embodied carbon; {searched}"
+    if not s.meets_slo:
+        return f"{c.tag}: the best-attaining medium; {searched}"
+    others = [m.medium for m in s.media if m.medium != c.tag]
+    dearest = max(others, key=lambda o: params.disk_rate(o)[0])
+    rate = params.disk_rate(c.tag)[0] / params.disk_rate(dearest)[0] if params.disk_rate(dearest)[0] else 1.0
+    if rate < 1.0:
+        lead = f"{c.tag}: {1 - rate:.0%} less embodied per TB than {dearest}, TTFT still within the SLO"
+    elif any(o in best for o in others):
+        lead = f"{c.tag}: its faster reads save more carbon than the other media's lower embodied carbon"
+    else:
+        lead = f"{c.tag}: the only medium whose disk meets the SLO"
+    return f"{lead} (attainment {s.attained(c):.2f}); {searched}"

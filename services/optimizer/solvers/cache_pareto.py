@@ -38,6 +38,7 @@ class ScoredPoint:
     latency_s: float
     throughput: float
     cost: float
+    tag: str = ""  # a categorical attribute of the point (the cache solver's disk medium), not an objective
 
     def objectives(self) -> tuple[float, float, float]:
         """All three as minimisation: (latency, -throughput, cost)."""
