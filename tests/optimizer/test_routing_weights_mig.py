@@ -201,3 +201,23 @@ def test_the_router_resolves_instance_weights_and_routes_by_them() -> None:
     total_w = sum(weights[e.id] for e in engines)
     for e in engines:
         assert counts[e.id] / n == pytest.approx(weights[e.id] / total_w, abs=0.03)
+
+
+def test_min_carbon_never_prefers_an_instance_it_cannot_predict() -> None:
+    """BF16 8B does not fit a 1g.10gb slice (no prediction: neither capacity nor energy known): min-carbon routing
+    fills the engine it knows first, instead of taking the unknown instance for a free one."""
+    fleet = _fleet()
+    pool = fleet.pools[0]
+    pool.engines.add(id="elsewhere", pool="chat", hardware="A100-80GB", gpu_uuid="GPU-other")
+    inputs = _inputs(fleet, load=2.0)
+    inputs.capabilities["elsewhere"] = Capability(6.0, 60.0, 100.0, "predicted", "x")
+    tiny = [common_pb2.MigLayout(gpu_uuid="GPU-0", placements=[
+        common_pb2.MigPlacement(profile="1g.10gb", start=0, size=1, pool="chat", model_variant=pool.variants[0].name)])]
+    planner = Planner([MinCarbonRouting(), FixedCache(full=True), FixedLayouts(tiny), KeepCurrent("serving_modes")])
+    try:
+        plan = planner.plan(inputs, trigger="test", created_s=0.0).plan
+    finally:
+        planner.close()
+    weights = {w.engine_id: w.weight for w in plan.intervals[0].routing_weights}
+    assert weights[placement_engine_id("GPU-0", "1g.10gb", 0)] == 0.0
+    assert weights["elsewhere"] == 1.0 and weights["chat-0"] == 0.0

@@ -258,14 +258,14 @@ def _fill_shares(inputs: PlanningInputs, solver: MinCarbonRouting, h: int, pool:
     load = (fc.upper[h] if solver.load_bound == "upper" else fc.mean[h]) if fc else 0.0
     ci = inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0
     g_per_j = inputs.params.pue * ci / 3.6e6
-    known = [c for c in costs.values() if c > 0]
-    mean_j = sum(known) / len(known) if known else 0.0  # an instance with no prediction: as the mean one
-    engines = [(eid, (costs.get(eid, 0.0) or mean_j) * g_per_j, cap) for eid, cap in caps]
     others = {w.engine_id for w in mine if w.engine_id not in moved_ids}
-    for engine in pool.engines:
-        cap = inputs.capabilities.get(engine.id)
-        if engine.id in others and cap is not None:
-            engines.append((engine.id, cap.energy_per_request_j * g_per_j, cap.capacity_requests_per_s))
+    other_engines = [(e.id, inputs.capabilities[e.id]) for e in pool.engines
+                     if e.id in others and e.id in inputs.capabilities]
+    known = [c for c in costs.values() if c > 0] + [c.energy_per_request_j for _, c in other_engines]
+    # An instance with no prediction is filled last (as the dearest known engine), never first as if free.
+    unknown_j = max(known, default=0.0)
+    engines = [(eid, (costs.get(eid, 0.0) or unknown_j) * g_per_j, cap) for eid, cap in caps]
+    engines += [(eid, c.energy_per_request_j * g_per_j, c.capacity_requests_per_s) for eid, c in other_engines]
     rates = fill(load, engines, solver.headroom)
     total = sum(rates.values())
     if total <= 0:  # no load: every instance eligible, by capacity
