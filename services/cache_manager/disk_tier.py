@@ -26,11 +26,18 @@ know which tier holds an entry, and LMCache's store controller writes every L1 o
 the salt's L2 usage fits the target, then lowers the quota; LMCache's own LRU trims whatever the index did
 not know about at its next cycle. A grow only raises the quota. A server without an L2 adapter, or whose L2
 adapters do not enforce quotas, cannot take a disk size: the previous state stays and the outcome says why.
+
+A target naming a disk medium (``CacheTarget.disk_medium``, chosen by the planner among the pool's declared
+``disk_tiers``) is applied only on a server with an L2 fs adapter in that medium's folder (``disk_path``): LMCache
+cannot move an adapter to another disk at run time, so a server without one keeps its disk tier as it is and the
+outcome says why. The quota is the salt's over the server's L2 adapters (LMCache 0.5.6 has no per-adapter quota),
+so a server that should hold its L2 on one medium runs one fs adapter, on that disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -78,6 +85,18 @@ def why_not_sizable(state: DiskTierState) -> str:
     return ""
 
 
+def why_not_on_medium(state: DiskTierState, medium: str, path: str) -> str:
+    """Empty when the target names no medium or the server has an L2 fs adapter in the medium's folder, else why."""
+    if not medium:
+        return ""
+    folders = {os.path.normpath(p) for p in state.base_paths}
+    if path and os.path.normpath(path) in folders:
+        return ""
+    return (f"it has no disk tier on {medium}: no L2 fs adapter in {path or '(no folder named)'} (its L2 adapter "
+            f"folders: {', '.join(state.base_paths) or 'none'}); LMCache 0.5.6 cannot move an L2 adapter to another "
+            "disk at run time")
+
+
 def disk_capacity_bytes(state: DiskTierState) -> int | None:
     """Size of the file system under the server's fs adapter folders (None when unknown or not on this host)."""
     sizes = []
@@ -91,11 +110,13 @@ def disk_capacity_bytes(state: DiskTierState) -> int | None:
 
 async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_bytes: int, now_s: float, *,
                       salt: str = "", local: bool = False, settle_s: float = SETTLE_S,
-                      choose_order: Callable[[int], Awaitable[Leader]] | None = None) -> DiskOutcome:
+                      choose_order: Callable[[int], Awaitable[Leader]] | None = None, disk_medium: str = "",
+                      disk_path: str = "") -> DiskOutcome:
     """Apply target_bytes as the disk (L2) size of `salt` on one server; on failure nothing changes.
 
     ``choose_order(target_bytes)``, when given, says which entries a shrink deletes first (the adaptive
-    policy's leader, ``shrink_order``); without it, lowest LCS first."""
+    policy's leader, ``shrink_order``); without it, lowest LCS first. ``disk_medium`` / ``disk_path``: the target's
+    medium and its folder; a server without an L2 adapter there keeps its disk tier (``why_not_on_medium``)."""
     try:
         state = await admin.disk_state(salt)
     except LmcacheError as exc:
@@ -107,6 +128,10 @@ async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_byte
             return DiskOutcome(True, "", 0)  # no disk tier, and none asked for: nothing to say
         return DiskOutcome(False, f"disk target not applied: {reason}; nothing changed", current,
                            used_bytes=state.used_bytes)
+    medium_reason = why_not_on_medium(state, disk_medium, disk_path)
+    if medium_reason:
+        return DiskOutcome(False, f"disk target on {disk_medium} not applied: {medium_reason}; the disk tier in force "
+                           f"({current} bytes) stays", current, used_bytes=state.used_bytes)
     if local:
         capacity = disk_capacity_bytes(state)
         if capacity is not None and target_bytes > capacity:

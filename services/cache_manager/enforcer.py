@@ -17,9 +17,9 @@ resize.py), under the servicer's lock so no RPC resize interleaves. What it repo
 * ``APPLIED``: every server of every target pool holds its target, e.g. ``pool chat: dram 1.0 GiB -> 2.0 GiB
   (s1); disk 3.0 GiB -> 2.0 GiB (s1)``. The disk (L2) size is applied at run time, without a restart, as the
   L2 quota of the default salt on servers whose L2 adapter evicts by IsolatedLRU (disk_tier.py); a pool of the
-  plan without a registered server, or a disk target a server cannot take (no L2 adapter, or L2 adapters
-  without quota enforcement), is said in the detail with the reason and leaves that server's disk size as it
-  was. Re-applying the same interval changes nothing.
+  plan without a registered server, or a disk target a server cannot take (no L2 adapter, L2 adapters
+  without quota enforcement, or a target disk medium, ``disk_medium``, in whose folder ``disk_path`` the server
+  has no L2 adapter), is said in the detail with the reason and leaves that server's disk size as it was. Re-applying the same interval changes nothing.
 
 The plan in force is kept in ``<data_dir>/cache_manager_plan.pb`` (``plan_file_store``), so a restart during an
 optimizer outage keeps following it.
@@ -36,7 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from greenserve.cache_manager.disk_tier import NO_L2_ADAPTER, why_not_sizable
+from greenserve.cache_manager.disk_tier import (
+    NO_L2_ADAPTER,
+    why_not_on_medium,
+    why_not_sizable,
+)
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError
 from greenserve.cache_manager.models import LmcacheServer
 from greenserve.common.app import ServiceContext
@@ -168,9 +172,15 @@ class CacheEnforcer:
                     if state.l2_adapters:
                         disk = await admin.disk_state()
                         reason = why_not_sizable(disk)
+                        medium_reason = "" if reason else why_not_on_medium(disk, target.disk_medium,
+                                                                            target.disk_path)
                         if reason:
                             notes.append(f"pool {target.pool}: disk target {gib(target.disk_bytes)} not applied on "
                                          f"{row.id}: {reason}")
+                        elif medium_reason:  # the plan moved the tier to a medium this server has no adapter on
+                            notes.append(f"pool {target.pool}: disk target {gib(target.disk_bytes)} on "
+                                         f"{target.disk_medium} not applied on {row.id}: {medium_reason}; its disk "
+                                         f"tier stays at {gib(disk.quota_bytes or 0)}")
                         else:
                             step.disk_before_bytes, step.disk_target_bytes = disk.quota_bytes or 0, target.disk_bytes
                     elif target.disk_bytes:

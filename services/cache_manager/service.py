@@ -36,6 +36,7 @@ from greenserve.cache_manager.snapshots import SnapshotStore
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import DependencyAddresses, ServiceSettings
+from greenserve.common.carbon import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from greenserve.common.names import check_name
 from greenserve.common.persistence import utcnow
@@ -342,7 +343,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             for t in request.targets:
                 for row in self._servers(t.pool):
                     results.append(await self._apply_one(row, request.plan_version, t.dram_bytes, t.ttl_s,
-                                                         t.disk_bytes))
+                                                         t.disk_bytes, t.disk_medium, t.disk_path))
         return cache_manager_pb2.ApplyCachePlanResponse(results=results)
 
     @staticmethod
@@ -357,12 +358,20 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 raise InvalidArgument(f"{field}[{i}].pool", f"pool {t.pool!r} appears twice")
             seen.add(t.pool)
             _in_range(f"{field}[{i}].ttl_s", t.ttl_s, 0.0, MAX_TTL_S, " s")
+            if t.disk_medium and t.disk_medium not in DISK_MEDIA:
+                raise InvalidArgument(f"{field}[{i}].disk_medium", f"unknown disk medium {t.disk_medium!r}; known: "
+                                      f"{', '.join(DISK_MEDIA)}")
+            if t.disk_path and (not t.disk_medium or not t.disk_path.startswith("/") or len(t.disk_path) > 1024
+                                or any(c in t.disk_path for c in "\x00\n\r")):
+                raise InvalidArgument(f"{field}[{i}].disk_path", "must be the absolute folder (at most 1024 "
+                                      "characters) of the disk_medium's L2 adapter, and only with a disk_medium")
             for name in ("dram_bytes", "disk_bytes"):
                 if getattr(t, name) > MAX_BYTES:
                     raise InvalidArgument(f"{field}[{i}].{name}", "must be 0-2^50 bytes (a negative size arrives "
                                           "as a huge uint64)")
 
-    async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float, disk: int = 0):
+    async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float, disk: int = 0,
+                         disk_medium: str = "", disk_path: str = ""):
         with self.ctx.db.session() as s:
             done = s.scalar(select(CacheApplication).where(
                 CacheApplication.server_id == row.id, CacheApplication.plan_version == version,
@@ -377,7 +386,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         if outcome.applied:
             # The disk tier after the DRAM one (disk_tier.py); a disk size LMCache cannot take leaves the
             # previous one and says why, without undoing the DRAM size.
-            disk_outcome = await self._resize_disk(row, disk)
+            disk_outcome = await self._resize_disk(row, disk, disk_medium, disk_path)
             disk_in_force = disk_outcome.disk_bytes
             detail += f"; {disk_outcome.detail}" if disk_outcome.detail else ""
         if outcome.applied and ttl_s > 0:
@@ -408,12 +417,14 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
 
         return choose
 
-    async def _resize_disk(self, row: LmcacheServer, disk: int) -> DiskOutcome:
+    async def _resize_disk(self, row: LmcacheServer, disk: int, disk_medium: str = "",
+                           disk_path: str = "") -> DiskOutcome:
         """Size one server's disk tier at run time (the caller holds the lock); evictions are journaled."""
         admin = self._admin(row.url)
         try:
             outcome = await resize_disk(admin, self.indexes.get(row.pool), disk, _now_s(), local=on_this_host(row.url),
-                                        choose_order=self._shrink_order(row.pool))
+                                        choose_order=self._shrink_order(row.pool), disk_medium=disk_medium,
+                                        disk_path=disk_path)
         finally:
             await admin.aclose()
         await self._journal_evictions(row.pool, outcome.evicted_keys)
