@@ -16,6 +16,9 @@ Formulas (the papers are the seeds named in DESIGN.md, section "Carbon model"):
 
       C_e,Cache = S_alloc x (T / LT_SSD) x C_e,SSD^Unit       (C_e,SSD^Unit per TB)
 
+  with the disk medium's own per-TB figure (``CarbonParams.disk_rate``: NVMe and SATA SSDs the SSD rate, an HDD
+  1/8 of it after Tannu & Nair, HotCarbon 2022) and the DRAM tier's (GreenCache footnote 1).
+
 * Interval total, GreenCache Eq. 5, evaluated as in Eq. 6 (see ``interval_carbon``)::
 
       C = E x CI + C_e,Cache + sum_comp (T / LT_comp) x C_e,comp
@@ -56,6 +59,7 @@ __all__ = [
     "BYTES_PER_TB",
     "J_PER_KWH",
     "COMPONENT_KINDS",
+    "DISK_MEDIA",
     "CarbonBreakdown",
     "IntervalCarbon",
     "ComponentSpec",
