@@ -75,12 +75,13 @@ def recorded_trace(shape: str, rate: float, seconds: float = 1800.0):
                        router_accesses(wl, "chat", start), mean_output_tokens=250.0, output_source="the bench")
 
 
-def kareto_figures(rate: float, with_grid: bool, history: str = "none") -> dict:
+def kareto_figures(rate: float, with_grid: bool, history: str = "none", media: tuple[str, ...] = ()) -> dict:
     """The Kareto solver on one Llama-3 8B / A100-80GB pool (DRAM 0-64 GiB in 8 GiB steps x disk 0-512 GiB in
     32 GiB steps, FR CI 60 g/kWh) at ``rate`` requests/s: time, replays, choice; with ``with_grid`` also every grid
     point replayed and the hypervolume of the adaptive Pareto set over the grid's (Kareto Sec. 5.3.1). ``history``
     other than ``none``: the points replay a recorded window of that shape (``recorded_trace``) instead of the
-    synthetic multi-turn shape."""
+    synthetic multi-turn shape. ``media``: the pool declares a disk of each (``Pool.disk_tiers``, each up to 512 GiB),
+    so that the medium is searched too."""
     from greenserve.common import carbon
     from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
     from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
@@ -95,7 +96,9 @@ def kareto_figures(rate: float, with_grid: bool, history: str = "none") -> dict:
     pool = common_pb2.Pool(name="chat", model="meta-llama/Meta-Llama-3-8B-Instruct", region="FR",
                            slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9),
                            engines=[common_pb2.Engine(id="e1", hardware="A100-80GB")],
-                           max_cache_dram_bytes=64 * gib, max_cache_disk_bytes=512 * gib, cache_step_bytes=8 * gib)
+                           max_cache_dram_bytes=64 * gib, max_cache_disk_bytes=512 * gib, cache_step_bytes=8 * gib,
+                           disk_tiers=[common_pb2.CacheDiskTier(medium=m, path=f"/var/cache/lmcache-{m}")
+                                       for m in media])
     flat = SeriesForecast((rate,), (rate,), (rate,))
     inputs = PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[pool]), {"FR": SeriesForecast((60.0,), (60.0,),
                             (60.0,))}, {"chat": flat}, {}, carbon.load_default_params(), {})
@@ -109,7 +112,9 @@ def kareto_figures(rate: float, with_grid: bool, history: str = "none") -> dict:
     out = {"rate_per_s": rate, "search_s": search_s, "evaluations": len(search.points), "rounds": search.rounds,
            "grid_points": search.grid_points, "pareto_points": len(search.pareto),
            "chosen_dram_bytes": int(search.chosen.x), "chosen_disk_bytes": int(search.chosen.y),
-           "chosen_g_per_h": search.chosen.cost, "meets_slo": search.meets_slo, "traffic": search.traffic}
+           "chosen_g_per_h": search.chosen.cost, "meets_slo": search.meets_slo, "traffic": search.traffic,
+           "media": list(media), "chosen_disk_medium": search.chosen.tag,
+           "evaluations_per_medium": {m: sum(1 for p in search.points if p.tag == m) for m in media}}
     if with_grid:
         # Every grid point through the same scoring (replays already made are reused from the cache).
         t0 = time.perf_counter()
@@ -141,8 +146,16 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     parser.add_argument("--kareto-history", choices=("none", "multi-turn", "independent"), default="none",
                         help="with --kareto-rate: score the points on a recorded window of this shape (as the "
                         "router reports it) instead of the synthetic multi-turn shape")
+    parser.add_argument("--kareto-media", default="",
+                        help="with --kareto-rate: comma-separated disk media the pool declares (nvme, sata-ssd, hdd), "
+                        "searched as a categorical axis; empty: the profile's disk, not searched")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
+    from greenserve.common.carbon import DISK_MEDIA
+
+    media = tuple(m for m in ns.kareto_media.split(",") if m)
+    if any(m not in DISK_MEDIA for m in media) or len(set(media)) != len(media):
+        parser.error(f"--kareto-media: distinct media among {', '.join(DISK_MEDIA)}")
     if ns.restart_g < 0:
         parser.error("--restart-g must be >= 0")
     if ns.kareto_rate < 0 or not math.isfinite(ns.kareto_rate):
@@ -168,7 +181,7 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     resizes = sum(sum(1 for a, b in itertools.pairwise(p) if a != b) for p in large_picks.values())
     print(f"large: {ns.large_hours} h x {ns.large_sizes} sizes x {ns.large_pools} pools: {large_s:.2f} s "
           f"({large_cpu_s:.2f} s CPU, {large_status}, gap {large_gap}, {resizes} resizes)", file=sys.stderr)
-    kareto = kareto_figures(ns.kareto_rate, ns.kareto_grid, ns.kareto_history) if ns.kareto_rate > 0 else None
+    kareto = kareto_figures(ns.kareto_rate, ns.kareto_grid, ns.kareto_history, media) if ns.kareto_rate > 0 else None
     if kareto:
         print(f"kareto: {kareto['evaluations']} replays of {kareto['grid_points']} grid points in "
               f"{kareto['search_s']:.2f} s", file=sys.stderr)

@@ -29,7 +29,16 @@ With ``ttl_max_s`` > 0 (``--cache-kareto-ttl-max-s``) the second axis is the dis
 (Kareto's DRAM x TTL search): 0 (no TTL, the whole disk allocated) to ``ttl_max_s`` in 8 steps, the disk at the
 pool's limit and elastic (idle entries leave after the TTL), its embodied carbon charged for what it held on average
 over the replay (Kareto's Capacity x TTL cost; the warm-up third is in that average); the plan's ``ttl_s`` is the
-chosen TTL, which the cache-manager applies pool-wide. The disk medium is not searched.
+chosen TTL, which the cache-manager applies pool-wide.
+
+The disk medium: a pool that declares two or more disks (``Pool.disk_tiers``: medium, LMCache folder, largest size)
+gets one such 2-D search per medium (the medium a categorical axis; each search has ``max_evaluations`` // media
+evaluations, at least 4, and an equal share of the time left), the disk replayed at the medium's bandwidth
+(``simulator.tiers.DISK_MEDIA``) and charged at its embodied rate (``carbon.CarbonParams.disk_rate``: an HDD TB 1/8
+of an SSD TB). The points are merged with the medium as their tag (the no-disk points, the same replay on every
+medium, once), the Pareto set is taken over all of them and the lowest-carbon point meeting the SLO wins; the plan's
+target carries its ``disk_medium`` and ``disk_path`` and the explanation says why that medium (``media_text``). One
+declared medium searches as an undeclared disk does, the target naming it.
 """
 
 from __future__ import annotations
@@ -359,7 +368,8 @@ class KaretoSearch:
                 stopped = f"stopped at {budget} evaluations"
         except _OutOfTime:
             points = scored
-            stopped = f"stopped by the {self.time_limit_s:g} s time limit"
+            stopped = f"stopped by the {self.time_limit_s:g} s time limit" if len(declared_media(pool)) < 2 else \
+                f"stopped by its share of the {self.time_limit_s:g} s time limit"
         grid = (round(dram_limit / fx) + 1 if dram_limit > 0 else 1) * (round(y_limit / fy) + 1 if y_limit > 0 else 1)
         return points, rounds, grid, stopped
 
