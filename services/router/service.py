@@ -620,8 +620,8 @@ class _EventReader:
         try:
             chunk = self.content.read_nowait()  # bytes buffered while the hook was off (older)
         except (aiohttp.ClientError, OSError):
-            self.ended = True
-            return
+            chunk = b""
+            self.ended = True  # the engine went away: what the hook took before still goes out
         if self.chunks:
             chunk += b"".join(self.chunks)
             self.chunks.clear()

@@ -124,3 +124,13 @@ async def test_generate_under_the_budget_reassembles_the_text(emulators, router)
     assert got.tokens == 64 and got.receipt is not None and got.receipt.completion_tokens == 64
     assert got.messages < got.tokens
     assert r.servicer.streams == 0  # the stream count is given back
+
+
+async def test_an_engine_error_keeps_what_the_hook_took() -> None:
+    # tokens taken by the hook, then the connection fails: they still go out before the error
+    reader, content, call = _reader()
+    content.feed_data(_token("p") + _token("q"))
+    content.set_exception(aiohttp.ClientPayloadError("connection lost"))
+    reader.drain()
+    assert reader.ended and not call.done and reader.take() == "pq"
+    reader.close()
