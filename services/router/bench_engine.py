@@ -179,7 +179,7 @@ def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
 class _Stream:
     """One request being served: the connection and how many tokens are still to send."""
 
-    __slots__ = ("conn", "route", "tokens", "sent", "include_usage", "prompt_tokens", "stream", "done")
+    __slots__ = ("conn", "done", "include_usage", "prompt_tokens", "route", "sent", "stream", "tokens")
 
     def __init__(self, conn: _Conn, route: _Route, tokens: int, include_usage: bool, prompt_tokens: int,
                  stream: bool) -> None:
@@ -339,8 +339,7 @@ class BenchEngine:
             assert self.loop is not None
             now = self.loop.time()
             self._next_tick += self.tpot_s
-            if self._next_tick < now:  # fell behind: tick now, not in a burst to catch up
-                self._next_tick = now
+            self._next_tick = max(self._next_tick, now)  # fell behind: tick now, not in a burst to catch up
             self._timer = self.loop.call_at(self._next_tick, self._tick)
         else:
             self._timer = None
@@ -481,7 +480,15 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
     per streamed token (engine process CPU over the run / tokens of the requests served)."""
     import subprocess
 
-    from greenserve.router.bench import _env, _pinned, _proc_cpu_s, _Procs, _run_load, _summary, _wait_http
+    from greenserve.router.bench import (
+        _env,
+        _pinned,
+        _proc_cpu_s,
+        _Procs,
+        _run_load,
+        _summary,
+        _wait_http,
+    )
 
     procs = _Procs()
     try:
@@ -507,9 +514,10 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
         load = {"model": model, "prompt": "x" * 1024, "max_tokens": max_tokens, "max_tokens_spread": 0.0,
                 "targets": [url], "protocol": "http", "concurrency": streams, "requests": 10**9, "stagger_s": 1.0,
                 "duration_s": duration_s}
-        cpu0, tokens0 = _proc_cpu_s(proc.pid), generation_tokens(url)
+        cpu0, sys0, tokens0 = _proc_cpu_s(proc.pid), _system_cpu_s(proc.pid), generation_tokens(url)
         summary = _summary(_run_load(load, 600, loadgen_procs, None))
         cpu_s, tokens = _proc_cpu_s(proc.pid) - cpu0, generation_tokens(url) - tokens0
+        system_s = _system_cpu_s(proc.pid) - sys0
     finally:
         procs.stop()
     summary.pop("_ttft_mean_ms", None)
@@ -517,7 +525,16 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
     return {"engine": kind, "streams": streams, "max_tokens": max_tokens, "duration_s": duration_s,
             "engine_cpu_s": round(cpu_s, 3), "generation_tokens": int(tokens),
             "engine_cpu_us_per_token": round(1e6 * cpu_s / tokens, 2) if tokens else None,
+            "engine_system_cpu_us_per_token": round(1e6 * system_s / tokens, 2) if tokens else None,
             "engine_cpu_percent_of_measured_s": round(100.0 * cpu_s / duration_s, 1), "load": summary}
+
+
+def _system_cpu_s(pid: int) -> float:
+    """CPU seconds a process spent in the kernel (its sends: on loopback the receiver's TCP path too)."""
+    import os
+    from pathlib import Path
+
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def generation_tokens(url: str) -> float:
@@ -547,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--duration-s", type=float, default=10.0)
     c.add_argument("--loadgen-procs", type=int, default=2)
     c.add_argument("--engines", default="noop,emulator", help="which engines, comma-separated")
+    c.add_argument("--nice", type=int, default=0, help="niceness of every process started (negative needs root)")
     args = p.parse_args(argv)
     if args.cmd == "serve":
         if args.tpot_s < 0 or args.tpot_s != args.tpot_s:
@@ -565,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.duration_s > 0:
         p.error("--duration-s: must be > 0")
+    from greenserve.router import bench
+
+    bench._NICE = args.nice  # the launcher every bench process starts through applies it
     out = {k: measure_cpu(k, args.streams, args.max_tokens, args.duration_s, args.loadgen_procs) for k in kinds}
     if "noop" in out and "emulator" in out and out["noop"]["engine_cpu_us_per_token"]:
         out["emulator_over_noop_cpu_per_token"] = round(
