@@ -136,3 +136,12 @@ async def test_bad_disk_tiers_are_refused_naming_the_field(optimizer, tiers, fie
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
     fleet = (await stub.GetFleet(optimizer_pb2.GetFleetRequest())).fleet
     assert [t.medium for t in fleet.pools[0].disk_tiers] == ["nvme", "hdd"]  # unchanged
+
+
+def test_bench_refuses_unknown_media(capsys) -> None:
+    from greenserve.optimizer.bench_cache import main
+
+    for bad in ("tape", "nvme,nvme"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--kareto-rate", "5", "--kareto-media", bad])
+        assert exc.value.code == 2 and "--kareto-media" in capsys.readouterr().err
