@@ -9,7 +9,12 @@ import time
 import pytest
 from greenserve.cache_manager.disk_tier import resize_disk, why_not_on_medium
 from greenserve.cache_manager.enforcer import CacheEnforcer
-from greenserve.cache_manager.lmcache_admin import GIB, DiskTierState, LmcacheState
+from greenserve.cache_manager.lmcache_admin import (
+    GIB,
+    DiskTierState,
+    LmcacheAdmin,
+    LmcacheState,
+)
 from greenserve.cache_manager.models import LmcacheServer
 from greenserve.cache_manager.service import CacheManagerServicer, CacheManagerSettings
 from greenserve.common.app import ServiceContext
@@ -18,6 +23,7 @@ from greenserve.common.persistence import Database, utcnow
 from greenserve.common.plan_follow import APPLIED, REFUSED
 from greenserve.v1 import common_pb2
 
+from tests.cache_manager.test_disk_tier import l2_server  # noqa: F401 - the real LMCache server fixture
 from tests.plan_peer import interval
 
 NVME_DIR = "/mnt/nvme/lmcache"
@@ -111,3 +117,22 @@ async def test_resize_disk_refuses_a_medium_without_an_adapter() -> None:
     assert out.applied and quotas == {"": 4 * GIB}
     state = DiskTierState(1, ("IsolatedLRU",), (NVME_DIR,), None, 0, 0)
     assert why_not_on_medium(state, "", "") == "" and why_not_on_medium(state, "nvme", NVME_DIR) == ""
+
+
+async def test_on_a_real_lmcache_server_only_its_adapters_folder_takes_the_medium(l2_server) -> None:  # noqa: F811
+    """LMCache 0.5.6 with one fs L2 adapter (IsolatedLRU): a target naming another folder leaves its quota; its own
+    folder (as the planner's disk_path, trailing slash and all) is sized at run time."""
+    server, folder = l2_server
+    admin = LmcacheAdmin(server.http_url)
+    try:
+        before = (await admin.disk_state()).quota_bytes
+        out = await resize_disk(admin, None, 8 * (1 << 20), 0.0, disk_medium="hdd", disk_path="/mnt/hdd/lmcache",
+                                settle_s=0.0)
+        assert not out.applied and f"(its L2 adapter folders: {folder})" in out.detail, out.detail
+        assert (await admin.disk_state()).quota_bytes == before
+        out = await resize_disk(admin, None, 8 * (1 << 20), 0.0, disk_medium="nvme", disk_path=f"{folder}/",
+                                settle_s=0.0)
+        assert out.applied, out.detail
+        assert (await admin.disk_state()).quota_bytes == 8 * (1 << 20)
+    finally:
+        await admin.aclose()
