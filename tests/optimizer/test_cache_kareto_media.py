@@ -145,3 +145,16 @@ def test_bench_refuses_unknown_media(capsys) -> None:
         with pytest.raises(SystemExit) as exc:
             main(["--kareto-rate", "5", "--kareto-media", bad])
         assert exc.value.code == 2 and "--kareto-media" in capsys.readouterr().err
+
+
+def test_ttl_axis_per_medium_plans_each_disk_at_its_own_limit(fake_replay) -> None:
+    small_hdd = common_pb2.CacheDiskTier(medium="hdd", path="/mnt/hdd/lmcache", max_bytes=64 * GIB)
+    inputs = _inputs(1.0, tiers=(NVME, small_hdd))
+    solver = KaretoSearch(time_limit_s=60.0, ttl_max_s=800.0)
+    search = solver.search_pool(inputs, inputs.pool("chat"), time.perf_counter() + 60.0)
+    assert search is not None and {p.tag for p in search.points} == {"nvme", "hdd"}  # TTL points all hold a disk
+    assert {(m, d) for _, d, m in fake_replay} == {("nvme", 128 * GIB), ("hdd", 64 * GIB)}
+    for p in search.points:
+        assert search.target(p)[1] == (64 * GIB if p.tag == "hdd" else 128 * GIB)
+    (target,) = solver.solve(inputs).per_interval[0]
+    assert target.disk_bytes == (64 * GIB if target.disk_medium == "hdd" else 128 * GIB) and target.disk_path
