@@ -180,3 +180,40 @@ async def test_bad_requests_name_the_field(bench_engine, body: dict[str, Any], s
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="tpot_s"):
         BenchEngine(tpot_s=-1)
+
+
+@pytest.mark.parametrize(("main_of", "argv", "flag"), [
+    ("bench", ["--noop-tpot-s", "-1"], "--noop-tpot-s"),
+    ("bench", ["--engine", "vllm"], "--engine"),
+    ("bench_workers", ["--engine-tpot-s", "-0.5"], "--engine-tpot-s"),
+    ("bench_engine", ["serve", "--tpot-s", "-1"], "--tpot-s"),
+    ("bench_engine", ["cpu", "--engines", "noop,other"], "--engines"),
+])
+def test_bench_flags_are_checked_naming_them(main_of: str, argv: list[str], flag: str, capsys: Any) -> None:
+    import importlib
+
+    main = importlib.import_module(f"greenserve.router.{main_of}").main
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_bench_router_starts_the_noop_engine_in_a_process(tmp_path) -> None:
+    import argparse
+    import urllib.request
+
+    from greenserve.router.bench import _Procs, _start_engine
+
+    procs = _Procs()
+    try:
+        url = _start_engine(procs, argparse.Namespace(engine="noop", noop_tpot_s=0.005, model=None, time_scale=1.0,
+                                                      max_num_seqs=8), None)
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "noop"
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(
+            {"prompt": "p", "max_tokens": 5, "stream": True}).encode(), headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body = resp.read().decode()
+        assert body.count('"finish_reason":null') == 4 and body.endswith("data: [DONE]\n\n")
+    finally:
+        procs.stop()
