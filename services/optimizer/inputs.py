@@ -16,16 +16,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import grpc
-
 from greenserve.common import carbon
 from greenserve.common.errors import FailedPrecondition
 from greenserve.common.persistence import Database
 from greenserve.optimizer import capacity
 from greenserve.optimizer import traffic_history as traffic_history_module
-from greenserve.optimizer.fleet import gpu_hardware
+from greenserve.optimizer.fleet import GPU_HARDWARE, gpu_hardware
 from greenserve.optimizer.models import ForecastCache
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
-from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, forecaster_pb2, forecaster_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+from greenserve.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    forecaster_pb2,
+    forecaster_pb2_grpc,
+    profiler_pb2,
+    profiler_pb2_grpc,
+)
 
 log = logging.getLogger("greenserve.optimizer.inputs")
 
@@ -208,9 +215,49 @@ def engine_variant(engine: common_pb2.Engine, pool: common_pb2.Pool) -> common_p
     return pool.variants[0] if pool.variants else None
 
 
+def mig_slice(engine: common_pb2.Engine, fleet: common_pb2.FleetInventory) -> tuple[str, str] | None:
+    """(GPU geometry name, MIG profile) of the instance an engine runs on, from the fleet's GPUs (the instance with
+    the engine's MIG UUID, or the one reporting its id), else from a ``"<gpu>-MIG-<profile>"`` hardware name; None
+    for an engine on a whole GPU."""
+    for gpu in fleet.gpus:
+        for inst in gpu.instances:
+            if (engine.mig_uuid and inst.uuid == engine.mig_uuid) or engine.id in inst.engine_id.split(","):
+                name = GPU_HARDWARE.get(gpu.model) or gpu_hardware(gpu)
+                return (name, inst.profile) if inst.profile else None
+    if "-MIG-" in engine.hardware:
+        gpu_model, _, profile = engine.hardware.partition("-MIG-")
+        return gpu_model, profile
+    return None
+
+
+def mig_capability(pool: common_pb2.Pool, pool_index: int, gpu_model: str, profile: str,
+                   variant: common_pb2.ModelVariant | None, sim_model: str | None
+                   ) -> tuple[capacity.Capability | None, str]:
+    """The capability of an engine on a ``profile`` slice of a ``gpu_model`` GPU: the variants-on-MIG solver's own
+    prediction for that variant on that slice (``mig_patterns.predicted_option``: the stored slice profile, else the
+    closest one scaled to the slice), so that a running instance and a planned one cost the same. (None, why) when
+    it cannot be predicted (no simulator model, an unknown GPU or profile, the variant does not fit the slice)."""
+    # Imported here: the solvers package imports this module (mig_setup uses engine_hardware).
+    from greenserve.optimizer.solvers import mig_patterns
+
+    vi = next((i for i, v in enumerate(pool.variants) if variant is not None and v.name == variant.name), None)
+    field_ = (f"fleet.pools[{pool_index}].variants[{vi}].simulator_model" if vi is not None
+              else f"fleet.pools[{pool_index}].model")
+    try:
+        option = mig_patterns.predicted_option(pool, gpu_model, profile, variant, sim_model, field_)
+    except (mig_patterns.NoOption, KeyError, ValueError) as exc:
+        return None, f"no slice prediction ({exc})"
+    if option is None:
+        return None, "the variant does not fit the slice at the pool's request shape"
+    return capacity.Capability(option.capacity_requests_per_s, option.idle_power_w, option.energy_per_request_j,
+                               "predicted", option.detail), ""
+
+
 def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Profile],
                  notes: list[str]) -> dict[str, capacity.Capability]:
-    """Capability of every engine of the fleet for its pool (stored profile first, else a prediction)."""
+    """Capability of every engine of the fleet for its pool (stored profile first, else a prediction). An engine on a
+    MIG instance without a stored profile of its slice is predicted as the variants-on-MIG solver predicts a new
+    instance of that slice (``mig_capability``); only when that is impossible, from the closest whole-GPU profile."""
     out: dict[str, capacity.Capability] = {}
     predicted: list[str] = []
     approximate: list[str] = []
@@ -223,7 +270,7 @@ def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Pro
         hardware = cfg.hardware + (f"-MIG-{cfg.mig_profile}" if cfg.mig_profile else "")
         for name in filter(None, (cfg.model_variant, cfg.model)):
             index.setdefault((name, hardware), profile)
-    for pool in fleet.pools:
+    for pi, pool in enumerate(fleet.pools):
         prompt = pool.mean_prompt_tokens or capacity.DEFAULT_PROMPT_TOKENS
         output = pool.mean_output_tokens or capacity.DEFAULT_OUTPUT_TOKENS
         for engine in pool.engines:
@@ -232,9 +279,16 @@ def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Pro
             names = [n for n in ((variant.name, variant.model) if variant else ()) if n] + [pool.model]
             stored = next((index[(n, hardware)] for n in names if (n, hardware) in index), None)
             cap = capacity.from_profile(stored, pool.slo) if stored is not None else None
+            sim_model = (variant.simulator_model if variant and variant.simulator_model else None) or \
+                guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model)
+            where = mig_slice(engine, fleet) if cap is None else None
+            if where is not None:
+                cap, why = mig_capability(pool, pi, where[0], where[1], variant, sim_model)
+                if cap is not None:
+                    predicted.append(engine.id)
+                else:
+                    approximate.append(f"{engine.id} on {where[0]} {where[1]}: {why}")
             if cap is None:
-                sim_model = (variant.simulator_model if variant and variant.simulator_model else None) or \
-                    guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model)
                 profile_name, exact = capacity.simulator_profile_name(sim_model or "", hardware or "A100-80GB")
                 if not exact:
                     approximate.append(f"{engine.id} ({sim_model or pool.model}@{hardware or '?'} -> {profile_name})")
