@@ -63,7 +63,7 @@ def _reported(declared: common_pb2.FleetInventory) -> common_pb2.FleetInventory:
     return merge_fleet(declared, {"n0": optimizer_pb2.ReportGpusRequest(node="n0", gpus=[gpu])})
 
 
-def _plan(fleet: common_pb2.FleetInventory, load: float) -> tuple[dict[str, float], PlanningInputs]:
+def _plan(fleet: common_pb2.FleetInventory, load: float) -> tuple[dict[str, float], common_pb2.Plan]:
     notes: list[str] = []
     caps = inputs_module.capabilities(fleet, [], notes)
     variant = fleet.pools[0].variants[0].name
@@ -80,7 +80,7 @@ def _plan(fleet: common_pb2.FleetInventory, load: float) -> tuple[dict[str, floa
         plan = planner.plan(inputs, trigger="test", created_s=0.0).plan
     finally:
         planner.close()
-    return {w.engine_id: w.weight for w in plan.intervals[0].routing_weights if w.pool == "chat"}, inputs
+    return {w.engine_id: w.weight for w in plan.intervals[0].routing_weights if w.pool == "chat"}, plan
 
 
 def _slice_option(pool: common_pb2.Pool, profile: str) -> mp.Option:
@@ -115,3 +115,29 @@ def test_consecutive_plans_weight_the_instances_the_same_after_the_partitioners_
     assert before["chat-0"] == after["chat-0"] == 0.0  # the whole-GPU engine of the partitioned GPU
     assert sum(before.values()) == pytest.approx(1.0, abs=1e-5)
     assert after == pytest.approx(before, abs=1e-6)
+
+
+@pytest.mark.parametrize("reported", [False, True])
+def test_a_mig_pools_expected_capacity_and_attainment_describe_its_instances(reported: bool) -> None:
+    """The plan's capacity and attainment lines for a partitioned pool are the instances' (plus its whole engine
+    elsewhere), not the whole GPUs' the routing solver saw; its expected energy counts the new instances' requests."""
+    declared = _declared()
+    fleet = _reported(declared) if reported else declared
+    pool = fleet.pools[0]
+    whole = inputs_module.capabilities(fleet, [], [])["chat-1"]
+    instances = {p: _slice_option(pool, p) for p, *_ in SLICES}
+    expected_cap = whole.capacity_requests_per_s + sum(o.capacity_requests_per_s for o in instances.values())
+    # well below the whole GPUs' 2 x 18.7 req/s: the old figure would pass the attainment check below
+    assert expected_cap < 0.9 * 2 * whole.capacity_requests_per_s
+    load = 40.0
+    _, plan = _plan(fleet, load)
+    line = plan.intervals[0].pools[0]
+    assert line.capacity_requests_per_s == pytest.approx(expected_cap, rel=1e-6)
+    # beyond the pool's capacity every engine is filled to capacity: attainment target x capacity / load
+    assert line.expected_slo_attainment_fraction == pytest.approx(0.9 * expected_cap / load, rel=1e-4)
+    # energy: the whole engine at its rate, plus each instance's requests at its own dynamic energy (idle charged
+    # once per GPU, with the pool's listed engines)
+    hours_j = 3600.0
+    dynamic_j = sum(o.energy_per_request_j * o.capacity_requests_per_s for o in instances.values()) * hours_j
+    assert line.expected_carbon.energy_kwh * 3.6e6 > whole.power_w(whole.capacity_requests_per_s) * hours_j \
+        + 0.9 * dynamic_j

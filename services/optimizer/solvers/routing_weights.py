@@ -173,6 +173,7 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
     notes: list[str] = []
     per_interval: list[list[common_pb2.RoutingWeight]] = []
     split_pools: set[str] = set()
+    figures = [dict(f) for f in routing.pool_figures] if routing.pool_figures else None
     for h, weights in enumerate(routing.per_interval):
         placements: dict[str, list[tuple[str, common_pb2.MigPlacement]]] = {}
         partitioned: dict[str, set[str]] = {}  # pool -> GPUs the hour's layouts cover (also those left empty)
@@ -240,13 +241,40 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
                 out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id,
                                                     weight=round(shares[engine_id], 6)))
             split_pools.add(pool.name)
+            if figures is not None and h < len(figures):
+                listed = {e.id for e in pool.engines}
+                figures[h][pool.name] = _instance_figures(inputs, h, pool, caps, out, on_gpu - instance_ids)
+                figures[h][pool.name].new_engine_energy_per_request_j.update(
+                    {eid: costs[eid] for eid, _ in caps if eid not in listed})
         per_interval.append(out)
     if not split_pools:
         return routing
     detail = routing.detail + (f"; MIG-partitioned GPUs of {', '.join(sorted(split_pools))} weighted per instance by "
                                f"its capacity at the SLO")
     return KnobPlan(per_interval, explanation=list(routing.explanation) + sorted(set(notes)), detail=detail,
-                    status=routing.status, pool_figures=routing.pool_figures)
+                    status=routing.status, pool_figures=figures)
+
+
+def _instance_figures(inputs: PlanningInputs, h: int, pool: common_pb2.Pool, caps: list[tuple[str, float]],
+                      out: list[common_pb2.RoutingWeight], gone: set[str]) -> PoolFigures:
+    """The pool's expected figures in hour ``h`` over the engines that run once the layout is applied: its MIG
+    instances (``caps``: their capacities at the SLO) and its engines on other GPUs, each sent the hour's mean load
+    in proportion to its weight; attainment falls as capacity / rate on an engine loaded beyond its capacity.
+    ``gone``: the engines of the partitioned GPUs that the layout removes (no longer the pool's capacity)."""
+    fc = inputs.load.get(pool.name)
+    mean = fc.mean[h] if fc else 0.0
+    capacity = dict(caps)
+    for w in out:
+        if (w.pool == pool.name and w.engine_id not in capacity and w.engine_id not in gone
+                and w.engine_id in inputs.capabilities):
+            capacity[w.engine_id] = inputs.capabilities[w.engine_id].capacity_requests_per_s
+    weights = {w.engine_id: w.weight for w in out if w.pool == pool.name and w.engine_id in capacity}
+    total_w = sum(weights.values())
+    rates = {eid: (mean * wt / total_w if total_w > 0 else 0.0) for eid, wt in weights.items()}
+    served = sum(min(rate, capacity[eid]) for eid, rate in rates.items())
+    target = pool.slo.attainment_fraction
+    attainment = target if mean <= 0 else target * min(1.0, served / mean)
+    return PoolFigures(mean, sum(capacity.values()), attainment, rates)
 
 
 def _fill_shares(inputs: PlanningInputs, solver: MinCarbonRouting, h: int, pool: common_pb2.Pool,
