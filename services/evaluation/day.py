@@ -158,12 +158,21 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24],
                                                   forecast_model)
     planner = Planner(solvers_for(strategy, scenario.has_mig), solver_timeout_s=120.0)
-    caps = {}
-    for pool_s, pool in zip(scenario.pools, fleet.pools):
-        cap = capacity.predict(pool_s.profile, pool_s.ttft_s, pool_s.tpot_s, pool_s.attainment_fraction,
-                               pool.mean_prompt_tokens, pool.mean_output_tokens)
-        for engine in pool.engines:
-            caps[engine.id] = cap
+    # The planner's capacity per engine counts the prefix-cache hit fraction the system measured: each pool's in the
+    # window replayed last (what the cache-manager sees), rounded down (capacity.hit_fraction_step); none before
+    # the first hour is measured.
+    measured_hits: dict[str, float] = {}
+
+    def capabilities() -> tuple[dict[str, capacity.Capability], dict[str, float]]:
+        caps, hits = {}, {}
+        for pool_s, pool in zip(scenario.pools, fleet.pools):
+            hits[pool.name] = capacity.hit_fraction_step(measured_hits.get(pool.name, 0.0))
+            cap = capacity.predict(pool_s.profile, pool_s.ttft_s, pool_s.tpot_s, pool_s.attainment_fraction,
+                                   pool.mean_prompt_tokens, pool.mean_output_tokens, hits[pool.name])
+            for engine in pool.engines:
+                caps[engine.id] = cap
+        return caps, hits
+
     records: list[HourRecord] = []
     current: common_pb2.Plan | None = None
     states = {pool.name: PoolState() for pool in scenario.pools}
@@ -176,10 +185,12 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                 load[pool_s.name] = SeriesForecast(
                     tuple(v * scale for v in load_fc_shape.mean[h:]), tuple(v * scale for v in load_fc_shape.lower[h:]),
                     tuple(v * scale for v in load_fc_shape.upper[h:]), load_fc_shape.model)
+            caps, hits = capabilities()
             inputs = PlanningInputs(
                 start_s=day_start_s + HOUR_S * h, horizon_hours=left, fleet=fleet,
                 ci={region: SeriesForecast(ci_fc.mean[h:], ci_fc.lower[h:], ci_fc.upper[h:], ci_fc.model)},
-                load=load, capabilities=caps, params=params, gpu_platform={}, current=current)
+                load=load, capabilities=caps, params=params, gpu_platform={}, current=current,
+                prefix_hit_fraction=hits)
             plan = planner.plan(inputs, trigger="schedule", created_s=day_start_s + HOUR_S * h).plan
             plan.version = h + 1
             interval = plan.intervals[0]
@@ -201,7 +212,8 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                                states[pool_s.name], spec=_spec_for(pool_s, mode), engine_profiles=engines.profiles)
                     states[pool_s.name].engines = frozenset(engines.ids)
             record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
-                                   load_shape_day, load_fc_shape, peak, params, window_s, seed, states)
+                                   load_shape_day, load_fc_shape, peak, params, window_s, seed, states,
+                                   measured_hits)
             record.plan_changed = changed
             records.append(record)
     finally:
@@ -319,7 +331,9 @@ def _spec_for(pool: PoolScenario, mode: int) -> SpecDecodeConfig | None:
 
 def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int, ci: float, ci_forecast: float,
                   shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float, params: carbon.CarbonParams,
-                  window_s: float, seed: int, states: dict[str, PoolState]) -> HourRecord:
+                  window_s: float, seed: int, states: dict[str, PoolState],
+                  hits_out: dict[str, float] | None = None) -> HourRecord:
+    """One hour replayed under ``interval``; ``hits_out`` (pool -> prefix-hit fraction measured) is filled."""
     energy_j = 0.0
     embodied_compute = embodied_storage = 0.0
     requests_total = ok_t = ok_p = ok_both = 0.0
@@ -359,6 +373,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         a_t, a_p, a_b, n, per_request_j = (out.ttft_fraction, out.tpot_fraction, out.both_fraction,
                                            out.requests_measured, out.dynamic_energy_per_request_j)
         hit_weighted += rate * HOUR_S * out.prefix_hit_fraction
+        if hits_out is not None and out.requests_measured:
+            hits_out[pool.name] = out.prefix_hit_fraction
         restarts += out.cache_restarts
         engine_restarts += out.engine_restarts + layout_restarts
         idle_w = PerfModel(load_profile(pool.profile)).power_w(0.0)

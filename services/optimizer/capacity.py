@@ -9,6 +9,12 @@ the pool's attainment target) and its power as a function of load, from a stored
   mean request shape through one engine of the variant's performance model and bisects the rate where attainment
   falls below the target; idle power and the energy per request come from the same replays. Predictions are cached
   per (performance profile, SLO, request shape), so a fleet of identical engines costs one search.
+* **Prefix-cache hits**: a prediction may count the pool's expected fraction of prompt tokens found in the engine's
+  prefix cache (``prefix_hit_fraction``, e.g. the hit rate measured over the last hour): each replayed request then
+  shares that leading fraction of its prompt's KV blocks with the others, so the simulator's HBM prefix cache skips
+  their prefill (the first request computes them; attention still reads the whole context, and each request still
+  reserves KV for its whole prompt). Callers round the measured rate down with ``hit_fraction_step`` (conservative,
+  and a handful of cached predictions per day). Without it (0, the default) no prefix reuse is assumed.
 
 Every capability says where it came from; the plan's explanation repeats it ("predicted by the simulator").
 """
@@ -30,6 +36,9 @@ PREDICTION_REQUESTS = 240
 BISECT_STEPS = 9
 DEFAULT_PROMPT_TOKENS = 1024
 DEFAULT_OUTPUT_TOKENS = 256
+PREFIX_BLOCK_TOKENS = 16  # vLLM's KV block: the granularity of a prefix-cache hit
+HIT_FRACTION_STEP = 0.05  # measured hit rates are rounded down to this step before predicting
+MAX_HIT_FRACTION = 0.9  # never assume more of the prompt cached than this
 
 
 @dataclass(frozen=True)
@@ -68,15 +77,29 @@ def simulator_profile_name(simulator_model: str, hardware: str) -> tuple[str, bo
     return DEFAULT_PROFILE, False
 
 
-def _poisson(rate_per_s: float, prompt: int, output: int, seed: int) -> Workload:
+def hit_fraction_step(fraction: float) -> float:
+    """A measured prefix-hit fraction as predictions take it: rounded down to ``HIT_FRACTION_STEP``, within
+    [0, ``MAX_HIT_FRACTION``]; 0 for a missing (NaN) rate."""
+    if not math.isfinite(fraction) or fraction <= 0:
+        return 0.0
+    steps = math.floor(min(fraction, MAX_HIT_FRACTION) / HIT_FRACTION_STEP + 1e-9)
+    return round(steps * HIT_FRACTION_STEP, 6)
+
+
+def _poisson(rate_per_s: float, prompt: int, output: int, seed: int, prefix_hit_fraction: float = 0.0) -> Workload:
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate_per_s, PREDICTION_REQUESTS)
     arrivals = np.cumsum(gaps).tolist()
-    return Workload(f"poisson@{rate_per_s:g}", arrivals, [prompt] * PREDICTION_REQUESTS, [output] * PREDICTION_REQUESTS)
+    shared = min(int(prefix_hit_fraction * prompt) // PREFIX_BLOCK_TOKENS, max(prompt - 1, 0) // PREFIX_BLOCK_TOKENS)
+    hashes = [tuple(range(1, shared + 1))] * PREDICTION_REQUESTS if shared > 0 else []
+    return Workload(f"poisson@{rate_per_s:g}", arrivals, [prompt] * PREDICTION_REQUESTS, [output] * PREDICTION_REQUESTS,
+                    block_hashes=hashes, hash_block_tokens=PREFIX_BLOCK_TOKENS)
 
 
-def _attainment_and_energy(profile: str, rate: float, slo: tuple[float, float], prompt: int, output: int) -> tuple[float, float]:
-    result = replay(_poisson(rate, prompt, output, seed=7), FleetConfig((EngineSpec(profile),), seed=7))
+def _attainment_and_energy(profile: str, rate: float, slo: tuple[float, float], prompt: int, output: int,
+                           prefix_hit_fraction: float = 0.0) -> tuple[float, float]:
+    result = replay(_poisson(rate, prompt, output, seed=7, prefix_hit_fraction=prefix_hit_fraction),
+                    FleetConfig((EngineSpec(profile),), seed=7))
     both = result.slo_attainment(slo[0], slo[1])["both"]
     done = result.completed
     energy = float(np.nanmean(result.energy_j[done])) if done.any() else math.nan
@@ -85,9 +108,12 @@ def _attainment_and_energy(profile: str, rate: float, slo: tuple[float, float], 
 
 @lru_cache(maxsize=512)
 def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: float, prompt: int,
-            output: int) -> Capability:
+            output: int, prefix_hit_fraction: float = 0.0) -> Capability:
     """Simulator prediction (see the module docstring); deterministic. ``profile`` is a name of the simulator's
-    data file or a built ``EngineProfile`` (e.g. one scaled to a MIG slice the file has no profile for)."""
+    data file or a built ``EngineProfile`` (e.g. one scaled to a MIG slice the file has no profile for);
+    ``prefix_hit_fraction``: the share of each prompt found in the prefix cache (``hit_fraction_step``)."""
+    if not 0.0 <= prefix_hit_fraction < 1.0:
+        raise ValueError(f"prefix_hit_fraction: must be in [0, 1), got {prefix_hit_fraction}")
     model = PerfModel(profile if isinstance(profile, EngineProfile) else load_profile(profile))
     label = profile.name if isinstance(profile, EngineProfile) else profile
     ttft0, tpot0 = model.unloaded_request_s(prompt, output)
@@ -100,20 +126,23 @@ def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: 
     energy_lo = math.nan
     # Grow hi until the SLO breaks, then bisect.
     for _ in range(12):
-        ok, energy = _attainment_and_energy(profile, hi, (ttft_s, tpot_s), prompt, output)
+        ok, energy = _attainment_and_energy(profile, hi, (ttft_s, tpot_s), prompt, output, prefix_hit_fraction)
         if ok < target:
             break
         lo, energy_lo = hi, energy
         hi *= 2.0
     for _ in range(BISECT_STEPS):
         mid = (lo + hi) / 2.0
-        ok, energy = _attainment_and_energy(profile, mid, (ttft_s, tpot_s), prompt, output)
+        ok, energy = _attainment_and_energy(profile, mid, (ttft_s, tpot_s), prompt, output, prefix_hit_fraction)
         if ok >= target:
             lo, energy_lo = mid, energy
         else:
             hi = mid
     if math.isnan(energy_lo):
-        _, energy_lo = _attainment_and_energy(profile, max(lo, hi / 4.0), (ttft_s, tpot_s), prompt, output)
+        _, energy_lo = _attainment_and_energy(profile, max(lo, hi / 4.0), (ttft_s, tpot_s), prompt, output,
+                                             prefix_hit_fraction)
+    if prefix_hit_fraction > 0:
+        label = f"{label}, {prefix_hit_fraction:.0%} of each prompt prefix-cached"
     return Capability(lo, idle_w, energy_lo if math.isfinite(energy_lo) else 0.0, "predicted", label)
 
 

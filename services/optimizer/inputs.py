@@ -231,7 +231,7 @@ def mig_slice(engine: common_pb2.Engine, fleet: common_pb2.FleetInventory) -> tu
 
 
 def mig_capability(pool: common_pb2.Pool, pool_index: int, gpu_model: str, profile: str,
-                   variant: common_pb2.ModelVariant | None, sim_model: str | None
+                   variant: common_pb2.ModelVariant | None, sim_model: str | None, prefix_hit_fraction: float = 0.0
                    ) -> tuple[capacity.Capability | None, str]:
     """The capability of an engine on a ``profile`` slice of a ``gpu_model`` GPU: the variants-on-MIG solver's own
     prediction for that variant on that slice (``mig_patterns.predicted_option``: the stored slice profile, else the
@@ -244,7 +244,8 @@ def mig_capability(pool: common_pb2.Pool, pool_index: int, gpu_model: str, profi
     field_ = (f"fleet.pools[{pool_index}].variants[{vi}].simulator_model" if vi is not None
               else f"fleet.pools[{pool_index}].model")
     try:
-        option = mig_patterns.predicted_option(pool, gpu_model, profile, variant, sim_model, field_)
+        option = mig_patterns.predicted_option(pool, gpu_model, profile, variant, sim_model, field_,
+                                               prefix_hit_fraction)
     except (mig_patterns.NoOption, KeyError, ValueError) as exc:
         return None, f"no slice prediction ({exc})"
     if option is None:
@@ -254,10 +255,15 @@ def mig_capability(pool: common_pb2.Pool, pool_index: int, gpu_model: str, profi
 
 
 def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Profile],
-                 notes: list[str]) -> dict[str, capacity.Capability]:
+                 notes: list[str], prefix_hit_fraction: dict[str, float] | None = None
+                 ) -> dict[str, capacity.Capability]:
     """Capability of every engine of the fleet for its pool (stored profile first, else a prediction). An engine on a
     MIG instance without a stored profile of its slice is predicted as the variants-on-MIG solver predicts a new
-    instance of that slice (``mig_capability``); only when that is impossible, from the closest whole-GPU profile."""
+    instance of that slice (``mig_capability``); only when that is impossible, from the closest whole-GPU profile.
+    ``prefix_hit_fraction`` (pool -> measured fraction of prompt tokens found in the prefix cache, rounded down by
+    ``capacity.hit_fraction_step``): predictions count that prefill as saved; a stored profile is taken as
+    measured (with the cache it was measured with)."""
+    hits = prefix_hit_fraction or {}
     out: dict[str, capacity.Capability] = {}
     predicted: list[str] = []
     approximate: list[str] = []
@@ -283,7 +289,7 @@ def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Pro
                 guess_simulator_model(variant.model if variant else pool.model) or guess_simulator_model(pool.model)
             where = mig_slice(engine, fleet) if cap is None else None
             if where is not None:
-                cap, why = mig_capability(pool, pi, where[0], where[1], variant, sim_model)
+                cap, why = mig_capability(pool, pi, where[0], where[1], variant, sim_model, hits.get(pool.name, 0.0))
                 if cap is not None:
                     predicted.append(engine.id)
                 else:
@@ -293,7 +299,7 @@ def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Pro
                 if not exact:
                     approximate.append(f"{engine.id} ({sim_model or pool.model}@{hardware or '?'} -> {profile_name})")
                 cap = capacity.predict(profile_name, pool.slo.ttft_s, pool.slo.tpot_s, pool.slo.attainment_fraction,
-                                       prompt, output)
+                                       prompt, output, hits.get(pool.name, 0.0))
                 predicted.append(engine.id)
             out[engine.id] = cap
     if predicted:

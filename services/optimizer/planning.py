@@ -72,6 +72,9 @@ class PlanningInputs:
     traffic: dict[str, ReplayTrace] = field(default_factory=dict)
     traffic_missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # pool -> fraction of prompt tokens its engines are expected to find in the prefix cache (measured; rounded down
+    # by capacity.hit_fraction_step): predicted capacities of new MIG instances count it (capacity.py)
+    prefix_hit_fraction: dict[str, float] = field(default_factory=dict)
 
     @property
     def interval_starts_s(self) -> list[float]:
@@ -103,6 +106,9 @@ class PoolFigures:
     capacity_requests_per_s: float
     attainment_fraction: float
     engine_rates: dict[str, float]  # requests per second sent to each engine
+    # dynamic J per request of engines the fleet does not list yet (MIG instances a layout creates; their GPU's
+    # idle power is charged with the pool's listed engines)
+    new_engine_energy_per_request_j: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -248,6 +254,9 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
                 rate = rates.get(engine.id, 0.0)
                 # An engine with no planned load still idles for the hour: it is not switched off by this plan.
                 energy_j += cap.power_w(rate) * 3600.0
+            if fig:
+                energy_j += sum(j * rates.get(eid, 0.0) * 3600.0
+                                for eid, j in fig.new_engine_energy_per_request_j.items())
             energy_kwh = energy_j / 3.6e6
             operational = carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=pue)
             embodied = embodied_per_hour.get(pool.name, 0.0)

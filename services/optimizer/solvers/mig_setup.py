@@ -66,7 +66,8 @@ class OptionTable:
         vi = next((i for i, v in enumerate(self.pool.variants) if v.name == name), None)
         field_ = (f"fleet.pools[{self.pool_index}].variants[{vi}].simulator_model" if vi is not None
                   else f"fleet.pools[{self.pool_index}].model")
-        return mp.predicted_option(self.pool, gpu_model, profile, variant, sim, field_)
+        return mp.predicted_option(self.pool, gpu_model, profile, variant, sim, field_,
+                                   self.inputs.prefix_hit_fraction.get(self.pool.name, 0.0))
 
 
 @dataclass
