@@ -1,7 +1,8 @@
 """Reassembling a streamed ``RouterService.Generate``: the text, the engine, the finish reason and the receipt.
 
 A Generate message carries the text of one or more tokens (the router gathers the tokens that reach it
-together, and at most one message per ``--grpc-stream-interval-s``); ``token_count`` says how many. The
+together, and at most one message per ``--grpc-stream-interval-s``, further apart when many streams share
+the router's ``--grpc-stream-messages-per-s``); ``token_count`` says how many. The
 text of the whole generation is the concatenation of every message's ``text_delta`` in order, the last
 message (finish reason and receipt) included.
 
