@@ -13,6 +13,9 @@ server process's CPU time (``/proc/PID/stat``) per message. Variants:
 - ``aio_bytes_nocomp``: as ``aio_bytes`` with compression explicitly off for the call;
 - ``sync_yield``: the sync server (thread pool), a generator handler yielding the messages.
 
+``--interceptor`` serves the aio variants through the services' own ``ServerInterceptor`` (auth, an
+OpenTelemetry span and metrics, the log line, error mapping); ``--messages 1`` then gives its cost per call.
+
 The figure is CPU per message of the server alone (the client runs in another process); it is what the
 router pays per message on top of reading the engine's tokens. One JSON line per variant, then a summary.
 """
@@ -80,7 +83,7 @@ def _cpu_s(pid: int) -> float:
 # -- server (child process) -----------------------------------------------------------------------------
 
 
-def _serve_aio(variant: str, port: int, messages: int, gap_s: float) -> None:
+def _serve_aio(variant: str, port: int, messages: int, gap_s: float, interceptor: bool = False) -> None:
     import uvloop
 
     Response = router_pb2.GenerateResponse
@@ -118,7 +121,13 @@ def _serve_aio(variant: str, port: int, messages: int, gap_s: float) -> None:
                                                  response_serializer=None)
 
     async def main() -> None:
-        server = grpc.aio.server()
+        interceptors = []
+        if interceptor:  # the services' own layer (auth, span, metrics, log line, error mapping)
+            from greenserve.common.server import ServerInterceptor
+            from greenserve.common.telemetry import setup_telemetry
+
+            interceptors.append(ServerInterceptor("bench", setup_telemetry("bench", install_global=False), None))
+        server = grpc.aio.server(interceptors=interceptors)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Generate": h}),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -173,10 +182,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: int | None) -> dict:
+def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: int | None,
+                interceptor: bool = False) -> dict:
     port = _free_port()
     cmd = [sys.executable, "-m", "greenserve.router.bench_grpc_message", "--serve", variant, "--port", str(port),
-           "--messages", str(messages), "--gap-s", str(gap_s), "--streams", str(streams)]
+           "--messages", str(messages), "--gap-s", str(gap_s), "--streams", str(streams),
+           *(["--interceptor"] if interceptor else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         if cpu is not None:
@@ -191,7 +202,7 @@ def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: in
         proc.wait(timeout=10)
     if received != streams * messages or text != _TEXT * messages:
         raise SystemExit(f"{variant}: received {received} messages, expected {streams * messages}")
-    return {"variant": variant, "streams": streams, "messages_per_stream": messages, "gap_s": gap_s,
+    return {"variant": variant, "interceptor": interceptor, "streams": streams, "messages_per_stream": messages, "gap_s": gap_s,
             "server_cpu_s": round(cpu_s, 3), "wall_s": round(wall_s, 2),
             "server_cpu_us_per_message": round(cpu_s / received * 1e6, 1)}
 
@@ -204,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap-s", type=float, default=0.005, help="pause between two messages of a stream")
     p.add_argument("--rounds", type=int, default=1, help="runs of every variant, interleaved")
     p.add_argument("--server-cpu", type=int, default=None, help="pin the server to this CPU")
+    p.add_argument("--interceptor", action="store_true",
+                   help="aio variants: serve through greenserve.common.server's ServerInterceptor, as the services do")
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -211,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.serve == "sync_yield":
             _serve_sync(args.port, args.messages, args.gap_s, threads=args.streams + 8)
         else:
-            _serve_aio(args.serve, args.port, args.messages, args.gap_s)
+            _serve_aio(args.serve, args.port, args.messages, args.gap_s, args.interceptor)
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -221,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for _ in range(args.rounds):
         for v in variants:
-            row = run_variant(v, args.streams, args.messages, args.gap_s, args.server_cpu)
+            row = run_variant(v, args.streams, args.messages, args.gap_s, args.server_cpu, args.interceptor)
             rows.append(row)
             print(json.dumps(row), flush=True)
     summary = {v: sorted(r["server_cpu_us_per_message"] for r in rows if r["variant"] == v) for v in variants}
