@@ -15,6 +15,7 @@ Scenario file (YAML or JSON)::
         cache_step_gib: 8
         draft_model: llama3.2-1b            # optional: a speculative draft (simulator model) for GreenLLM's modes
         draft_acceptance_fraction: 0.457    # accepted / proposed draft tokens (GreenLLM Sec. V-A's 1B draft)
+        count_prefix_hits: false            # true: the planner's capacity counts the measured prefix-hit fraction
 
 A pool may declare MIG-capable GPUs and the model variants its MIG instances may run (CLOVER's technique, the
 ``mig_variants`` strategy)::
@@ -76,6 +77,9 @@ class PoolScenario:
     draft_tokens: int = 3
     mig: bool = False  # the pool's GPUs are MIG-capable and may be partitioned (mig_variants)
     variants: tuple[common_pb2.ModelVariant, ...] = ()  # best first; empty: one "base" variant (the pool's model)
+    # the planner's capacity per engine counts the prefix-hit fraction measured in the last window (day.py); off by
+    # default: on the MIG scenario it concentrated the load on one instance whose hits then collapsed (evaluation.md)
+    count_prefix_hits: bool = False
 
     @property
     def variant_protos(self) -> tuple[common_pb2.ModelVariant, ...]:
@@ -237,6 +241,8 @@ def load(path: str | Path) -> Scenario:
                 raise ScenarioError(f"{where}.{key}: must be an integer >= 1")
             if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
                 raise ScenarioError(f"{where}.{key}: must be a number >= 0")
+            if kind == "bool" and not isinstance(value, bool):
+                raise ScenarioError(f"{where}.{key}: must be true or false")
             if kind == "str" and (not isinstance(value, str) or not value):
                 raise ScenarioError(f"{where}.{key}: must be a non-empty string")
         if "variants" in extra and not extra.get("mig"):
