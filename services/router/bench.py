@@ -40,7 +40,8 @@ streams over HTTP (or the largest level run when 256 is not), ``max_rps`` is the
 throughput over the levels, ``levels`` holds every (level, target) and ``peers`` vllm-router's figures.
 ``grpc_cpu_ms_per_request``, ``http_cpu_ms_per_request`` and ``vllm_router_cpu_ms_per_request`` are the
 router's CPU per request over gRPC and HTTP and vllm-router's, from the sequential phase at the headline
-level (the same load for each, one after another); ``--grpc-stream-interval-s`` sets the router's.
+level (the same load for each, one after another); ``--grpc-stream-interval-s`` sets the router's. gRPC
+rows carry ``grpc_messages_per_request`` (the mean number of Generate messages a measured request got).
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
             return window * len(ttfts) / len(done)
         return max(1e-9, (max(ends) if ends else time.perf_counter()) - measure_from)
 
+    grpc_messages: list[int] = []  # messages per measured gRPC request
     if cfg["protocol"] == "grpc":
         import grpc
         from greenserve.v1 import router_pb2, router_pb2_grpc
@@ -189,14 +191,18 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
                     sampling=router_pb2.SamplingParams(max_tokens=next(tokens)))
                 t0 = time.perf_counter()
                 first = None
+                n = 0
                 try:
                     async for msg in stub.Generate(req):
+                        n += 1
                         if first is None and msg.text_delta:
                             first = time.perf_counter()
                 except grpc.aio.AioRpcError:
                     errors += 1
                     continue
                 record(t0, first)
+                if first is not None and t0 >= measure_from:
+                    grpc_messages.append(n)  # a message carries one or more tokens (the router's interval)
 
         elapsed = await run_workers(worker)
         for c in channels:
@@ -230,7 +236,7 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
 
             elapsed = await run_workers(worker)
     return {"ttfts": ttfts, "e2es": e2es, "errors": errors, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0,
-            "wall_s": time.perf_counter() - begin}
+            "wall_s": time.perf_counter() - begin, "grpc_messages": grpc_messages}
 
 
 def _loadgen_entry() -> None:
@@ -326,7 +332,7 @@ def _run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
         results = []
         for mine in running:
             merged: dict[str, Any] = {"ttfts": [], "e2es": [], "errors": 0, "elapsed_s": 0.0, "cpu_s": 0.0,
-                                      "wall_s": 0.0}
+                                      "wall_s": 0.0, "grpc_messages": []}
             for proc, out in mine:
                 try:
                     _, err = proc.communicate(timeout=timeout_s)
@@ -341,6 +347,7 @@ def _run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
                 merged["ttfts"] += res["ttfts"]
                 merged["e2es"] += res["e2es"]
                 merged["errors"] += res["errors"]
+                merged["grpc_messages"] += res.get("grpc_messages", [])
                 merged["elapsed_s"] = max(merged["elapsed_s"], res["elapsed_s"])
                 merged["cpu_s"] += res["cpu_s"]
                 merged["wall_s"] = max(merged["wall_s"], res["wall_s"])
@@ -367,6 +374,7 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
         "rps": round(len(ttft) / res["elapsed_s"], 1) if res["elapsed_s"] > 0 else 0.0,
         "_ttft_mean_ms": round(sum(ttft) / len(ttft), 3) if ttft else None,
         "loadgen_cpu_percent": round(100.0 * res["cpu_s"] / res["wall_s"], 1) if res["wall_s"] > 0 else None,
+        **({"grpc_messages_per_request": round(sum(m) / len(m), 1)} if (m := res.get("grpc_messages")) else {}),
     }
 
 
