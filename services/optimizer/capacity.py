@@ -9,12 +9,15 @@ the pool's attainment target) and its power as a function of load, from a stored
   mean request shape through one engine of the variant's performance model and bisects the rate where attainment
   falls below the target; idle power and the energy per request come from the same replays. Predictions are cached
   per (performance profile, SLO, request shape), so a fleet of identical engines costs one search.
-* **Prefix-cache hits**: a prediction may count the pool's expected fraction of prompt tokens found in the engine's
-  prefix cache (``prefix_hit_fraction``, e.g. the hit rate measured over the last hour): each replayed request then
-  shares that leading fraction of its prompt's KV blocks with the others, so the simulator's HBM prefix cache skips
-  their prefill (the first request computes them; attention still reads the whole context, and each request still
-  reserves KV for its whole prompt). Callers round the measured rate down with ``hit_fraction_step`` (conservative,
-  and a handful of cached predictions per day). Without it (0, the default) no prefix reuse is assumed.
+* **Prefix-cache hits**: a prediction may count prefix reuse (``prefix_hit_fraction``: the pool's measured fraction of
+  prompt tokens found in a cache, e.g. over the last hour). That fraction only sets the conversation shape: the
+  replay becomes multi-turn chat (``greenserve.simulator.workloads.multi_turn_workload``, each conversation with its
+  own growing context) whose turns and user tokens make its prompts the pool's mean length and the reusable share of
+  them, with unlimited memory, that fraction (``conversation_shape``). How much an engine really hits emerges from its own KV memory (the
+  HBM of its GPU or MIG slice, plus a DRAM tier when given): an engine loaded with more live conversations than it
+  can keep evicts their prefixes, hits less and serves less. The hit rate replayed at the capacity is in
+  ``Capability.predicted_hit_fraction``. Callers round the measured rate down with ``hit_fraction_step``
+  (conservative, and a handful of cached predictions per day). Without it (0, the default) no reuse is assumed.
 
 Every capability says where it came from; the plan's explanation repeats it ("predicted by the simulator").
 """
@@ -26,19 +29,31 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-
-from greenserve.simulator.perf_model import DEFAULT_PROFILE, EngineProfile, PerfModel, list_profiles, load_profile
+from greenserve.simulator.perf_model import (
+    DEFAULT_PROFILE,
+    EngineProfile,
+    PerfModel,
+    list_profiles,
+    load_profile,
+)
 from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
-from greenserve.simulator.workloads import Workload
+from greenserve.simulator.workloads import Workload, multi_turn_workload
 from greenserve.v1 import common_pb2
 
 PREDICTION_REQUESTS = 240
 BISECT_STEPS = 9
 DEFAULT_PROMPT_TOKENS = 1024
 DEFAULT_OUTPUT_TOKENS = 256
-PREFIX_BLOCK_TOKENS = 16  # vLLM's KV block: the granularity of a prefix-cache hit
 HIT_FRACTION_STEP = 0.05  # measured hit rates are rounded down to this step before predicting
 MAX_HIT_FRACTION = 0.9  # never assume more of the prompt cached than this
+# Conversation replays (prefix reuse): the evaluation's chat traffic (multi-turn, 30 s think time, 256-token hash
+# blocks); the mean turns per conversation are picked from CONVERSATION_TURNS to match the measured reuse.
+THINK_TIME_S = 30.0
+CONVERSATION_BLOCK_TOKENS = 256
+CONVERSATION_TURNS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
+CONVERSATION_WINDOW_S = 240.0  # measured window after one conversation lifetime of warm-up
+SHAPE_SAMPLE_CONVERSATIONS = 300  # conversations sampled to fit a shape (no replay: cheap)
+SHAPE_PROMPT_TOLERANCE = 0.15  # a fitted shape's mean prompt within 15 % of the pool's
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,7 @@ class Capability:
     energy_per_request_j: float  # dynamic energy of one request on top of idle power
     source: str  # "measured", "published", "predicted"
     detail: str  # profile key or simulator profile name
+    predicted_hit_fraction: float = 0.0  # prompt tokens found in a cache tier at the capacity (conversation replays)
 
     def power_w(self, rate_per_s: float) -> float:
         return self.idle_power_w + self.energy_per_request_j * max(0.0, rate_per_s)
@@ -86,34 +102,115 @@ def hit_fraction_step(fraction: float) -> float:
     return round(steps * HIT_FRACTION_STEP, 6)
 
 
-def _poisson(rate_per_s: float, prompt: int, output: int, seed: int, prefix_hit_fraction: float = 0.0) -> Workload:
+def _poisson(rate_per_s: float, prompt: int, output: int, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate_per_s, PREDICTION_REQUESTS)
     arrivals = np.cumsum(gaps).tolist()
-    shared = min(int(prefix_hit_fraction * prompt) // PREFIX_BLOCK_TOKENS, max(prompt - 1, 0) // PREFIX_BLOCK_TOKENS)
-    hashes = [tuple(range(1, shared + 1))] * PREDICTION_REQUESTS if shared > 0 else []
-    return Workload(f"poisson@{rate_per_s:g}", arrivals, [prompt] * PREDICTION_REQUESTS, [output] * PREDICTION_REQUESTS,
-                    block_hashes=hashes, hash_block_tokens=PREFIX_BLOCK_TOKENS)
+    return Workload(f"poisson@{rate_per_s:g}", arrivals, [prompt] * PREDICTION_REQUESTS, [output] * PREDICTION_REQUESTS)
 
 
-def _attainment_and_energy(profile: str, rate: float, slo: tuple[float, float], prompt: int, output: int,
-                           prefix_hit_fraction: float = 0.0) -> tuple[float, float]:
-    result = replay(_poisson(rate, prompt, output, seed=7, prefix_hit_fraction=prefix_hit_fraction),
-                    FleetConfig((EngineSpec(profile),), seed=7))
+def reusable_fraction(work: Workload) -> float:
+    """Prompt tokens of ``work`` whose leading blocks an earlier request already carried / prompt tokens: the hit
+    fraction an engine with unlimited memory would see."""
+    seen: set[int] = set()
+    reused = 0
+    for blocks in work.block_hashes:
+        n = 0
+        for b in blocks:
+            if b not in seen:
+                break
+            n += 1
+        reused += n * work.hash_block_tokens
+        seen.update(blocks)
+    return reused / max(1, sum(work.prompt_tokens))
+
+
+def _conversations(rate_per_s: float, shape: tuple[float, float], output: int, seed: int,
+                   n_conversations: int) -> Workload:
+    turns, user = shape
+    return multi_turn_workload(n_conversations, rate_per_s / turns, seed=seed, mean_turns=turns,
+                               mean_user_tokens=user, mean_output_tokens=output, think_time_s=THINK_TIME_S,
+                               block_tokens=CONVERSATION_BLOCK_TOKENS)
+
+
+def _mean_prompt(shape: tuple[float, float], output: int) -> float:
+    work = _conversations(1.0, shape, output, 0, SHAPE_SAMPLE_CONVERSATIONS)
+    return sum(work.prompt_tokens) / max(1, len(work.prompt_tokens))
+
+
+@lru_cache(maxsize=64)
+def conversation_shape(fraction: float, prompt: int = DEFAULT_PROMPT_TOKENS,
+                       output: int = DEFAULT_OUTPUT_TOKENS) -> tuple[float, float]:
+    """(mean turns per conversation, mean new user tokens per turn) of chat whose prompts average ``prompt`` tokens
+    and of which, with unlimited memory, the share closest to ``fraction`` is reusable (an earlier turn's
+    context); ties go to fewer turns. Turns come from ``CONVERSATION_TURNS``; the user tokens are fitted linearly
+    (the mean prompt grows linearly with them) to the prompt mean."""
+    best, best_gap = (CONVERSATION_TURNS[0], float(prompt)), math.inf
+    for turns in CONVERSATION_TURNS:
+        p_lo, p_hi = _mean_prompt((turns, 100.0), output), _mean_prompt((turns, 600.0), output)
+        if p_hi <= p_lo:
+            continue
+        user = min(max(100.0 + (prompt - p_lo) * 500.0 / (p_hi - p_lo), 8.0), 4096.0)
+        work = _conversations(1.0, (turns, user), output, 0, SHAPE_SAMPLE_CONVERSATIONS)
+        mean_prompt = sum(work.prompt_tokens) / max(1, len(work.prompt_tokens))
+        if abs(mean_prompt - prompt) > SHAPE_PROMPT_TOLERANCE * prompt:
+            continue  # this many turns cannot make prompts this short (or long)
+        gap = abs(reusable_fraction(work) - fraction)
+        if gap < best_gap - 1e-9:
+            best, best_gap = (turns, round(user, 1)), gap
+    return best
+
+
+def _replay_conversations(profile: str | EngineProfile, rate: float, slo: tuple[float, float], output: int,
+                          shape: tuple[float, float], dram_bytes: int) -> tuple[float, float, float]:
+    """(attainment, dynamic energy per request, hit fraction) of the requests arriving in a measured window after
+    a warm-up of one conversation lifetime, at ``rate`` requests/s on one engine with its own KV memory."""
+    warm_s = shape[0] * THINK_TIME_S
+    window_s = max(CONVERSATION_WINDOW_S, PREDICTION_REQUESTS / rate)
+    n_conv = max(2, math.ceil(rate / shape[0] * (warm_s + window_s)))
+    work = _conversations(rate, shape, output, 7, n_conv)
+    built = profile if isinstance(profile, EngineProfile) else load_profile(profile)
+    dram_tokens = int(dram_bytes / max(built.kv_bytes_per_token, 1.0)) if dram_bytes > 0 else 0
+    result = replay(work, FleetConfig((EngineSpec(profile, dram_capacity_tokens=dram_tokens),), seed=7))
+    arrival = np.asarray(result.arrival_s)
+    measured = (arrival >= warm_s) & (arrival < warm_s + window_s)
+    if not measured.any():
+        measured = np.ones_like(arrival, dtype=bool)
+    done = result.completed
+    ttft = np.nan_to_num(result.ttft_s, nan=math.inf)
+    tpot = np.where(result.output_tokens <= 1, 0.0, np.nan_to_num(result.tpot_s, nan=math.inf))
+    ok = (ttft <= slo[0]) & (tpot <= slo[1]) & done
+    both = float(ok[measured].mean())
+    sel = measured & done
+    energy = float(np.nanmean(result.energy_j[sel])) if sel.any() else math.nan
+    hits = (result.hit_hbm_tokens + result.hit_dram_tokens + result.hit_disk_tokens)[measured].sum()
+    return both, energy, float(hits / max(1, result.prompt_tokens[measured].sum()))
+
+
+def _attainment_and_energy(profile: str | EngineProfile, rate: float, slo: tuple[float, float], prompt: int,
+                           output: int, shape: tuple[float, float] | None = None,
+                           dram_bytes: int = 0) -> tuple[float, float, float]:
+    """(attainment, energy per request, hit fraction); ``shape``: multi-turn conversations of that shape."""
+    if shape is not None:
+        return _replay_conversations(profile, rate, slo, output, shape, dram_bytes)
+    result = replay(_poisson(rate, prompt, output, seed=7), FleetConfig((EngineSpec(profile),), seed=7))
     both = result.slo_attainment(slo[0], slo[1])["both"]
     done = result.completed
     energy = float(np.nanmean(result.energy_j[done])) if done.any() else math.nan
-    return both, energy
+    return both, energy, 0.0
 
 
 @lru_cache(maxsize=512)
 def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: float, prompt: int,
-            output: int, prefix_hit_fraction: float = 0.0) -> Capability:
+            output: int, prefix_hit_fraction: float = 0.0, dram_bytes: int = 0) -> Capability:
     """Simulator prediction (see the module docstring); deterministic. ``profile`` is a name of the simulator's
     data file or a built ``EngineProfile`` (e.g. one scaled to a MIG slice the file has no profile for);
-    ``prefix_hit_fraction``: the share of each prompt found in the prefix cache (``hit_fraction_step``)."""
+    ``prefix_hit_fraction``: the measured share of prompts found in a cache (``hit_fraction_step``), which sets
+    the conversations' shape; ``dram_bytes``: a DRAM cache tier per engine (conversation replays only)."""
     if not 0.0 <= prefix_hit_fraction < 1.0:
         raise ValueError(f"prefix_hit_fraction: must be in [0, 1), got {prefix_hit_fraction}")
+    if dram_bytes < 0:
+        raise ValueError(f"dram_bytes: must be >= 0, got {dram_bytes}")
     model = PerfModel(profile if isinstance(profile, EngineProfile) else load_profile(profile))
     label = profile.name if isinstance(profile, EngineProfile) else profile
     ttft0, tpot0 = model.unloaded_request_s(prompt, output)
@@ -122,28 +219,34 @@ def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: 
     if ttft0 > ttft_s or tpot0 > tpot_s:  # not even one request alone meets the SLO
         return Capability(0.0, idle_w, 0.0, "predicted", f"{label}: unloaded TTFT {ttft0:.3f} s / TPOT "
                           f"{tpot0:.4f} s miss the SLO")
+    shape = conversation_shape(prefix_hit_fraction, prompt, output) if prefix_hit_fraction > 0 else None
+
+    def run(rate: float) -> tuple[float, float, float]:
+        return _attainment_and_energy(profile, rate, (ttft_s, tpot_s), prompt, output, shape, dram_bytes)
+
     lo, hi = 0.0, max(1.0 / max(e2e0, 1e-3), 0.05)
-    energy_lo = math.nan
+    energy_lo, hit_lo = math.nan, 0.0
     # Grow hi until the SLO breaks, then bisect.
     for _ in range(12):
-        ok, energy = _attainment_and_energy(profile, hi, (ttft_s, tpot_s), prompt, output, prefix_hit_fraction)
+        ok, energy, hit = run(hi)
         if ok < target:
             break
-        lo, energy_lo = hi, energy
+        lo, energy_lo, hit_lo = hi, energy, hit
         hi *= 2.0
     for _ in range(BISECT_STEPS):
         mid = (lo + hi) / 2.0
-        ok, energy = _attainment_and_energy(profile, mid, (ttft_s, tpot_s), prompt, output, prefix_hit_fraction)
+        ok, energy, hit = run(mid)
         if ok >= target:
-            lo, energy_lo = mid, energy
+            lo, energy_lo, hit_lo = mid, energy, hit
         else:
             hi = mid
     if math.isnan(energy_lo):
-        _, energy_lo = _attainment_and_energy(profile, max(lo, hi / 4.0), (ttft_s, tpot_s), prompt, output,
-                                             prefix_hit_fraction)
-    if prefix_hit_fraction > 0:
-        label = f"{label}, {prefix_hit_fraction:.0%} of each prompt prefix-cached"
-    return Capability(lo, idle_w, energy_lo if math.isfinite(energy_lo) else 0.0, "predicted", label)
+        _, energy_lo, hit_lo = run(max(lo, hi / 4.0))
+    if shape is not None:
+        label = (f"{label}, conversations of {shape[0]:g} turns ({prefix_hit_fraction:.0%} of prompts reusable), "
+                 f"{hit_lo:.0%} hit in its KV memory at capacity")
+    return Capability(lo, idle_w, energy_lo if math.isfinite(energy_lo) else 0.0, "predicted", label,
+                      hit_lo if shape is not None else 0.0)
 
 
 def _percentile_for(target: float) -> str:

@@ -1,14 +1,19 @@
-"""The planner's capacity per engine counts the pool's measured prefix-cache hit fraction: the prefill the cache saves
-raises the SLO capacity and lowers the energy per request; without a measured rate nothing changes."""
+"""The planner's capacity per engine counts prefix reuse as it really happens: the pool's measured hit fraction sets
+the conversations' shape (how much of a prompt an earlier turn left), and the replay of those conversations on the
+engine's own KV memory decides how much it hits: a large engine hits about that fraction and serves more, a small
+one (or one loaded with more conversations than it can keep) evicts them, hits less and serves less. Without a
+measured rate nothing changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 from greenserve.optimizer import capacity
 from greenserve.optimizer import inputs as inputs_module
 from greenserve.optimizer.solvers import mig_patterns as mp
+from greenserve.simulator.perf_model import EngineProfile, load_profile
 from greenserve.v1 import common_pb2
 
 PROFILE = "llama3-8b@A100-80GB"
@@ -27,24 +32,61 @@ def test_hit_fraction_step_rounds_down_within_bounds() -> None:
     assert capacity.hit_fraction_step(0.99) == capacity.MAX_HIT_FRACTION
 
 
-def test_prefix_hits_raise_capacity_and_cut_energy_per_request() -> None:
+def _with_kv_tokens(kv_tokens: int) -> EngineProfile:
+    """The evaluation's engine with HBM for ``kv_tokens`` tokens of KV (same compute)."""
+    p = load_profile(PROFILE)
+    fixed = p.n_params * p.weight_bytes_per_param + p.non_kv_reserve_bytes_per_gpu
+    return dataclasses.replace(p, name=f"{PROFILE}-kv{kv_tokens}",
+                               memory_bytes=(fixed + kv_tokens * p.kv_bytes_per_token) / p.gpu_memory_utilization)
+
+
+def test_prefix_hits_raise_a_large_engines_capacity_and_cut_energy_per_request() -> None:
     none = capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT)
     assert none == capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT, 0.0)  # the default is no reuse
-    half = capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT, 0.5)
-    most = capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT, 0.8)
-    assert none.capacity_requests_per_s < half.capacity_requests_per_s < most.capacity_requests_per_s
-    assert none.energy_per_request_j > half.energy_per_request_j > most.energy_per_request_j > 0
-    assert half.idle_power_w == none.idle_power_w
-    assert "50% of each prompt prefix-cached" in half.detail
+    assert none.predicted_hit_fraction == 0.0
+    hits = capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT, 0.6)
+    assert hits.capacity_requests_per_s > 1.2 * none.capacity_requests_per_s
+    assert 0 < hits.energy_per_request_j < none.energy_per_request_j
+    assert hits.idle_power_w == none.idle_power_w
+    assert 0.45 <= hits.predicted_hit_fraction <= 0.7  # 442k tokens of KV keep about the pool's reuse
+    assert "60% of prompts reusable" in hits.detail and "hit in its KV memory" in hits.detail
 
 
-def test_the_replayed_requests_find_that_fraction_cached() -> None:
-    workload = capacity._poisson(1.0, PROMPT, OUTPUT, seed=7, prefix_hit_fraction=0.5)
-    assert workload.hash_block_tokens == capacity.PREFIX_BLOCK_TOKENS
-    shared = len(workload.block_hashes[0]) * capacity.PREFIX_BLOCK_TOKENS
-    assert 0.5 * PROMPT - capacity.PREFIX_BLOCK_TOKENS < shared <= 0.5 * PROMPT
-    assert all(h == workload.block_hashes[0] for h in workload.block_hashes)
-    assert capacity._poisson(1.0, PROMPT, OUTPUT, seed=7).block_hashes == []
+def test_a_small_memory_engine_hits_less_and_serves_less_at_the_same_rate_and_shape() -> None:
+    large, small = load_profile(PROFILE), _with_kv_tokens(40_000)
+    shape = capacity.conversation_shape(0.6, PROMPT, OUTPUT)
+    _, _, hit_large = capacity._replay_conversations(large, 2.0, SLO[:2], OUTPUT, shape, 0)
+    _, _, hit_small = capacity._replay_conversations(small, 2.0, SLO[:2], OUTPUT, shape, 0)
+    assert hit_large > 0.5 and hit_small < 0.5 * hit_large  # the same 2 req/s of the same conversations
+    cap_large = capacity.predict(large, *SLO, PROMPT, OUTPUT, 0.6)
+    cap_small = capacity.predict(small, *SLO, PROMPT, OUTPUT, 0.6)
+    assert cap_small.predicted_hit_fraction < 0.5 * cap_large.predicted_hit_fraction
+    assert cap_small.capacity_requests_per_s < 0.5 * cap_large.capacity_requests_per_s
+    # the old shared-prefix model raised the small engine's capacity too; its conversations' own prefixes do not fit
+    assert cap_small.capacity_requests_per_s <= capacity.predict(small, *SLO, PROMPT, OUTPUT).capacity_requests_per_s
+
+
+def test_a_dram_tier_gives_a_small_engine_back_some_hits() -> None:
+    small = _with_kv_tokens(40_000)
+    shape = capacity.conversation_shape(0.6, PROMPT, OUTPUT)
+    _, _, hbm_only = capacity._replay_conversations(small, 2.0, SLO[:2], OUTPUT, shape, 0)
+    _, _, with_dram = capacity._replay_conversations(small, 2.0, SLO[:2], OUTPUT, shape, 16 << 30)
+    assert with_dram > hbm_only + 0.2
+    with pytest.raises(ValueError, match="dram_bytes"):
+        capacity.predict(small, *SLO, PROMPT, OUTPUT, 0.6, -1)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6])
+def test_the_conversation_shape_has_the_pools_prompt_length_and_measured_reuse(fraction: float) -> None:
+    turns, user_tokens = capacity.conversation_shape(fraction, PROMPT, OUTPUT)
+    work = capacity._conversations(1.0, (turns, user_tokens), OUTPUT, 0, 300)
+    assert capacity.reusable_fraction(work) == pytest.approx(fraction, abs=0.06)
+    assert sum(work.prompt_tokens) / len(work) == pytest.approx(PROMPT, rel=capacity.SHAPE_PROMPT_TOLERANCE)
+    # each conversation keeps its own prefix: no two conversations share a block (the old model shared one)
+    owners: dict[int, int] = {}
+    for blocks, conv in zip(work.block_hashes, work.session_ids):
+        for b in (b for b in blocks if b > 0):  # (a shared system prompt's blocks are negative)
+            assert owners.setdefault(b, conv) == conv
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])
