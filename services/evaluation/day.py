@@ -158,9 +158,11 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24],
                                                   forecast_model)
     planner = Planner(solvers_for(strategy, scenario.has_mig), solver_timeout_s=120.0)
-    # A pool with count_prefix_hits: the planner's capacity per engine counts the prefix-cache hit fraction the
-    # system measured, the pool's in the window replayed last (what the cache-manager sees), rounded down
-    # (capacity.hit_fraction_step); none before the first hour is measured. Other pools: no prefix reuse assumed.
+    # A pool with count_prefix_hits: the planner's capacity per engine counts prefix reuse. The prefix-cache hit
+    # fraction the system measured, the pool's in the window replayed last (what the cache-manager sees), rounded
+    # down (capacity.hit_fraction_step; none before the first hour is measured), sets the conversations' shape; how
+    # much an engine hits is replayed on its own HBM plus the DRAM tier per engine in force (the last plan's).
+    # Other pools: no prefix reuse assumed.
     measured_hits: dict[str, float] = {}
 
     def capabilities() -> tuple[dict[str, capacity.Capability], dict[str, float]]:
@@ -168,8 +170,9 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
         for pool_s, pool in zip(scenario.pools, fleet.pools):
             measured = measured_hits.get(pool.name, 0.0) if pool_s.count_prefix_hits else 0.0
             hits[pool.name] = capacity.hit_fraction_step(measured)
+            dram = (states[pool.name].cache_bytes or 0) if hits[pool.name] > 0 else 0
             cap = capacity.predict(pool_s.profile, pool_s.ttft_s, pool_s.tpot_s, pool_s.attainment_fraction,
-                                   pool.mean_prompt_tokens, pool.mean_output_tokens, hits[pool.name])
+                                   pool.mean_prompt_tokens, pool.mean_output_tokens, hits[pool.name], dram)
             for engine in pool.engines:
                 caps[engine.id] = cap
         return caps, hits

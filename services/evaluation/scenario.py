@@ -15,7 +15,7 @@ Scenario file (YAML or JSON)::
         cache_step_gib: 8
         draft_model: llama3.2-1b            # optional: a speculative draft (simulator model) for GreenLLM's modes
         draft_acceptance_fraction: 0.457    # accepted / proposed draft tokens (GreenLLM Sec. V-A's 1B draft)
-        count_prefix_hits: false            # true: the planner's capacity counts the measured prefix-hit fraction
+        count_prefix_hits: true             # the planner's capacity counts prefix reuse (false: none assumed)
 
 A pool may declare MIG-capable GPUs and the model variants its MIG instances may run (CLOVER's technique, the
 ``mig_variants`` strategy)::
@@ -77,9 +77,10 @@ class PoolScenario:
     draft_tokens: int = 3
     mig: bool = False  # the pool's GPUs are MIG-capable and may be partitioned (mig_variants)
     variants: tuple[common_pb2.ModelVariant, ...] = ()  # best first; empty: one "base" variant (the pool's model)
-    # the planner's capacity per engine counts the prefix-hit fraction measured in the last window (day.py); off by
-    # default: on the MIG scenario it concentrated the load on one instance whose hits then collapsed (evaluation.md)
-    count_prefix_hits: bool = False
+    # the planner's capacity per engine counts prefix reuse (day.py): the fraction measured in the last window sets
+    # the conversations' shape, the engine's own KV memory the hits (capacity.predict); on by default since the
+    # replay keeps each conversation's own prefix (evaluation.md: FR default and MIG scenarios >= 0.988 every hour)
+    count_prefix_hits: bool = True
 
     @property
     def variant_protos(self) -> tuple[common_pb2.ModelVariant, ...]:

@@ -1,5 +1,6 @@
-"""A scenario pool's ``count_prefix_hits``: off by default (the planner's capacity assumes no prefix reuse); on, each
-hour's plan counts the prefix-hit fraction measured in the window replayed before it (none before the first)."""
+"""A scenario pool's ``count_prefix_hits``: on by default (the planner's capacity counts prefix reuse, replayed as
+each conversation's own prefix on the engine's memory); each hour's plan then counts the prefix-hit fraction measured
+in the window replayed before it (none before the first); off, no reuse is assumed."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ def _load(tmp_path: Path, extra: str) -> scenario.Scenario:
     return scenario.load(path)
 
 
-def test_the_key_is_off_by_default_and_must_be_a_boolean(tmp_path: Path) -> None:
-    assert not scenario.Scenario().pools[0].count_prefix_hits
-    assert _load(tmp_path, "    count_prefix_hits: true\n").pools[0].count_prefix_hits
+def test_the_key_is_on_by_default_and_must_be_a_boolean(tmp_path: Path) -> None:
+    assert scenario.Scenario().pools[0].count_prefix_hits
+    assert _load(tmp_path, "").pools[0].count_prefix_hits  # a pool that does not say
+    shipped_mig = Path(scenario.__file__).parent / "data" / "scenario_mig.yaml"
+    assert scenario.load(shipped_mig).pools[0].count_prefix_hits
+    assert not _load(tmp_path, "    count_prefix_hits: false\n").pools[0].count_prefix_hits
     with pytest.raises(scenario.ScenarioError, match=r"pools\[0\]\.count_prefix_hits: must be true or false"):
         _load(tmp_path, "    count_prefix_hits: 0.6\n")
 
