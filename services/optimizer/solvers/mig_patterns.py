@@ -209,7 +209,8 @@ def fits(engine: perf_model.EngineProfile, prompt: int, output: int) -> bool:
 def predicted_option(pool: common_pb2.Pool, gpu_model: str, profile: str, variant: common_pb2.ModelVariant | None,
                      sim_model: str | None, field: str, prefix_hit_fraction: float = 0.0) -> Option | None:
     """Simulator option of a variant on a slice; None when it does not fit; NoOption when it cannot be predicted.
-    ``prefix_hit_fraction``: the pool's expected prefix-cache hit fraction (``capacity.predict``)."""
+    ``prefix_hit_fraction``: the pool's measured prefix-cache hit fraction, the conversations' shape
+    (``capacity.predict``: the slice's own KV memory decides its hits)."""
     if not sim_model or sim_model not in {p.split("@")[0] for p in perf_model.list_profiles()}:
         raise NoOption(field, f"variant {variant.name if variant else pool.model!r} has no stored profile for "
                               f"{gpu_model} MIG slices and no simulator model to predict one (set simulator_model "
@@ -234,7 +235,8 @@ def predicted_option(pool: common_pb2.Pool, gpu_model: str, profile: str, varian
         return None
     source = "predicted" if note == exact else "predicted (scaled)"
     if prefix_hit_fraction > 0:
-        note = f"{note}, {prefix_hit_fraction:.0%} of each prompt prefix-cached"
+        note = (f"{note}, conversations with {prefix_hit_fraction:.0%} of prompts reusable, "
+                f"{cap.predicted_hit_fraction:.0%} hit in its KV memory")
     return Option(cap.capacity_requests_per_s, cap.idle_power_w, cap.energy_per_request_j, quality, source, note)
 
 
