@@ -123,3 +123,12 @@ def test_engine_capabilities_count_the_pools_hit_fraction() -> None:
     # a running instance and a planned one still agree (one capability source), hits included
     assert after["slice"].capacity_requests_per_s == pytest.approx(slice_option.capacity_requests_per_s)
     assert after["slice"].energy_per_request_j == pytest.approx(slice_option.energy_per_request_j)
+
+
+def test_conversation_predictions_are_cached_so_the_planner_pays_once() -> None:
+    small = _with_kv_tokens(40_000)
+    first = capacity.predict(small, *SLO, PROMPT, OUTPUT, 0.6)
+    hits_before = capacity.predict.cache_info().hits
+    assert capacity.predict(small, *SLO, PROMPT, OUTPUT, 0.6) is first
+    assert capacity.predict.cache_info().hits == hits_before + 1
+    assert capacity.conversation_shape(0.6, PROMPT, OUTPUT) == capacity.conversation_shape(0.6, PROMPT, OUTPUT)
