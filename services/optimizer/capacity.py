@@ -13,9 +13,9 @@ the pool's attainment target) and its power as a function of load, from a stored
   prompt tokens found in a cache, e.g. over the last hour). That fraction only sets the conversation shape: the
   replay becomes multi-turn chat (``greenserve.simulator.workloads.multi_turn_workload``, each conversation with its
   own growing context) whose turns and user tokens make its prompts the pool's mean length and the reusable share of
-  them, with unlimited memory, that fraction (``conversation_shape``). How much an engine really hits emerges from its own KV memory (the
-  HBM of its GPU or MIG slice, plus a DRAM tier when given): an engine loaded with more live conversations than it
-  can keep evicts their prefixes, hits less and serves less. The hit rate replayed at the capacity is in
+  them, with unlimited memory, that fraction (``conversation_shape``). How much an engine really hits emerges from
+  its own KV memory (the HBM of its GPU or MIG slice, plus a DRAM tier when given): an engine loaded with more live
+  conversations than it can keep evicts their prefixes, hits less and serves less. The hit rate replayed at the capacity is in
   ``Capability.predicted_hit_fraction``. Callers round the measured rate down with ``hit_fraction_step``
   (conservative, and a handful of cached predictions per day). Without it (0, the default) no reuse is assumed.
 
