@@ -78,7 +78,7 @@ def solvers_for(strategy: str, mig: bool = False) -> list[Any]:
     if strategy == "no_cache":
         return [EvenRouting(), FixedCache(full=False), *keep]
     if strategy == "greencache":
-        return [EvenRouting(), GreenCacheIlp(), *keep]
+        return [EvenRouting(), GreenCacheIlp(routing_fills_fewest=False), *keep]
     if strategy == "carbon_routing":
         return [MinCarbonRouting(), FixedCache(full=True), *keep]
     if strategy == "serving_modes":

@@ -16,6 +16,7 @@ over the interval (GreenLLM Eq. 1 with the whole interval held) plus the cache s
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -75,6 +76,16 @@ class PlanningInputs:
     # pool -> fraction of prompt tokens its engines are expected to find in the prefix cache (measured; rounded down
     # by capacity.hit_fraction_step): predicted capacities of new MIG instances count it (capacity.py)
     prefix_hit_fraction: dict[str, float] = field(default_factory=dict)
+    # Per interval, the engines' capabilities as another knob's choice leaves them (a cache solver's DRAM size per
+    # hour changes the prefix hits and so the capacity: ``KnobPlan.capabilities``); None: ``capabilities`` throughout.
+    interval_capabilities: list[dict[str, Capability]] | None = None
+
+    def capabilities_at(self, hour: int) -> dict[str, Capability]:
+        """The engines' capabilities in hour ``hour`` of the horizon (``interval_capabilities``, else
+        ``capabilities``)."""
+        if self.interval_capabilities is not None and hour < len(self.interval_capabilities):
+            return self.interval_capabilities[hour]
+        return self.capabilities
 
     @property
     def interval_starts_s(self) -> list[float]:
@@ -120,6 +131,10 @@ class KnobPlan:
     detail: str = ""
     status: str = "ok"  # "ok" or "kept"
     pool_figures: list[dict[str, PoolFigures]] | None = None  # routing solvers fill it
+    # Per interval, the engines' capabilities under this knob's choice (a cache solver whose sizes change the
+    # engines' capacity fills it): the planner runs such a solver before routing and hands these to the solvers
+    # after it and to the plan's figures (``PlanningInputs.interval_capabilities``).
+    capabilities: list[dict[str, Capability]] | None = None
 
 
 class Solver(Protocol):
@@ -181,15 +196,20 @@ class Planner:
     def plan(self, inputs: PlanningInputs, *, trigger: str, created_s: float) -> PlannerResult:
         started = time.perf_counter()
         results: dict[str, KnobPlan] = {}
-        outcomes = []
-        for solver in self.solvers:
+        outcomes: dict[str, common_pb2.SolverOutcome] = {}
+        # The cache solver runs first: its sizes set the engines' capacity (prefix hits in a DRAM tier), which the
+        # routing solver and the plan's figures must then see (``KnobPlan.capabilities``).
+        for solver in sorted(self.solvers, key=lambda s: s.knob != "cache_targets"):
             result, outcome = self._run(solver, inputs)
             if len(result.per_interval) != inputs.horizon_hours:
                 outcome.status, outcome.detail = "failed", (
                     f"answered {len(result.per_interval)} intervals for a {inputs.horizon_hours} h horizon; kept")
                 result = KnobPlan(keep_current_messages(inputs, solver.knob))
             results[solver.knob] = result
-            outcomes.append(outcome)
+            outcomes[solver.knob] = outcome
+            if result.capabilities is not None and len(result.capabilities) == inputs.horizon_hours:
+                inputs = dataclasses.replace(inputs, interval_capabilities=result.capabilities)
+        outcomes = [outcomes[s.knob] for s in self.solvers]
         if "routing_weights" in results and "mig_layouts" in results:
             # The routing knob follows the layouts: a partitioned GPU's weight goes to its instances' engines.
             from greenserve.optimizer.solvers.routing_weights import onto_mig_instances
@@ -248,7 +268,7 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
             rates = fig.engine_rates if fig else {}
             energy_j = 0.0
             for engine in pool.engines:
-                cap = inputs.capabilities.get(engine.id)
+                cap = inputs.capabilities_at(h).get(engine.id)
                 if cap is None:
                     continue
                 rate = rates.get(engine.id, 0.0)

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from greenserve.common import carbon
-from greenserve.optimizer import cache_profiles
-from greenserve.optimizer.capacity import simulator_profile_name
+from greenserve.optimizer import cache_profiles, capacity
+from greenserve.optimizer.capacity import Capability, simulator_profile_name
 from greenserve.optimizer.inputs import (
     engine_hardware,
     engine_variant,
@@ -47,6 +47,7 @@ from greenserve.v1 import common_pb2
 log = logging.getLogger("greenserve.optimizer.cache")
 
 MAX_SIZES = 64
+CAPACITY_SIZES = 5  # DRAM sizes whose engine capacity is predicted (a cold prediction costs ~2 s CPU; cached after)
 # How long an emptied L1 takes to refill after a restart. Assumption: the window the simulator's cache profiles
 # replay to reach steady state from a cold cache (cache_profiles.WINDOW_MIN_S); multi-turn conversations come back
 # every ~30 s for ~4 turns, so most of what L1 held is asked for again within it.
@@ -80,6 +81,17 @@ class PoolCacheModel:
     restart_g: list[list[float]] | None = None
     in_force_index: int | None = None  # the size in force before hour 0 (index into sizes; -1: not a candidate)
     in_force_restart_g: float = 0.0  # charge of leaving it at the start of hour 0
+    # Per size, one engine's capability with that DRAM tier (its prefix hits raise its capacity); None: the size
+    # does not change the capacity (no prefix reuse measured, a disk tier, or a measured profile).
+    capabilities: list[Capability] | None = None
+
+
+def engines_loaded(load_per_s: float, capacity_per_s: float, headroom: float, n_engines: int) -> int:
+    """Engines min-carbon routing loads for ``load_per_s``: the fewest whose headroom capacity carries it (it fills
+    engines one after another), at least one, at most the pool's."""
+    if capacity_per_s <= 0:
+        return n_engines
+    return max(1, min(n_engines, math.ceil(load_per_s / (headroom * capacity_per_s) - 1e-9)))
 
 
 def pool_profile(inputs: PlanningInputs, pool: common_pb2.Pool) -> str:
@@ -230,9 +242,20 @@ class GreenCacheIlp:
     name = "cache.greencache_ilp"
 
     def __init__(self, per_hour_slo: bool = False, time_limit_s: float = 8.0,
-                 restart_warmup_s: float = DEFAULT_RESTART_WARMUP_S) -> None:
+                 restart_warmup_s: float = DEFAULT_RESTART_WARMUP_S, routing_headroom_fraction: float = 0.9,
+                 routing_load: str = "upper", routing_fills_fewest: bool = True) -> None:
         if not (restart_warmup_s >= 0 and math.isfinite(restart_warmup_s)):
             raise ValueError("restart_warmup_s: must be a finite number >= 0")
+        if not 0 < routing_headroom_fraction <= 1:
+            raise ValueError("routing_headroom_fraction: must be in (0, 1]")
+        if routing_load not in ("upper", "mean"):
+            raise ValueError("routing_load: must be 'upper' or 'mean'")
+        # How the routing solver loads engines (MinCarbonRouting's headroom and load bound): the engines a size
+        # lets routing unload are counted with them.
+        # (``routing_fills_fewest`` False: the routing spreads the load over every engine, e.g. even routing.)
+        self.routing_headroom = routing_headroom_fraction
+        self.routing_load = routing_load
+        self.routing_fills_fewest = routing_fills_fewest
         self.per_hour_slo = per_hour_slo
         self.time_limit_s = time_limit_s
         self.restart_warmup_s = restart_warmup_s
@@ -256,13 +279,22 @@ class GreenCacheIlp:
         grid = cache_profiles.predict_grid(profile, tier, tuple(sizes), ladder, pool.slo.ttft_s, pool.slo.tpot_s)
         ci = [inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0 for h in range(hours)]
         pue = inputs.params.pue
+        size_caps = (self.size_capabilities(inputs, pool, profile, sizes)
+                     if tier == "dram" and self.routing_fills_fewest else None)
+        bound = [((load.upper[h] if self.routing_load == "upper" else load.mean[h]) if load else 0.0)
+                 for h in range(hours)]
         carbon_rows, ttft_rows, tpot_rows, requests, operational_rows = [], [], [], [], []
         for h in range(hours):
-            per_engine = rates[h] / n_engines
             row_c, row_a, row_b, row_o = [], [], [], []
             for k, size in enumerate(sizes):
-                a_ttft, a_tpot, power_w = grid.at(k, per_engine)
-                energy_kwh = power_w * n_engines * 3600.0 / 3.6e6
+                # The engines the routing solver loads at this size: the fewest that carry the hour's load within
+                # their capacity at this DRAM size (its prefix hits); the others idle. Without a capacity that
+                # depends on the size, the load is spread over all of them.
+                loaded = n_engines if size_caps is None else engines_loaded(
+                    bound[h], size_caps[k].capacity_requests_per_s, self.routing_headroom, n_engines)
+                a_ttft, a_tpot, power_w = grid.at(k, rates[h] / loaded)
+                idle_w = size_caps[k].idle_power_w if size_caps is not None else 0.0
+                energy_kwh = (power_w * loaded + idle_w * (n_engines - loaded)) * 3600.0 / 3.6e6
                 storage = carbon.cache_tiers_embodied_g(
                     dram_bytes=size if tier == "dram" else 0, disk_bytes=size if tier == "disk" else 0,
                     duration_s=3600.0, params=inputs.params)  # GreenCache Eq. 4 per tier
@@ -278,11 +310,32 @@ class GreenCacheIlp:
             tpot_rows.append(row_b)
             requests.append(rates[h] * 3600.0)
         model = PoolCacheModel(pool.name, tier, sizes, requests, carbon_rows, ttft_rows, tpot_rows,
-                               pool.slo.attainment_fraction, grid.source, ci, servers=n_engines)
+                               pool.slo.attainment_fraction, grid.source, ci, servers=n_engines,
+                               capabilities=size_caps)
         if tier == "dram":
             dram_now = inputs.cache_sizes.get(pool.name, (0, 0))[0]
             self.charge_restarts(model, operational_rows, dram_now)
         return model
+
+    @staticmethod
+    def size_capabilities(inputs: PlanningInputs, pool: common_pb2.Pool, profile: str,
+                          sizes: list[int]) -> list[Capability] | None:
+        """Per DRAM size, one engine's capability with that tier: ``capacity.predict`` with the pool's measured
+        prefix reuse (``inputs.prefix_hit_fraction``) and the size, so that a size whose hits raise the capacity
+        shows the engines it lets routing unload. Only for engines whose capability is a simulator prediction
+        (a measured profile has no size to vary) and a pool with reuse measured; otherwise None. Up to
+        ``CAPACITY_SIZES`` sizes are predicted (cached by ``capacity.predict``); a size between two of them gets
+        the capability of the largest predicted size below it (more DRAM never lowers the hit rate: conservative)."""
+        hits = inputs.prefix_hit_fraction.get(pool.name, 0.0)
+        cap = inputs.capabilities.get(pool.engines[0].id)
+        if hits <= 0 or cap is None or cap.source != "predicted" or len(sizes) < 2:
+            return None
+        prompt = pool.mean_prompt_tokens or capacity.DEFAULT_PROMPT_TOKENS
+        output = pool.mean_output_tokens or capacity.DEFAULT_OUTPUT_TOKENS
+        picked = sorted({int(round(i)) for i in np.linspace(0, len(sizes) - 1, min(CAPACITY_SIZES, len(sizes)))})
+        predicted = {i: capacity.predict(profile, pool.slo.ttft_s, pool.slo.tpot_s, pool.slo.attainment_fraction,
+                                         prompt, output, hits, int(sizes[i])) for i in picked}
+        return [predicted[max(i for i in picked if i <= k)] for k in range(len(sizes))]
 
     def charge_restarts(self, m: PoolCacheModel, operational_g: list[list[float]], size_in_force: int) -> None:
         """An L1 (DRAM) resize restarts LMCache, which loses every L1 object (docs/cache_manager.md: L1 objects
@@ -365,10 +418,23 @@ class GreenCacheIlp:
         if unreachable:
             lines.append("cache: no size assignment meets the SLO for " + ", ".join(unreachable)
                          + " (HiGHS: infeasible); the best-attaining sizes were taken")
+        sized = [m for m in models if m.capabilities is not None]
+        caps_per_interval = None
+        if sized:  # the engines' capacity at the chosen sizes, for routing and the plan's figures
+            caps_per_interval = []
+            for h in range(hours):
+                caps = dict(inputs.capabilities_at(h))
+                for m in sized:
+                    for engine in inputs.pool(m.pool).engines:
+                        caps[engine.id] = m.capabilities[chosen[m.pool][h]]
+                caps_per_interval.append(caps)
+            lines.extend(f"pool {m.pool}: engine capacity {m.capabilities[chosen[m.pool][0]].capacity_requests_per_s:.2f}"
+                         f" req/s with the chosen DRAM tier ({m.capabilities[0].capacity_requests_per_s:.2f} without); "
+                         f"sizes weighed with the engines routing loads at each" for m in sized)
         detail = (f"{len(models)} pool(s) x {hours} h, {status.lower()} (gap {gap:.2g}), "
                   f"profiles {build_s:.2f} s, total {time.perf_counter() - started:.2f} s"
                   + ("; per-hour SLO" if self.per_hour_slo else "; SLO over the horizon (global rho)"))
-        return KnobPlan(per_interval, explanation=lines, detail=detail)
+        return KnobPlan(per_interval, explanation=lines, detail=detail, capabilities=caps_per_interval)
 
 
     def _restart_text(self, m: PoolCacheModel, picks: list[int], unreachable: list[str]) -> str:

@@ -79,7 +79,7 @@ class MinCarbonRouting:
                 ci = inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0
                 engines = []
                 for engine in pool.engines:
-                    cap = inputs.capabilities.get(engine.id)
+                    cap = inputs.capabilities_at(h).get(engine.id)
                     if cap is None:
                         continue
                     cost_g = cap.energy_per_request_j / 3.6e6 * pue * ci
@@ -266,8 +266,8 @@ def _instance_figures(inputs: PlanningInputs, h: int, pool: common_pb2.Pool, cap
     capacity = dict(caps)
     for w in out:
         if (w.pool == pool.name and w.engine_id not in capacity and w.engine_id not in gone
-                and w.engine_id in inputs.capabilities):
-            capacity[w.engine_id] = inputs.capabilities[w.engine_id].capacity_requests_per_s
+                and w.engine_id in inputs.capabilities_at(h)):
+            capacity[w.engine_id] = inputs.capabilities_at(h)[w.engine_id].capacity_requests_per_s
     weights = {w.engine_id: w.weight for w in out if w.pool == pool.name and w.engine_id in capacity}
     total_w = sum(weights.values())
     rates = {eid: (mean * wt / total_w if total_w > 0 else 0.0) for eid, wt in weights.items()}
@@ -287,8 +287,8 @@ def _fill_shares(inputs: PlanningInputs, solver: MinCarbonRouting, h: int, pool:
     ci = inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0
     g_per_j = inputs.params.pue * ci / 3.6e6
     others = {w.engine_id for w in mine if w.engine_id not in moved_ids}
-    other_engines = [(e.id, inputs.capabilities[e.id]) for e in pool.engines
-                     if e.id in others and e.id in inputs.capabilities]
+    caps_h = inputs.capabilities_at(h)
+    other_engines = [(e.id, caps_h[e.id]) for e in pool.engines if e.id in others and e.id in caps_h]
     known = [c for c in costs.values() if c > 0] + [c.energy_per_request_j for _, c in other_engines]
     # An instance with no prediction is filled last (as the dearest known engine), never first as if free.
     unknown_j = max(known, default=0.0)
