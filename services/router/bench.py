@@ -257,14 +257,31 @@ def _loadgen_entry() -> None:
 _NICE = 0  # niceness given to every process the bench starts (--nice; 0 = inherit)
 
 
-_LAUNCH = "import os, sys; c = sys.argv[1]; c and os.sched_setaffinity(0, map(int, c.split(','))); " \
-    "int(sys.argv[2]) and os.nice(int(sys.argv[2])); os.execvp(sys.argv[3], sys.argv[3:])"
+_LAUNCH = """
+import os, sys
+cpus, nice = sys.argv[1], int(sys.argv[2])
+if cpus:
+    os.sched_setaffinity(0, map(int, cpus.split(",")))
+if nice:
+    os.nice(nice)
+    try:  # Linux autogroup: nice only ranks a process inside its session's group, so it gets a group of its own
+        os.setsid()
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(nice))
+    except OSError:
+        pass  # no autogroup (or no right to a negative group nice): the process nice still applies
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
 
 
 def _pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
     """``cmd`` started through a tiny launcher that pins itself to ``cpus``, applies ``--nice`` and
     execs ``cmd``: every thread the program starts later inherits both (a Rust router starts its
-    threads at once, so pinning its pid after the start would miss them)."""
+    threads at once, so pinning its pid after the start would miss them). With ``--nice`` the process
+    also gets a session, hence a scheduler autogroup, of its own with that nice: where the kernel groups
+    by session (``sched_autogroup_enabled``, the development VM), a process nice ranks a process only
+    inside its group, and the router's group, its load all on one CPU, lost that CPU to other sessions'
+    jobs (issue 22: the HTTP front's hidden TTFT; docs/router.md)."""
     if not cpus and not _NICE:
         return cmd
     return [sys.executable, "-c", _LAUNCH, ",".join(map(str, cpus or [])), str(_NICE), *cmd]
