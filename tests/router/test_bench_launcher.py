@@ -23,7 +23,7 @@ _PROBE = ("import json, os; a = '/proc/self/autogroup'; "
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sessions and autogroups")
 def test_nice_gives_the_process_its_own_session_and_autogroup_nice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "_NICE", 3)
-    cpu = sorted(os.sched_getaffinity(0))[-1]
+    cpu = max(os.sched_getaffinity(0))
     out = subprocess.run(bench._pinned([sys.executable, "-c", _PROBE], [cpu]), capture_output=True, text=True,
                          timeout=30, check=True).stdout
     got = json.loads(out)
@@ -35,6 +35,6 @@ def test_nice_gives_the_process_its_own_session_and_autogroup_nice(monkeypatch: 
 
 def test_without_nice_the_process_stays_in_the_bench_session(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "_NICE", 0)
-    cmd = bench._pinned([sys.executable, "-c", _PROBE], [sorted(os.sched_getaffinity(0))[0]])
+    cmd = bench._pinned([sys.executable, "-c", _PROBE], [min(os.sched_getaffinity(0))])
     got = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout)
     assert got["sid"] == os.getsid(0)
