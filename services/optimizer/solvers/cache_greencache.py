@@ -334,7 +334,7 @@ class GreenCacheIlp:
         output = pool.mean_output_tokens or capacity.DEFAULT_OUTPUT_TOKENS
         picked = sorted({int(round(i)) for i in np.linspace(0, len(sizes) - 1, min(CAPACITY_SIZES, len(sizes)))})
         predicted = {i: capacity.predict(profile, pool.slo.ttft_s, pool.slo.tpot_s, pool.slo.attainment_fraction,
-                                         prompt, output, hits, int(sizes[i])) for i in picked}
+                                         prompt, output, hits, sizes[i]) for i in picked}
         return [predicted[max(i for i in picked if i <= k)] for k in range(len(sizes))]
 
     def charge_restarts(self, m: PoolCacheModel, operational_g: list[list[float]], size_in_force: int) -> None:
@@ -428,9 +428,10 @@ class GreenCacheIlp:
                     for engine in inputs.pool(m.pool).engines:
                         caps[engine.id] = m.capabilities[chosen[m.pool][h]]
                 caps_per_interval.append(caps)
-            lines.extend(f"pool {m.pool}: engine capacity {m.capabilities[chosen[m.pool][0]].capacity_requests_per_s:.2f}"
-                         f" req/s with the chosen DRAM tier ({m.capabilities[0].capacity_requests_per_s:.2f} without); "
-                         f"sizes weighed with the engines routing loads at each" for m in sized)
+            lines.extend(f"pool {m.pool}: engine capacity "
+                         f"{m.capabilities[chosen[m.pool][0]].capacity_requests_per_s:.2f} req/s with the chosen DRAM "
+                         f"tier ({m.capabilities[0].capacity_requests_per_s:.2f} without); sizes weighed with the "
+                         f"engines routing loads at each" for m in sized)
         detail = (f"{len(models)} pool(s) x {hours} h, {status.lower()} (gap {gap:.2g}), "
                   f"profiles {build_s:.2f} s, total {time.perf_counter() - started:.2f} s"
                   + ("; per-hour SLO" if self.per_hour_slo else "; SLO over the horizon (global rho)"))
