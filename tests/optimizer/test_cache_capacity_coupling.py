@@ -108,3 +108,13 @@ def test_without_measured_reuse_the_dram_tier_buys_no_capacity(fake_models: list
         assert target.dram_bytes == 0  # same energy at every size: the DRAM's embodied carbon is not worth it
         assert len([w for w in interval.routing_weights if w.pool == "chat" and w.weight > 0]) == 3
     assert not fake_models  # no size-dependent capacity predicted
+
+
+def test_evaluation_strategies_model_their_own_routing() -> None:
+    from greenserve.evaluation import day
+
+    def cache(strategy: str) -> GreenCacheIlp:
+        return next(s for s in day.solvers_for(strategy) if isinstance(s, GreenCacheIlp))
+
+    assert cache("joint").routing_fills_fewest  # min-carbon routing: the fewest engines loaded
+    assert not cache("greencache").routing_fills_fewest  # even routing: the load spread over every engine
