@@ -424,7 +424,17 @@ class CarbonParams:
         defaults = _table(document, "defaults")
         default_lifetime_s = _positive("defaults.lifetime_years", defaults.get("lifetime_years")) * SECONDS_PER_YEAR
         pue = defaults.get("pue", 1.0)
-        ssd = _table(document, "ssd")
+
+        def lifetime_s(where: str, years: Any) -> float:
+            return default_lifetime_s if years is None else _positive(f"{where}.lifetime_years", years) * SECONDS_PER_YEAR
+
+        def storage(table: str, default_g_per_tb: float | None) -> tuple[float, float]:
+            """(embodied g per TB, lifetime s) of a storage table; ``default_g_per_tb`` None: the table is required."""
+            entry = _table(document, table, required=default_g_per_tb is None)
+            kg = entry.get("embodied_kg_per_tb", None if default_g_per_tb is None else default_g_per_tb / 1000.0)
+            return (_non_negative(f"{table}.embodied_kg_per_tb", kg) * 1000.0,
+                    lifetime_s(table, entry.get("lifetime_years")))
+
         components: list[ComponentSpec] = []
         for kind in COMPONENT_KINDS:
             for model, entry in _table(document, kind, required=False).items():
@@ -434,49 +444,26 @@ class CarbonParams:
                 unknown = set(entry) - {"embodied_kg", "lifetime_years"}
                 if unknown:
                     raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-                lifetime_years = entry.get("lifetime_years")
                 components.append(
                     ComponentSpec(
                         kind=kind,
                         model=model,
                         embodied_g=_non_negative(f"{where}.embodied_kg", entry.get("embodied_kg")) * 1000.0,
-                        lifetime_s=(
-                            default_lifetime_s
-                            if lifetime_years is None
-                            else _positive(f"{where}.lifetime_years", lifetime_years) * SECONDS_PER_YEAR
-                        ),
+                        lifetime_s=lifetime_s(where, entry.get("lifetime_years")),
                     )
                 )
-        ssd_lifetime_years = ssd.get("lifetime_years")
-        dram = _table(document, "dram_cache", required=False)
-        dram_lifetime_years = dram.get("lifetime_years")
-        hdd = _table(document, "hdd", required=False)
-        hdd_lifetime_years = hdd.get("lifetime_years")
+        ssd_g_per_tb, ssd_lifetime_s = storage("ssd", None)
+        dram_g_per_tb, dram_lifetime_s = storage("dram_cache", DEFAULT_DRAM_EMBODIED_G_PER_TB)
+        hdd_g_per_tb, hdd_lifetime_s = storage("hdd", DEFAULT_HDD_EMBODIED_G_PER_TB)
         return cls(
-            hdd_embodied_g_per_tb=_non_negative(
-                "hdd.embodied_kg_per_tb", hdd.get("embodied_kg_per_tb", DEFAULT_HDD_EMBODIED_G_PER_TB / 1000.0)
-            ) * 1000.0,
-            hdd_lifetime_s=(
-                default_lifetime_s
-                if hdd_lifetime_years is None
-                else _positive("hdd.lifetime_years", hdd_lifetime_years) * SECONDS_PER_YEAR
-            ),
-            dram_embodied_g_per_tb=_non_negative(
-                "dram_cache.embodied_kg_per_tb", dram.get("embodied_kg_per_tb", DEFAULT_DRAM_EMBODIED_G_PER_TB / 1000.0)
-            ) * 1000.0,
-            dram_lifetime_s=(
-                default_lifetime_s
-                if dram_lifetime_years is None
-                else _positive("dram_cache.lifetime_years", dram_lifetime_years) * SECONDS_PER_YEAR
-            ),
+            hdd_embodied_g_per_tb=hdd_g_per_tb,
+            hdd_lifetime_s=hdd_lifetime_s,
+            dram_embodied_g_per_tb=dram_g_per_tb,
+            dram_lifetime_s=dram_lifetime_s,
             pue=pue,
             default_lifetime_s=default_lifetime_s,
-            ssd_embodied_g_per_tb=_non_negative("ssd.embodied_kg_per_tb", ssd.get("embodied_kg_per_tb")) * 1000.0,
-            ssd_lifetime_s=(
-                default_lifetime_s
-                if ssd_lifetime_years is None
-                else _positive("ssd.lifetime_years", ssd_lifetime_years) * SECONDS_PER_YEAR
-            ),
+            ssd_embodied_g_per_tb=ssd_g_per_tb,
+            ssd_lifetime_s=ssd_lifetime_s,
             components=tuple(components),
         )
 
