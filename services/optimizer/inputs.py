@@ -19,7 +19,7 @@ import grpc
 from greenserve.common import carbon
 from greenserve.common.errors import FailedPrecondition
 from greenserve.common.persistence import Database
-from greenserve.optimizer import capacity
+from greenserve.optimizer import capacity, prefix_hits
 from greenserve.optimizer import traffic_history as traffic_history_module
 from greenserve.optimizer.fleet import GPU_HARDWARE, gpu_hardware
 from greenserve.optimizer.models import ForecastCache
@@ -382,7 +382,9 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
         if fc is not None:
             load[pool.name] = fc
     profiles = await fetch_profiles(profiler, notes)
-    caps = await asyncio.to_thread(capabilities, fleet, profiles, notes)
+    # Each pool's prefix-hit fraction measured over the last hour (prefix_hits.py), as the evaluation feeds it.
+    hits = await prefix_hits.fetch_hit_fractions(cache_manager, fleet, now_s, notes)
+    caps = await asyncio.to_thread(capabilities, fleet, profiles, notes, hits)
     platforms = gpu_platforms(fleet, params, notes)
     cache_sizes = await fetch_cache_sizes(cache_manager, notes)
     traffic, traffic_missing = await traffic_history_module.fetch_traces(
@@ -390,4 +392,5 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
     return PlanningInputs(start_s=start_s, horizon_hours=hours, fleet=fleet, ci=ci, load=load, capabilities=caps,
                           params=params, gpu_platform=platforms, current=current,
                           carbon_weight_fraction=carbon_weight_fraction, notes=notes, declared=declared,
-                          cache_sizes=cache_sizes, traffic=traffic, traffic_missing=traffic_missing)
+                          cache_sizes=cache_sizes, traffic=traffic, traffic_missing=traffic_missing,
+                          prefix_hit_fraction=hits)
