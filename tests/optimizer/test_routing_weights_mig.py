@@ -221,3 +221,44 @@ def test_min_carbon_never_prefers_an_instance_it_cannot_predict() -> None:
     weights = {w.engine_id: w.weight for w in plan.intervals[0].routing_weights}
     assert weights[placement_engine_id("GPU-0", "1g.10gb", 0)] == 0.0
     assert weights["elsewhere"] == 1.0 and weights["chat-0"] == 0.0
+
+
+def test_a_declared_layout_keeps_the_declared_engines_and_their_variant() -> None:
+    """A fleet the operator declares (engines on MIG devices by ``mig_uuid``, the GPU's instances listed, no
+    gpu-partitioner report yet): the kept layout names each instance's declared engine and runs its variant, so
+    min-carbon routing sends the load to the cheap 8B instances, not to the costly 70B engine (before the fix the
+    placements defaulted to the pool's first variant, the 70B, which fits no 3g.40gb slice, and got weight 0)."""
+    fleet = common_pb2.FleetInventory()
+    pool = fleet.pools.add(name="chat", model="meta-llama/Meta-Llama-3-70B-Instruct", region="R",
+                           slo=common_pb2.Slo(ttft_s=2.0, tpot_s=0.15, attainment_fraction=0.9),
+                           mean_prompt_tokens=512, mean_output_tokens=256)
+    big, small = mp.family("llama3-70b-instruct")[0].to_proto(), mp.family("llama3-8b-instruct")[0].to_proto()
+    pool.variants.extend([big, small])
+    pool.engines.add(id="big-0", pool="chat", hardware="4xA100-80GB", model_variant=big.name)
+    for i, start in enumerate((0, 4)):
+        pool.engines.add(id=f"small-{i}", pool="chat", hardware="A100-80GB-MIG-3g.40gb", gpu_uuid="GPU-m",
+                         mig_uuid=f"MIG-m-{start}", model_variant=small.name)
+    gpu = fleet.gpus.add(uuid="GPU-m", model=common_pb2.GPU_MODEL_A100_80GB, pool="chat", mig_enabled=True,
+                         reported_by="operator")
+    for start in (0, 4):
+        gpu.instances.add(uuid=f"MIG-m-{start}", profile="3g.40gb", placement_start=start, placement_size=4)
+    flat = SeriesForecast((0.5,) * HOURS, (0.5,) * HOURS, (0.5,) * HOURS)
+    ci = SeriesForecast((300.0,) * HOURS, (300.0,) * HOURS, (300.0,) * HOURS)
+    caps = {"big-0": Capability(3.0, 220.0, 580.0, "predicted", "x"),
+            "small-0": Capability(2.3, 21.0, 70.0, "predicted", "x"),
+            "small-1": Capability(2.3, 21.0, 70.0, "predicted", "x")}
+    inputs = PlanningInputs(start_s=0.0, horizon_hours=HOURS, fleet=fleet, ci={"R": ci}, load={"chat": flat},
+                            capabilities=caps, params=carbon.load_default_params(), gpu_platform={},
+                            declared=fleet)
+    planner = Planner([MinCarbonRouting(), FixedCache(full=True), KeepCurrent("mig_layouts"),
+                       KeepCurrent("serving_modes")])
+    try:
+        plan = planner.plan(inputs, trigger="test", created_s=0.0).plan
+    finally:
+        planner.close()
+    for interval in plan.intervals:
+        placements = [pl for layout in interval.mig_layouts for pl in layout.placements]
+        assert [pl.model_variant for pl in placements] == [small.name, small.name]
+        weights = {w.engine_id: w.weight for w in interval.routing_weights if w.pool == "chat"}
+        assert set(weights) == {"big-0", "small-0", "small-1"}  # declared ids, no placement ids
+        assert weights["big-0"] == 0.0 and weights["small-0"] + weights["small-1"] == pytest.approx(1.0)

@@ -43,13 +43,16 @@ def _cache_targets(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
 
 
 def _layout(gpu: common_pb2.Gpu, pool_of: dict[str, str], default_variant: dict[str, str],
-            use_gpu_pool: bool, engine_variants: dict[str, str] | None = None) -> common_pb2.MigLayout:
-    engine_variants = engine_variants or {}
+            use_gpu_pool: bool, engine_variants: dict[str, str] | None = None,
+            engine_on_mig: dict[str, str] | None = None) -> common_pb2.MigLayout:
+    engine_variants, engine_on_mig = engine_variants or {}, engine_on_mig or {}
     layout = common_pb2.MigLayout(gpu_uuid=gpu.uuid)
     for inst in sorted(gpu.instances, key=lambda i: i.placement_start):
-        pool = gpu.pool if use_gpu_pool else pool_of.get(inst.engine_id, gpu.pool if inst.engine_id else "")
+        # the engine on the instance: as reported, else the one the fleet declares on that MIG device
+        engine_id = inst.engine_id or engine_on_mig.get(inst.uuid, "")
+        pool = gpu.pool if use_gpu_pool else pool_of.get(engine_id, gpu.pool if engine_id else "")
         # An engine already running keeps its own variant (else the enforcer would replace it).
-        variant = engine_variants.get(inst.engine_id, "") or (default_variant.get(pool, "") if pool else "")
+        variant = engine_variants.get(engine_id, "") or (default_variant.get(pool, "") if pool else "")
         layout.placements.add(profile=inst.profile, start=inst.placement_start, size=inst.placement_size,
                               pool=pool, model_variant=variant)
     return layout
@@ -61,6 +64,7 @@ def _mig_layouts(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
     pool_of = {e.id: p.name for p in inputs.fleet.pools for e in p.engines}
     default_variant = {p.name: p.variants[0].name for p in inputs.fleet.pools if p.variants}
     engine_variants = {e.id: e.model_variant for p in inputs.fleet.pools for e in p.engines if e.model_variant}
+    engine_on_mig = {e.mig_uuid: e.id for p in inputs.fleet.pools for e in p.engines if e.mig_uuid}
     out: list[list[Message]] = []
     sources: set[str] = set()
     for hour in kept:
@@ -68,14 +72,15 @@ def _mig_layouts(inputs: PlanningInputs) -> tuple[list[list[Message]], str]:
         layouts: list[Message] = []
         for gpu in inputs.fleet.gpus:
             if gpu.uuid in declared:  # the operator's layout wins: changing it in the fleet is how one asks
-                layouts.append(_layout(declared[gpu.uuid], pool_of, default_variant, use_gpu_pool=True))
+                layouts.append(_layout(declared[gpu.uuid], pool_of, default_variant, use_gpu_pool=True,
+                                       engine_variants=engine_variants, engine_on_mig=engine_on_mig))
                 sources.add("declared in the fleet")
             elif gpu.uuid in by_gpu:
                 layouts.append(by_gpu[gpu.uuid])
                 sources.add("plan in force")
             elif gpu.mig_enabled and gpu.reported_by != "operator":
                 layouts.append(_layout(gpu, pool_of, default_variant, use_gpu_pool=False,
-                                       engine_variants=engine_variants))
+                                       engine_variants=engine_variants, engine_on_mig=engine_on_mig))
                 sources.add("GPU now")
         out.append(layouts)
     return out, " and ".join(sorted(sources))

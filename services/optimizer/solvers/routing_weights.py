@@ -131,11 +131,18 @@ def placement_engine_id(gpu_uuid: str, profile: str, start: int) -> str:
 
 
 def _reported_engines(fleet: common_pb2.FleetInventory) -> dict[tuple[str, str, int], str]:
-    """(GPU uuid, MIG profile, placement start) -> the engine id the gpu-partitioner reported on that instance."""
+    """(GPU uuid, MIG profile, placement start) -> the engine on that instance: the one the gpu-partitioner reported
+    there, else the pool engine the fleet declares on that MIG device (``Engine.mig_uuid`` = the instance's uuid),
+    so that a declared fleet whose partitioner has not reported yet keeps its engines' ids (and capabilities)."""
+    declared: dict[str, list[str]] = {}
+    for pool in fleet.pools:
+        for engine in pool.engines:
+            if engine.mig_uuid:
+                declared.setdefault(engine.mig_uuid, []).append(engine.id)
     out: dict[tuple[str, str, int], str] = {}
     for gpu in fleet.gpus:
         for inst in gpu.instances:
-            ids = [i for i in inst.engine_id.split(",") if i]
+            ids = [i for i in inst.engine_id.split(",") if i] or declared.get(inst.uuid, [])
             if len(ids) == 1:  # one engine per instance is what the partitioner runs
                 out[(gpu.uuid, inst.profile, inst.placement_start)] = ids[0]
     return out
@@ -202,12 +209,16 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
             elif not named:  # the solver knew no engine there: each instance as the pool's mean engine
                 moved = sum(w.weight for w in mine) / len(mine) * len(placements.get(pool.name, []))
             variants = {v.name: v for v in pool.variants}
+            engine_variant = {e.id: e.model_variant for e in pool.engines if e.model_variant}
             caps: list[tuple[str, float]] = []
             costs: dict[str, float] = {}  # engine id -> dynamic J per request (min-carbon only)
             for uuid, pl in placements.get(pool.name, []):
                 gpu_model = gpu_models.get(uuid)
-                variant = variants.get(pl.model_variant) if pl.model_variant else (
-                    pool.variants[0] if pool.variants else None)
+                engine_id = reported.get((uuid, pl.profile, pl.start)) or placement_engine_id(uuid, pl.profile,
+                                                                                              pl.start)
+                # a placement that names no variant (a layout kept as declared) runs what its engine runs
+                wanted = pl.model_variant or engine_variant.get(engine_id, "")
+                variant = variants.get(wanted) if wanted else (pool.variants[0] if pool.variants else None)
                 key = (pool.name, gpu_model or "", pl.profile, variant_name(variant))
                 if key not in capacity_cache:
                     cap, energy_j = 0.0, 0.0
@@ -222,8 +233,6 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
                         if option is not None:
                             cap, energy_j = option.capacity_requests_per_s, option.energy_per_request_j
                     capacity_cache[key] = (cap, energy_j)
-                engine_id = reported.get((uuid, pl.profile, pl.start)) or placement_engine_id(uuid, pl.profile,
-                                                                                              pl.start)
                 caps.append((engine_id, capacity_cache[key][0]))
                 costs[engine_id] = capacity_cache[key][1]
             known = [c for _, c in caps if c > 0]
