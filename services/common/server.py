@@ -319,14 +319,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             async def writing(request: Any, context: grpc.aio.ServicerContext) -> None:
                 call = _Call(context, attach=False)
                 try:
-                    await behavior(checked(call, request), context)
-                except asyncio.CancelledError:
-                    call.code = grpc.StatusCode.CANCELLED
-                    raise
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - mapped to a status, never swallowed
-                    await call.fail(exc)
+                    await _guard(call, lambda: behavior(checked(call, request), context))
                 finally:
                     call.finish()
 
