@@ -37,3 +37,14 @@ def test_free_port_skips_promised_ports(monkeypatch: pytest.MonkeyPatch) -> None
 def test_free_port_returns_a_bindable_port() -> None:
     port = sidecars.free_port()
     assert 0 < port < 65536
+
+
+def test_engines_never_share_a_port(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Two engines started together: the second must not get the port handed to the first, which has not bound it
+    yet (seen in CI: engine-0 and engine-1 both on one port, the second failing with 'address already in use')."""
+    _FakeSocket.ports = iter([41000, 41000, 41001])
+    monkeypatch.setattr(sidecars.socket, "socket", _FakeSocket)
+    started: list[list[str]] = []
+    monkeypatch.setattr(sidecars, "_spawn", lambda name, cmd, url, health, logs, env=None: started.append(cmd) or url)
+    urls = sidecars.start_engines(2, profile=None, time_scale=1.0, logs=tmp_path)
+    assert urls == ["http://127.0.0.1:41000", "http://127.0.0.1:41001"]

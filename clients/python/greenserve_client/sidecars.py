@@ -71,8 +71,10 @@ def start_engines(count: int, *, profile: str | None, time_scale: float, logs: P
                   avoid: frozenset[int] = frozenset()) -> list[Sidecar]:
     """`count` emulated engines on free ports of 127.0.0.1 (not yet waited for: see `wait_ready`)."""
     engines = []
+    taken = set(avoid)
     for i in range(count):
-        port = free_port(avoid=avoid)
+        port = free_port(avoid=frozenset(taken))  # an engine's port is not bound yet: never hand it out twice
+        taken.add(port)
         cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--host", "127.0.0.1", f"--port={port}",
                f"--time-scale={time_scale}"]
         if profile:
