@@ -40,8 +40,10 @@ def test_up_runs_the_loop(tmp_path: Path) -> None:
         # Every component reports APPLIED for the plan in force (the gpu-partitioner after starting its engines).
         deadline = time.monotonic() + 120
         status = _plan_status(ports["optimizer"])
-        while time.monotonic() < deadline and not status.fleet_matches_plan:
-            time.sleep(1.0)
+        everyone = {"router", "cache-manager", "gpu-partitioner"}
+        while time.monotonic() < deadline and not (status.fleet_matches_plan
+                                                   and {r.component for r in status.reports} == everyone):
+            time.sleep(1.0)  # a later plan (the partitioner's report is a fleet change) restarts the round
             status = _plan_status(ports["optimizer"])
         states = {r.component: optimizer_pb2.EnforcementState.Name(r.state) for r in status.reports}
         assert status.fleet_matches_plan, [(r.component, r.state, r.detail) for r in status.reports]
@@ -64,7 +66,18 @@ def test_up_runs_the_loop(tmp_path: Path) -> None:
             gpus = gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel).GetInventory(
                 gpu_partitioner_pb2.GetInventoryRequest(), timeout=10).gpus
         (gpu,) = gpus
-        assert len(gpu.instances) == 2 and all(inst.engine_id for inst in gpu.instances)
+        # The GPU holds the layout of the plan in force for this hour, an engine on every instance. (Which layout
+        # that is depends on when the plan saw the partitioner's engines: at no load the planner may free the GPU,
+        # as the whole-GPU engines carry the pool; see the closing note of issue 20.)
+        with grpc.insecure_channel(f"127.0.0.1:{ports['optimizer']}") as channel:
+            in_force = optimizer_pb2_grpc.OptimizerServiceStub(channel).GetPlan(
+                optimizer_pb2.GetPlanRequest(version=_plan_status(ports["optimizer"]).plan.version), timeout=10).plan
+        _, hour = interval_at(in_force, now_s())
+        assert hour is not None
+        planned = sorted((pl.profile, pl.start) for layout in hour.mig_layouts if layout.gpu_uuid == gpu.uuid
+                         for pl in layout.placements)
+        assert sorted((inst.profile, inst.placement_start) for inst in gpu.instances) == planned
+        assert all(inst.engine_id for inst in gpu.instances)
         with grpc.insecure_channel(f"127.0.0.1:{ports['router']}") as channel:
             stub = router_pb2_grpc.RouterServiceStub(channel)
             engines = stub.ListEngines(router_pb2.ListEnginesRequest(), timeout=10).engines
