@@ -5,7 +5,7 @@ prompt tokens found in a cache tier / prompt tokens, of the window replayed last
 Source: the cache-manager's access history (GetAccessWindow of ``[now - WINDOW_S, now)``), which the router fills
 through ReportAccesses, one HIT (its ``hit_tokens``) or MISS and the STORE of the whole prompt per request
 (services/router/feeds.py). The requests are paired from those records as the replay traces pair them
-(``replay_trace._requests``). The hits are what the router's prefix index matched on the engine it chose, so a
+(``replay_trace.paired_requests``). The hits are what the router's prefix index matched on the engine it chose, so a
 prefix the engine evicted still counts as a hit here; vLLM's own counters (``vllm:prefix_cache_hits`` /
 ``vllm:prefix_cache_queries``) stay with the router's scrapes and are not read by the optimizer.
 
@@ -21,14 +21,13 @@ import logging
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
-from greenserve.optimizer import capacity
+from greenserve.optimizer import capacity, replay_trace
+from greenserve.optimizer.traffic_history import WINDOW_LIMIT, timestamp_of
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2
 
 log = logging.getLogger("greenserve.optimizer.prefix_hits")
 
 WINDOW_S = 3600.0
-WINDOW_LIMIT = 20_000  # GetAccessWindow's maximum
 MIN_REQUESTS = 20
 SOURCE = "cache-manager access history (router-reported hits)"
 
@@ -49,36 +48,10 @@ class PoolHits:
 
 def measure(accesses) -> PoolHits:  # type: ignore[no-untyped-def]
     """Requests, prompt tokens and hit tokens of a window's access records, paired as the replay traces pair them
-    (``replay_trace``): a HIT or MISS opens a request, the STORE right after it (same time and conversation) gives
-    its whole prompt; a STORE with no HIT or MISS before it (not a routed request) is left out."""
-    requests = prompt = hits = 0
-    last: tuple[int, str, int, int] | None = None  # (time ns, conversation, prompt tokens, hit tokens)
-
-    def close() -> None:
-        nonlocal requests, prompt, hits
-        if last is not None and last[2] > 0:
-            requests += 1
-            prompt += last[2]
-            hits += min(last[3], last[2])
-
-    for a in accesses:
-        t = a.time.seconds * 1_000_000_000 + a.time.nanos
-        if a.kind == cache_manager_pb2.ACCESS_KIND_STORE:
-            if last is not None and last[0] == t and last[1] == a.conversation_id:
-                last = (t, last[1], max(last[2], int(a.tokens)), last[3])
-                close()
-                last = None
-            continue
-        if a.kind in (cache_manager_pb2.ACCESS_KIND_HIT, cache_manager_pb2.ACCESS_KIND_MISS):
-            close()
-            hit = int(a.hit_tokens or a.tokens) if a.kind == cache_manager_pb2.ACCESS_KIND_HIT else 0
-            last = (t, a.conversation_id, int(a.tokens), hit)
-    close()
-    return PoolHits(requests, prompt, hits)
-
-
-def _ts(seconds: float) -> Timestamp:
-    return Timestamp(seconds=int(seconds))
+    (``replay_trace.paired_requests``): a HIT or MISS opens a request, the STORE right after it (same time and
+    conversation) gives its whole prompt; a STORE with no HIT or MISS before it (not a routed request) is left out."""
+    rows = [r for r in replay_trace.paired_requests(accesses, routed_only=True) if r[3] > 0]
+    return PoolHits(len(rows), sum(r[3] for r in rows), sum(min(r[5], r[3]) for r in rows))
 
 
 async def fetch_hit_fractions(channel: grpc.aio.Channel | None, fleet: common_pb2.FleetInventory, now_s: float,
@@ -96,7 +69,8 @@ async def fetch_hit_fractions(channel: grpc.aio.Channel | None, fleet: common_pb
     async def one(pool: str) -> cache_manager_pb2.GetAccessWindowResponse | grpc.aio.AioRpcError:
         try:
             return await stub.GetAccessWindow(cache_manager_pb2.GetAccessWindowRequest(
-                pool=pool, start=_ts(start), end=_ts(now_s + 1), limit=WINDOW_LIMIT), timeout=timeout_s)
+                pool=pool, start=timestamp_of(start), end=timestamp_of(now_s + 1), limit=WINDOW_LIMIT),
+                timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             return exc
 

@@ -102,8 +102,9 @@ def _share(group: str) -> float:
     return zlib.crc32(group.encode()) / 2**32
 
 
-def _requests(accesses) -> list[tuple[float, str, str, int, str, int, str]]:
-    """(time, conversation, document, prompt tokens, key, hit tokens, hit key) per request (module doc)."""
+def paired_requests(accesses, *, routed_only: bool = False) -> list[tuple[float, str, str, int, str, int, str]]:
+    """(time, conversation, document, prompt tokens, key, hit tokens, hit key) per request (module doc);
+    ``routed_only``: a STORE with no HIT or MISS before it (not a request the router routed) is left out."""
     out: list[list] = []
     open_store = False
     for a in accesses:
@@ -122,7 +123,8 @@ def _requests(accesses) -> list[tuple[float, str, str, int, str, int, str]]:
             out.append([t, a.conversation_id, a.document_id, int(a.tokens), a.entry_key, 0, ""])
             open_store = True
         elif a.kind == cache_manager_pb2.ACCESS_KIND_STORE:
-            out.append([t, a.conversation_id, a.document_id, int(a.tokens), a.entry_key, 0, ""])
+            if not routed_only:
+                out.append([t, a.conversation_id, a.document_id, int(a.tokens), a.entry_key, 0, ""])
             open_store = False
     return [tuple(r) for r in out]  # type: ignore[misc]
 
@@ -131,7 +133,7 @@ def build_trace(pool: str, source: str, label: str, window_start_s: float, acces
                 mean_output_tokens: float, output_source: str) -> ReplayTrace | None:
     """The replay trace of one window's accesses (module doc); None when it holds fewer than MIN_REQUESTS
     requests."""
-    reqs = sorted(_requests(accesses), key=lambda r: r[0])
+    reqs = sorted(paired_requests(accesses), key=lambda r: r[0])
     reqs = [r for r in reqs if r[3] > 0]
     if len(reqs) < MIN_REQUESTS:
         return None

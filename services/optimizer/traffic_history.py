@@ -39,7 +39,7 @@ def _hour_text(start_s: float) -> str:
     return f"{a:%Y-%m-%d %H:%M}-{b:%H:%M} UTC"
 
 
-def _ts(seconds: float) -> Timestamp:
+def timestamp_of(seconds: float) -> Timestamp:
     return Timestamp(seconds=int(seconds))
 
 
@@ -54,7 +54,8 @@ async def _mean_output_tokens(forecaster, pool: common_pb2.Pool, start_s: float,
     values = []
     for unit in (common_pb2.UNIT_OUTPUT_TOKENS_PER_S, common_pb2.UNIT_REQUESTS_PER_S):
         request = forecaster_pb2.GetPointsRequest(series=common_pb2.SeriesRef(
-            kind=common_pb2.SERIES_KIND_LOAD, key=key, unit=unit), start=_ts(start_s), end=_ts(start_s + HOUR_S))
+            kind=common_pb2.SERIES_KIND_LOAD, key=key, unit=unit), start=timestamp_of(start_s),
+            end=timestamp_of(start_s + HOUR_S))
         try:
             reply = await forecaster.GetPoints(request, timeout=timeout_s)
         except grpc.aio.AioRpcError:
@@ -67,7 +68,8 @@ async def _mean_output_tokens(forecaster, pool: common_pb2.Pool, start_s: float,
 
 async def _window(stub, pool: str, start_s: float, timeout_s: float) -> cache_manager_pb2.GetAccessWindowResponse:
     return await stub.GetAccessWindow(cache_manager_pb2.GetAccessWindowRequest(
-        pool=pool, start=_ts(start_s), end=_ts(start_s + HOUR_S), limit=WINDOW_LIMIT), timeout=timeout_s)
+        pool=pool, start=timestamp_of(start_s), end=timestamp_of(start_s + HOUR_S), limit=WINDOW_LIMIT),
+        timeout=timeout_s)
 
 
 async def pool_trace(stub, forecaster, pool: common_pb2.Pool, planned_start_s: float,
