@@ -512,12 +512,17 @@ def _start_engine(procs: _Procs, args: argparse.Namespace, cpus: list[int] | Non
         from greenserve.router.bench_engine import DEFAULT_MODEL, serve_args
 
         cmd = [sys.executable, *serve_args(model=args.model or DEFAULT_MODEL, tpot_s=args.noop_tpot_s)]
+    return _spawn_engine(procs, cmd, cpus, "engine emulator")
+
+
+def _spawn_engine(procs: _Procs, cmd: list[str], cpus: list[int] | None, what: str) -> str:
+    """Starts an engine that prints "... listening on URL" as its first line; its URL."""
     proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       env=_env()))
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
-        raise RuntimeError(f"engine emulator did not start: {line!r}")
+        raise RuntimeError(f"{what} did not start: {line!r}")
     return line.strip().rsplit(" ", 1)[-1]
 
 

@@ -478,14 +478,11 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
     """Streams ``streams`` closed-loop requests of ``max_tokens`` tokens straight to one engine of ``kind``
     (``noop``: this one; ``emulator``: the simulator's, real time) for ``duration_s`` and returns its CPU
     per streamed token (engine process CPU over the run / tokens of the requests served)."""
-    import subprocess
-
     from greenserve.router.bench import (
-        _env,
-        _pinned,
         _proc_cpu_s,
         _Procs,
         _run_load,
+        _spawn_engine,
         _summary,
         _wait_http,
     )
@@ -498,13 +495,8 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
         else:
             cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--port", "0", "--max-num-seqs", "4096"]
             model = None
-        proc = procs.add(subprocess.Popen(_pinned(cmd, None), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                          env=_env()))
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        if "listening on" not in line:
-            raise RuntimeError(f"{kind} engine did not start: {line!r}")
-        url = line.strip().rsplit(" ", 1)[-1]
+        url = _spawn_engine(procs, cmd, None, f"{kind} engine")
+        proc = procs.procs[-1]
         _wait_http(url + "/health", 30, proc)
         if model is None:
             import urllib.request
