@@ -55,14 +55,19 @@ def start_up(data_dir: Path, ports: dict[str, int], *flags: str,
 
 
 def pids_alive(pids: list[int]) -> list[int]:
-    """Those of `pids` that are still running."""
+    """Those of `pids` that are still running (a zombie, dead but not yet reaped by whoever adopted it, is not)."""
     alive = []
     for pid in pids:
         try:
             os.kill(pid, 0)
-            alive.append(pid)
         except ProcessLookupError:
-            pass
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue
+        if state != "Z":
+            alive.append(pid)
     return alive
 
 

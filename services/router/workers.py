@@ -36,7 +36,6 @@ carry ``service.instance.id`` = ``<host>-<supervisor pid>-worker-<index>``.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import math
 import os
@@ -52,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from greenserve.common.parent_death import set_parent_death_signal
 from greenserve.common.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -75,7 +75,6 @@ READY_WITHIN_S = 120.0
 KILL_AFTER_GRACE_S = 5.0
 GAUGE_PUBLISH_S = 1.0
 MIGRATE_REQ_SYSCTL = "/proc/sys/net/ipv4/tcp_migrate_req"
-_PR_SET_PDEATHSIG = 1
 
 
 def supported() -> bool:
@@ -220,13 +219,6 @@ def current_worker() -> Worker | None:
         else:
             _current.append(None)
     return _current[0]
-
-
-def _set_parent_death_signal(sig: int) -> None:
-    """PR_SET_PDEATHSIG: the kernel sends ``sig`` to this process when its parent dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def publish_live_gauges(registry: Any) -> None:
@@ -540,7 +532,7 @@ def run_router(settings_cls: type[ServiceSettings], build: Callable[..., Any], a
     args = sys.argv[1:] if argv is None else list(argv)
     worker = current_worker()
     if worker is not None:
-        _set_parent_death_signal(signal.SIGTERM)
+        set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != worker.supervisor_pid:  # the supervisor died before the line above
             return 1
         return run_service(settings_cls, build, args, reuse_port=True, on_serving=worker.report_serving)

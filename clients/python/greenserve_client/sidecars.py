@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from greenserve.common.parent_death import on_parent_death
 
 # <repo>/clients/python/greenserve_client/sidecars.py -> <repo>
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -62,8 +64,10 @@ def _spawn(name: str, cmd: list[str], url: str, health_path: str, logs: Path,
            env: dict[str, str] | None = None) -> Sidecar:
     log_path = logs / f"{name}.log"
     with open(log_path, "ab") as log_file:
+        # SIGKILL when `up` dies (even by kill -9): a sidecar keeps no state, and LMCache does not stop on SIGTERM.
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+                                start_new_session=True, env=env,
+                                preexec_fn=on_parent_death(signal.SIGKILL))  # noqa: PLW1509 - only a libc call
     return Sidecar(name, url, health_path, proc, log_path)
 
 
