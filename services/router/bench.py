@@ -53,6 +53,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +62,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from greenserve.common.parent_death import on_parent_death
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_ROUTER_VERSION = "0.1.17"
@@ -287,6 +290,21 @@ def _pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
     return [sys.executable, "-c", _LAUNCH, ",".join(map(str, cpus or [])), str(_NICE), *cmd]
 
 
+def bench_popen(cmd: list[str], cpus: list[int] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+    """Starts a process of a bench (engine, router, load generator), pinned and niced by ``_pinned``, that
+    dies with the bench: the kernel sends it SIGTERM when the bench process dies, however it dies
+    (``kill -9`` included), so a stopped bench leaves no engine or router behind (a router stops its
+    own workers on SIGTERM). Start it from the bench's main thread (``parent_death``)."""
+    return subprocess.Popen(_pinned(cmd, cpus), preexec_fn=on_parent_death(signal.SIGTERM), **kwargs)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends a bench like Ctrl-C: its ``finally`` blocks stop the processes it started and remove its
+    files (without this the default action killed it on the spot; ``bench_popen``'s children then got
+    only their parent-death signal)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def _runqueue_wait_s(pid: int) -> float:
     """Seconds the process's threads have spent runnable but waiting for a CPU (Linux schedstat): how
     much the machine's other load delayed it."""
@@ -342,8 +360,8 @@ def _run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
                 }
                 cfg_file = Path(tmp) / f"config-{g}-{k}.json"
                 cfg_file.write_text(json.dumps(share))
-                proc = subprocess.Popen(_pinned([sys.executable, "-c", code, str(cfg_file)], cpus),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+                proc = bench_popen([sys.executable, "-c", code, str(cfg_file)], cpus,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
                 mine.append((proc, Path(share["out"])))
             running.append(mine)
         results = []
@@ -517,8 +535,7 @@ def _start_engine(procs: _Procs, args: argparse.Namespace, cpus: list[int] | Non
 
 def _spawn_engine(procs: _Procs, cmd: list[str], cpus: list[int] | None, what: str) -> str:
     """Starts an engine that prints "... listening on URL" as its first line; its URL."""
-    proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      env=_env()))
+    proc = procs.add(bench_popen(cmd, cpus, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
@@ -562,7 +579,7 @@ def _start_router(procs: _Procs, engines: list[str], data_dir: str, cpus: list[i
            "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000",
            "--workers", str(workers), *(extra or [])]
     log_file = open(Path(data_dir) / "router.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
+    proc = procs.add(bench_popen(cmd, cpus, stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
     url = f"http://127.0.0.1:{http_port}"
     _wait_http(url + "/health", 60, proc)
     return url, f"127.0.0.1:{grpc_port}", proc
@@ -593,7 +610,7 @@ def _start_vllm_router(procs: _Procs, exe: Path, engines: list[str], data_dir: s
     cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
            "--policy", "round_robin", "--log-level", "warning", "--disable-retries"]
     log_file = open(Path(data_dir) / "vllm-router.log", "wb")  # noqa: SIM115
-    proc = procs.add(subprocess.Popen(_pinned(cmd, cpus), stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
+    proc = procs.add(bench_popen(cmd, cpus, stdout=log_file, stderr=subprocess.STDOUT, env=_env()))
     url = f"http://127.0.0.1:{port}"
     _wait_http(url + "/health", 60, proc)
     return url, proc
@@ -677,6 +694,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
 
     bench_replicas.add_arguments(p, prefix="replicas-")
     args = p.parse_args(argv)
+    exit_on_sigterm()
     if args.quick:
         args.requests_per_stream, args.no_peer = 2, True
     if args.max_tokens is None:

@@ -577,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--duration-s: must be > 0")
     from greenserve.router import bench
 
+    bench.exit_on_sigterm()
     bench._NICE = args.nice  # the launcher every bench process starts through applies it
     out = {k: measure_cpu(k, args.streams, args.max_tokens, args.duration_s, args.loadgen_procs) for k in kinds}
     if "noop" in out and "emulator" in out and out["noop"]["engine_cpu_us_per_token"]:

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ import time
 from concurrent import futures
 
 import grpc
+from greenserve.common.parent_death import on_parent_death
 from greenserve.v1 import router_pb2
 
 SERVICE = "greenserve.v1.RouterService"
@@ -188,7 +190,7 @@ def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: in
     cmd = [sys.executable, "-m", "greenserve.router.bench_grpc_message", "--serve", variant, "--port", str(port),
            "--messages", str(messages), "--gap-s", str(gap_s), "--streams", str(streams),
            *(["--interceptor"] if interceptor else [])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=on_parent_death(signal.SIGTERM))
     try:
         if cpu is not None:
             os.sched_setaffinity(proc.pid, {cpu})

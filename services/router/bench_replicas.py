@@ -44,7 +44,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -199,7 +198,7 @@ class Cluster:
                    "--replica-id", f"r{k}", "--workers", "1", "--no-watch-plans", "--no-feeds",
                    "--log-level", "WARNING", "--max-in-flight", "100000", *router_flags]
             log = open(data_dir / "router.log", "wb")  # noqa: SIM115 - closed with the process
-            proc = self.procs.add(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rb._env()))
+            proc = self.procs.add(rb.bench_popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rb._env()))
             starting.append((f"http://127.0.0.1:{http_port}", proc))
             self.grpc.append(f"127.0.0.1:{grpc_port}")
         for url, proc in starting:
@@ -455,7 +454,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str], prog: str = "greenserve bench router-replicas") -> int:
     args = _parser(prog).parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes it started (finally blocks)
+    rb.exit_on_sigterm()
     out = run(args)
     print(json.dumps(out))
     return 0

@@ -37,10 +37,10 @@ NOOP_MODEL = DEFAULT_MODEL
 
 def _start_noop_engine(procs: Any, cpus: list[int] | None, tpot_s: float = 0.0) -> tuple[str, int]:
     """A bench_engine.py engine in a process of its own (``tpot_s`` 0: each stream written at once)."""
-    from greenserve.router.bench import _env, _pinned, _wait_http
+    from greenserve.router.bench import _env, _wait_http, bench_popen
 
-    proc = procs.add(subprocess.Popen(_pinned([sys.executable, *serve_args(tpot_s=tpot_s)], cpus),
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
+    proc = procs.add(bench_popen([sys.executable, *serve_args(tpot_s=tpot_s)], cpus,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
         raise RuntimeError(f"no-op engine did not start: {line!r}")
@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="niceness of every process started (as bench router's --nice; negative needs root)")
     p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
     args = p.parse_args(argv)
+    from greenserve.router.bench import exit_on_sigterm
+
+    exit_on_sigterm()
     if args.workers < 2:
         p.error("--workers: must be >= 2")
     for name in ("concurrency", "max_tokens", "loadgen_procs", "rounds"):
