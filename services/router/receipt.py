@@ -23,6 +23,8 @@ from importlib import resources
 from typing import Any
 
 import grpc
+from opentelemetry.metrics import NoOpMeter
+
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.common import carbon
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, router_pb2
@@ -142,7 +144,9 @@ class ReceiptMetrics:
     task hands them to the instruments in slices of ``slice_items`` (``flush`` does it at once, at
     stop). The OTel SDK validates and copies the
     attributes on every call (~30 us per request for six instruments), which was the largest single
-    cost of a request's bookkeeping; batching keeps every value and takes it off the request path."""
+    cost of a request's bookkeeping; batching keeps every value and takes it off the request path.
+    With a no-op meter (telemetry.py: no metric reader, nothing would ever read the values) nothing is
+    queued at all: the flush still cost ~20 us of CPU per request (microbenchmark, 2 engines)."""
 
     def __init__(self, meter: Any, interval_s: float = 1.0, max_pending: int = 100_000) -> None:
         self.requests = meter.create_counter("greenserve.router.requests", unit="{request}",
@@ -158,6 +162,7 @@ class ReceiptMetrics:
         self.plan_version = meter.create_gauge("greenserve.router.plan_version", unit="1",
                                                description="plan version in force") \
             if hasattr(meter, "create_gauge") else None
+        self.enabled = not isinstance(meter, NoOpMeter)
         self.interval_s = interval_s
         self.max_pending = max_pending
         self.slice_items = 32
@@ -168,6 +173,8 @@ class ReceiptMetrics:
 
     def record(self, receipt: Receipt, protocol: str) -> None:
         """Queues one request's values (request path: one tuple append)."""
+        if not self.enabled:
+            return
         m = receipt.m
         if len(self._pending) >= self.max_pending:
             self.dropped += 1
@@ -205,7 +212,8 @@ class ReceiptMetrics:
             self.plan_version.set(pending[-1][6])
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="receipt-metrics")
+        if self.enabled:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="receipt-metrics")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)

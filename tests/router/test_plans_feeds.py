@@ -253,3 +253,24 @@ async def test_receipt_metrics_are_batched_off_the_request_path_and_all_recorded
     assert points[("greenserve.router.ttft", "a", "http")].count == 75
     assert points[("greenserve.router.carbon", "b", "http")].value == pytest.approx(25 * 0.75)
     assert points[("greenserve.router.plan_version", None, None)].value == 3
+
+
+async def test_receipt_metrics_queue_nothing_when_no_metric_reader_is_set() -> None:
+    """Without a metric reader or OTLP endpoint, telemetry hands out a no-op meter: nothing could read the
+    values, so the request path queues none and no flush task runs; with a reader the meter is the SDK's."""
+    from greenserve.common.telemetry import setup_telemetry
+    from greenserve.router.receipt import Measurement, Receipt, ReceiptMetrics
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    quiet = setup_telemetry("t", install_global=False)
+    assert not quiet.metrics_exported
+    metrics = ReceiptMetrics(quiet.meter, interval_s=0.05)
+    m = Measurement(engine_id="a", pool="p", ttft_s=0.1, e2e_s=1.0, prompt_tokens=10, cached_prompt_tokens=0,
+                    completion_tokens=5, energy_j=1.0, busy_slot_s=1.0, ci_g_per_kwh=100.0, plan_version=3)
+    metrics.start()
+    metrics.record(Receipt(m, tpot_s=0.2, energy_kwh=1e-6, operational_g=0.5, embodied_g=0.25, slo_met=True), "http")
+    assert not metrics.enabled and metrics._pending == [] and metrics._task is None
+    await metrics.stop()
+
+    read = setup_telemetry("t", metric_reader=InMemoryMetricReader(), install_global=False)
+    assert read.metrics_exported and ReceiptMetrics(read.meter).enabled
