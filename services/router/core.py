@@ -243,7 +243,7 @@ class RouterCore:
         await self.load_feed.stop()
         await self.access_feed.stop()
         if self.dispatcher is not None:
-            await self.dispatcher.session.close()
+            await self.dispatcher.close()  # the engine pool and the lookup session
         for channel in self._channels:
             await channel.close()
 

@@ -15,7 +15,7 @@ LMCache's PD mode needs the prefiller told where the decoder listens: the pair's
 ``pd_skip_proxy_notification``: no ZMQ message to a proxy, the HTTP answer is the signal).
 
 Errors of the prefill step: a connection failure, a timeout, HTTP 5xx/429 or an unreadable answer raise
-``PrefillFailed`` (an ``aiohttp.ClientError``), which the dispatcher treats like any failed attempt before the first
+``PrefillFailed`` (an ``EngineHttpError``, as the router's engine client raises), which the dispatcher treats like any failed attempt before the first
 token (charged to the engine, retried on another one, else 503/UNAVAILABLE); a 4xx is the request's own fault and
 is passed back to the caller as the prefiller's answer (``UpstreamClientError``), as the decoder's would be.
 """
@@ -26,12 +26,13 @@ import json
 import uuid
 from typing import Any
 
-import aiohttp
+from greenserve.router.engine_http import EngineHttpError, EnginePool
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
+PREFILL_MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Cap of the prefiller's answer (one token of a completion; read and discarded)."""
 
 
-class PrefillFailed(aiohttp.ClientError):
+class PrefillFailed(EngineHttpError):
     """The prefill step of a DPD pair failed (the attempt fails; nothing reached the caller)."""
 
 
@@ -71,8 +72,7 @@ def prefill_body(body: bytes, params: str = "") -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-async def prefill(session: aiohttp.ClientSession, engine: Any, path: str, body: bytes,
-                  timeout: aiohttp.ClientTimeout) -> None:
+async def prefill(pool: EnginePool, engine: Any, path: str, body: bytes) -> None:
     """Runs the prefill step of one request on the pair's prefiller (``engine``: the pair's ``EngineState``; see
     the module docstring)."""
     from greenserve.router.upstream import (
@@ -80,16 +80,20 @@ async def prefill(session: aiohttp.ClientSession, engine: Any, path: str, body: 
     )
 
     prefill_url = engine.prefill_url
-    async with session.post(prefill_url + path, data=prefill_body(body, engine.prefill_kv_transfer_params),
-                            headers=_JSON_HEADERS, timeout=timeout) as resp:
-        data = await resp.read()
-        if resp.status >= 500 or resp.status == 429:
-            raise PrefillFailed(f"prefiller {prefill_url} answered HTTP {resp.status}")
-        if resp.status >= 400:
-            raise UpstreamClientError(resp.status, data, resp.content_type)
-        try:
-            answer = json.loads(data)
-        except ValueError:
-            raise PrefillFailed(f"prefiller {prefill_url} answered an unreadable body") from None
-        if not isinstance(answer, dict) or "choices" not in answer:
-            raise PrefillFailed(f"prefiller {prefill_url} answered no completion: {data[:200]!r}")
+    resp = await pool.post(prefill_url, path, prefill_body(body, engine.prefill_kv_transfer_params))
+    try:
+        data = await resp.read(PREFILL_MAX_BODY_BYTES)
+    except BaseException:
+        resp.close()  # cut, too large or given up (the attempt's deadline): the prefiller aborts
+        raise
+    resp.release()
+    if resp.status >= 500 or resp.status == 429:
+        raise PrefillFailed(f"prefiller {prefill_url} answered HTTP {resp.status}")
+    if resp.status >= 400:
+        raise UpstreamClientError(resp.status, data, resp.content_type)
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise PrefillFailed(f"prefiller {prefill_url} answered an unreadable body") from None
+    if not isinstance(answer, dict) or "choices" not in answer:
+        raise PrefillFailed(f"prefiller {prefill_url} answered no completion: {data[:200]!r}")

@@ -13,7 +13,6 @@ import time
 import uuid
 from typing import Any
 
-import aiohttp
 import grpc
 from greenserve.common.errors import (
     InvalidArgument,
@@ -21,13 +20,13 @@ from greenserve.common.errors import (
     Unavailable,
 )
 from greenserve.router.core import RouterCore
+from greenserve.router.engine_http import EngineHttpError
 from greenserve.router.grpc_requests import _body, describe
 from greenserve.router.prefix_index import chain_hashes
 from greenserve.router.upstream import (
     TEXT_KEY_CHAT,
     TEXT_KEY_COMPLETION,
     Call,
-    HookedReader,
     RouteRequest,
     UpstreamClientError,
     UpstreamUnavailable,
@@ -35,7 +34,6 @@ from greenserve.router.upstream import (
     complete_events,
     event_data,
     running_text,
-    stream_hooks,
 )
 from greenserve.v1 import router_pb2
 
@@ -180,17 +178,17 @@ class _EventReader:
     to ``texts`` (running tokens found by a byte scan, no JSON decoded), usage and finish reason are
     noted; ``ended`` once [DONE] came or the stream stopped (``call.done`` tells which).
 
-    Between two reads the reader's hook (``upstream.stream_hooks``) takes each chunk the response
-    parser delivers and only appends it to ``chunks``: no StreamReader bookkeeping per token (its buffer,
-    chunk splits, flow control) and no wake-up, except for a chunk holding [DONE], which ends ``gather``
-    at once so that the last message does not wait out the interval."""
+    Between two reads the reader's hook is the engine response's ``data_sink`` (engine_http.py): it takes
+    each piece of the decoded body and only appends it to ``chunks``: no queue or wake-up per token, except
+    for a piece holding [DONE], which ends ``gather`` at once so that the last message does not wait out
+    the interval."""
 
     __slots__ = ("call", "content", "key", "buf", "texts", "tokens", "usage", "reason", "ended", "chunks",
                  "hooked", "waiter")
 
     def __init__(self, call: Call, key: str) -> None:
         self.call = call
-        self.content = content = call.response.content
+        self.content = content = call.response
         self.key = key
         self.buf = call.tail
         call.tail = b""
@@ -201,23 +199,21 @@ class _EventReader:
         self.ended = call.done
         self.chunks: list[bytes] = []
         self.waiter: asyncio.Future[None] | None = None
-        # only aiohttp's own reader class is swapped (same layout); anything else is read as before
-        self.hooked = type(content) is aiohttp.StreamReader and not self.ended
+        self.hooked = not self.ended
         if self.hooked:
-            content.__class__ = HookedReader
-            stream_hooks[id(content)] = self._hook
+            content.data_sink = self._hook
 
-    def _hook(self, data: bytes) -> bool:
+    def _hook(self, data: bytes) -> None:
         self.chunks.append(data)
         if b"[DONE]" in data:
             waiter = self.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
-        return True
 
     def close(self) -> None:
         if self.hooked:
-            stream_hooks.pop(id(self.content), None)
+            if self.content.data_sink == self._hook:
+                self.content.data_sink = None
             self.hooked = False
 
     def take(self) -> str:
@@ -245,15 +241,17 @@ class _EventReader:
         self.drain()
         if self.texts or self.ended:
             return
-        hook = stream_hooks.pop(id(self.content), None) if self.hooked else None
+        content = self.content
+        if self.hooked:
+            content.data_sink = None  # unhooked while it waits: the next bytes wake it
         try:
-            chunk = await self.content.readany()
-        except (aiohttp.ClientError, OSError):
+            chunk = await content.readany()
+        except (EngineHttpError, OSError):
             self.ended = True  # the engine went away (call.done stays False)
             return
         finally:
-            if hook is not None:
-                stream_hooks[id(self.content)] = hook
+            if self.hooked:
+                content.data_sink = self._hook
         self._take(chunk)
 
     def drain(self) -> None:
@@ -261,7 +259,7 @@ class _EventReader:
         the end of the stream is noticed by the next ``read``."""
         try:
             chunk = self.content.read_nowait()  # bytes buffered while the hook was off (older)
-        except (aiohttp.ClientError, OSError):
+        except (EngineHttpError, OSError):
             chunk = b""
             self.ended = True  # the engine went away: what the hook took before still goes out
         if self.chunks:

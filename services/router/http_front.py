@@ -26,21 +26,19 @@ from collections.abc import Sequence
 from ssl import SSLContext
 from typing import Any
 
-import aiohttp
-from aiohttp import StreamReader, web
+from aiohttp import web
 from greenserve.router.core import RouterCore
 from greenserve.router.prefix_index import chain_hashes, render_chat
+from greenserve.router.engine_http import EngineHttpError, EngineResponse
 from greenserve.router.upstream import (
     _RUNNING,
     Call,
     RouteRequest,
     UpstreamClientError,
     UpstreamUnavailable,
-    HookedReader,
     complete_events,
     event_data,
     split_events,
-    stream_hooks,
 )
 from greenserve.router.http_guard import CappedSite, ConnectionGuard, HttpLimits, auth_middleware
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
@@ -362,23 +360,19 @@ class HttpFront:
             if not call.done:
                 buf = call.tail
                 call.tail = b""
-                content = call.response.content
+                response = call.response
                 write = resp.write
-                forwarding = _Forwarder(call, send) if send is not None and type(content) is StreamReader else None
-                if forwarding is not None:
-                    content.__class__ = HookedReader  # same layout: feed_data consults the forwarder
-                    stream_hooks[id(content)] = forwarding
+                # the fast path: whole chunks of running token events go from the engine connection's
+                # data_received straight to the client (engine_http.py), whenever this loop holds nothing
+                forward = _Forwarder(call, response, request.transport) if send is not None else None
                 while True:
+                    if forward is not None and not buf:
+                        response.raw_sink = forward
                     try:
-                        chunk = b""
-                        if forwarding is not None:
-                            chunk = content.read_nowait()  # what was buffered while not forwarding
-                            if not chunk and not buf:
-                                forwarding.on = True  # token chunks now go out from the protocol callback
-                        if not chunk:
-                            chunk = await content.readany()  # wakes for what was not forwarded, or the end
-                    except (aiohttp.ClientError, OSError):
+                        chunk = await response.readany()
+                    except (EngineHttpError, OSError):
                         break  # the engine went away mid-stream
+                    response.raw_sink = None  # until this chunk is handled (the loop may wait on the client)
                     if not chunk:
                         if buf.strip():  # a last event without its blank line
                             out = _pass_events(split_events(buf + b"\n\n")[0], held, call)
@@ -428,7 +422,7 @@ class HttpFront:
             log.info("client disconnected", extra={"engine_id": engine.id, "path": request.path})
             raise
         finally:
-            stream_hooks.pop(id(call.response.content), None)
+            call.response.raw_sink = None
             if not finished:
                 dispatcher.finish(call, aborted=True)
 
@@ -447,40 +441,52 @@ def _only_running(data: bytes) -> int:
 
 
 class _Forwarder:
-    """Forwards a stream's chunks of running token events from the upstream protocol callback straight
-    to the client's transport (``_direct_sender``): no buffering and no wake-up of the handler task per
-    token. Only whole events of running tokens go this way; anything else (a partial event, CRLF, a
-    final chunk, usage, [DONE], an error), a client that is behind, or a transport that is closing turns
-    it off and goes to the reader's buffer, where the handler takes it in order; the handler turns it
-    back on once it has caught up (nothing buffered, no partial event held)."""
+    """The engine response's ``raw_sink`` (engine_http.py) while the handler holds nothing: offered the raw
+    bytes of one or more whole chunks of the engine's chunked body, it writes them to the client's transport
+    unchanged (the client's response is chunked too: no re-framing, one write) when they hold only whole
+    running token events, and returns True; anything else (a final event, usage, [DONE], an error, CRLF
+    line ends, a chunk that does not end an event, a closing client) it leaves to the handler (False).
 
-    __slots__ = ("call", "send", "on")
+    A client that is behind (``_DIRECT_WRITE_MAX_BUFFERED`` bytes or more buffered for it) pauses the
+    reading of the engine's stream until it has taken most of them (checked every ``_WRITABLE_POLL_S``): the
+    router's memory per stream stays bounded and the engine meets the backpressure."""
 
-    def __init__(self, call: Call, send: Any) -> None:
+    __slots__ = ("call", "response", "transport", "waiting")
+
+    def __init__(self, call: Call, response: EngineResponse, transport: Any) -> None:
         self.call = call
-        self.send = send
-        self.on = False
+        self.response = response
+        self.transport = transport
+        self.waiting = False
 
-    def __call__(self, data: bytes) -> bool:
-        if not self.on:
-            return False
-        if not data.endswith(b"\n\n") or b"\r" in data:
-            self.on = False
+    def __call__(self, data: bytes, chunks: int) -> bool:
+        # only the chunk framing's CRs, and every chunk's data ends with a blank line (whole events)
+        if data.count(b"\r") != 2 * chunks or data.count(b"\n\n\r\n") != chunks:
             return False
         running = _only_running(data)
         if running < 0:
-            self.on = False
             return False
-        try:
-            if self.send(data):
-                self.on = False  # the client is behind: the handler waits for it before the next chunk
-        except Exception:  # noqa: BLE001 - a closing transport: nothing written; the handler meets it itself
-            self.on = False  # (raised here, it would reach aiohttp's parser and be blamed on the engine)
-            return False
+        transport = self.transport
+        if transport.is_closing():
+            return False  # the handler meets the closed client itself
+        transport.write(data)
         self.call.events += running
+        if not self.waiting and transport.get_write_buffer_size() >= _DIRECT_WRITE_MAX_BUFFERED:
+            self.waiting = True
+            self.response.pause_reading()
+            asyncio.get_running_loop().call_later(_WRITABLE_POLL_S, self._check_writable)
         return True
 
+    def _check_writable(self) -> None:
+        transport = self.transport
+        if transport.is_closing() or transport.get_write_buffer_size() < _DIRECT_WRITE_MAX_BUFFERED // 2:
+            self.waiting = False
+            self.response.resume_reading()
+        else:
+            asyncio.get_running_loop().call_later(_WRITABLE_POLL_S, self._check_writable)
 
+
+_WRITABLE_POLL_S = 0.005
 _DIRECT_WRITE_MAX_BUFFERED = 64 * 1024
 
 
@@ -511,7 +517,7 @@ async def _until_writable(request: web.Request) -> None:
     transport = request.transport
     while transport is not None and not transport.is_closing() and \
             transport.get_write_buffer_size() >= _DIRECT_WRITE_MAX_BUFFERED // 2:
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(_WRITABLE_POLL_S)
 
 
 def _pass_events(events: list[bytes], held: list[tuple[bytes, dict[str, Any] | None]], call: Call,

@@ -1,7 +1,9 @@
 """The request path to engines: pooled keep-alive HTTP, retries before the first token, SSE scanning.
 
-One ``aiohttp.ClientSession`` with a large keep-alive pool carries every request (no connection set-up
-per request); probes and scrapes use a second small session so they never queue behind traffic.
+Requests go over the router's own HTTP/1.1 client (engine_http.py: a keep-alive pool of protocol
+connections, no connection set-up per request, a few microseconds per forwarded token); the engine model
+lookups keep a small ``aiohttp.ClientSession`` (``Dispatcher.session``), as the monitor's probes and scrapes
+keep theirs, so they never queue behind traffic.
 
 ``Dispatcher.open`` picks an engine (policy.py), sends the request and reads until the first token. Any
 failure before that point (connection refused or reset, HTTP 5xx/429, stream ended, no first token in
@@ -16,6 +18,7 @@ are JSON-decoded (until the first token, and the final finish/usage events; a ru
 without re-encoding them. After the commit, each front reads the rest of the stream itself from
 ``call.response.content`` (``call.tail`` holds bytes read past the last complete event), without an
 async-generator layer between the socket and its write: that layer cost a coroutine resume per token.
+The fronts attach their sinks to ``call.response`` (``EngineResponse.raw_sink`` / ``data_sink``).
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ from typing import Any
 
 import aiohttp
 from greenserve.router import disaggregated
+from greenserve.router.engine_http import EngineHttpError, EnginePool, EngineResponse
 from greenserve.router.engines import EngineRegistry, EngineState
 from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
 
 _RUNNING = b'"finish_reason":null'
 _FINISH = b'"finish_reason"'
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _DONE = b"[DONE]"
 
 
@@ -58,7 +61,8 @@ class _AttemptFailed(Exception):
 
 
 def make_session(limit: int = 0, keepalive_s: float = 75.0) -> aiohttp.ClientSession:
-    """The shared pooled session (limit 0: no cap on connections; keep-alive reuse per engine)."""
+    """The session of the engine model lookups (limit 0: no cap on connections; keep-alive reuse per engine);
+    requests themselves go over ``EnginePool``."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=keepalive_s,
                                      enable_cleanup_closed=True, ttl_dns_cache=300)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
@@ -159,7 +163,7 @@ class Call:
 
     decision: Decision
     engine: EngineState
-    response: aiohttp.ClientResponse
+    response: EngineResponse
     t0: float
     t_first: float
     acc_start: tuple[float, float]
@@ -195,14 +199,14 @@ class Dispatcher:
         self.registry = registry
         self.policy = policy
         self.index = index
-        self.session = session
+        self.session = session  # engine model lookups (core.py); requests go over ``engines``
+        self.engines = EnginePool(connect_timeout_s=connect_timeout_s)
         self.max_attempts = max_attempts
         self.first_token_timeout_s = first_token_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.saturation_requests = saturation_requests
         self.retries = 0
         self.upstream_failures = 0
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
 
     async def open(self, req: RouteRequest) -> Call:
         """Picks an engine and reads up to the first token, retrying on other engines before it."""
@@ -265,9 +269,8 @@ class Dispatcher:
             async with asyncio.timeout(timeout):
                 t_sent = time.monotonic()
                 if engine.prefill_url:  # a DPD pair: the prefiller first, then the decoder streams (disaggregated.py)
-                    await disaggregated.prefill(self.session, engine, req.path, body, self._timeout)
-                resp = await self.session.post(engine.url + req.path, data=body, headers=_JSON_HEADERS,
-                                               timeout=self._timeout)
+                    await disaggregated.prefill(self.engines, engine, req.path, body)
+                resp = await self.engines.post(engine.url, req.path, body)
                 try:
                     call = await self._until_first_token(req, resp, decision, engine, acc, t0)
                     call.t_sent = t_sent
@@ -277,17 +280,22 @@ class Dispatcher:
                     raise
         except TimeoutError:
             raise _AttemptFailed(f"no first token within {timeout:g}s") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except EngineHttpError as exc:
+            raise _AttemptFailed(str(exc)) from None
+        except OSError as exc:
             raise _AttemptFailed(f"{type(exc).__name__}: {exc}") from None
 
-    async def _until_first_token(self, req: RouteRequest, resp: aiohttp.ClientResponse, decision: Decision,
+    async def _until_first_token(self, req: RouteRequest, resp: EngineResponse, decision: Decision,
                                  engine: EngineState, acc: tuple[float, float], t0: float) -> Call:
         status = resp.status
         if status >= 500 or status == 429:
             await resp.read()
+            resp.release()
             raise _AttemptFailed(f"HTTP {status}")
         if status >= 400:
-            raise UpstreamClientError(status, await resp.read(), resp.content_type)
+            data = await resp.read()
+            resp.release()
+            raise UpstreamClientError(status, data, resp.content_type)
         if not req.stream or not resp.content_type.startswith("text/event-stream"):
             data = await resp.read()
             now = time.monotonic()
@@ -301,9 +309,8 @@ class Dispatcher:
             return call
         call = Call(decision, engine, resp, t0, 0.0, acc)
         buf = b""
-        content = resp.content
         while True:
-            chunk = await content.readany()
+            chunk = await resp.readany()
             if not chunk:
                 raise _AttemptFailed("stream ended before the first token")
             events, buf = split_events(buf + chunk)
@@ -371,6 +378,11 @@ class Dispatcher:
         for ev in events:
             self._note(call, ev)
 
+    async def close(self) -> None:
+        """Closes the idle engine connections and the lookup session (at the router's stop)."""
+        await self.engines.close()
+        await self.session.close()
+
     def finish(self, call: Call, *, aborted: bool) -> tuple[float, float]:
         """Ends the request: releases or closes the upstream connection; returns the end accumulators."""
         if call.closed:
@@ -382,24 +394,3 @@ class Dispatcher:
             call.response.release()
         return call.engine.end_request(time.monotonic(), self.saturation_requests)
 
-
-# -- hooks on a committed stream's reader -------------------------------------------------------------
-
-stream_hooks: dict[int, Any] = {}
-"""Per streaming response reader (by id): a function offered each chunk the response parser feeds,
-before aiohttp buffers it; it returns True when it took the chunk (it is then not buffered). Set by the
-HTTP front's forwarder and the gRPC Generate collector, removed by them when their handler ends."""
-
-
-class HookedReader(aiohttp.StreamReader):
-    """aiohttp's StreamReader whose ``feed_data`` offers each chunk to the stream's hook first
-    (``stream_hooks``). A front sets it as the class of ``call.response.content``; it has no slots of its
-    own, so the layout is the same. End of stream and errors still reach the reader as usual."""
-
-    __slots__ = ()
-
-    def feed_data(self, data: bytes, size: int = 0) -> bool:
-        hook = stream_hooks.get(id(self))
-        if hook is not None and data and hook(data):
-            return False
-        return aiohttp.StreamReader.feed_data(self, data, size)

@@ -106,16 +106,16 @@ def test_running_text_declines_what_it_cannot_place() -> None:
 
 
 async def test_http_token_chunks_are_forwarded_from_the_protocol_callback(emulators, router, monkeypatch) -> None:
-    """Running token chunks go to the client from the upstream protocol callback (http_front._Forwarder), and a
-    client that starts reading only after the engine has sent most of a long stream still gets every event
-    once, in order, with one receipt."""
+    """Running token chunks go to the client from the engine connection's data_received (http_front._Forwarder,
+    the response's raw_sink), and a client that starts reading only after the engine has sent most of a long
+    stream still gets every event once, in order, with one receipt."""
     from greenserve.router import http_front
 
     forwarded = []
     original = http_front._Forwarder.__call__
 
-    def counting(self: http_front._Forwarder, data: bytes) -> bool:
-        done = original(self, data)
+    def counting(self: http_front._Forwarder, data: bytes, chunks: int) -> bool:
+        done = original(self, data, chunks)
         if done:
             forwarded.append(len(data))
         return done

@@ -1,20 +1,21 @@
 """Generate's stream path: the message budget that widens the interval as streams grow, and the reader's
-hook that gathers the engine's chunks between messages (no StreamReader bookkeeping per token) and cuts
-the wait short at the end of the stream."""
+hook (the engine response's data_sink) that gathers the engine's chunks between messages (no queue or
+wake-up per token) and cuts the wait short at the end of the stream."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from types import SimpleNamespace
-from unittest import mock
 
-import aiohttp
 import pytest
+from greenserve.router.engine_http import EngineConnection, EngineResponse
 from greenserve.router.service import RouterServicer, RouterSettings, _EventReader
-from greenserve.router.upstream import TEXT_KEY_COMPLETION, HookedReader, stream_hooks
+from greenserve.router.upstream import TEXT_KEY_COMPLETION
 from greenserve.v1 import router_pb2
 from greenserve_client.generation import generate
+
+from tests.router.engine_conn_fakes import chunk, open_stream
 
 
 def _servicer(**settings: float) -> RouterServicer:
@@ -65,47 +66,47 @@ def _final() -> bytes:
         b"data: [DONE]\n\n"
 
 
-def _reader() -> tuple[_EventReader, aiohttp.StreamReader, SimpleNamespace]:
-    protocol = mock.Mock(_reading_paused=False)
-    content = aiohttp.StreamReader(protocol, 2**16, loop=asyncio.get_running_loop())
-    call = SimpleNamespace(response=SimpleNamespace(content=content), tail=b"", done=False, events=1)
-    return _EventReader(call, TEXT_KEY_COMPLETION), content, call  # type: ignore[arg-type]
+def _reader() -> tuple[_EventReader, EngineResponse, EngineConnection, SimpleNamespace]:
+    response, conn, _ = open_stream()
+    call = SimpleNamespace(response=response, tail=b"", done=False, events=1)
+    return _EventReader(call, TEXT_KEY_COMPLETION), response, conn, call  # type: ignore[arg-type]
 
 
 async def test_hook_gathers_chunks_in_order_and_the_end_cuts_the_wait_short() -> None:
-    reader, content, call = _reader()
-    assert type(content) is HookedReader and stream_hooks[id(content)] == reader._hook
-    # tokens fed by the response parser go to the hook, not to aiohttp's buffer; a split event is joined
+    reader, content, conn, call = _reader()
+    assert content.data_sink == reader._hook
+    # tokens decoded by the engine connection go to the hook, not to the response's queue; a split event
+    # (and a split chunk) is joined
     whole = _token("b")
-    for chunk in (_token("a"), whole[:10], whole[10:], _token("c")):
-        content.feed_data(chunk)
-    assert content.read_nowait() == b"" and len(reader.chunks) == 4
+    for data in (chunk(_token("a")), chunk(whole[:10]), chunk(whole[10:])[:5], chunk(whole[10:])[5:],
+                 chunk(_token("c"))):
+        conn.data_received(data)
+    assert content.read_nowait() == b"" and b"".join(reader.chunks) == _token("a") + whole + _token("c")
     reader.drain()
     assert reader.take() == "abc" and reader.take_tokens() == 3 and not reader.chunks
     # a long gather ends as soon as [DONE] arrives
     task = asyncio.create_task(reader.gather(30.0))
     await asyncio.sleep(0)
-    content.feed_data(_token("d") + _final())
+    conn.data_received(chunk(_token("d") + _final()) + b"0\r\n\r\n")
     await asyncio.wait_for(task, 10.0)
     reader.drain()
     assert reader.ended and call.done
     assert reader.take() == "d!" and reader.take_tokens() == 2 and reader.reason == "length"
     assert reader.usage == {"completion_tokens": 4}
     reader.close()
-    assert id(content) not in stream_hooks
+    assert content.data_sink is None
 
 
 async def test_read_waits_on_the_stream_itself_and_sees_its_end() -> None:
-    reader, content, call = _reader()
+    reader, content, conn, call = _reader()
     task = asyncio.create_task(reader.read())
     await asyncio.sleep(0)
-    assert id(content) not in stream_hooks  # unhooked while it waits: the next chunk wakes it
-    content.feed_data(_token("x"))
+    assert content.data_sink is None  # unhooked while it waits: the next chunk wakes it
+    conn.data_received(chunk(_token("x")))
     await asyncio.wait_for(task, 10.0)
-    assert id(content) in stream_hooks and reader.take() == "x"
-    # the engine goes away without [DONE]: the stream ends, call.done stays False
-    content.feed_data(_token("y")[:12])
-    content.feed_eof()
+    assert content.data_sink == reader._hook and reader.take() == "x"
+    # the engine ends its body without [DONE]: the stream ends, call.done stays False
+    conn.data_received(chunk(_token("y")[:12]) + b"0\r\n\r\n")
     for _ in range(2):  # the cut last event is taken first, then the end is seen
         await asyncio.wait_for(reader.read(), 10.0)
     assert reader.ended and not call.done and reader.take() == ""
@@ -128,9 +129,9 @@ async def test_generate_under_the_budget_reassembles_the_text(emulators, router)
 
 async def test_an_engine_error_keeps_what_the_hook_took() -> None:
     # tokens taken by the hook, then the connection fails: they still go out before the error
-    reader, content, call = _reader()
-    content.feed_data(_token("p") + _token("q"))
-    content.set_exception(aiohttp.ClientPayloadError("connection lost"))
+    reader, content, conn, call = _reader()
+    conn.data_received(chunk(_token("p") + _token("q")))
+    conn.connection_lost(ConnectionResetError("connection lost"))
     reader.drain()
     assert reader.ended and not call.done and reader.take() == "pq"
     reader.close()

@@ -87,11 +87,10 @@ async def test_router_sockets_on_the_stream_path_have_nodelay(router) -> None:
             for sock in downstream:
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
             await resp.read()
-        connector = r.core.dispatcher.session.connector
-        pooled = [proto for conns in connector._conns.values() for proto, _ in conns]
+        pooled = r.core.dispatcher.engines.idle_connections()
         assert pooled  # the engine connection went back to the pool
-        for proto in pooled:
-            sock = proto.transport.get_extra_info("socket")
+        for conn in pooled:
+            sock = conn.transport.get_extra_info("socket")
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         server.close()

@@ -1,0 +1,63 @@
+"""A stand-in transport and helpers that drive an ``engine_http.EngineConnection`` by hand: tests feed it
+response bytes split any way they like, with no socket and no engine."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from greenserve.router.engine_http import EngineConnection, EngineResponse
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class FakeTransport:
+    """Records writes, closing and pausing, as an asyncio transport would do them."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+        self.paused = False
+        self.buffered = 0  # what get_write_buffer_size answers
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+def connection(loop: asyncio.AbstractEventLoop | None = None) -> tuple[EngineConnection, FakeTransport]:
+    """A connection (no pool) on a fake transport."""
+    conn = EngineConnection(None, ("http", "engine", 80), loop or asyncio.get_running_loop())
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport
+
+
+def open_stream(head: bytes = SSE_HEAD) -> tuple[EngineResponse, EngineConnection, FakeTransport]:
+    """A response whose head (by default a chunked SSE one) is in."""
+    conn, transport = connection()
+    response = conn.start(b"POST /v1/completions HTTP/1.1\r\n\r\n")
+    conn.data_received(head)
+    return response, conn, transport
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body."""
+    return b"%x\r\n" % len(data) + data + b"\r\n"
