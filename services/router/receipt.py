@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -40,13 +41,27 @@ def load_router_defaults() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class CarbonSettings:
-    """What the receipt needs besides the measurement."""
+    """What the receipt needs besides the measurement.
+
+    ``embodied_g_per_s``: the platform's amortised embodied carbon per second of use, from the shared model
+    (``Platform.amortised_embodied_g``) once: GreenLLM Eq. 1 is linear in the request's duration, and
+    evaluating it per request (validating every component's figures each time) was ~10 us of a request's
+    CPU. ``pue`` is checked once here, as ``carbon.operational_g`` would check it per request."""
 
     params: carbon.CarbonParams
     platform: carbon.Platform
     saturation_requests: int
     slo_ttft_s: float
     slo_tpot_s: float
+    embodied_g_per_s: float = field(init=False)
+    pue: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "embodied_g_per_s", self.platform.amortised_embodied_g(duration_s=1.0))
+        pue = float(self.params.pue)
+        if not (math.isfinite(pue) and pue >= 1.0):
+            raise ValueError(f"pue must be finite and >= 1, got {self.params.pue!r}")
+        object.__setattr__(self, "pue", pue)
 
 
 @dataclass
@@ -127,14 +142,20 @@ def compute_receipt(m: Measurement, settings: CarbonSettings, slo: common_pb2.Sl
     tpot = (m.e2e_s - m.ttft_s) / (m.completion_tokens - 1) if m.completion_tokens > 1 else 0.0
     energy_kwh = max(0.0, m.energy_j) / carbon.J_PER_KWH
     mean_batch = max(1.0, m.busy_slot_s / m.e2e_s) if m.e2e_s > 0 else 1.0
-    breakdown = carbon.request_carbon(
-        duration_s=max(0.0, m.e2e_s), energy_kwh=energy_kwh, ci_g_per_kwh=max(0.0, m.ci_g_per_kwh),
-        mean_batch_size=mean_batch, platform=settings.platform, pue=settings.params.pue,
-    )
+    duration_s = max(0.0, m.e2e_s)
+    ci = max(0.0, m.ci_g_per_kwh)
+    if not math.isfinite(duration_s + energy_kwh + ci + mean_batch):
+        # the shared model raises its own ValueError naming the non-finite input
+        carbon.request_carbon(duration_s=duration_s, energy_kwh=energy_kwh, ci_g_per_kwh=ci,
+                              mean_batch_size=mean_batch, platform=settings.platform, pue=settings.pue)
+    # carbon.request_carbon's two terms (GreenLLM Eq. 1-2) with the per-second embodied rate computed once
+    # (CarbonSettings); test_receipt_matches_the_shared_carbon_model checks they agree
+    operational_g = energy_kwh * settings.pue * ci
+    embodied_g = duration_s * settings.embodied_g_per_s / mean_batch
     ttft_slo = slo.ttft_s if slo is not None and slo.ttft_s > 0 else settings.slo_ttft_s
     tpot_slo = slo.tpot_s if slo is not None and slo.tpot_s > 0 else settings.slo_tpot_s
     slo_met = m.ttft_s <= ttft_slo and tpot <= tpot_slo
-    return Receipt(m, tpot, energy_kwh, breakdown.operational_g, breakdown.embodied_g, slo_met)
+    return Receipt(m, tpot, energy_kwh, operational_g, embodied_g, slo_met)
 
 
 class ReceiptMetrics:
