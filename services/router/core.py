@@ -23,6 +23,7 @@ from greenserve.router import models
 from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
 from greenserve.router.feeds import AccessFeed, LoadFeed
+from greenserve.router.folded_metrics import FoldedCounter, FoldedHistogram, FoldedLabelledCounter, MetricFolder
 from greenserve.router.monitor import EngineMonitor
 from greenserve.router.plans import PlanStore, PlanWatcher
 from greenserve.router.policy import PolicyConfig, RoutingPolicy
@@ -146,17 +147,24 @@ class RouterCore:
         self._idle_waiters: dict[str, asyncio.Event] = {}
         self._engine_writes = asyncio.Lock()
         self.prom = CollectorRegistry()
-        self._prom_requests = Counter("greenserve_router_requests", "requests finished", ["protocol", "outcome"],
-                                      registry=self.prom)
-        self._prom_ok: dict[str, Any] = {}
-        self._prom_ttft = Histogram("greenserve_router_ttft_seconds", "time to first token through the router",
-                                    buckets=(.005, .01, .025, .05, .1, .2, .5, 1, 2, 5, 10, 30), registry=self.prom)
-        self.prom_overhead = Histogram(
+        # the per-request counters and histograms are updated in plain Python and folded into these prometheus
+        # objects when the registry is collected (folded_metrics.py): the folder is registered first
+        self.prom_folder = MetricFolder()
+        self.prom.register(self.prom_folder)
+        fold = self.prom_folder.add
+        self._prom_requests = fold(FoldedLabelledCounter(Counter(
+            "greenserve_router_requests", "requests finished", ["protocol", "outcome"], registry=self.prom)))
+        self._prom_ok: dict[str, FoldedCounter] = {}
+        self._prom_ttft = fold(FoldedHistogram(Histogram(
+            "greenserve_router_ttft_seconds", "time to first token through the router",
+            buckets=(.005, .01, .025, .05, .1, .2, .5, 1, 2, 5, 10, 30), registry=self.prom)))
+        self.prom_overhead = fold(FoldedHistogram(Histogram(
             "greenserve_router_overhead_seconds",
             "time the router adds before a request's first token leaves it: (arrival to first byte written) minus "
             "(request sent upstream to first token received); first-attempt requests only",
-            buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1), registry=self.prom)
-        self._prom_carbon = Counter("greenserve_router_carbon_grams", "gCO2e of finished requests", registry=self.prom)
+            buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1), registry=self.prom)))
+        self._prom_carbon = fold(FoldedCounter(Counter(
+            "greenserve_router_carbon_grams", "gCO2e of finished requests", registry=self.prom)))
         # multiprocess_mode: how /metrics combines the router's worker processes (workers.py; unused with
         # one process): levels of live workers are summed, counts of all (dead ones too) summed, versions maxed
         Gauge("greenserve_router_in_flight", "requests in flight", registry=self.prom,
@@ -246,6 +254,7 @@ class RouterCore:
             await self.dispatcher.close()  # the engine pool and the lookup session
         for channel in self._channels:
             await channel.close()
+        self.prom_folder.fold()  # a worker's last counts reach its multiprocess file (folded_metrics.py)
 
     def _load_stored(self) -> None:
         assert self.shared is not None
