@@ -125,10 +125,15 @@ class EngineState:
         ahead of it in the prefill queue) count 1, requests already decoding count ``decode_weight``
         (they only lengthen each step a little). Of the requests others sent (from metrics), those the
         engine reports waiting count 1, the rest as decoding."""
+        return self.loads(now, stale_after_s, decode_weight)[1]
+
+    def loads(self, now: float, stale_after_s: float, decode_weight: float) -> tuple[float, float]:
+        """(``load``, ``queue_load``) at once: the routing policy needs both for every candidate, and
+        ``others`` is then worked out once instead of twice (same values as the two methods)."""
         others = self.others(now, stale_after_s)
         waiting = min(others, max(0.0, self.waiting - self.prefilling_at_scrape)) if others else 0.0
         decoding = self.in_flight - self.prefilling + others - waiting
-        return self.prefilling + waiting + decode_weight * decoding
+        return self.in_flight + others, self.prefilling + waiting + decode_weight * decoding
 
     def apply_metrics(self, metrics: EngineMetrics, now: float) -> None:
         self.running = metrics.running or 0.0

@@ -146,7 +146,10 @@ class RoutingPolicy:
             raise NoEngineError(f"no engine registered for {what}")
         now = time.monotonic()
         fallbacks: list[str] = []
-        live = [e for e in cands if e.id not in exclude and e.routable(now)]
+        if exclude:
+            live = [e for e in cands if e.id not in exclude and e.routable(now)]
+        else:  # the common case: routable() asked only of ejected engines (all it adds for the others)
+            live = [e for e in cands if not e.draining and (not e.ejected_until or e.routable(now))]
         if not live:
             ejected = [e for e in cands if e.id not in exclude and not e.draining and not e.probe_in_flight]
             if not ejected:
@@ -165,20 +168,23 @@ class RoutingPolicy:
                 fallbacks.append("plan_excludes_all")
 
         stale = self.registry.policy.stale_after_s
-        loads = [e.load(now, stale) for e in live]
+        # (in-flight load, queue load) of each engine in one call (EngineState.loads)
+        both = [e.loads(now, stale, self.config.decode_load_weight) for e in live]
+        loads = [b[0] for b in both]
         if len(live) > 1:
             mean = (sum(loads) + 1.0) / len(live)
             bound = max(self.config.bounded_load_factor * mean, mean + self.config.bounded_load_slack)
-            keep_idx = [i for i, load in enumerate(loads) if load <= bound]
-            if len(keep_idx) < len(live):
+            if max(loads) > bound:
+                keep_idx = [i for i, load in enumerate(loads) if load <= bound]
                 if keep_idx:
                     live = [live[i] for i in keep_idx]
                     loads = [loads[i] for i in keep_idx]
+                    both = [both[i] for i in keep_idx]
                 else:
                     fallbacks.append("all_over_load_bound")
 
         # the load scorer ranks by queue load; the bounded-load filter above caps total in-flight
-        queue = [e.queue_load(now, stale, self.config.decode_load_weight) for e in live]
+        queue = [b[1] for b in both]
         matches = self.index.match(hashes) if hashes else {}
         total_blocks = len(hashes)
         sticky = self.sessions.get(session_key) if session_key else None

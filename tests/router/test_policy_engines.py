@@ -159,3 +159,25 @@ def test_success_sent_before_the_ejection_does_not_close_the_circuit() -> None:
     assert e.ejected_until == now + 0.1 + 1.0 and e.eject_count == 1
     registry.record_success(e, started_at=now + 1.2)  # the half-open trial
     assert not e.ejected_until and e.consecutive_failures == 0
+
+
+def test_loads_gives_load_and_queue_load_at_once() -> None:
+    """EngineState.loads (what the policy reads per candidate) equals (load, queue_load) in every state:
+    fresh or stale metrics, other clients' requests running or waiting, any decode weight."""
+    import random
+
+    rnd = random.Random(3)
+    for _ in range(2000):
+        e = EngineState(id="e", url="http://e", pool="p", model="m")
+        now = 100.0
+        e.in_flight = rnd.randint(0, 20)
+        e.prefilling = rnd.randint(0, e.in_flight)
+        e.metrics_at = rnd.choice([0.0, now - 0.5, now - 5.0])
+        e.running, e.waiting = rnd.uniform(0, 30), rnd.choice([0.0, rnd.uniform(0, 10)])
+        e.in_flight_at_scrape, e.prefilling_at_scrape = rnd.randint(0, 20), rnd.randint(0, 5)
+        weight = rnd.choice([0.0, 0.25, 1.0])
+        assert e.loads(now, 2.0, weight) == (e.load(now, 2.0), e.queue_load(now, 2.0, weight))
+    e.in_flight, e.prefilling, e.metrics_at, e.running, e.waiting = 3, 1, now, 6.0, 2.0
+    e.in_flight_at_scrape, e.prefilling_at_scrape = 3, 1
+    # others' requests: 6 + 2 - 3 = 5, of them 2 - 1 = 1 waiting; decoding: 2 own + 4 others'
+    assert e.loads(now, 2.0, 0.5) == (3 + 5.0, 1 + 1.0 + 0.5 * 6.0)
