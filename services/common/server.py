@@ -140,6 +140,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._expected_auth = [t.encode() for t in tokens if t] or None
         self._undecodable_log = _RateLimitedWarning(log, UNDECODABLE_LOG_INTERVAL_S)
         meter = telemetry.meter
+        # no metric reader (telemetry.py: a no-op meter): skip building the attributes per RPC as well
+        self._metrics_on = telemetry.metrics_exported
         self._requests = meter.create_counter("greenserve.rpc.server.requests", unit="{request}", description="RPCs served")
         self._duration = meter.create_histogram("greenserve.rpc.server.duration", unit="s", description="RPC duration")
         # The SDK's span processors (read per RPC: a processor added later counts); None: not the SDK, spans always.
@@ -265,19 +267,21 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     ctx_code = self.context.code()
                     code = ctx_code if isinstance(ctx_code, grpc.StatusCode) else _from_int_code(ctx_code)
                 elapsed = time.monotonic() - self.start
-                attrs = interceptor._metric_attrs(method, code)
-                interceptor._requests.add(1, attrs)
-                interceptor._duration.record(elapsed, attrs)
+                if interceptor._metrics_on:
+                    attrs = interceptor._metric_attrs(method, code)
+                    interceptor._requests.add(1, attrs)
+                    interceptor._duration.record(elapsed, attrs)
                 if self.span is not trace.INVALID_SPAN:
                     self.span.set_attribute("rpc.grpc.status_code", code.value[0])
                     self.span.end()
                 if self._token is not None:
                     otel_context.detach(self._token)
-                log.info(
-                    "rpc",
-                    extra={"rpc_method": method, "code": _code_name(code), "duration_ms": round(elapsed * 1000, 3),
-                           "peer": self.peer},
-                )
+                if log.isEnabledFor(logging.INFO):  # the record and its fields only when it is written
+                    log.info(
+                        "rpc",
+                        extra={"rpc_method": method, "code": _code_name(code), "duration_ms": round(elapsed * 1000, 3),
+                               "peer": self.peer},
+                    )
 
         async def _guard(call: _Call, body: Callable[[], Awaitable[Any]]) -> Any:
             try:
