@@ -24,7 +24,10 @@ The supervisor (this module's :class:`Supervisor`, the process started by the us
 
 ``/metrics`` on any worker reports the router as a whole: prometheus_client's multiprocess mode, one
 directory of per-process files (``<data-dir>/router-metrics-<grpc port>``); counters and histograms are
-summed over every worker that ever ran (a dead worker's counts stay), gauges by their
+summed over every worker that ever ran (a dead worker's counts stay; the request path counts in plain
+Python and each worker writes its counts to its file when it publishes, every second, and at stop:
+folded_metrics.py, so another worker's counts lag by up to a second and a worker killed outright loses
+at most its last second of them), gauges by their
 ``multiprocess_mode`` (levels over live workers). The gauges that read a live value when scraped
 (in flight, connections, ...) are written to the files every second and by the answering worker at the
 scrape. Each worker also publishes its requests in flight per engine, so that ``Drain`` through any worker
