@@ -198,7 +198,8 @@ class RoutingPolicy:
             # that many unrelated prompts may share: only a prefix no engine holds yet (in this replica's
             # index) goes to its rendezvous engine; once engines hold it, prefix and load scoring share it
             # out (else every prompt with a common preamble piles onto one engine).
-            if hashes.conversation or all(matches.get(e.id, 0) < key_blocks for e in live):  # type: ignore[attr-defined]
+            if hashes.conversation or not matches or \
+                    all(matches.get(e.id, 0) < key_blocks for e in live):  # type: ignore[attr-defined]
                 target = rendezvous(key, live, weights, unnamed_w)
         min_queue = min(queue)
         if target is not None and queue[live.index(target)] > min_queue + cfg.affinity_queue_slack:
