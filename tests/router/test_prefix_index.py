@@ -82,3 +82,21 @@ def test_memory_stays_under_cap_on_mooncake_trace() -> None:
     assert used <= cap, f"index uses {used} bytes > cap {cap}"
     assert peak_entries <= idx.max_entries
     assert idx.evictions > 0 and hits > 0  # the cap was binding and the index still found reuse
+
+
+def test_chain_hashes_are_the_blake2b_of_each_whole_prefix() -> None:
+    """Hash i is blake2b (8 bytes, little-endian) of the seed and the prompt's UTF-8 bytes up to the end of
+    block i, for every full block and no partial one, up to max_blocks: what other replicas and processes
+    compute for the same prompt, whatever the loop that computes it."""
+    import hashlib
+
+    from greenserve.router.prefix_index import _SEED
+
+    text = "ein Präfix, 前缀 and a prefix; " * 90  # multi-byte characters straddle block edges
+    data = text.encode("utf-8")
+    for block_chars, max_blocks in ((256, 4096), (64, 4096), (100, 7)):
+        got = chain_hashes(text, block_chars, max_blocks)
+        n = min(len(data) // block_chars, max_blocks)
+        want = [int.from_bytes(hashlib.blake2b(_SEED + data[: (i + 1) * block_chars], digest_size=8).digest(),
+                               "little") for i in range(n)]
+        assert list(got) == want and n > 0
