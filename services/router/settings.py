@@ -77,13 +77,13 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         "seconds, carrying every token that arrived meanwhile (a gRPC message costs the router several times "
         "what a token costs over HTTP); 0: one message per read of the engine's stream")
     grpc_stream_messages_per_s: float = Field(
-        2000.0, ge=0,
+        500.0, ge=0,
         description="Generate: messages per second all streams may send together; when the streams in flight "
         "would send more at --grpc-stream-interval-s, each stream's interval widens to its share (streams / "
         "this), up to --grpc-stream-max-interval-s, so the router's gRPC message CPU stays bounded as "
         "concurrency grows; 0: no budget")
     grpc_stream_max_interval_s: float = Field(
-        0.25, ge=0, le=5.0, description="Generate: the widest interval the message budget may set (seconds)")
+        1.0, ge=0, le=5.0, description="Generate: the widest interval the message budget may set (seconds)")
     workers: int | None = Field(
         None, ge=1, le=64,
         description="worker processes serving both ports (SO_REUSEPORT, Linux) under a supervisor that restarts a "

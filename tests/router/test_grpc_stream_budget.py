@@ -45,7 +45,7 @@ def test_interval_widens_with_the_streams_in_flight() -> None:
 def test_settings_defaults_and_bounds() -> None:
     st = RouterSettings()
     assert (st.grpc_stream_interval_s, st.grpc_stream_messages_per_s, st.grpc_stream_max_interval_s) == \
-        (0.05, 2000.0, 0.25)
+        (0.05, 500.0, 1.0)
     with pytest.raises(ValueError, match="grpc_stream_messages_per_s"):
         RouterSettings(grpc_stream_messages_per_s=-1)
     with pytest.raises(ValueError, match="grpc_stream_max_interval_s"):
