@@ -686,7 +686,9 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         ctx = None
         if origin.ssl:
-            ctx = self.ssl_context or ssl.create_default_context()
+            if self.ssl_context is None:  # built once: it loads the system's CA certificates
+                self.ssl_context = ssl.create_default_context()
+            ctx = self.ssl_context
         conn = EngineConnection(self, origin.key, loop)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
