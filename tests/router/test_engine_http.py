@@ -13,7 +13,13 @@ import aiohttp
 import pytest
 from greenserve.router import http_front
 from greenserve.router.bench_engine import BenchEngine, start
-from greenserve.router.engine_http import QUEUE_HIGH_BYTES, EngineHttpError, EnginePool, whole_chunks
+from greenserve.router.engine_http import (
+    QUEUE_HIGH_BYTES,
+    EngineConnection,
+    EngineHttpError,
+    EnginePool,
+    whole_chunks,
+)
 
 from tests.router.engine_conn_fakes import FakeTransport, chunk, connection, open_stream
 
@@ -315,3 +321,20 @@ async def test_the_http_front_streams_exactly_the_engines_events(router) -> None
         assert "greenserve" in last and {k: v for k, v in last.items() if k != "greenserve"} == usage
     finally:
         server.close()
+
+
+async def test_a_stream_released_before_its_last_chunk_is_pooled_once_it_ends() -> None:
+    pool = EnginePool()
+    for tail, pooled in ((b"0\r\n\r\n", True), (chunk(b"x" * 70000), False)):
+        conn = EngineConnection(pool, ("http", "engine", 80), asyncio.get_running_loop())
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        r = conn.start(b"POST / HTTP/1.1\r\n\r\n")
+        conn.data_received(HEAD + chunk(EVENTS[2]))  # [DONE] is in; the terminating 0-chunk is not
+        assert await r.readany() == EVENTS[2] and not r.done
+        r.release()  # the caller is done with it
+        assert pool.idle_connections() == [] and not transport.closed
+        conn.data_received(tail)  # the end comes: pooled; more body instead: closed, never pooled
+        assert (pool.idle_connections() == [conn]) is pooled and transport.closed is not pooled
+        await pool.close()
+        pool = EnginePool()
