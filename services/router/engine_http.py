@@ -623,11 +623,18 @@ class _Origin:
         self.host_header = (host if port == default else f"{host}:{port}").encode("ascii")
 
 
+IDLE_TIMEOUT_S = 4.0
+"""Seconds a pooled engine connection is kept idle: under vLLM's own keep-alive timeout (uvicorn's
+``timeout_keep_alive``, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so that the router drops an idle
+connection before the engine does and the keep-alive race (a request written onto a connection the engine is
+closing; sent again once, above) stays rare."""
+
+
 class EnginePool:
     """Keep-alive connections per engine origin; see the module docstring."""
 
     def __init__(self, *, connect_timeout_s: float = 2.0, max_idle_per_origin: int = 512,
-                 idle_timeout_s: float = 30.0, ssl_context: ssl.SSLContext | None = None) -> None:
+                 idle_timeout_s: float = IDLE_TIMEOUT_S, ssl_context: ssl.SSLContext | None = None) -> None:
         if connect_timeout_s <= 0 or idle_timeout_s <= 0 or max_idle_per_origin < 0:
             raise ValueError("connect_timeout_s and idle_timeout_s must be > 0, max_idle_per_origin >= 0")
         self.connect_timeout_s = connect_timeout_s
