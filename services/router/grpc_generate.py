@@ -178,8 +178,9 @@ class _EventReader:
     to ``texts`` (running tokens found by a byte scan, no JSON decoded), usage and finish reason are
     noted; ``ended`` once [DONE] came or the stream stopped (``call.done`` tells which).
 
-    Between two reads the reader's hook is the engine response's ``data_sink`` (engine_http.py): it takes
-    each piece of the decoded body and only appends it to ``chunks``: no queue or wake-up per token, except
+    Between two reads the reader's hooks are the engine response's ``raw_sink`` (a read of one whole chunk,
+    unframed by ``_raw_hook``) and ``data_sink`` (anything else, decoded by the client): each piece of the
+    body is only appended to ``chunks``: no queue or wake-up per token, except
     for a piece holding [DONE], which ends ``gather`` at once so that the last message does not wait out
     the interval."""
 
@@ -202,6 +203,7 @@ class _EventReader:
         self.hooked = not self.ended
         if self.hooked:
             content.data_sink = self._hook
+            content.raw_sink = self._raw_hook
 
     def _hook(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -210,10 +212,25 @@ class _EventReader:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
+    def _raw_hook(self, data: bytes, chunks: int) -> bool:
+        """The engine client's fast path: ``data`` is exactly ``chunks`` whole chunks of the chunked body.
+        One chunk (a token event, the usual read) is unframed here with one search, which skips the
+        client's chunk decoder; several go to the decoder (False), which hands them to ``_hook`` in order."""
+        if chunks != 1:
+            return False
+        self._hook(data[data.index(b"\r\n") + 2 : -2])
+        return True
+
+    def _unhook(self) -> None:
+        content = self.content
+        if content.data_sink == self._hook:
+            content.data_sink = None
+        if content.raw_sink == self._raw_hook:
+            content.raw_sink = None
+
     def close(self) -> None:
         if self.hooked:
-            if self.content.data_sink == self._hook:
-                self.content.data_sink = None
+            self._unhook()
             self.hooked = False
 
     def take(self) -> str:
@@ -243,7 +260,7 @@ class _EventReader:
             return
         content = self.content
         if self.hooked:
-            content.data_sink = None  # unhooked while it waits: the next bytes wake it
+            self._unhook()  # unhooked while it waits: the next bytes wake it
         try:
             chunk = await content.readany()
         except (EngineHttpError, OSError):
@@ -252,6 +269,7 @@ class _EventReader:
         finally:
             if self.hooked:
                 content.data_sink = self._hook
+                content.raw_sink = self._raw_hook
         self._take(chunk)
 
     def drain(self) -> None:
