@@ -16,6 +16,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from greenserve.common.parent_death import exit_with_parent
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -42,7 +44,8 @@ def map_jobs(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = 
             if on_done:
                 on_done(results[i])
         return results
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(items))) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(items)), initializer=exit_with_parent,
+                                                initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for future in concurrent.futures.as_completed(futures):
             results[futures[future]] = future.result()

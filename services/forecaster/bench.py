@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from greenserve.common import strict_json
+from greenserve.common.parent_death import exit_with_parent
 from greenserve.forecaster.backtest import limit_native_threads, run_backtest
 from greenserve.forecaster.forecast_models.holiday_calendar import holidays_for_region
 from greenserve.forecaster.csv_sources import CatalogEntry, catalog, load_entry, shared_data_dir
@@ -157,7 +158,8 @@ def main(argv: list[str], prog: str = "greenserve bench forecaster") -> int:
     t0 = time.perf_counter()
     rows: list[dict[str, object]] = []
     errors: list[dict[str, str]] = []
-    with ProcessPoolExecutor(max_workers=min(ns.workers, len(entries))) as pool:
+    with ProcessPoolExecutor(max_workers=min(ns.workers, len(entries)), initializer=exit_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_run_one, e, str(data_dir), ns.model, ns.days): e for e in entries}
         for future in as_completed(futures):
             entry = futures[future]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import pickle
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from greenserve.common.parent_death import exit_with_parent
 from greenserve.forecaster.backtest import BacktestResult, limit_native_threads, run_backtest
 from greenserve.forecaster.csv_sources import GridSeries
 from greenserve.forecaster.forecast_models import Model, make_model
@@ -51,7 +53,8 @@ def load_blob(blob: bytes) -> Model:
     return pickle.loads(blob)  # noqa: S301 - blobs are written by this service only
 
 
-def _worker_init() -> None:
+def _worker_init(parent_pid: int) -> None:
+    exit_with_parent(parent_pid)  # a forecaster killed with -9 takes its fit workers with it
     limit_native_threads(1)
 
 
@@ -66,7 +69,9 @@ class FitPool:
 
     def __init__(self, workers: int = 1) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process running gRPC threads
-        self._executor = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init)
+        # workers are started by submit(), from the event loop's thread: it lives as long as the service
+        self._executor = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, initializer=_worker_init,
+                                             initargs=(os.getpid(),))
 
     async def fit(self, model: str, values: np.ndarray, period: int, start_s: int | None = None,
                   holidays: Holidays | None = None) -> FitOutcome:
