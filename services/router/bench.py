@@ -971,7 +971,11 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         procs.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     if args.replicas_phase:  # its own processes, after the other phases' are gone
-        result.update(bench_replicas.phase_result(args))
+        try:
+            result.update(bench_replicas.phase_result(args))
+        except Exception as exc:  # noqa: BLE001 - the figures of the other phases are still printed
+            _log(f"replicas phase failed: {type(exc).__name__}: {exc}")
+            result["replicas_phase"] = {"error": f"{type(exc).__name__}: {exc}"}
     if args.workers_phase > 1:  # its own processes too
         from greenserve.router.bench_workers import phase_or_error
 

@@ -184,7 +184,7 @@ class Cluster:
         import subprocess
 
         rb = self.rb
-        self.engine_args = SimpleNamespace(time_scale=args.time_scale, max_num_seqs=256, model=MODEL)
+        self.engine_args = engine_args(args.time_scale)
         self.engines = [rb._start_engine(self.procs, self.engine_args, None) for _ in range(engines)]
         self.http: list[str] = []
         self.grpc: list[str] = []
@@ -404,6 +404,12 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
 def phase_args(args: argparse.Namespace, prefix: str = "replicas-") -> argparse.Namespace:
     d = prefix.replace("-", "_")
     return argparse.Namespace(**{name: getattr(args, d + name) for name in _OPTIONS})
+
+
+def engine_args(time_scale: float) -> SimpleNamespace:
+    """What ``bench._start_engine`` reads to start one of the phase's engines: always the emulator, whose
+    prefix cache (``vllm:prefix_cache_*``) the hit-rate figure is read from (the no-op engine has none)."""
+    return SimpleNamespace(engine="emulator", time_scale=time_scale, max_num_seqs=256, model=MODEL)
 
 
 def phase_result(args: argparse.Namespace) -> dict[str, Any]:

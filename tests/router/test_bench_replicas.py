@@ -27,3 +27,20 @@ def test_bad_values_are_refused(flag: str) -> None:
     args = br._parser("bench").parse_args([flag, "0"])
     with pytest.raises(SystemExit, match=flag):
         br.run(args)
+
+
+def test_the_phase_starts_its_emulated_engines() -> None:
+    """The phase's engines start through bench._start_engine (it failed with AttributeError 'engine' once the
+    bench learned --engine noop, so --replicas-phase and bench router-replicas crashed before any figure)."""
+    import urllib.request
+
+    from greenserve.router import bench as rb
+    from greenserve.router.bench_replicas import engine_args
+
+    procs = rb._Procs()
+    try:
+        url = rb._start_engine(procs, engine_args(time_scale=20.0), None)
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            assert b"vllm:prefix_cache_queries" in resp.read()  # the emulator: the hit rate is read from these
+    finally:
+        procs.stop()
