@@ -83,3 +83,41 @@ def engine_pids(data_dir: Path) -> list[str]:
             if str(data_dir) in cmdline and "engine" in cmdline:
                 out.append(entry.name)
     return out
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent pid (from /proc)."""
+    parent_of: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return parent_of
+
+
+def children_of(pid: int) -> list[int]:
+    """The direct children of `pid`."""
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def descendants_of(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...)."""
+    parent_of = _parents()
+    found, frontier = [], [pid]
+    while frontier:
+        above = frontier.pop()
+        kids = [child for child, parent in parent_of.items() if parent == above]
+        found += kids
+        frontier += kids
+    return found
+
+
+def wait_until_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Waits up to `timeout_s` for `pids` to stop running; those still running then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pids_alive(pids):
+        time.sleep(0.2)
+    return pids_alive(pids)
+

@@ -9,11 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
-from tests.up_process import pids_alive
+from tests.up_process import descendants_of, pids_alive, wait_until_gone
 
 _SERVICE = """
 import asyncio, sys
@@ -30,24 +28,6 @@ asyncio.run(main())
 """
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc)."""
-    parent_of: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent_of.items() if pp == p]
-        found += kids
-        frontier += kids
-    return found
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_fit_workers_die_with_a_killed_forecaster() -> None:
     service = subprocess.Popen([sys.executable, "-c", _SERVICE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -56,14 +36,12 @@ def test_fit_workers_die_with_a_killed_forecaster() -> None:
     try:
         line = service.stdout.readline()
         assert line.startswith("fitted 4"), f"{line!r} {service.stderr.read() if service.poll() is not None else ''}"
-        workers = _descendants(service.pid)
+        workers = descendants_of(service.pid)
         assert len(workers) >= 2, workers  # two fit workers (and the resource tracker)
         os.kill(service.pid, signal.SIGKILL)
         service.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and pids_alive(workers):
-            time.sleep(0.2)
-        assert not pids_alive(workers), f"outlived kill -9 of their service: {pids_alive(workers)}"
+        left = wait_until_gone(workers, 15)
+        assert not left, f"outlived kill -9 of their service: {left}"
     finally:
         for pid in pids_alive(workers):
             os.kill(pid, signal.SIGKILL)

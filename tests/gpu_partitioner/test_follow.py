@@ -22,6 +22,7 @@ from greenserve.router.service import build as build_router
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2, router_pb2_grpc
 
 from tests.conftest import free_port
+from tests.up_process import children_of
 
 POOL = common_pb2.Pool(name="chat", model="meta-llama/Meta-Llama-3-8B-Instruct", variants=[
     common_pb2.ModelVariant(name="1b", model="meta-llama/Llama-3.2-1B-Instruct", simulator_model="llama3.2-1b")])
@@ -109,19 +110,6 @@ async def test_gpu_reports_wait_for_the_optimizer_and_follow_changes() -> None:
             await server.stop(0)
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def _running(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -173,7 +161,7 @@ async def test_plan_from_watch_is_enforced_and_sigterm_leaves_no_engine(start_in
         # the new inventory (instances with the engine on one) is reported too
         await _until(lambda: any(len(r.gpus[0].instances) == 2 for r in optimizer.gpu_reports), 30, "the new layout")
 
-        engines = [pid for pid in _children(proc.pid) if _running(pid)]
+        engines = [pid for pid in children_of(proc.pid) if _running(pid)]
         assert len(engines) == 1, engines
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0

@@ -12,21 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.up_process import pids_alive
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
+from tests.up_process import children_of, pids_alive, wait_until_gone
 
 
 def _start_bench_until_loaded() -> tuple[subprocess.Popen, list[int]]:
@@ -39,7 +25,7 @@ def _start_bench_until_loaded() -> tuple[subprocess.Popen, list[int]]:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         assert bench.poll() is None, f"bench exited {bench.returncode}: {bench.stderr.read()[-2000:]}"
-        kids = _children(bench.pid)
+        kids = children_of(bench.pid)
         cmdlines = [Path(f"/proc/{k}/cmdline").read_bytes() for k in kids if Path(f"/proc/{k}/cmdline").exists()]
         if len(kids) >= 4 and any(b"_loadgen_entry" in c for c in cmdlines):  # 2 engines, the router, a load process
             return bench, kids
@@ -55,10 +41,8 @@ def test_stopped_bench_leaves_no_process(sig: int) -> None:
     try:
         os.kill(bench.pid, sig)
         bench.wait(timeout=30)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and pids_alive(kids):
-            time.sleep(0.2)
-        assert not pids_alive(kids), f"outlived the bench ({signal.Signals(sig).name}): {pids_alive(kids)}"
+        left = wait_until_gone(kids, 20)
+        assert not left, f"outlived the bench ({signal.Signals(sig).name}): {left}"
     finally:
         for pid in pids_alive(kids):
             os.kill(pid, signal.SIGKILL)
