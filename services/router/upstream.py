@@ -16,9 +16,8 @@ The SSE body is scanned at the byte level: events are split on blank lines and o
 are JSON-decoded (until the first token, and the final finish/usage events; a running chunk carries
 ``"finish_reason":null`` and is passed through untouched), so the HTTP front forwards engine bytes
 without re-encoding them. After the commit, each front reads the rest of the stream itself from
-``call.response.content`` (``call.tail`` holds bytes read past the last complete event), without an
-async-generator layer between the socket and its write: that layer cost a coroutine resume per token.
-The fronts attach their sinks to ``call.response`` (``EngineResponse.raw_sink`` / ``data_sink``).
+``call.response`` (an ``EngineResponse``; ``call.tail`` holds bytes read past the last complete event),
+attaching its sinks to it (``raw_sink`` / ``data_sink``), so no task or coroutine resumes per token.
 """
 
 from __future__ import annotations
