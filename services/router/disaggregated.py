@@ -26,7 +26,8 @@ import json
 import uuid
 from typing import Any
 
-from greenserve.router.engine_http import EngineHttpError, EnginePool
+from greenserve.router.engine_pool import EnginePool
+from greenserve.router.engine_wire import EngineHttpError
 
 PREFILL_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Cap of the prefiller's answer (one token of a completion; read and discarded)."""

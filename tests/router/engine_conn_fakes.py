@@ -1,4 +1,4 @@
-"""A stand-in transport and helpers that drive an ``engine_http.EngineConnection`` by hand: tests feed it
+"""A stand-in transport and helpers that drive an ``engine_pool.EngineConnection`` by hand: tests feed it
 response bytes split any way they like, with no socket and no engine."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from greenserve.router.engine_http import EngineConnection, EngineResponse
+from greenserve.router.engine_pool import EngineConnection
+from greenserve.router.engine_response import EngineResponse
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -1,6 +1,7 @@
-"""The router's engine client (engine_http.py): chunked decoding over any splits, malformed answers as clear
-errors, keep-alive reuse only of connections whose response was read to its end, Connection: close,
-read-to-close bodies, the raw fast path and the pause of the engine read behind a slow client."""
+"""The router's engine client (engine_pool.py, engine_response.py, engine_wire.py): chunked decoding over any
+splits, malformed answers as clear errors, keep-alive reuse only of connections whose response was read to its
+end, Connection: close, read-to-close bodies, the raw fast path and the pause of the engine read behind a slow
+client."""
 
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ import aiohttp
 import pytest
 from greenserve.router import http_front
 from greenserve.router.bench_engine import BenchEngine, start
-from greenserve.router.engine_http import (
-    QUEUE_HIGH_BYTES,
-    EngineConnection,
-    EngineHttpError,
-    EnginePool,
-    whole_chunks,
-)
+from greenserve.router.engine_pool import EngineConnection, EnginePool
+from greenserve.router.engine_response import QUEUE_HIGH_BYTES
+from greenserve.router.engine_wire import EngineHttpError, whole_chunks
 
 from tests.router.engine_conn_fakes import FakeTransport, chunk, connection, open_stream
 

@@ -9,7 +9,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from greenserve.router.engine_http import EngineConnection, EngineResponse
+from greenserve.router.engine_pool import EngineConnection
+from greenserve.router.engine_response import EngineResponse
 from greenserve.router.service import RouterServicer, RouterSettings, _EventReader
 from greenserve.router.upstream import TEXT_KEY_COMPLETION
 from greenserve.v1 import router_pb2
