@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 from greenserve.simulator.perf_model import EngineProfile, SpecDecodeConfig, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 
 MEAN_TURNS = 4.0

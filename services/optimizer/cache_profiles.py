@@ -17,7 +17,8 @@ from functools import lru_cache
 import numpy as np
 
 from greenserve.simulator.perf_model import PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import multi_turn_workload
 
 MEAN_TURNS = 4.0

@@ -30,7 +30,8 @@ from functools import lru_cache
 
 import numpy as np
 from greenserve.simulator.perf_model import DEFAULT_PROFILE, EngineProfile, PerfModel, list_profiles, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 from greenserve.v1 import common_pb2
 

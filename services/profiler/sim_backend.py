@@ -23,7 +23,8 @@ from greenserve.profiler.keys import simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
 from greenserve.simulator.perf_model import EngineProfile, data_version, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.v1 import common_pb2, profiler_pb2
 
 SUPPORTED_MODES = (common_pb2.SERVING_MODE_UNSPECIFIED, common_pb2.SERVING_MODE_STANDALONE,

@@ -18,7 +18,8 @@ from typing import Any
 
 from greenserve.common import strict_json
 from greenserve.simulator.perf_model import list_profiles
-from greenserve.simulator.replay import FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import FleetConfig
 from greenserve.simulator.workloads import (
     Workload,
     load_azure_csv,

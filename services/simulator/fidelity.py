@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from greenserve.simulator.perf_model import PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import (
     load_mooncake_jsonl,
     multi_turn_workload,

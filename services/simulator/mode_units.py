@@ -25,7 +25,7 @@ from greenserve.simulator.perf_model import (
     list_profiles,
     load_profile,
 )
-from greenserve.simulator.replay import EngineSpec, FleetConfig
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.v1 import common_pb2
 
 STANDALONE = common_pb2.SERVING_MODE_STANDALONE

@@ -1,4 +1,5 @@
-"""The replay's routing policies: which engine of a simulated fleet takes a request (``replay.FleetConfig.policy``).
+"""The replay's routing policies: which engine of a simulated fleet takes a request
+(``replay_fleet.FleetConfig.policy``).
 
 A policy is any object with ``choose(sim, r, candidates) -> engine index``; ``sim`` is the running replay
 (its ``engines``, with ``outstanding`` and ``cached_prefix_blocks``, and ``hashes``), ``r`` the request's index

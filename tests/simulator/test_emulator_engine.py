@@ -190,8 +190,9 @@ def test_emulator_scheduler_in_virtual_time_agrees_with_the_replay(prompt: int, 
     gives the replay's mean TTFT and TPOT on the profiler's agreement profile (with the emulator's former mixed-step
     cost, prefill step + decode extra, they were 4 % apart for ShareGPT and 10 % for LongBench at 16 req/s)."""
     import numpy as np
-    from greenserve.simulator.replay import EngineSpec as ReplayEngine
-    from greenserve.simulator.replay import FleetConfig, replay
+    from greenserve.simulator.replay import replay
+    from greenserve.simulator.replay_fleet import EngineSpec as ReplayEngine
+    from greenserve.simulator.replay_fleet import FleetConfig
     from greenserve.simulator.workloads import Workload
 
     n = 120

@@ -12,16 +12,14 @@ from greenserve.simulator.perf_model import (
     SpecDecodeConfig,
     load_profile,
 )
-from greenserve.simulator.replay import (
-    AutoscaleConfig,
-    EngineSpec,
-    FleetConfig,
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import AutoscaleConfig, EngineSpec, FleetConfig
+from greenserve.simulator.replay_routing import (
     LeastLoaded,
     PrefixAffinity,
     RoundRobin,
     WeightedRandom,
     make_policy,
-    replay,
 )
 from greenserve.simulator.workloads import (
     Workload,

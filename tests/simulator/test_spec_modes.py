@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload
 
 TARGET = "llama2-7b@A100-40GB"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.tiers import PrefixTiers, TierSpec
 from greenserve.simulator.workloads import multi_turn_workload
 

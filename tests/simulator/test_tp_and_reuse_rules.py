@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from greenserve.simulator.perf_model import REUSE_RULES, PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload
 
 

@@ -51,7 +51,8 @@ from greenserve.optimizer.solvers.cache_greencache import (
     solve_ilp,
 )
 from greenserve.simulator.perf_model import PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 
 __all__ = ["PAPER", "SETTING", "azure_day_shape", "hit_rate", "run"]

@@ -62,7 +62,8 @@ from greenserve.optimizer.solvers.cache_pareto import (
 )
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.simulator.perf_model import PerfModel, load_profile
-from greenserve.simulator.replay import EngineSpec, FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 from greenserve.v1 import common_pb2
 

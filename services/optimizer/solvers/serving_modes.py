@@ -52,7 +52,8 @@ from greenserve.simulator.mode_units import (
     mode_unit,
 )
 from greenserve.simulator.perf_model import PerfModel, list_profiles
-from greenserve.simulator.replay import FleetConfig, replay
+from greenserve.simulator.replay import replay
+from greenserve.simulator.replay_fleet import FleetConfig
 from greenserve.simulator.workloads import Workload
 from greenserve.v1 import common_pb2
 
