@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
 
-from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+from greenserve.common.orm_conventions import NAMING_CONVENTION, UtcDateTime
 
 APPLICATION_STATES: tuple[str, ...] = ("pending", "applied", "failed")
 

@@ -39,7 +39,7 @@ from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.carbon import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from greenserve.common.names import check_name
-from greenserve.common.persistence import utcnow
+from greenserve.common.orm_conventions import utcnow
 from greenserve.common.server import Registration, registration
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2
 

@@ -13,7 +13,7 @@ from sqlalchemy import (CheckConstraint, Double, ForeignKey, Integer, LargeBinar
                         text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
 
-from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+from greenserve.common.orm_conventions import NAMING_CONVENTION, UtcDateTime
 
 SERIES_KINDS: tuple[str, ...] = ("ci", "load")
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.backend import GpuState, MigBackend
 from greenserve.gpu_partitioner.energy import EnergyAccountant

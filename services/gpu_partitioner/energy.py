@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.gpu_partitioner.backend import GpuState, PowerReading
 from greenserve.gpu_partitioner.geometry import GpuGeometry
 from greenserve.gpu_partitioner.models import EnergyAccount

@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 
 from greenserve.common.carbon import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.optimizer.models import Fleet, ReportedGpus
 from greenserve.v1 import common_pb2, optimizer_pb2
 

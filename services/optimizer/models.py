@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import CheckConstraint, Double, Index, Integer, LargeBinary, MetaData, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+from greenserve.common.orm_conventions import NAMING_CONVENTION, UtcDateTime
 
 PLAN_STATES: tuple[str, ...] = ("proposed", "active", "superseded")
 

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 
 from greenserve.common.errors import InvalidArgument, NotFound
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.optimizer.models import EnforcementReport, Plan
 from greenserve.v1 import common_pb2, optimizer_pb2
 

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 import sqlalchemy as sa
 
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.profiler.keys import simulator_profile_name
 from greenserve.profiler.models import ModelVersion
 from greenserve.profiler.workload_catalog import FIXED_SIZES

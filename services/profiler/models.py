@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+from greenserve.common.orm_conventions import NAMING_CONVENTION, UtcDateTime
 
 PROFILE_SOURCES: tuple[str, ...] = ("measured", "simulated", "published")
 SWEEP_STATES: tuple[str, ...] = ("pending", "running", "succeeded", "failed", "cancelled")

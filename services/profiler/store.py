@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.orm import Session
 
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.profiler.keys import check_config, config_key
 from greenserve.profiler.models import Profile
 from greenserve.v1 import common_pb2

@@ -27,7 +27,8 @@ import sqlalchemy as sa
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.profiler import spec as spec_rules
 from greenserve.profiler.keys import config_key

@@ -18,7 +18,8 @@ from typing import Any
 import grpc
 from greenserve.common import carbon
 from greenserve.common.client import ChannelConfig, create_channel
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.router import models
 from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
@@ -68,6 +69,7 @@ class CoreConfig:
     max_in_flight: int = 4096
     max_attempts: int = 3
     first_token_timeout_s: float = 60.0
+    engine_stream_idle_timeout_s: float = 120.0  # an engine silent this long mid-response is cut (0: never)
     prefix_block_chars: int = 256
     prefix_index_max_bytes: int = 64 * 1024 * 1024
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -215,6 +217,7 @@ class RouterCore:
                                      max_attempts=self.config.max_attempts,
                                      first_token_timeout_s=self.config.first_token_timeout_s,
                                      saturation_requests=self.saturation_requests)
+        self.dispatcher.engines.stream_idle_timeout_s = self.config.engine_stream_idle_timeout_s
         self.monitor.start()
         self.receipt_metrics.start()
         await self._discover_models()

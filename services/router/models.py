@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from greenserve.common.persistence import NAMING_CONVENTION, UtcDateTime
+from greenserve.common.orm_conventions import NAMING_CONVENTION, UtcDateTime
 from sqlalchemy import (
     BigInteger,
     Boolean,

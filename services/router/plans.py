@@ -31,7 +31,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from greenserve.common.clock import now_s
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.router.models import LAST_PLAN_ID, LastPlan

@@ -379,7 +379,7 @@ class Supervisor:
     # -- run -----------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        from greenserve.common.persistence import PersistenceError
+        from greenserve.common.db_errors import PersistenceError
         from sqlalchemy.exc import SQLAlchemyError
 
         try:

@@ -19,7 +19,8 @@ from greenserve.cache_manager.models import LmcacheServer
 from greenserve.cache_manager.service import CacheManagerServicer, CacheManagerSettings
 from greenserve.common.app import ServiceContext
 from greenserve.common.errors import InvalidArgument
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED
 from greenserve.v1 import common_pb2
 

@@ -224,7 +224,8 @@ async def test_plan_follower_applies_disk_targets_without_restart(tmp_path, l2_s
     from greenserve.cache_manager.models import LmcacheServer
     from greenserve.cache_manager.service import CacheManagerServicer
     from greenserve.common.app import ServiceContext
-    from greenserve.common.persistence import Database, utcnow
+    from greenserve.common.orm_conventions import utcnow
+    from greenserve.common.persistence import Database
     from greenserve.common.plan_follow import APPLIED
 
     from tests.plan_peer import interval

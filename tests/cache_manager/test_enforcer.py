@@ -23,7 +23,8 @@ from greenserve.cache_manager.models import CacheApplication, LmcacheServer
 from greenserve.cache_manager.service import CacheManagerServicer, CacheManagerSettings, build
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import load_settings
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, PlanFollower
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg

@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 
 from greenserve.cache_manager.models import AccessEvent, LmcacheServer
 from greenserve.cache_manager.service import CacheManagerSettings, build
-from greenserve.common.persistence import Database, utcnow
+from greenserve.common.orm_conventions import utcnow
+from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
 from greenserve.v1 import common_pb2

@@ -9,7 +9,9 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from greenserve.common.persistence import Database, alembic_config, make_engine, migrate
+from greenserve.common.db_engine import make_engine
+from greenserve.common.persistence import Database
+from greenserve.common.schema_migrations import alembic_config, migrate
 from greenserve.forecaster.stream_load import LoadAccumulator, Sample
 
 from .conftest import DAY0_S

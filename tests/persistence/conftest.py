@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from greenserve.common.persistence import Database, sqlite_url
+from greenserve.common.db_engine import sqlite_url
+from greenserve.common.persistence import Database
 from greenserve.common.pg_server import (
     INSTALL_HINT,
     PG_OS_USER,

@@ -10,18 +10,15 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from greenserve.common.persistence import (
+from greenserve.common.db_engine import make_engine, normalize_db_url, redact_url
+from greenserve.common.db_errors import PersistenceError, SchemaVersionError
+from greenserve.common.persistence import Database
+from greenserve.common.schema_migrations import (
     SERVICES,
-    Database,
-    PersistenceError,
-    SchemaVersionError,
     head_revision,
-    make_engine,
     migrate,
     migration_sql,
     migrations_path,
-    normalize_db_url,
-    redact_url,
     service_metadata,
     version_table_name,
 )

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, StatementError
 
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
-from greenserve.common.persistence import Database, UtcDateTime, utcnow
+from greenserve.common.orm_conventions import UtcDateTime, utcnow
+from greenserve.common.persistence import Database
 from greenserve.forecaster.models import Point, Series
 from greenserve.gpu_partitioner.models import ApplyJournalEntry, SimulatedGpu
 from greenserve.optimizer.models import Plan

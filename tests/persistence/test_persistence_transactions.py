@@ -14,7 +14,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from greenserve.common.persistence import Database, ReadOnlySessionError
+from greenserve.common.db_errors import ReadOnlySessionError
+from greenserve.common.persistence import Database
 from greenserve.forecaster.models import Point, Series
 from greenserve.router.models import Engine
 

@@ -6,7 +6,9 @@ from datetime import datetime, timezone
 
 import sqlalchemy as sa
 
-from greenserve.common.persistence import Database, make_engine, migrate
+from greenserve.common.db_engine import make_engine
+from greenserve.common.persistence import Database
+from greenserve.common.schema_migrations import migrate
 
 
 def test_done_sweeps_become_succeeded(tmp_path) -> None:

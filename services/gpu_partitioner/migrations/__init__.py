@@ -1,1 +1,1 @@
-"""Alembic environment for the gpu_partitioner's tables (run by greenserve.common.persistence.migrate)."""
+"""Alembic environment for the gpu_partitioner's tables (run by greenserve.common.schema_migrations.migrate)."""

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from greenserve.common.persistence import run_migrations_from_env
+from greenserve.common.schema_migrations import run_migrations_from_env
 from greenserve.gpu_partitioner.models import Base
 
 run_migrations_from_env(context, service="gpu_partitioner", target_metadata=Base.metadata)
