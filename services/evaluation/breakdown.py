@@ -28,7 +28,8 @@ from typing import Any
 
 from greenserve.common import carbon
 from greenserve.evaluation.scenario import WORKLOAD_PROMPT_TOKENS
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.perf_model import PerfModel
 
 HOUR_S = 3600.0
 J_PER_KWH = 3.6e6

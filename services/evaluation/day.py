@@ -41,7 +41,9 @@ from greenserve.optimizer.solvers.serving_modes import (
     engine_profile,
 )
 from greenserve.optimizer.solvers import mig_patterns as mp
-from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, list_profiles, load_profile
+from greenserve.simulator.engine_profile import list_profiles, load_profile
+from greenserve.simulator.mode_configs import SpecDecodeConfig
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.v1 import common_pb2
 
 HOUR_S = 3600

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from greenserve.simulator.perf_model import EngineProfile, SpecDecodeConfig, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, load_profile
+from greenserve.simulator.mode_configs import SpecDecodeConfig
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload

@@ -257,9 +257,9 @@ def load(path: str | Path) -> Scenario:
         except TypeError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
         if pool.mig:
-            from greenserve.simulator import perf_model
+            from greenserve.simulator.engine_profile import list_profiles
 
-            if pool.profile not in perf_model.list_profiles():
+            if pool.profile not in list_profiles():
                 raise ScenarioError(f"{where}.gpus.model: the simulator has no profile {pool.profile!r} for the pool's "
                                     f"GPUs whole (what the strategies without MIG run)")
             if pool.draft_model:

@@ -334,7 +334,7 @@ class EmulatorLauncher:
         self.time_scale = time_scale
         self.argv0 = list(argv0) if argv0 is not None else _emulator_argv0()
         if known_profiles is None:
-            from greenserve.simulator.perf_model import list_profiles
+            from greenserve.simulator.engine_profile import list_profiles
 
             known_profiles = list_profiles()
         self.known_profiles = list(known_profiles)

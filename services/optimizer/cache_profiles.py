@@ -16,7 +16,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import multi_turn_workload

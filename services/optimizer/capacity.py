@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from greenserve.simulator.perf_model import DEFAULT_PROFILE, EngineProfile, PerfModel, list_profiles, load_profile
+from greenserve.simulator.engine_profile import DEFAULT_PROFILE, EngineProfile, list_profiles, load_profile
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload

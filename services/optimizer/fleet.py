@@ -193,7 +193,7 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
 
 def _simulator_model(field: str, name: str) -> None:
     """A variant's simulator architecture must be one the simulator has (else its capacity cannot be predicted)."""
-    from greenserve.simulator.perf_model import list_profiles
+    from greenserve.simulator.engine_profile import list_profiles
 
     known = sorted({p.split("@")[0] for p in list_profiles()})
     if name not in known:

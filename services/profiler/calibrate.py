@@ -25,7 +25,8 @@ from greenserve.profiler.keys import simulator_profile_name
 from greenserve.profiler.models import ModelVersion
 from greenserve.profiler.workload_catalog import FIXED_SIZES
 from greenserve.simulator.calibration import DecodePoint, PrefillPoint, calibrate
-from greenserve.simulator.perf_model import EngineProfile, PerfModel, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, load_profile
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.v1 import common_pb2, profiler_pb2
 
 FITTED = ("prefill_mfu", "decode_mbu", "step_overhead_s")

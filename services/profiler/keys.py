@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from greenserve.simulator.perf_model import EngineProfile, list_profiles, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2
 
 MAX_KEY_CHARS = 255

@@ -10,7 +10,7 @@ DISAGGREGATED_SPEC_DECODE needs all three. The draft's simulator model is ``draf
 from __future__ import annotations
 
 from greenserve.simulator import mode_units
-from greenserve.simulator.perf_model import EngineProfile, list_profiles, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2
 
 MODE_CONFIGS = (common_pb2.SERVING_MODE_SPEC_DECODE, common_pb2.SERVING_MODE_DISAGGREGATED,

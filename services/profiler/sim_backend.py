@@ -22,7 +22,7 @@ from greenserve.profiler import calibrate, mode_config, workload_catalog
 from greenserve.profiler.keys import simulator_profile, simulator_profile_name
 from greenserve.profiler.method import Method
 from greenserve.profiler.points import PointExtras, RequestSamples, summarize
-from greenserve.simulator.perf_model import EngineProfile, data_version, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, data_version, load_profile
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.v1 import common_pb2, profiler_pb2

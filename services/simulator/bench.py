@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from greenserve.common import strict_json
-from greenserve.simulator.perf_model import list_profiles
+from greenserve.simulator.engine_profile import list_profiles
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import FleetConfig
 from greenserve.simulator.workloads import (

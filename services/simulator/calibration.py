@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from greenserve.simulator.perf_model import EngineProfile, PerfModel
+from greenserve.simulator.engine_profile import EngineProfile
+from greenserve.simulator.perf_model import PerfModel
 from scipy.optimize import least_squares
 
 __all__ = ["CalibrationReport", "DecodePoint", "PowerPoint", "PrefillPoint", "calibrate"]

@@ -17,14 +17,9 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from greenserve.simulator.perf_model import (
-    DATA_FILE,
-    EngineProfile,
-    PerfModel,
-    SpecDecodeConfig,
-    list_profiles,
-    load_profile,
-)
+from greenserve.simulator.engine_profile import DATA_FILE, EngineProfile, list_profiles, load_profile
+from greenserve.simulator.mode_configs import SpecDecodeConfig
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.v1 import common_pb2
 

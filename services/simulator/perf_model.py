@@ -22,226 +22,33 @@ The model is a roofline per engine step, the same decomposition the seeds use to
   token ids cross the link first and its probabilities cross while the target verifies, GreenLLM Fig. 2) and
   prefill/decode disaggregation (GreenLLM DPD: the prompt's KV crosses a link of limited bandwidth).
 
-Every parameter comes from ``data/profiles.toml`` where each number cites its source; ``EngineProfile.sources``
-carries those citations so a caller can show them. ``calibration.calibrate`` refits the efficiency and power
-parameters to measured points and returns a new profile that says so.
+The engine's parameters are an ``engine_profile.EngineProfile`` (loaded from the cited data file); the modes'
+parameters are ``mode_configs.SpecDecodeConfig`` and ``mode_configs.DisaggConfig``.
 """
 
 from __future__ import annotations
 
 import math
-import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
-from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from dataclasses import dataclass
+
+from greenserve.simulator.engine_profile import EngineProfile
+from greenserve.simulator.mode_configs import DisaggConfig, SpecDecodeConfig
 
 __all__ = [
-    "DATA_FILE",
-    "DEFAULT_PROFILE",
     "REUSE_RULES",
     "TIERS",
-    "DisaggConfig",
-    "EngineProfile",
     "PerfModel",
     "ReusePlan",
-    "SpecDecodeConfig",
-    "data_version",
-    "list_profiles",
-    "load_profile",
 ]
 
-DATA_FILE: Path = Path(__file__).resolve().parent / "data" / "profiles.toml"
-"""The versioned parameter file (every number with its cited source)."""
-
-DEFAULT_PROFILE: str = "llama3-8b@A100-80GB"
-"""The profile used when a caller names none (the most common single-GPU vLLM setup)."""
-
 TIERS: tuple[str, ...] = ("hbm", "dram", "disk")
+"""Cache tiers, fastest first: GPU HBM (vLLM prefix cache), host DRAM (LMCache L1), disk (LMCache L2)."""
 
 REUSE_RULES: tuple[str, ...] = ("latency", "always", "energy")
 """Read-or-recompute rules of ``PerfModel.plan_prefix_reuse``: ``latency`` (read a DRAM/disk segment only when it
 is hidden by queueing or beats recomputing it), ``always`` (LMCache's behaviour and Kareto's simulator: every hit
 is loaded, however slow the tier), ``energy`` (StoreLLM Sec. 3.4 / Algorithm 1: read whenever reading costs less
 energy than recomputing and the reload fits in the request's delay budget)."""
-"""Cache tiers, fastest first: GPU HBM (vLLM prefix cache), host DRAM (LMCache L1), disk (LMCache L2)."""
-
-SUPPORTED_SCHEMA_VERSION = 1
-
-# Numeric fields of EngineProfile that a profile / engine_defaults table may set.
-_ENGINE_KEYS = (
-    "block_size_tokens",
-    "gpu_memory_utilization",
-    "non_kv_reserve_bytes_per_gpu",
-    "weight_bytes_per_param",
-    "kv_bytes_per_element",
-    "prefill_mfu",
-    "decode_mbu",
-    "step_overhead_s",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "disk_bandwidth_bytes_per_s",
-    "disk_latency_s",
-    "dram_latency_s",
-    "memory_power_weight",
-    "tp_comm_efficiency",
-    "tp_link_bandwidth_bytes_per_s",
-    "tp_allreduce_latency_s",
-)
-_INT_KEYS = frozenset({"block_size_tokens", "max_num_seqs", "max_num_batched_tokens", "gpu_count",
-                       "n_layers", "hidden_size", "n_kv_heads", "head_dim"})
-
-
-@dataclass(frozen=True)
-class EngineProfile:
-    """All parameters of one engine: a model served on some hardware (several GPUs or one MIG slice).
-
-    Totals (``peak_flops``, ``hbm_bandwidth_bytes_per_s``, ``memory_bytes``, ``idle_w``, ``max_w``,
-    ``dram_bandwidth_bytes_per_s``) are for the whole engine, i.e. already multiplied by the GPU count
-    and by the MIG fractions. ``sources`` maps each field name to the citation of its value.
-    """
-
-    name: str
-    model: str
-    hardware: str
-    block_size_tokens: int
-    # model architecture
-    n_params: float
-    n_layers: int
-    hidden_size: int
-    n_kv_heads: int
-    head_dim: int
-    weight_bytes_per_param: float
-    kv_bytes_per_element: float
-    # hardware (engine totals)
-    gpu_count: int
-    peak_flops: float
-    hbm_bandwidth_bytes_per_s: float
-    memory_bytes: float
-    idle_w: float
-    max_w: float
-    dram_bandwidth_bytes_per_s: float
-    dram_latency_s: float
-    disk_bandwidth_bytes_per_s: float
-    disk_latency_s: float
-    # vLLM engine
-    gpu_memory_utilization: float
-    non_kv_reserve_bytes_per_gpu: float
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    # efficiencies (the calibratable part)
-    prefill_mfu: float
-    decode_mbu: float
-    step_overhead_s: float
-    memory_power_weight: float
-    tp_comm_efficiency: float
-    # Tensor-parallel all-reduces over a link (PCIe-only nodes); 0 = not modelled (NVLink, or the flat
-    # tp_comm_efficiency). When set, PerfModel derives the TP cost from them instead of tp_comm_efficiency.
-    tp_link_bandwidth_bytes_per_s: float = 0.0
-    tp_allreduce_latency_s: float = 0.0
-    data_version: str = ""
-    calibrated_from: str = ""
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("name", "model", "hardware", "data_version", "calibrated_from", "sources"):
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise ValueError(f"{f.name}: must be a finite number, got {value!r} (profile {self.name!r})")
-            if value < 0:
-                raise ValueError(f"{f.name}: must be >= 0, got {value!r} (profile {self.name!r})")
-        for name in ("block_size_tokens", "n_params", "n_layers", "hidden_size", "n_kv_heads", "head_dim",
-                     "gpu_count", "peak_flops", "hbm_bandwidth_bytes_per_s", "memory_bytes",
-                     "dram_bandwidth_bytes_per_s", "disk_bandwidth_bytes_per_s", "max_num_seqs",
-                     "max_num_batched_tokens", "weight_bytes_per_param", "kv_bytes_per_element"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0 (profile {self.name!r})")
-        for name in ("prefill_mfu", "decode_mbu", "gpu_memory_utilization", "memory_power_weight",
-                     "tp_comm_efficiency"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{name}: must be in (0, 1], got {value!r} (profile {self.name!r})")
-        if self.max_w < self.idle_w:
-            raise ValueError(f"max_w: must be >= idle_w ({self.max_w} < {self.idle_w}, profile {self.name!r})")
-        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
-
-    # Derived sizes --------------------------------------------------------------------------------
-    @property
-    def kv_bytes_per_token(self) -> float:
-        """Bytes of K and V for one token over all layers: ``2 x L x kv_heads x head_dim x dtype``."""
-        return 2.0 * self.n_layers * self.n_kv_heads * self.head_dim * self.kv_bytes_per_element
-
-    @property
-    def weight_bytes(self) -> float:
-        """Bytes of the model weights held in GPU memory."""
-        return self.n_params * self.weight_bytes_per_param
-
-    def with_overrides(self, **overrides: Any) -> EngineProfile:
-        """A validated copy with the named fields replaced (unknown names raise ``ValueError``)."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: not a field of EngineProfile")
-        return replace(self, **overrides)
-
-
-@dataclass(frozen=True)
-class SpecDecodeConfig:
-    """Speculative decoding (GreenLLM SpecDecode/DSD): a draft model proposes ``num_speculative_tokens``.
-
-    ``acceptance_rate`` is accepted / proposed draft tokens, as GreenLLM Sec. V-A reports it (45.7 % for the 1B
-    draft, 35.3 % for the 300M draft, 3 speculative tokens on Llama 7B) and as vLLM's
-    ``spec_decode_draft_acceptance_rate`` metric measures it: a round of ``k`` proposals yields ``1 + k x r``
-    tokens on average (the accepted ones plus the target's own). (Read as a per-token probability with
-    Leviathan et al.'s ``(1 - r^(k+1)) / (1 - r)`` the same figure gives 1.76 instead of 2.37 tokens at k = 3,
-    r = 0.457: TPOT overstated by a third.)
-    ``draft`` is the draft model's profile (on the same GPU for SpecDecode, another GPU for DSD).
-    ``link_bandwidth_bytes_per_s`` is only used for DSD: per round the draft sends its token ids (4 bytes each)
-    and then their probability distributions (``vocab_size x 4`` bytes per proposed token) to the target; the
-    probabilities travel while the target verifies (GreenLLM Fig. 2), so only what outlasts the verify step
-    delays the round.
-    """
-
-    draft: EngineProfile
-    num_speculative_tokens: int = 3
-    acceptance_rate: float = 0.457
-    disaggregated: bool = False
-    link_bandwidth_bytes_per_s: float = 2e9
-    vocab_size: int = 32000
-
-    def __post_init__(self) -> None:
-        if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens: must be >= 1")
-        if not 0.0 <= self.acceptance_rate <= 1.0:
-            raise ValueError("acceptance_rate: must be in [0, 1] (accepted / proposed draft tokens)")
-        if self.link_bandwidth_bytes_per_s <= 0:
-            raise ValueError("link_bandwidth_bytes_per_s: must be > 0")
-        if self.vocab_size < 1:
-            raise ValueError("vocab_size: must be >= 1")
-
-
-@dataclass(frozen=True)
-class DisaggConfig:
-    """Prefill/decode disaggregation (GreenLLM DPD): prefill on ``prefill``'s engine, decode on ``decode``'s;
-    the prompt's KV cache crosses a link of ``link_bandwidth_bytes_per_s`` (GreenLLM: 16 Gbps = 2 GB/s on GCP).
-    """
-
-    prefill: EngineProfile
-    decode: EngineProfile
-    link_bandwidth_bytes_per_s: float = 2e9
-    link_latency_s: float = 0.0005
-
-    def __post_init__(self) -> None:
-        if self.link_bandwidth_bytes_per_s <= 0:
-            raise ValueError("link_bandwidth_bytes_per_s: must be > 0")
-        if self.link_latency_s < 0:
-            raise ValueError("link_latency_s: must be >= 0")
-        if self.prefill.kv_bytes_per_token != self.decode.kv_bytes_per_token:
-            raise ValueError("decode: prefill and decode engines must serve the same model (KV layout differs)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,141 +65,6 @@ class ReusePlan:
     recompute_tokens: int
     load_s: float
     skipped_tokens: int
-
-
-# -----------------------------------------------------------------------------------------------------
-# Data file
-# -----------------------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=4)
-def _document(path: str) -> Mapping[str, Any]:
-    with open(path, "rb") as handle:
-        document = tomllib.load(handle)
-    version = document.get("schema_version")
-    if version != SUPPORTED_SCHEMA_VERSION:
-        raise ValueError(f"schema_version: {path} has {version!r}, this code reads {SUPPORTED_SCHEMA_VERSION}")
-    for table in ("gpus", "models", "engine_defaults", "profiles"):
-        if not isinstance(document.get(table), dict):
-            raise ValueError(f"{table}: missing table in {path}")
-    return document
-
-
-def data_version(path: Path | None = None) -> str:
-    """The ``data_version`` string of the parameter file (recorded with every replay)."""
-    return str(_document(str(path or DATA_FILE)).get("data_version", ""))
-
-
-def list_profiles(path: Path | None = None) -> list[str]:
-    """Names of all profiles in the data file, sorted."""
-    return sorted(_document(str(path or DATA_FILE))["profiles"])
-
-
-def _number(table: Mapping[str, Any], key: str, where: str) -> float:
-    value = table.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{key}: missing or not a number in {where}")
-    return float(value)
-
-
-def load_profile(name: str, path: Path | None = None) -> EngineProfile:
-    """Build the named profile from the data file.
-
-    Raises ``KeyError`` naming the known profiles when ``name`` is unknown, ``ValueError`` when the file
-    is malformed (a referenced GPU/model missing, a number missing or out of range).
-    """
-    return _load_profile_cached(name, str(path or DATA_FILE))
-
-
-@lru_cache(maxsize=64)
-def _load_profile_cached(name: str, path: str) -> EngineProfile:
-    document = _document(path)
-    profiles = document["profiles"]
-    if not isinstance(name, str) or name not in profiles:
-        raise KeyError(f"profile {name!r} is unknown; known profiles: {', '.join(sorted(profiles))}")
-    spec = profiles[name]
-    gpu_name, model_name = spec.get("gpu"), spec.get("model")
-    if gpu_name not in document["gpus"]:
-        raise ValueError(f"gpu: profile {name!r} names unknown GPU {gpu_name!r}")
-    if model_name not in document["models"]:
-        raise ValueError(f"model: profile {name!r} names unknown model {model_name!r}")
-    gpu, model, defaults = document["gpus"][gpu_name], document["models"][model_name], document["engine_defaults"]
-
-    sources: dict[str, str] = {}
-    engine: dict[str, float] = {}
-    for key in _ENGINE_KEYS:
-        if key in spec:
-            engine[key] = _number(spec, key, f"profiles.{name}")
-            sources[key] = spec.get("sources", {}).get(key, "")
-        else:
-            engine[key] = _number(defaults, key, "engine_defaults")
-            sources[key] = defaults.get("sources", {}).get(key, "")
-
-    count = int(_number(spec, "gpu_count", f"profiles.{name}"))
-    compute_fraction = float(spec.get("compute_fraction", 1.0))
-    memory_fraction = float(spec.get("memory_fraction", 1.0))
-    bandwidth_fraction = float(spec.get("bandwidth_fraction", 1.0))
-    for key, value in (("compute_fraction", compute_fraction), ("memory_fraction", memory_fraction),
-                       ("bandwidth_fraction", bandwidth_fraction)):
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"{key}: must be in (0, 1] in profiles.{name}")
-    # W8A8 INT8 checkpoints run their GEMMs on the INT8 tensor cores (vLLM's scaled_mm kernels); weight-only
-    # quantisation and BF16 run at the FP16 rate.
-    tensor_dtype = str(spec.get("tensor_dtype", "fp16"))
-    if tensor_dtype not in ("fp16", "int8"):
-        raise ValueError(f"tensor_dtype: must be 'fp16' or 'int8' in profiles.{name}")
-    peak_key = "peak_int8_ops" if tensor_dtype == "int8" else "peak_fp16_flops"
-    power_fraction = compute_fraction  # a MIG slice's share of the board power follows its SMs (assumption)
-    gpu_sources = gpu.get("sources", {})
-    model_sources = model.get("sources", {})
-    prof_sources = spec.get("sources", {})
-
-    def cite(key: str, base: str, *extra: str) -> str:
-        parts = [gpu_sources.get(base, "")] + [prof_sources.get(e, "") for e in extra if prof_sources.get(e)]
-        return "; ".join(p for p in parts if p)
-
-    values: dict[str, Any] = dict(
-        name=name,
-        model=str(model.get("served_name", model_name)),
-        hardware=str(spec.get("hardware", f"{count}x {gpu_name}" if count > 1 else gpu_name)),
-        n_params=_number(model, "n_params", f"models.{model_name}"),
-        n_layers=int(_number(model, "n_layers", f"models.{model_name}")),
-        hidden_size=int(_number(model, "hidden_size", f"models.{model_name}")),
-        n_kv_heads=int(_number(model, "n_kv_heads", f"models.{model_name}")),
-        head_dim=int(_number(model, "head_dim", f"models.{model_name}")),
-        gpu_count=count,
-        peak_flops=_number(gpu, peak_key, f"gpus.{gpu_name}") * count * compute_fraction,
-        hbm_bandwidth_bytes_per_s=_number(gpu, "hbm_bandwidth_bytes_per_s", f"gpus.{gpu_name}") * count
-        * bandwidth_fraction,
-        memory_bytes=_number(gpu, "memory_bytes", f"gpus.{gpu_name}") * count * memory_fraction,
-        idle_w=_number(gpu, "idle_w", f"gpus.{gpu_name}") * count * power_fraction,
-        max_w=_number(gpu, "tdp_w", f"gpus.{gpu_name}") * count * power_fraction,
-        dram_bandwidth_bytes_per_s=_number(gpu, "host_link_bandwidth_bytes_per_s", f"gpus.{gpu_name}") * count,
-        data_version=str(document.get("data_version", "")),
-    )
-    for key, value in engine.items():
-        values[key] = int(value) if key in _INT_KEYS else value
-    sources.update({
-        "n_params": model_sources.get("n_params", ""),
-        "n_layers": model_sources.get("n_layers", ""),
-        "hidden_size": model_sources.get("hidden_size", ""),
-        "n_kv_heads": model_sources.get("n_kv_heads", ""),
-        "head_dim": model_sources.get("head_dim", ""),
-        "gpu_count": prof_sources.get("gpu_count", ""),
-        "peak_flops": cite("peak_flops", peak_key, "compute_fraction", "tensor_dtype"),
-        "hbm_bandwidth_bytes_per_s": cite("hbm", "hbm_bandwidth_bytes_per_s", "bandwidth_fraction"),
-        "memory_bytes": cite("memory", "memory_bytes", "memory_fraction"),
-        "idle_w": cite("idle", "idle_w", "compute_fraction"),
-        "max_w": cite("max", "tdp_w", "compute_fraction"),
-        "dram_bandwidth_bytes_per_s": cite("dram", "host_link_bandwidth_bytes_per_s"),
-    })
-    values["sources"] = sources
-    return EngineProfile(**values)
-
-
-# -----------------------------------------------------------------------------------------------------
-# The model
-# -----------------------------------------------------------------------------------------------------
 
 
 class PerfModel:

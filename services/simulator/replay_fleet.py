@@ -1,6 +1,6 @@
 """The configuration of a replayed fleet (``replay.replay``): its engines, routing policy, autoscaler and PD link.
 
-A fleet is a list of engines, each an ``EngineSpec``: a performance profile (``perf_model.EngineProfile``) with
+A fleet is a list of engines, each an ``EngineSpec``: a performance profile (``engine_profile.EngineProfile``) with
 its own KV block pool, HBM prefix cache and optional LMCache DRAM (L1) / disk (L2) tiers (tiers.py), a role for
 prefill/decode disaggregation, optional speculative decoding and the read-or-recompute rule of its DRAM/disk hits.
 ``FleetConfig`` adds the routing policy (replay_routing.py), an optional threshold autoscaler
@@ -16,13 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from greenserve.simulator.perf_model import (
-    DEFAULT_PROFILE,
-    REUSE_RULES,
-    EngineProfile,
-    SpecDecodeConfig,
-    load_profile,
-)
+from greenserve.simulator.engine_profile import DEFAULT_PROFILE, EngineProfile, load_profile
+from greenserve.simulator.mode_configs import SpecDecodeConfig
+from greenserve.simulator.perf_model import REUSE_RULES
 from greenserve.simulator.tiers import DISK_MEDIA, TierSpec
 
 __all__ = ["AutoscaleConfig", "EngineSpec", "FleetConfig"]

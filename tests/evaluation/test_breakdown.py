@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from greenserve.evaluation import breakdown, grids, run, scenario
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.perf_model import PerfModel
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from greenserve.optimizer import capacity
 from greenserve.optimizer import inputs as inputs_module
 from greenserve.optimizer.solvers import mig_patterns as mp
-from greenserve.simulator.perf_model import EngineProfile, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, load_profile
 from greenserve.v1 import common_pb2
 
 PROFILE = "llama3-8b@A100-80GB"

@@ -8,7 +8,7 @@ import pytest
 from greenserve.common.errors import error_detail_from_rpc_error
 from greenserve.profiler.method import resolve
 from greenserve.profiler.sim_backend import simulate_point
-from greenserve.simulator.perf_model import load_profile
+from greenserve.simulator.engine_profile import load_profile
 from greenserve.v1 import common_pb2, profiler_pb2
 
 from .conftest import config, sim_spec, wait_state

@@ -17,7 +17,7 @@ from greenserve.profiler import engine_backend, engine_metrics
 from greenserve.profiler.engine_backend import prompt_token_ids
 from greenserve.profiler.power import NvmlPowerMeter
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
-from greenserve.simulator.perf_model import load_profile
+from greenserve.simulator.engine_profile import load_profile
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, profiler_pb2
 
 from tests.cache_manager.conftest import lmcache_server  # noqa: F401 - the real LMCache server fixture

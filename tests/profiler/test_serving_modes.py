@@ -14,7 +14,7 @@ from greenserve.profiler.keys import config_key
 from greenserve.profiler.method import resolve
 from greenserve.profiler.sim_backend import simulate_point
 from greenserve.simulator import mode_units
-from greenserve.simulator.perf_model import load_profile
+from greenserve.simulator.engine_profile import load_profile
 from greenserve.v1 import common_pb2, profiler_pb2
 from greenserve_client.commands import profile as profile_cli
 

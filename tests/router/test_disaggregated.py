@@ -145,11 +145,12 @@ async def test_register_engine_checks_the_prefill_url(emulators, router) -> None
 def test_the_emulated_decoder_receives_the_kv_cache_instead_of_prefilling() -> None:
     """Modelled seconds (not wall clock): a 2,000-token prompt on the decoder of a pair costs its KV transfer over
     the link, not a prefill; its decode steps are the profile's."""
-    from greenserve.simulator import perf_model as pm
     from greenserve.simulator.emulator.modes import PdDecodeTimer, make_timer
     from greenserve.simulator.emulator.pacing import StepTimer
+    from greenserve.simulator.engine_profile import load_profile
+    from greenserve.simulator.perf_model import PerfModel
 
-    model = pm.PerfModel(pm.load_profile("llama2-7b@V100"))
+    model = PerfModel(load_profile("llama2-7b@V100"))
     settings = ModeSettings("dpd", pd_role="decode", link_bandwidth_bytes_per_s=2e9)
     decoder = make_timer(model, settings)
     assert isinstance(decoder, PdDecodeTimer)

@@ -10,7 +10,8 @@ from greenserve.simulator.calibration import (
     PrefillPoint,
     calibrate,
 )
-from greenserve.simulator.perf_model import DEFAULT_PROFILE, PerfModel, load_profile
+from greenserve.simulator.engine_profile import DEFAULT_PROFILE, load_profile
+from greenserve.simulator.perf_model import PerfModel
 
 
 def test_recovers_known_parameters_from_noisy_synthetic_points() -> None:

@@ -5,16 +5,9 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-from greenserve.simulator.perf_model import (
-    DATA_FILE,
-    DEFAULT_PROFILE,
-    DisaggConfig,
-    PerfModel,
-    SpecDecodeConfig,
-    data_version,
-    list_profiles,
-    load_profile,
-)
+from greenserve.simulator.engine_profile import DATA_FILE, DEFAULT_PROFILE, data_version, list_profiles, load_profile
+from greenserve.simulator.mode_configs import DisaggConfig, SpecDecodeConfig
+from greenserve.simulator.perf_model import PerfModel
 
 
 @pytest.fixture(scope="module")

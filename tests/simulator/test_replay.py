@@ -6,12 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from greenserve.simulator.perf_model import (
-    DEFAULT_PROFILE,
-    PerfModel,
-    SpecDecodeConfig,
-    load_profile,
-)
+from greenserve.simulator.engine_profile import DEFAULT_PROFILE, load_profile
+from greenserve.simulator.mode_configs import SpecDecodeConfig
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import AutoscaleConfig, EngineSpec, FleetConfig
 from greenserve.simulator.replay_routing import (

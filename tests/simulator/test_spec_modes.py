@@ -5,7 +5,9 @@ own energy and embodied carbon."""
 from __future__ import annotations
 
 import pytest
-from greenserve.simulator.perf_model import PerfModel, SpecDecodeConfig, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.mode_configs import SpecDecodeConfig
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from greenserve.simulator.perf_model import REUSE_RULES, PerfModel, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.perf_model import REUSE_RULES, PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload

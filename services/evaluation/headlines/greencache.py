@@ -50,7 +50,8 @@ from greenserve.optimizer.solvers.cache_greencache import (
     attainment,
     solve_ilp,
 )
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload

@@ -61,7 +61,8 @@ from greenserve.optimizer.solvers.cache_pareto import (
     pareto_filter,
 )
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
-from greenserve.simulator.perf_model import PerfModel, load_profile
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload

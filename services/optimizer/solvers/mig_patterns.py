@@ -28,7 +28,7 @@ from pathlib import Path
 
 from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement, geometry
 from greenserve.optimizer import capacity
-from greenserve.simulator import perf_model
+from greenserve.simulator.engine_profile import DATA_FILE, EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2
 
 CATALOGUE_FILE = Path(__file__).resolve().parent.parent / "data" / "variants.toml"
@@ -154,12 +154,12 @@ def slice_sm_fraction(gpu_model: str, profile: str, geo: GpuGeometry) -> float:
 
 @cache
 def _sim_gpus() -> dict:
-    with perf_model.DATA_FILE.open("rb") as fh:
+    with DATA_FILE.open("rb") as fh:
         return tomllib.load(fh)["gpus"]
 
 
 def _closest_profile(sim_model: str, gpu_model: str) -> str | None:
-    known = perf_model.list_profiles()
+    known = list_profiles()
     same = [p for p in known if p.split("@")[0] == sim_model]
     for want in (f"{sim_model}@{gpu_model}", f"{sim_model}@{gpu_model.split('-')[0]}"):
         hit = [p for p in same if p == want or p.startswith(want)]
@@ -170,7 +170,7 @@ def _closest_profile(sim_model: str, gpu_model: str) -> str | None:
 
 
 def scaled_engine_profile(sim_model: str, gpu_model: str, profile: str, bytes_per_param: float
-                          ) -> tuple[perf_model.EngineProfile, str] | None:
+                          ) -> tuple[EngineProfile, str] | None:
     """A simulator profile for ``sim_model`` on one ``profile`` slice, built from the closest known profile of the
     same architecture: per-GPU totals of the slice's GPU (the simulator's GPU table; the closest family's when it
     has none) times the slice's SM share (compute, power) and memory slices (bandwidth), the slice's memory, the
@@ -178,7 +178,7 @@ def scaled_engine_profile(sim_model: str, gpu_model: str, profile: str, bytes_pe
     base_name = _closest_profile(sim_model, gpu_model)
     if base_name is None:
         return None
-    base = perf_model.load_profile(base_name)
+    base = load_profile(base_name)
     geo = geometry(gpu_model)
     prof = geo.profile(profile)
     gpus = _sim_gpus()
@@ -199,7 +199,7 @@ def scaled_engine_profile(sim_model: str, gpu_model: str, profile: str, bytes_pe
     return scaled, note
 
 
-def fits(engine: perf_model.EngineProfile, prompt: int, output: int) -> bool:
+def fits(engine: EngineProfile, prompt: int, output: int) -> bool:
     """The weights, vLLM's reserve and one request's KV cache fit the slice at vLLM's memory utilisation."""
     room = (engine.memory_bytes * engine.gpu_memory_utilization - engine.weight_bytes
             - engine.non_kv_reserve_bytes_per_gpu)
@@ -211,7 +211,7 @@ def predicted_option(pool: common_pb2.Pool, gpu_model: str, profile: str, varian
     """Simulator option of a variant on a slice; None when it does not fit; NoOption when it cannot be predicted.
     ``prefix_hit_fraction``: the pool's measured prefix-cache hit fraction, the conversations' shape
     (``capacity.predict``: the slice's own KV memory decides its hits)."""
-    if not sim_model or sim_model not in {p.split("@")[0] for p in perf_model.list_profiles()}:
+    if not sim_model or sim_model not in {p.split("@")[0] for p in list_profiles()}:
         raise NoOption(field, f"variant {variant.name if variant else pool.model!r} has no stored profile for "
                               f"{gpu_model} MIG slices and no simulator model to predict one (set simulator_model "
                               f"to one of the simulator's architectures)")
@@ -220,8 +220,8 @@ def predicted_option(pool: common_pb2.Pool, gpu_model: str, profile: str, varian
     bpp = weight_bytes_per_param(variant, pool.model)
     quality = variant.quality_fraction if variant is not None else 1.0
     exact = f"{sim_model}@{gpu_model}-MIG-{profile}"
-    if exact in perf_model.list_profiles() and math.isclose(perf_model.load_profile(exact).weight_bytes_per_param, bpp):
-        engine, note = perf_model.load_profile(exact), exact
+    if exact in list_profiles() and math.isclose(load_profile(exact).weight_bytes_per_param, bpp):
+        engine, note = load_profile(exact), exact
     else:
         built = scaled_engine_profile(sim_model, gpu_model, profile, bpp)
         if built is None:

@@ -40,6 +40,7 @@ from greenserve.optimizer import capacity
 from greenserve.optimizer.fleet import gpu_hardware
 from greenserve.optimizer.inputs import guess_simulator_model
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
+from greenserve.simulator.engine_profile import list_profiles
 from greenserve.simulator.mode_units import (
     DPD,
     DSD,
@@ -51,7 +52,7 @@ from greenserve.simulator.mode_units import (
     gpu_table,
     mode_unit,
 )
-from greenserve.simulator.perf_model import PerfModel, list_profiles
+from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import FleetConfig
 from greenserve.simulator.workloads import Workload

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from greenserve.simulator.perf_model import list_profiles
+    from greenserve.simulator.engine_profile import list_profiles
 
     known = sorted(list_profiles())
     if args.list_profiles:

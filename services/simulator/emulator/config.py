@@ -12,7 +12,7 @@ from greenserve.simulator.emulator.modes import ModeSettings
 class EmulatorConfig:
     """What an emulated engine serves and how fast.
 
-    ``profile`` names a performance profile of ``greenserve.simulator.perf_model`` (None = its
+    ``profile`` names a performance profile of ``greenserve.simulator.engine_profile`` (None = its
     default); ``model`` is the served model name clients must send (None = the profile's model);
     ``time_scale`` > 1 runs the modelled engine that many times faster than real time.
     """

@@ -70,7 +70,9 @@ class ModeTimer(StepTimer):
     """``StepTimer`` for the modes other than standalone (see the module docstring)."""
 
     def __init__(self, perf_model: Any, settings: ModeSettings) -> None:
-        from greenserve.simulator import perf_model as pm
+        from greenserve.simulator.engine_profile import load_profile
+        from greenserve.simulator.mode_configs import SpecDecodeConfig
+        from greenserve.simulator.perf_model import PerfModel
 
         super().__init__(perf_model)
         settings.validate()
@@ -80,16 +82,16 @@ class ModeTimer(StepTimer):
         self._draft_pm = None
         self._second_idle_w = 0.0
         if settings.mode in ("spec_decode", "dsd"):
-            draft = pm.load_profile(str(settings.draft_profile))
-            self._spec = pm.SpecDecodeConfig(draft=draft, num_speculative_tokens=settings.num_speculative_tokens,
-                                             acceptance_rate=settings.acceptance_fraction,
-                                             disaggregated=settings.mode == "dsd",
-                                             link_bandwidth_bytes_per_s=settings.link_bandwidth_bytes_per_s)
+            draft = load_profile(str(settings.draft_profile))
+            self._spec = SpecDecodeConfig(draft=draft, num_speculative_tokens=settings.num_speculative_tokens,
+                                          acceptance_rate=settings.acceptance_fraction,
+                                          disaggregated=settings.mode == "dsd",
+                                          link_bandwidth_bytes_per_s=settings.link_bandwidth_bytes_per_s)
             if settings.mode == "dsd":
-                self._draft_pm = pm.PerfModel(draft)
+                self._draft_pm = PerfModel(draft)
                 self._second_idle_w = float(self._draft_pm.power_w(0.0))
         elif settings.mode == "dpd":
-            self._decode = pm.PerfModel(pm.load_profile(str(settings.decode_profile)))
+            self._decode = PerfModel(load_profile(str(settings.decode_profile)))
             self._second_idle_w = float(self._decode.power_w(0.0))
         self.idle_power_w += self._second_idle_w
 

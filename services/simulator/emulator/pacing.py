@@ -66,14 +66,15 @@ def load_perf_model(profile_name: str | None) -> tuple[Any, Any, str]:
 
     Raises KeyError listing the known profiles when the name is unknown.
     """
-    from greenserve.simulator import perf_model as pm
+    from greenserve.simulator.engine_profile import DEFAULT_PROFILE, list_profiles, load_profile
+    from greenserve.simulator.perf_model import PerfModel
 
-    name = profile_name or pm.DEFAULT_PROFILE
-    known = list(pm.list_profiles())
+    name = profile_name or DEFAULT_PROFILE
+    known = list(list_profiles())
     if name not in known:
         raise KeyError(f"unknown profile {name!r}; choices: {', '.join(sorted(known))}")
-    profile = pm.load_profile(name)
-    return profile, pm.PerfModel(profile), name
+    profile = load_profile(name)
+    return profile, PerfModel(profile), name
 
 
 def resolve_shape(
