@@ -17,6 +17,12 @@ twice that of vllm-router (issue 22). This client does only what the router need
   engine before any byte of its answer (the keep-alive race) is sent again once on a new connection.
 * ``data_received`` offers a read that holds whole chunks to the response's ``raw_sink`` as it is (the fast
   path, engine_response.py) and feeds anything else to the response's decoder.
+* An engine that stops sending in the middle of a response (its head in, the connection still open, the router
+  reading) is cut after ``stream_idle_timeout_s``: the response fails with ``EngineHttpError`` and the
+  connection closes (how vLLM aborts the request), so neither the client nor the router waits for ever. Per
+  token this costs one attribute store in ``data_received`` (``heard``); one timer per pool, running while
+  responses are in progress, looks at each busy connection every ``stall_check_interval_s`` (no timer per
+  token or per request).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from greenserve.router.engine_response import _SIZE, EngineResponse
+from greenserve.router.engine_response import _DONE, _HEAD, _SIZE, EngineResponse
 from greenserve.router.engine_wire import EngineHttpError, whole_chunks
 
 
@@ -44,6 +50,8 @@ class EngineConnection(asyncio.Protocol):
         self.reading = True
         self.idle_since = 0.0
         self.reused = False
+        self.heard = False  # bytes came since the pool's last stall check
+        self.silent_since = 0.0  # loop time of the stall check that last found it heard (or not in a body)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -55,6 +63,7 @@ class EngineConnection(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         r = self.response
         if r is None:  # bytes on an idle connection: it is not trusted again
             self.close()
@@ -76,6 +85,8 @@ class EngineConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.pool is not None:
+            self.pool._busy.discard(self)
         r = self.response
         if r is not None:
             r._connection_ended(exc)
@@ -98,10 +109,14 @@ class EngineConnection(asyncio.Protocol):
             r._connection_ended(None)
         else:
             self.transport.write(request)
+            if self.pool is not None:
+                self.pool._started(self)
         return r
 
     def response_finished(self) -> None:
         self.response = None
+        if self.pool is not None:
+            self.pool._busy.discard(self)
         if not self.reading:
             self.set_reading(True)
         if self.pool is None or self.closed:
@@ -114,6 +129,8 @@ class EngineConnection(asyncio.Protocol):
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
+        if self.pool is not None:
+            self.pool._busy.discard(self)
         r = self.response
         if r is not None:
             r._connection_ended(None)
@@ -151,20 +168,35 @@ IDLE_TIMEOUT_S = 4.0
 connection before the engine does and the keep-alive race (a request written onto a connection the engine is
 closing; sent again once, above) stays rare."""
 
+STREAM_IDLE_TIMEOUT_S = 120.0
+"""Seconds an engine may send nothing in the middle of a response before the response fails and its connection
+closes: well above vLLM's longest gaps between tokens (tens of seconds when its scheduler preempts a request
+under memory pressure), so that only an engine that stalled is cut. Before the response head the dispatcher's
+first-token timeout applies instead."""
+
+STALL_CHECK_MAX_INTERVAL_S = 1.0
+"""The longest interval between two stall checks; a stall is found between ``stream_idle_timeout_s`` and that
+plus the interval (at most a quarter of the timeout) after the engine's last byte."""
+
 
 class EnginePool:
     """Keep-alive connections per engine origin; see the module docstring."""
 
     def __init__(self, *, connect_timeout_s: float = 2.0, max_idle_per_origin: int = 512,
-                 idle_timeout_s: float = IDLE_TIMEOUT_S, ssl_context: ssl.SSLContext | None = None) -> None:
-        if connect_timeout_s <= 0 or idle_timeout_s <= 0 or max_idle_per_origin < 0:
-            raise ValueError("connect_timeout_s and idle_timeout_s must be > 0, max_idle_per_origin >= 0")
+                 idle_timeout_s: float = IDLE_TIMEOUT_S, stream_idle_timeout_s: float = STREAM_IDLE_TIMEOUT_S,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        if connect_timeout_s <= 0 or idle_timeout_s <= 0 or max_idle_per_origin < 0 or stream_idle_timeout_s < 0:
+            raise ValueError("connect_timeout_s and idle_timeout_s must be > 0, max_idle_per_origin and "
+                             "stream_idle_timeout_s >= 0")
         self.connect_timeout_s = connect_timeout_s
         self.max_idle_per_origin = max_idle_per_origin
         self.idle_timeout_s = idle_timeout_s
+        self.stream_idle_timeout_s = stream_idle_timeout_s  # 0: never cut (read at each stall check)
         self.ssl_context = ssl_context
         self._origins: dict[str, _Origin] = {}
         self._idle: dict[tuple[str, str, int], list[EngineConnection]] = {}
+        self._busy: set[EngineConnection] = set()  # connections with a response in progress
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._last_sweep = time.monotonic()
         self.connections_opened = 0
         self._closed = False
@@ -273,6 +305,42 @@ class EnginePool:
                 stale += 1
             if stale:
                 del conns[:stale]
+
+    @property
+    def stall_check_interval_s(self) -> float:
+        return min(self.stream_idle_timeout_s / 4, STALL_CHECK_MAX_INTERVAL_S)
+
+    def _started(self, conn: EngineConnection) -> None:
+        """A request went out on ``conn``: its connection is watched for stalls until its response ends."""
+        self._busy.add(conn)
+        if self._stall_timer is None and self.stream_idle_timeout_s > 0:
+            self._stall_timer = conn.loop.call_later(self.stall_check_interval_s, self._check_stalls, conn.loop)
+
+    def _check_stalls(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cuts the responses whose engine sent nothing for ``stream_idle_timeout_s``; runs again while any
+        response is in progress. A connection's silence counts from the last check that found bytes since the
+        one before (so it is never counted longer than it was), and not while its response awaits its head (the
+        first-token timeout's time), has ended, or its reading is paused (the router's client is behind)."""
+        self._stall_timer = None
+        timeout = self.stream_idle_timeout_s
+        if timeout <= 0 or not self._busy:
+            return
+        now = loop.time()
+        stalled = []
+        for conn in self._busy:
+            r = conn.response
+            if conn.heard or not conn.reading or r is None or r._state == _HEAD or r._state >= _DONE:
+                conn.heard = False
+                conn.silent_since = now
+            elif now - conn.silent_since >= timeout:
+                stalled.append(conn)
+        for conn in stalled:  # closing takes each out of _busy
+            r = conn.response
+            if r is not None:
+                r._fail(EngineHttpError(f"engine sent nothing for {timeout:g} s"))
+            conn.close()
+        if self._busy:
+            self._stall_timer = loop.call_later(self.stall_check_interval_s, self._check_stalls, loop)
 
     async def close(self) -> None:
         """Closes every idle connection; connections in use close when their response ends."""

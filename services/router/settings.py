@@ -13,6 +13,7 @@ from greenserve.common.config import (
     ServiceSettings,
 )
 from greenserve.router.core import CoreConfig
+from greenserve.router.engine_pool import STREAM_IDLE_TIMEOUT_S
 from greenserve.router.http_guard import HttpLimits, default_max_connections
 from greenserve.router.policy import PolicyConfig
 from pydantic import Field, model_validator
@@ -59,6 +60,11 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     max_attempts: int = Field(3, ge=1, le=10, description="engines tried per request before the first token")
     first_token_timeout_s: float = Field(60.0, gt=0, le=3600,
                                          description="an attempt without a first token by then is retried elsewhere")
+    engine_stream_idle_timeout_s: float = Field(
+        STREAM_IDLE_TIMEOUT_S, ge=0, le=86400,
+        description="an engine that sends nothing for this many seconds in the middle of a response is cut: the "
+        "stream ends with an error and the connection closes, which aborts the request in vLLM (whose gaps "
+        "between tokens reach tens of seconds under preemption); 0: never")
     prefix_block_chars: int = Field(256, ge=16, le=65536, description="characters per prefix-hash block")
     prefix_index_max_bytes: int = Field(64 * MIB, ge=1024, le=64 * 1024 * MIB,
                                         description="memory cap of the whole prefix index")
@@ -133,6 +139,7 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             eject_after_failures=self.eject_after_failures, eject_base_s=self.eject_base_s,
             eject_max_s=self.eject_max_s, max_in_flight=self.max_in_flight, max_attempts=self.max_attempts,
             first_token_timeout_s=self.first_token_timeout_s, prefix_block_chars=self.prefix_block_chars,
+            engine_stream_idle_timeout_s=self.engine_stream_idle_timeout_s,
             prefix_index_max_bytes=self.prefix_index_max_bytes,
             policy=PolicyConfig(self.plan_weight, self.load_weight, self.prefix_weight, self.session_weight,
                                 self.bounded_load_factor, self.bounded_load_slack, self.max_sessions,
