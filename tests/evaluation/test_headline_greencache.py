@@ -1,4 +1,4 @@
-"""GreenCache's headline in its own setting (services/evaluation/headlines/greencache.py): inputs and one quick run."""
+"""GreenCache's headline in its own setting (services/evaluation/headlines/greencache*.py): inputs and one quick run."""
 
 from __future__ import annotations
 
@@ -7,20 +7,24 @@ import math
 import pytest
 from greenserve.common import carbon
 from greenserve.evaluation.headlines import greencache as gc
+from greenserve.evaluation.headlines import greencache_carbon as gc_carbon
+from greenserve.evaluation.headlines import greencache_profile as gc_profile
+from greenserve.evaluation.headlines import greencache_setting as gc_setting
 
 
 def test_hit_rate_follows_greencache_table3() -> None:
-    for size, rate in gc.TABLE3_LCS.items():
-        assert gc.hit_rate(size) == pytest.approx(rate)
-    assert gc.hit_rate(0) == 0.0
-    assert gc.hit_rate(1) < gc.hit_rate(3) < gc.hit_rate(4)  # log-linear between the table's points
-    assert gc.hit_rate(32) == pytest.approx(0.71)  # capped at the 16 TB figure
+    for size, rate in gc_setting.TABLE3_LCS.items():
+        assert gc_setting.hit_rate(size) == pytest.approx(rate)
+    assert gc_setting.hit_rate(0) == 0.0
+    # log-linear between the table's points
+    assert gc_setting.hit_rate(1) < gc_setting.hit_rate(3) < gc_setting.hit_rate(4)
+    assert gc_setting.hit_rate(32) == pytest.approx(0.71)  # capped at the 16 TB figure
     with pytest.raises(ValueError, match="size_tb"):
-        gc.hit_rate(-1)
+        gc_setting.hit_rate(-1)
 
 
 def test_azure_day_shape_is_24_hours_peaking_at_one() -> None:
-    shape = gc.azure_day_shape()
+    shape = gc_setting.azure_day_shape()
     assert len(shape) == 24
     assert max(shape) == pytest.approx(1.0)
     assert 0.3 < min(shape) < 1.0
@@ -28,8 +32,8 @@ def test_azure_day_shape_is_24_hours_peaking_at_one() -> None:
 
 def test_hour_carbon_charges_the_allocated_ssd_per_greencache_eq4() -> None:
     params = carbon.load_default_params()
-    empty = gc.hour_carbon_g(800.0, 100.0, 0, params)
-    full = gc.hour_carbon_g(800.0, 100.0, 16, params)
+    empty = gc_carbon.hour_carbon_g(800.0, 100.0, 0, params)
+    full = gc_carbon.hour_carbon_g(800.0, 100.0, 16, params)
     assert empty["ssd_embodied_g"] == 0.0
     # 16 TB x 30 kgCO2e/TB over 5 years, for one hour
     assert full["ssd_embodied_g"] == pytest.approx(16 * 30_000.0 / (5 * 365 * 24), rel=1e-6)
@@ -38,9 +42,9 @@ def test_hour_carbon_charges_the_allocated_ssd_per_greencache_eq4() -> None:
 
 
 def test_replayed_hit_rate_tracks_the_cache_size() -> None:
-    small = gc._point(1, 0.2, 200, seed=3)
-    large = gc._point(16, 0.2, 200, seed=3)
-    none = gc._point(0, 0.2, 200, seed=3)
+    small = gc_profile._point(1, 0.2, 200, seed=3)
+    large = gc_profile._point(16, 0.2, 200, seed=3)
+    none = gc_profile._point(0, 0.2, 200, seed=3)
     assert none.hit_rate == 0.0
     assert 0.0 < small.hit_rate < large.hit_rate
     assert large.ttft_ok >= none.ttft_ok  # reuse shortens prefill
@@ -82,41 +86,42 @@ def test_quick_run_reports_the_convention_and_meets_the_slo(quick_run: dict) -> 
 
 
 def test_direct_ci_is_greencache_source_for_every_grid() -> None:
-    for region in gc.REGIONS:
-        direct, lifecycle = gc.day_ci(region, "direct"), gc.day_ci(region, "lifecycle")
+    for region in gc_setting.REGIONS:
+        direct, lifecycle = gc_setting.day_ci(region, "direct"), gc_setting.day_ci(region, "lifecycle")
         assert len(direct) == 24 and all(c > 0 for c in direct)
         assert sum(direct) < sum(lifecycle), region  # operational factors only: below the life-cycle CI
-    assert gc.day_ci("FR", "direct") == list(gc.direct_ci_2022_07_06()["FR"])
-    assert gc.day_ci("FR", "direct")[0] == 26.59  # CarbonCast FR_direct_emissions.csv, 2022-07-06 00:00 UTC
+    assert gc_setting.day_ci("FR", "direct") == list(gc_setting.direct_ci_2022_07_06()["FR"])
+    assert gc_setting.day_ci("FR", "direct")[0] == 26.59  # CarbonCast FR_direct_emissions.csv, 2022-07-06 00:00 UTC
     with pytest.raises(ValueError, match="kind"):
-        gc.day_ci("FR", "hourly")
+        gc_setting.day_ci("FR", "hourly")
 
 
 def test_whole_server_power_adds_host_and_allocated_ssd_power() -> None:
     params = carbon.load_default_params()
-    gpu = gc.hour_carbon_g(800.0, 100.0, 16, params, gc.GPU_ONLY)
-    whole = gc.hour_carbon_g(800.0, 100.0, 16, params, gc.WHOLE_SERVER)
-    watts = 800.0 + gc.CPU_W + gc.DRAM_W + 16 * gc.SSD_W_PER_TB
+    gpu = gc_carbon.hour_carbon_g(800.0, 100.0, 16, params, gc_setting.GPU_ONLY)
+    whole = gc_carbon.hour_carbon_g(800.0, 100.0, 16, params, gc_setting.WHOLE_SERVER)
+    watts = 800.0 + gc_setting.CPU_W + gc_setting.DRAM_W + 16 * gc_setting.SSD_W_PER_TB
     assert whole["operational_g"] == pytest.approx(watts / 1000.0 * 100.0)
     assert whole["operational_g"] > gpu["operational_g"]
     assert whole["ssd_embodied_g"] == gpu["ssd_embodied_g"]  # the embodied terms do not depend on the accounting
 
 
 def test_azure_code_day_has_the_deeper_trough() -> None:
-    code, conv = gc.azure_day_shape("code"), gc.azure_day_shape("conv")
+    code, conv = gc_setting.azure_day_shape("code"), gc_setting.azure_day_shape("conv")
     assert len(code) == 24 and max(code) == pytest.approx(1.0)
     assert min(code) < 0.2
     assert min(conv) > 0.4
     with pytest.raises(ValueError, match="service"):
-        gc.azure_day_shape("chat")
+        gc_setting.azure_day_shape("chat")
 
 
 def test_paper_workload_reaches_table3_hit_rate_and_ours_does_not() -> None:
-    ours, paper = gc._turns(1, gc.OURS_WORKLOAD), gc._turns(1, gc.PAPER_WORKLOAD)
-    def reusable(t: gc._Turns) -> float:
-        return float(((t.prev_prompt // gc.BLOCK_TOKENS) * gc.BLOCK_TOKENS).sum() / t.prompt.sum())
-    assert reusable(paper) >= gc.TABLE3_LCS[16] > reusable(ours)
-    assert gc._prompt_stats(gc.PAPER_WORKLOAD)["p90_tokens"] < gc._prompt_stats(gc.OURS_WORKLOAD)["p90_tokens"]
+    ours, paper = gc_profile._turns(1, gc_setting.OURS_WORKLOAD), gc_profile._turns(1, gc_setting.PAPER_WORKLOAD)
+    def reusable(t: gc_profile._Turns) -> float:
+        return float(((t.prev_prompt // gc_setting.BLOCK_TOKENS) * gc_setting.BLOCK_TOKENS).sum() / t.prompt.sum())
+    assert reusable(paper) >= gc_setting.TABLE3_LCS[16] > reusable(ours)
+    assert (gc_profile.prompt_stats(gc_setting.PAPER_WORKLOAD)["p90_tokens"]
+            < gc_profile.prompt_stats(gc_setting.OURS_WORKLOAD)["p90_tokens"])
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +136,8 @@ def test_decomposition_rows_exist_and_each_assumption_changes_the_result(quick_r
                      "paper_without_code_service")
     assert set(rows) == {"ours", "paper_setting", *singles, *leave_one_out}
     for row in rows.values():
-        assert set(row["saved_vs_full_cache_pct"]) == set(gc.REGIONS)
-        assert row["attainment_min"] >= gc.RHO - 1e-9, row["row"]
+        assert set(row["saved_vs_full_cache_pct"]) == set(gc_setting.REGIONS)
+        assert row["attainment_min"] >= gc_setting.RHO - 1e-9, row["row"]
         assert isinstance(row["fr_within_20pct_of_15.1"], bool)
     base = rows["ours"]["saved_vs_full_cache_pct"]
     paper = rows["paper_setting"]["saved_vs_full_cache_pct"]
@@ -153,12 +158,12 @@ def test_paper_best_hour_implies_a_one_kilowatt_server() -> None:
     ssd_h = 30_000.0 / (5 * 365 * 24)
     other_h = (4 * 26.6 + 9.3 + 30.8) * 1000.0 / (5 * 365 * 24)
     expected_w = (15 * ssd_h / 0.253 - 16 * ssd_h - other_h) / 26.59 * 1000.0
-    assert gc._implied_paper_power_w(params) == pytest.approx(expected_w, rel=1e-6)
+    assert gc_carbon.implied_paper_power_w(params) == pytest.approx(expected_w, rel=1e-6)
     assert 900 < expected_w < 1100
 
 
 def test_profile_from_size_drops_the_small_sizes() -> None:
-    profile = gc.build_profile((0.1, 0.2), sizes_tb=(0, 8, 16), requests=40, seed=2)
-    cut = gc._from_size(profile, 1)
-    assert cut.sizes_tb == tuple(range(1, gc.MAX_TB + 1))
+    profile = gc_profile.build_profile((0.1, 0.2), sizes_tb=(0, 8, 16), requests=40, seed=2)
+    cut = gc_profile.profile_from_size(profile, 1)
+    assert cut.sizes_tb == tuple(range(1, gc_setting.MAX_TB + 1))
     assert cut.points[0] == profile.points[1] and cut.points[-1] == profile.points[-1]

@@ -4,7 +4,8 @@ Each module here exposes ``run(quick: bool = False) -> dict`` with the keys of `
 ``setting`` (the paper's own setting, as reproduced), ``paper`` (its figures, each with its section or table),
 ``ours`` (the same figures from greenserve), ``within_tolerance`` (bool) and ``notes`` (list of strings).
 ``HEADLINES`` names the modules; they are imported only when run, so a module that has not landed yet, or whose
-imports fail, is reported as such and the others still run.
+imports fail, is reported as such and the others still run. A headline's parts may live in modules named after it
+(``greencache_setting``, ``greencache_profile``, ``greencache_carbon``): they are not headlines.
 
 ``greenserve bench headlines [--quick] [--only a,b] [--json]`` runs them (``main``) and prints one JSON object on its
 last line; ``greenserve evaluate`` puts the same table in its report (``--headlines``).
