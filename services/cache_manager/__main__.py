@@ -1,7 +1,8 @@
 """Entry point of greenserve-cache-manager (also: python -m greenserve.cache_manager)."""
 
 from greenserve.common.app import run_service
-from greenserve.cache_manager.service import CacheManagerSettings, build
+from greenserve.cache_manager.service import build
+from greenserve.cache_manager.settings import CacheManagerSettings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from greenserve.cache_manager.disk_tier import (
 )
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError
 from greenserve.cache_manager.models import LmcacheServer
+from greenserve.cache_manager.request_checks import check_targets
 from greenserve.common.app import ServiceContext
 from greenserve.common.client import create_channel
 from greenserve.common.errors import InvalidArgument
@@ -136,7 +137,7 @@ class CacheEnforcer:
                 by_pool[row.pool].append(row)
             plan_pools = {p.pool for p in interval.pools}
             try:
-                svc._check_targets(interval.cache_targets, set(by_pool) | plan_pools, field)  # noqa: SLF001
+                check_targets(interval.cache_targets, set(by_pool) | plan_pools, field)
                 for j, target in enumerate(interval.cache_targets):
                     for row in by_pool.get(target.pool, ()):
                         limit = self.dram_limit_bytes(row)

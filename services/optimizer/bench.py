@@ -138,7 +138,7 @@ class Services:
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from greenserve.cache_manager.service import CacheManagerSettings
+        from greenserve.cache_manager.settings import CacheManagerSettings
         from greenserve.cache_manager.service import build as build_cache_manager
         from greenserve.common.app import start_service
         from greenserve.common.telemetry import setup_telemetry

@@ -11,7 +11,8 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.cache_manager import access_history, journal
-from greenserve.cache_manager.service import CacheManagerSettings, build
+from greenserve.cache_manager.service import build
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg

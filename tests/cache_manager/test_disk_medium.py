@@ -16,7 +16,9 @@ from greenserve.cache_manager.lmcache_admin import (
     LmcacheState,
 )
 from greenserve.cache_manager.models import LmcacheServer
-from greenserve.cache_manager.service import CacheManagerServicer, CacheManagerSettings
+from greenserve.cache_manager.request_checks import check_targets
+from greenserve.cache_manager.service import CacheManagerServicer
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common.app import ServiceContext
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.orm_conventions import utcnow
@@ -105,7 +107,7 @@ async def test_a_bad_medium_is_refused_naming_the_field(enforcer, kw, field) -> 
     assert out.state == REFUSED and f"plan.intervals[0].cache_targets[0].{field}" in out.detail
     assert quotas == {"": 2 * GIB}
     with pytest.raises(InvalidArgument, match=f"targets\\[0\\].{field}"):  # ApplyCachePlan's check
-        CacheManagerServicer._check_targets(plan.intervals[0].cache_targets, {"chat"})
+        check_targets(plan.intervals[0].cache_targets, {"chat"})
 
 
 async def test_resize_disk_refuses_a_medium_without_an_adapter() -> None:

@@ -19,7 +19,8 @@ import pytest
 
 from greenserve.cache_manager.disk_tier import why_not_sizable
 from greenserve.cache_manager.lmcache_admin import DiskTierState, entry_key
-from greenserve.cache_manager.service import CacheManagerSettings, build
+from greenserve.cache_manager.service import build
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
 from greenserve.v1 import common_pb2

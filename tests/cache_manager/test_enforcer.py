@@ -20,7 +20,8 @@ import pytest
 from greenserve.cache_manager.enforcer import PLAN_FILE, CacheEnforcer, gib
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError, LmcacheState
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer
-from greenserve.cache_manager.service import CacheManagerServicer, CacheManagerSettings, build
+from greenserve.cache_manager.service import CacheManagerServicer, build
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common.app import ServiceContext
 from greenserve.common.config import load_settings
 from greenserve.common.orm_conventions import utcnow

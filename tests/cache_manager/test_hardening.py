@@ -14,7 +14,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import func, select
 
 from greenserve.cache_manager.models import AccessEvent, LmcacheServer
-from greenserve.cache_manager.service import CacheManagerSettings, build
+from greenserve.cache_manager.service import build
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2 as pb

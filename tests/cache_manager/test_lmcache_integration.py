@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheAdmin, entry_key, kv_rank
-from greenserve.cache_manager.service import CacheManagerSettings, build
+from greenserve.cache_manager.service import build
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.v1 import cache_manager_pb2 as pb
 from greenserve.v1 import cache_manager_pb2_grpc as pbg
 from greenserve.v1 import common_pb2

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from greenserve.cache_manager.service import CacheManagerSettings
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.service import build as build_cache_manager
 from greenserve.gpu_partitioner.service import GpuPartitionerSettings
 from greenserve.gpu_partitioner.service import build as build_partitioner

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from greenserve.cache_manager.service import CacheManagerSettings
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.service import build as build_cache_manager
 from greenserve.common import carbon
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast

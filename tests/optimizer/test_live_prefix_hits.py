@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from greenserve.cache_manager.service import CacheManagerSettings
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.service import build as build_cache_manager
 from greenserve.common.clock import now_s
 from greenserve.optimizer import inputs as planning_inputs

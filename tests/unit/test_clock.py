@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from greenserve.cache_manager.service import CacheManagerSettings
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common import clock as clock_mod
 from greenserve.common.clock import (
     Clock,
