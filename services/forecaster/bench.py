@@ -83,7 +83,8 @@ async def _rpc_latency(series_values: list[float], start_s: int, calls: int, mod
 
     from greenserve.common.app import start_service
     from greenserve.common.telemetry import setup_telemetry
-    from greenserve.forecaster.service import ForecasterSettings, build
+    from greenserve.forecaster.service import build
+    from greenserve.forecaster.settings import ForecasterSettings
     from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
     with tempfile.TemporaryDirectory() as tmp:

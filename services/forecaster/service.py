@@ -12,105 +12,50 @@ series is refitted on its last window instead of replaying them); no call builds
 bounded window (GetPoints returns the stored rows, a backtest reads the last days it scores); every numeric field
 has a documented range, checked before anything is stored; forecasts are finite (clipped to
 ``[0, MAX_POINT_VALUE]``).
+
+This module holds the servicer's RPCs and ``build``; the settings are in settings.py, the series' fitted models
+(restore, online updates, refits) in series_state.py, the forecasts from them in predictions.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import ClassVar
 
 import grpc
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
-from pydantic import Field
 from sqlalchemy import select
 
 from greenserve.common import clock
 from greenserve.common.app import ServiceContext
-from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from greenserve.common.server import Registration, registration
 from greenserve.forecaster import fitting, ingest
 from greenserve.forecaster.backtest import backtest_span_hours, check_windows
 from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
-from greenserve.forecaster.forecast_models import DEFAULT_MODEL, MODELS, Model, Prediction
+from greenserve.forecaster.forecast_models import MODELS
 from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION
-from greenserve.forecaster.forecast_models.holiday_calendar import Holidays, holidays_for_region
-from greenserve.forecaster.forecast_models.simple import SeasonalNaive
-from greenserve.forecaster.models import FittedModel, Series
-from greenserve.forecaster.stream_load import DEFAULT_LATE_S, MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
+from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
+from greenserve.forecaster.models import Series
+from greenserve.forecaster.predictions import Predictions
+from greenserve.forecaster.series_state import SeriesState
+from greenserve.forecaster.settings import ForecasterSettings
+from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
-
-log = logging.getLogger("greenserve.forecaster")
 
 MAX_HORIZON_STEPS = 168
 DEFAULT_HORIZON_STEPS = 24
 #: Most points one GetPoints reply carries (about 4.4 MB; the default message limit is 16 MiB): a wider range is
 #: refused with RESOURCE_EXHAUSTED, never built whole in memory.
 MAX_POINTS_PER_REPLY = 200_000
-#: Points a series needs before it is fitted (two days of hourly data: one to learn, one to check).
-MIN_FIT_POINTS = 48
-
-
-class ForecasterSettings(ServiceSettings, DependencyAddresses):
-    """Flags and GREENSERVE_* env vars of greenserve-forecaster."""
-
-    service_name: ClassVar[str] = "forecaster"
-
-    forecast_model: str = Field(DEFAULT_MODEL, description=f"model of every series: {', '.join(MODELS)}")
-    fit_history_hours: int = Field(336, ge=48, le=720, description="hours of history each fit uses (336: 14 days)")
-    refit_interval_s: float = Field(3600.0, ge=1.0, description="re-tune (full refit) of each series this often")
-    fit_workers: int = Field(1, ge=1, le=64, description="worker processes for fits and backtests")
-    electricitymaps_url: str | None = Field(None, description="base URL of an Electricity Maps-shaped CI API")
-    electricitymaps_token: str | None = Field(None, description="auth-token header value for that API")
-    electricitymaps_zones: list[str] = Field(default_factory=list, description="zones to poll, e.g. DE,FR")
-    electricitymaps_poll_s: float = Field(900.0, ge=1.0, description="poll interval of the CI API")
-    stream_load_max_age_s: float = Field(
-        7 * 86_400.0, ge=60.0, le=366 * 86_400.0,
-        description="StreamLoad refuses a sample whose time is older than this by the greenserve clock")
-    stream_load_max_ahead_s: float = Field(
-        300.0, ge=0.0, le=86_400.0,
-        description="StreamLoad refuses a sample whose time is further ahead of the greenserve clock than this "
-        "(clock skew allowance; a far-future sample used to open an hour every later sample was older than)")
-    stream_load_late_s: float = Field(
-        DEFAULT_LATE_S, ge=0.0, le=3600.0,
-        description="StreamLoad takes late samples of an hour up to this long after the hour ends (several router "
-        "workers and replicas report; one may be behind another): the hour is stored once this grace has passed")
-    load_holidays: str | None = Field(
-        None, description="public holidays of the load series' users, e.g. US or DE (off days like weekends for "
-        "the calendar members); CI series take them from their region (US-CAL-CISO: US-CA)")
 
 
 def ts_proto(seconds: int) -> Timestamp:
     return Timestamp(seconds=int(seconds))
 
 
-@dataclass
-class SeriesState:
-    """What the servicer holds in memory for one series."""
-
-    series_id: int
-    key: ingest.SeriesKey
-    resolution_s: int
-    model: Model | None = None
-    model_name: str = ""
-    fit_version: int = 0
-    history_end_s: int = 0  # last step the model has seen
-    fitted_at_s: float = 0.0
-    updates: int = 0
-    fitting: bool = False
-    stale: bool = False  # points arrived that the model cannot take with update() (older, or after a gap)
-    cache: dict[tuple[int, int, int, float], Prediction] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # model.update vs model.predict
-
-
-class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
+class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServicer):
     """greenserve.v1.ForecasterService."""
 
     def __init__(self, ctx: ServiceContext, pool: fitting.FitPool) -> None:
@@ -125,177 +70,6 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         self._lock = asyncio.Lock()
         # an unknown country fails the start here (ValueError naming it), before any series is touched
         self.load_holidays = Holidays.parse(self.settings.load_holidays) if self.settings.load_holidays else None
-
-    def holidays_of(self, key: ingest.SeriesKey) -> Holidays | None:
-        """Public holidays of a series: its region's for CI, the configured ones for load (pool names say
-        nothing of where the users are)."""
-        return holidays_for_region(key.key) if key.kind == "ci" else self.load_holidays
-
-    # ---------------------------------------------------------------- state and persistence
-    def restore(self) -> None:
-        """Load series and their persisted fits (startup); replay points stored after each fit."""
-        with self.db.session(readonly=True) as s:
-            series = s.scalars(select(Series)).all()
-            fits = {f.series_id: f for f in s.scalars(select(FittedModel)).all()}
-            rows = [(x.id, ingest.SeriesKey(x.kind, x.key, x.signal, x.unit), x.resolution_s) for x in series]
-            self.load.restore(s)
-            fit_rows = {k: (f.format_version, f.blob, f.model_name, ingest.to_s(f.history_end), f.fitted_at,
-                            f.requested_model) for k, f in fits.items()}
-        for series_id, key, resolution_s in rows:
-            state = SeriesState(series_id, key, resolution_s)
-            self.states[series_id] = state
-            self.by_key[key] = series_id
-            row = fit_rows.get(series_id)
-            if row is None:
-                continue
-            version, blob, name, history_end_s, fitted_at, requested = row
-            if version != fitting.FORMAT_VERSION or requested != self.settings.forecast_model:
-                log.info("series %s: stored fit ignored (format %s, model %s)", key, version, requested)
-                continue
-            try:
-                state.model = fitting.load_blob(blob)
-            except Exception as exc:  # corrupt or from an incompatible build: refit instead
-                log.warning("series %s: stored fit unreadable (%s); will refit", key, exc)
-                continue
-            state.model_name, state.history_end_s = name, history_end_s
-            state.fitted_at_s = fitted_at.timestamp()
-            state.fit_version = 1
-            self._replay_after_fit(state)
-
-    def _replay_after_fit(self, state: SeriesState) -> None:
-        """Feed the model the points stored after its fit, or mark it stale (refit on the last window) when
-        they span more than the window: the model never takes more than ``fit_history_hours`` steps at once."""
-        last = self._last_time(state.series_id)
-        if last is None or state.model is None or last <= state.history_end_s:
-            return
-        steps = (last - state.history_end_s) // state.resolution_s
-        if steps > self.settings.fit_history_hours:
-            state.stale = True
-            return
-        self._feed(state, last)
-
-    def _feed(self, state: SeriesState, end_s: int) -> None:
-        """Update the model with the steps after ``history_end_s`` up to ``end_s`` (NaN where missing); the
-        caller has bounded the count."""
-        res = state.resolution_s
-        steps = (end_s - state.history_end_s) // res
-        start = state.history_end_s + res
-        first, grid = ingest.load_grid(self.db, state.series_id, res, start, end_s + res)
-        values = np.full(steps, np.nan)
-        if len(grid):
-            offset = (first - start) // res
-            values[offset:offset + len(grid)] = grid
-        assert state.model is not None
-        state.model.update(values)
-        state.history_end_s = end_s
-        state.updates += steps
-        state.cache.clear()
-
-    def _state_for(self, key: ingest.SeriesKey) -> SeriesState:
-        series_id = self.by_key.get(key)
-        if series_id is None:
-            raise NotFound(f"no series {key.kind}/{key.key}/{key.signal}", field="series")
-        return self.states[series_id]
-
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def refit(self, state: SeriesState) -> None:
-        """Fit the series' model in a worker, then swap it in and persist it. Never raises."""
-        if state.fitting:
-            return
-        state.fitting = True
-        try:
-            hours = self.settings.fit_history_hours
-            res = state.resolution_s
-            last = await asyncio.to_thread(self._last_time, state.series_id)
-            if last is None:
-                return
-            first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, res,
-                                                  last - (hours - 1) * res, None)
-            if np.isfinite(grid).sum() < MIN_FIT_POINTS:
-                return
-            period = max(1, 86_400 // res)
-            outcome = await self.pool.fit(self.settings.forecast_model, grid, period, first,
-                                          self.holidays_of(state.key))
-            model = await asyncio.to_thread(fitting.load_blob, outcome.blob)  # unpickling re-runs a filter
-            history_end = first + (len(grid) - 1) * res
-            async with self._lock:  # no ingest between the swap and the replay of points that came meanwhile
-                await asyncio.to_thread(self._persist_fit, state, outcome, history_end)
-                await asyncio.to_thread(self._swap_in, state, model, outcome.model_name, history_end)
-            log.info("series %s/%s: fitted %s in %.2fs", state.key.key, state.key.signal, outcome.model_name,
-                     outcome.fit_s)
-        except Exception:
-            log.exception("series %s: fit failed; serving the previous fit", state.key)
-        finally:
-            state.fitting = False
-
-    def _swap_in(self, state: SeriesState, model: Model, model_name: str, history_end_s: int) -> None:
-        """Serve a new fit, then feed it the points stored since its history (a worker thread: the replay reads
-        the database and filters)."""
-        with state.lock:
-            state.model, state.model_name = model, model_name
-            state.history_end_s, state.fitted_at_s = history_end_s, time.time()
-            state.fit_version += 1
-            state.updates, state.stale = 0, False
-            state.cache.clear()
-            self._replay_after_fit(state)
-
-    def _last_time(self, series_id: int) -> int | None:
-        from sqlalchemy import func
-
-        from greenserve.forecaster.models import Point
-
-        with self.db.session(readonly=True) as s:
-            ts = s.scalar(select(func.max(Point.ts)).where(Point.series_id == series_id))
-        return None if ts is None else ingest.to_s(ts)
-
-    def _persist_fit(self, state: SeriesState, outcome: fitting.FitOutcome, history_end_s: int) -> None:
-        with self.db.session() as s:
-            row = s.get(FittedModel, state.series_id)
-            if row is None:
-                row = FittedModel(series_id=state.series_id)
-                s.add(row)
-            row.requested_model = self.settings.forecast_model
-            row.model_name = outcome.model_name[:512]
-            row.format_version = fitting.FORMAT_VERSION
-            row.fitted_at = datetime.now(timezone.utc)
-            row.history_end = ingest.to_dt(history_end_s)
-            row.fit_s = outcome.fit_s
-            row.blob = outcome.blob
-
-    def after_ingest(self, state: SeriesState, new_times_s: np.ndarray) -> bool:
-        """Feed new points to the model (online update); True when the series needs a fit now: it has none, or
-        the new points lie more than ``fit_history_hours`` steps after the model's last one (a refit on the last
-        window replaces an update that long)."""
-        if state.model is None:
-            return not state.fitting
-        if len(new_times_s) == 0:
-            return False
-        res = state.resolution_s
-        if new_times_s.min() <= state.history_end_s:
-            state.stale = True  # a hole in the past was filled: the next refit takes it
-        after = new_times_s[new_times_s > state.history_end_s]
-        if len(after):
-            end = int(after.max())
-            if (end - state.history_end_s) // res > self.settings.fit_history_hours:
-                state.stale = True
-                return not state.fitting
-            with state.lock:
-                self._feed(state, end)
-        return False
-
-    async def scheduler(self) -> None:
-        """Re-tune every series on the schedule, and fit new ones."""
-        while True:
-            now = time.time()
-            for state in list(self.states.values()):
-                due = state.model is None or state.stale or now - state.fitted_at_s >= self.settings.refit_interval_s
-                if due and not state.fitting:
-                    await self.refit(state)
-            await asyncio.sleep(min(60.0, self.settings.refit_interval_s / 4))
 
     # ---------------------------------------------------------------- ingestion RPCs
     async def ingest_arrays(self, key: ingest.SeriesKey, resolution_s: int, times_s: np.ndarray,
@@ -441,22 +215,6 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
             region=region, carbon_signal=signal, ci_g_per_kwh=value, time=ts_proto(at), forecast=forecast))
 
     # ---------------------------------------------------------------- forecasts
-    def _prediction(self, state: SeriesState, steps: int, coverage: float) -> Prediction:
-        assert state.model is not None
-        cache_key = (state.fit_version, state.updates, steps, coverage)
-        cached = state.cache.get(cache_key)
-        if cached is None:
-            with state.lock:
-                cached = finite_prediction(state.model.predict(steps, coverage))
-                if cached is None:
-                    log.warning("series %s: %s forecast a non-finite mean; serving seasonal naive", state.key,
-                                state.model_name)
-                    cached, _ = self._naive_prediction(state, steps, coverage, end_s=state.history_end_s)
-                if len(state.cache) > 64:
-                    state.cache.clear()
-                state.cache[cache_key] = cached
-        return cached
-
     async def GetForecast(self, request: forecaster_pb2.GetForecastRequest,
                           context: grpc.aio.ServicerContext) -> forecaster_pb2.GetForecastResponse:
         key = ingest.series_key(request.series)
@@ -485,24 +243,6 @@ class ForecasterServicer(forecaster_pb2_grpc.ForecasterServiceServicer):
         return forecaster_pb2.GetForecastResponse(forecast=common_pb2.Forecast(
             series=key.to_proto(), model=pred.model, interval_coverage_fraction=coverage, generated_at=now,
             history_end=ts_proto(history_end), points=points, resolution_s=res))
-
-    def _naive_prediction(self, state: SeriesState, steps: int, coverage: float,
-                          end_s: int | None = None) -> tuple[Prediction, int]:
-        """Seasonal naive from the last 4 periods stored up to ``end_s`` (default: the last point)."""
-        period = max(1, 86_400 // state.resolution_s)
-        last = self._last_time(state.series_id) if end_s is None else end_s
-        if last is None:
-            raise FailedPrecondition("series has no points")
-        first, grid = ingest.load_grid(self.db, state.series_id, state.resolution_s,
-                                       last - (4 * period - 1) * state.resolution_s, last + state.resolution_s)
-        if np.isfinite(grid).sum() < period:
-            raise FailedPrecondition(f"series has {int(np.isfinite(grid).sum())} points; a forecast needs {period}")
-        if first + (len(grid) - 1) * state.resolution_s < last:  # missing steps at the end stay missing
-            grid = np.concatenate([grid, np.full((last - first) // state.resolution_s + 1 - len(grid), np.nan)])
-        pred = finite_prediction(SeasonalNaive(period).fit(grid, start_s=first).predict(steps, coverage))
-        if pred is None:
-            raise FailedPrecondition("the stored history gives no finite forecast")
-        return pred, last
 
     # ---------------------------------------------------------------- backtest
     async def Backtest(self, request: forecaster_pb2.BacktestRequest,
@@ -556,18 +296,6 @@ def _range_end(request: forecaster_pb2.GetPointsRequest, field: str) -> int | No
     if not request.HasField(field):
         return None
     return ingest.check_time_s(field, getattr(request, field).seconds)
-
-
-def finite_prediction(pred: Prediction) -> Prediction | None:
-    """``pred`` with every value finite and in ``[0, MAX_POINT_VALUE]`` (an interval end that overflowed is
-    clipped to the bound; lower <= mean <= upper); None when the mean itself is not finite."""
-    if not np.isfinite(pred.mean).all():
-        return None
-    bound = ingest.MAX_POINT_VALUE
-    mean = np.clip(pred.mean, 0.0, bound)
-    lower = np.minimum(np.clip(np.nan_to_num(pred.lower, nan=0.0, posinf=bound, neginf=0.0), 0.0, bound), mean)
-    upper = np.maximum(np.clip(np.nan_to_num(pred.upper, nan=bound, posinf=bound, neginf=0.0), 0.0, bound), mean)
-    return Prediction(mean, lower, upper, pred.model, pred.coverage_fraction)
 
 
 def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> GridSeries:

@@ -142,7 +142,7 @@ class Services:
         from greenserve.cache_manager.service import build as build_cache_manager
         from greenserve.common.app import start_service
         from greenserve.common.telemetry import setup_telemetry
-        from greenserve.forecaster.service import ForecasterSettings
+        from greenserve.forecaster.settings import ForecasterSettings
         from greenserve.forecaster.service import build as build_forecaster
         from greenserve.optimizer.service import OptimizerSettings
         from greenserve.optimizer.service import build as build_optimizer

@@ -13,7 +13,8 @@ from greenserve.forecaster import fitting
 from greenserve.forecaster.forecast_models import make_model
 from greenserve.forecaster.forecast_models.day_type import DayTypeNaive
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays, holidays_for_region, off_days
-from greenserve.forecaster.service import ForecasterSettings, build
+from greenserve.forecaster.service import build
+from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 from .test_calendar import office_load

@@ -13,7 +13,9 @@ from greenserve.common.errors import error_detail_from_rpc_error
 from greenserve.forecaster.forecast_models import Prediction
 from greenserve.forecaster.ingest import MAX_POINT_VALUE
 from greenserve.forecaster import service as service_module
-from greenserve.forecaster.service import ForecasterSettings, build, finite_prediction
+from greenserve.forecaster.predictions import finite_prediction
+from greenserve.forecaster.service import build
+from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 from .conftest import DAY0_S, daily_series

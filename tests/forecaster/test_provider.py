@@ -9,7 +9,8 @@ from aiohttp import web
 
 from greenserve.forecaster.csv_sources import read_csv_series
 from greenserve.forecaster.provider_electricitymaps import ElectricityMapsClient, ProviderError, ingest_history
-from greenserve.forecaster.service import ForecasterSettings, build
+from greenserve.forecaster.service import build
+from greenserve.forecaster.settings import ForecasterSettings
 
 TOKEN = "test-token"
 NOW = pd.Timestamp("2024-06-01T12:00Z")

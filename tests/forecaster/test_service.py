@@ -11,7 +11,8 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from greenserve.common.errors import error_detail_from_rpc_error
-from greenserve.forecaster.service import ForecasterSettings, build
+from greenserve.forecaster.service import build
+from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 from .conftest import DAY0_S, daily_series

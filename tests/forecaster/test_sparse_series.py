@@ -15,7 +15,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from greenserve.forecaster import ingest
-from greenserve.forecaster.service import ForecasterSettings, build
+from greenserve.forecaster.service import build
+from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 from .conftest import DAY0_S, daily_series

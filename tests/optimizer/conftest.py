@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from greenserve.common.clock import hour_floor_s, now_s
-from greenserve.forecaster.service import ForecasterSettings
+from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.forecaster.service import build as build_forecaster
 from greenserve.optimizer.service import OptimizerSettings
 from greenserve.optimizer.service import build as build_optimizer
