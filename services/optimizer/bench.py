@@ -138,12 +138,12 @@ class Services:
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from greenserve.cache_manager.settings import CacheManagerSettings
         from greenserve.cache_manager.service import build as build_cache_manager
+        from greenserve.cache_manager.settings import CacheManagerSettings
         from greenserve.common.app import start_service
         from greenserve.common.telemetry import setup_telemetry
-        from greenserve.forecaster.settings import ForecasterSettings
         from greenserve.forecaster.service import build as build_forecaster
+        from greenserve.forecaster.settings import ForecasterSettings
         from greenserve.optimizer.service import OptimizerSettings
         from greenserve.optimizer.service import build as build_optimizer
         from greenserve.profiler.service import ProfilerSettings

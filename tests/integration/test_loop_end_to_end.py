@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 import pytest
-from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.service import build as build_cache_manager
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.gpu_partitioner.service import GpuPartitionerSettings
 from greenserve.gpu_partitioner.service import build as build_partitioner
 from greenserve.optimizer.service import OptimizerSettings

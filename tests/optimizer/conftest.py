@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 import pytest
 from greenserve.common.clock import hour_floor_s, now_s
-from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.forecaster.service import build as build_forecaster
+from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.optimizer.service import OptimizerSettings
 from greenserve.optimizer.service import build as build_optimizer
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc

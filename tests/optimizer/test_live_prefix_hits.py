@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.service import build as build_cache_manager
+from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common.clock import now_s
 from greenserve.optimizer import inputs as planning_inputs
 from greenserve.optimizer import prefix_hits
