@@ -20,20 +20,19 @@ in the next reconcile and started again. Engine ids are stable per instance (nod
 partitioner re-registers the same ids. Outcomes: APPLIED (detail: what changed), REFUSED, ROLLED_BACK (a GPU's
 apply failed and was undone), FAILED (a drain or the router failed before anything changed, or an engine did
 not start: the layout stays applied, the next reconcile retries the engine).
+
+This module holds the reconcile itself (steps 1 and 3); the validation of step 2 is in layout_targets.py, the
+engines' start, registration and retirement in instance_engines.py, the router and optimizer calls in
+peer_clients.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-import grpc
-
-from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, Outcome
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.apply import (
@@ -42,19 +41,13 @@ from greenserve.gpu_partitioner.apply import (
     ApplyCoordinator,
     ApplyPreconditionError,
 )
-from greenserve.gpu_partitioner.backend import GpuState, InstanceState, MigBackend, MigBackendError, simulator_gpus
-from greenserve.gpu_partitioner.engine_launch import (
-    EngineProcess,
-    EngineSpec,
-    EngineStartError,
-    EngineSupervisor,
-    decoder_id,
-    mig_hardware,
-    mode_name,
-    pd_kv_transfer_params,
-)
-from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
-from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2, router_pb2_grpc
+from greenserve.gpu_partitioner.backend import GpuState, MigBackend, MigBackendError
+from greenserve.gpu_partitioner.engine_launch import EngineProcess, EngineSupervisor
+from greenserve.gpu_partitioner.geometry import LayoutError, Placement
+from greenserve.gpu_partitioner.instance_engines import InstanceEngines
+from greenserve.gpu_partitioner.layout_targets import GpuTarget, LayoutTargets, Refusal, Want
+from greenserve.gpu_partitioner.peer_clients import FleetPools, RouterEngines
+from greenserve.v1 import common_pb2
 
 log = logging.getLogger("greenserve.gpu_partitioner.enforcer")
 
@@ -63,109 +56,7 @@ COMPONENT = "gpu-partitioner"
 _SEVERITY = {APPLIED: 0, FAILED: 1, ROLLED_BACK: 2, REFUSED: 3}
 
 
-def engine_id_for(node: str, mig_uuid: str) -> str:
-    """Stable id of the engine this node runs on a MIG instance (at most 64 characters, as the router wants)."""
-    return f"{node[:40]}-{mig_uuid.removeprefix('MIG-')[:18]}"
-
-
-class RouterEngines:
-    """The router calls of the gpu-partitioner: list, drain/undrain, register and deregister engines. It is the
-    enforcer's router and the journaled apply's `RouterLink` (a drained engine is one whose state the router
-    reports as DRAINED: draining and nothing in flight)."""
-
-    def __init__(self, config: ChannelConfig) -> None:
-        self.config = config
-        self._channel: grpc.aio.Channel | None = None
-
-    def _stub(self) -> router_pb2_grpc.RouterServiceStub:
-        if self._channel is None:
-            self._channel = create_channel(self.config)
-        return router_pb2_grpc.RouterServiceStub(self._channel)
-
-    async def engines_by_mig_uuid(self) -> dict[str, list[str]]:
-        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
-        out: dict[str, list[str]] = {}
-        for status in reply.engines:
-            if status.engine.mig_uuid:
-                out.setdefault(status.engine.mig_uuid, []).append(status.engine.id)
-        return out
-
-    async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:
-        """(engine id, MIG UUID) of the engines on these instances the router does not report DRAINED."""
-        wanted = set(mig_uuids)
-        reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
-        return sorted((s.engine.id, s.engine.mig_uuid) for s in reply.engines
-                      if s.engine.mig_uuid in wanted and s.engine.state != common_pb2.ENGINE_STATE_DRAINED)
-
-    async def drain(self, engine_ids: Sequence[str], timeout_s: float) -> list[str]:
-        reply = await self._stub().Drain(router_pb2.DrainRequest(engine_ids=list(engine_ids), wait=True,
-                                                                 timeout_s=timeout_s), timeout=timeout_s + 5.0)
-        return list(reply.busy_engine_ids)
-
-    async def undrain(self, engine_ids: Sequence[str]) -> None:
-        await self._stub().Undrain(router_pb2.UndrainRequest(engine_ids=list(engine_ids)), timeout=10.0)
-
-    async def register(self, engine: common_pb2.Engine) -> None:
-        await self._stub().RegisterEngine(router_pb2.RegisterEngineRequest(engine=engine), timeout=10.0)
-
-    async def deregister(self, engine_id: str) -> None:
-        """Removes the engine; an engine the router does not know is already gone."""
-        try:
-            await self._stub().DeregisterEngine(router_pb2.DeregisterEngineRequest(engine_id=engine_id), timeout=10.0)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-
-
-class OptimizerFleet:
-    """Pools of the fleet inventory (``GetFleet``), the last good answer kept while the optimizer is down."""
-
-    def __init__(self, channel: grpc.aio.Channel | None) -> None:
-        self.stub = None if channel is None else optimizer_pb2_grpc.OptimizerServiceStub(channel)
-        self.last: dict[str, common_pb2.Pool] | None = None
-
-    async def pools(self) -> dict[str, common_pb2.Pool] | None:
-        if self.stub is not None:
-            try:
-                reply = await self.stub.GetFleet(optimizer_pb2.GetFleetRequest(), timeout=5.0)
-                self.last = {p.name: p for p in reply.fleet.pools}
-            except grpc.aio.AioRpcError as exc:
-                log.info("GetFleet failed (%s); using the last fleet seen", exc.code().name)
-        return self.last
-
-
-FleetPools = Callable[[], Awaitable[dict[str, common_pb2.Pool] | None]]
-
-
-@dataclass(frozen=True)
-class Want:
-    """What the plan runs on one instance."""
-
-    pool: str
-    variant: str
-    mode: str = "standalone"  # the pool's serving mode in the interval (engine_launch.mode_name)
-
-
-@dataclass
-class GpuTarget:
-    """One validated layout of this node."""
-
-    index: int  # in interval.mig_layouts
-    gpu: GpuState
-    geo: GpuGeometry
-    plan: planner.LayoutPlan
-    wants: dict[Placement, Want] = field(default_factory=dict)
-
-
-class Refusal(Exception):
-    """A part of the interval this node cannot apply; nothing was changed."""
-
-
-class MigEnforcer:
+class MigEnforcer(LayoutTargets, InstanceEngines):
     """Reconciles this node's MIG layouts and engines with the plan in force (see the module docstring)."""
 
     def __init__(
@@ -227,117 +118,6 @@ class MigEnforcer:
             return []
         return [f"engine {e.spec.engine_id} on {e.spec.device} had exited (code {e.returncode}); it is restarted "
                 "where the plan still wants it" for e in self.supervisor.exited()]
-
-    async def _validate(self, mine: list[tuple[int, common_pb2.MigLayout]]) -> list[GpuTarget]:
-        """Every layout of this node checked against its GPU and the fleet; Refusal names the first problem."""
-        pools: dict[str, common_pb2.Pool] | None = None
-        if any(p.pool for _, layout in mine for p in layout.placements):
-            pools = await self.fleet()
-            if pools is None:
-                raise Refusal("placements name pools but the fleet inventory is unknown (optimizer unreachable)")
-        targets = []
-        seen: set[str] = set()
-        for index, layout in mine:
-            where = f"mig_layouts[{index}]"
-            if layout.gpu_uuid in seen:
-                raise Refusal(f"{where}: GPU {layout.gpu_uuid} has two layouts in the interval")
-            seen.add(layout.gpu_uuid)
-            placed: list[Placement] = []
-            placed_index: list[int] = []
-            unplaced: list[tuple[int, str]] = []
-            for j, p in enumerate(layout.placements):
-                if not p.profile:
-                    raise Refusal(f"{where}.placements[{j}].profile: required")
-                if p.pool:
-                    assert pools is not None
-                    pool = pools.get(p.pool)
-                    if pool is None:
-                        raise Refusal(f"{where}.placements[{j}].pool: unknown pool {p.pool!r}")
-                    if p.model_variant and p.model_variant not in {v.name for v in pool.variants}:
-                        raise Refusal(f"{where}.placements[{j}].model_variant: pool {p.pool!r} has no variant "
-                                      f"{p.model_variant!r}")
-                elif p.model_variant:
-                    raise Refusal(f"{where}.placements[{j}].model_variant: set without a pool")
-                if p.size == 0:
-                    unplaced.append((j, p.profile))
-                else:
-                    placed.append(Placement(start=p.start, size=p.size, profile=p.profile))
-                    placed_index.append(j)
-            try:
-                gpu, geo, lplan = await self.coordinator.prepare(layout.gpu_uuid, placed, [n for _, n in unplaced])
-            except LayoutError as exc:
-                at = (f"{where}.placements[{placed_index[exc.index]}]" if 0 <= exc.index < len(placed_index)
-                      else f"{where}.placements")
-                raise Refusal(f"{at}: {exc}") from None
-            except (ApplyPreconditionError, MigBackendError) as exc:
-                raise Refusal(f"{where}: {exc}") from None
-            target = GpuTarget(index, gpu, geo, lplan)
-            self._assign_wants(target, layout, placed, unplaced)
-            targets.append(target)
-        self._check_pairs(targets)
-        return targets
-
-    def _check_pairs(self, targets: list[GpuTarget]) -> None:
-        """Every DPD instance of the interval pairs with a whole older GPU of this node (its decoder's): Refusal
-        naming ``serving_modes[k].old_hardware`` otherwise, before anything changes."""
-        if self.supervisor is None:
-            return  # no engines are started here
-        need: dict[str, list[str]] = {}  # old hardware -> pools, one entry per DPD instance
-        for target in targets:
-            for want in target.wants.values():
-                if want.mode == "dpd":
-                    need.setdefault(self.modes[want.pool].old_hardware, []).append(want.pool)
-        for hardware, pools in sorted(need.items()):
-            field_name = f"serving_modes[{self.mode_index[pools[0]]}].old_hardware"
-            if not hardware:
-                raise Refusal(f"{field_name}: pool {pools[0]!r} runs DISAGGREGATED without naming the older GPU "
-                              "its decoder runs on")
-            have = [g for g in self.whole_gpus if g.hardware == hardware]
-            if len(have) < len(pools):
-                raise Refusal(f"{field_name}: {len(pools)} DPD instance(s) on node {self.node} (pool "
-                              f"{', '.join(sorted(set(pools)))}) each need a whole {hardware} GPU for the decoder (no "
-                              f"MIG, or MIG disabled); the node has {len(have)}")
-
-    def _assign_wants(self, target: GpuTarget, layout: common_pb2.MigLayout, placed: list[Placement],
-                      unplaced: list[tuple[int, str]]) -> None:
-        """Which pool/variant each target GI runs; unplaced placements go to the GIs the planner chose."""
-        explicit = [p for p in layout.placements if p.size != 0]
-        for placement, p in zip(placed, explicit, strict=True):
-            if p.pool:
-                target.wants[placement] = Want(p.pool, p.model_variant, self._mode(p.pool))
-        extra = sorted((t for t in target.plan.target if t not in set(placed)), key=lambda t: (t.profile, t.start))
-        running = self._running_roles(target.gpu)
-        for profile in sorted({name for _, name in unplaced}):
-            specs = [Want(layout.placements[j].pool, layout.placements[j].model_variant,
-                          self._mode(layout.placements[j].pool)) if layout.placements[j].pool
-                     else None for j, name in unplaced if name == profile]
-            slots = [t for t in extra if t.profile == profile]
-            # a GI kept with an engine already in the wanted role keeps it; the rest in order
-            for slot in list(slots):
-                role = running.get(slot)
-                if role is not None and role in specs:
-                    specs.remove(role)
-                    slots.remove(slot)
-                    target.wants[slot] = role
-            for slot, spec in zip(slots, specs, strict=False):
-                if spec is not None:
-                    target.wants[slot] = spec
-
-    def _mode(self, pool: str) -> str:
-        target = self.modes.get(pool)
-        return mode_name(target.serving_mode) if target is not None else "standalone"
-
-    def _running_roles(self, gpu: GpuState) -> dict[Placement, Want]:
-        if self.supervisor is None:
-            return {}
-        by_mig = self.supervisor.by_mig_uuid()
-        out = {}
-        for inst in gpu.instances:
-            engine = by_mig.get(inst.uuid)
-            if engine is not None and engine.returncode is None:
-                out[inst.placement] = Want(*engine.spec.role)
-        return out
-
     async def _reconcile_gpu(self, plan_version: int, target: GpuTarget) -> tuple[int, str]:
         gpu = target.gpu
         lplan = target.plan
@@ -428,186 +208,3 @@ class MigEnforcer:
                 await self.router.undrain(others)
             except Exception as exc:  # noqa: BLE001 - the outcome stands; the router logs it
                 log.warning("undraining %s failed: %s", ", ".join(others), exc)
-
-    async def _retire(self, engine: EngineProcess) -> None:
-        """Stops one of our engines and removes it from the router."""
-        assert self.supervisor is not None
-        await self.supervisor.stop(engine.spec.engine_id)
-        await self.supervisor.stop(decoder_id(engine.spec.engine_id))  # a DPD pair's decoder (none: no-op)
-        if self.router is not None:
-            try:
-                await self.router.deregister(engine.spec.engine_id)
-            except Exception as exc:  # noqa: BLE001 - the router drops it later as unhealthy
-                log.warning("deregistering engine %s failed: %s", engine.spec.engine_id, exc)
-
-    async def _restart_retired(self, gpu_uuid: str, retire: list[tuple[Placement, EngineProcess]]) -> list[str]:
-        """After a failed apply: the engines stopped for it, started again on the (restored) instances."""
-        if not retire:
-            return []
-        gpu = await asyncio.to_thread(self.backend.gpu, gpu_uuid)
-        geo = await asyncio.to_thread(self.backend.geometry, gpu_uuid)
-        by_placement = {i.placement: i for i in gpu.instances}
-        notes = []
-        for placement, engine in retire:
-            inst = by_placement.get(placement)
-            if inst is None:
-                notes.append(f"engine {engine.spec.engine_id} not restarted: {placement} is not on the GPU")
-                continue
-            pools = await self.fleet() or {}
-            pool = pools.get(engine.spec.pool)
-            if pool is None:
-                notes.append(f"engine {engine.spec.engine_id} not restarted: pool {engine.spec.pool!r} unknown")
-                continue
-            try:
-                started, decoder = await self._start_engine(gpu, geo, inst, pool, engine.spec.variant)
-                await self._ready(started, decoder)
-                notes.append(f"engine {started.spec.engine_id} restarted on {inst.uuid}")
-            except Exception as exc:  # noqa: BLE001 - reported
-                notes.append(f"restarting engine {engine.spec.engine_id} failed: {exc}")
-        return notes
-
-    async def _ensure_engines(self, gpu: GpuState, target: GpuTarget) -> tuple[list[str], list[str]]:
-        """Starts and registers an engine on every instance the plan gives a pool and that has none running."""
-        started: list[str] = []
-        errors: list[str] = []
-        wanted = [(inst, target.wants[inst.placement]) for inst in gpu.instances if inst.placement in target.wants]
-        if not wanted:
-            return started, errors
-        if self.supervisor is None:
-            return [f"{len(wanted)} instance(s) want an engine but --engine-launcher is none"], errors
-        pools = await self.fleet() or {}
-        geo = await asyncio.to_thread(self.backend.geometry, gpu.uuid)
-        owned = self.supervisor.by_mig_uuid()
-        launched: list[tuple[InstanceState, EngineProcess]] = []
-        launched_decoders: dict[str, EngineProcess] = {}
-        for inst, want in wanted:
-            engine = owned.get(inst.uuid)
-            if engine is not None and engine.returncode is None and Want(*engine.spec.role) == want \
-                    and self._pair_alive(engine):
-                continue
-            if engine is not None:  # exited, or stale: make room for the new one
-                await self._retire(engine)
-            pool = pools.get(want.pool)
-            if pool is None:
-                errors.append(f"engine for {inst.uuid}: pool {want.pool!r} unknown")
-                continue
-            try:
-                engine, decoder = await self._start_engine(gpu, geo, inst, pool, want.variant)
-                launched.append((inst, engine))
-                if decoder is not None:
-                    launched_decoders[engine.spec.engine_id] = decoder
-            except Exception as exc:  # noqa: BLE001 - reported; the next reconcile tries again
-                errors.append(f"engine on {inst.uuid} ({want.pool}/{want.variant or 'default'}) failed: {exc}")
-        # all of them load at once (a vLLM engine takes minutes), then each is registered when healthy
-        results = await asyncio.gather(*(self._ready(engine, launched_decoders.get(engine.spec.engine_id))
-                                         for _, engine in launched), return_exceptions=True)
-        for (inst, engine), result in zip(launched, results, strict=True):
-            spec = engine.spec
-            if isinstance(result, BaseException):
-                errors.append(f"engine on {inst.uuid} ({spec.pool}/{spec.variant or 'default'}) failed: {result}")
-                continue
-            decoder = launched_decoders.get(spec.engine_id)
-            notes = [n for n in (engine.command.note, decoder.command.note if decoder is not None else "") if n]
-            pair = (f"; DPD decoder on {decoder.spec.hardware} {decoder.spec.gpu_uuid}, {decoder.spec.url}"
-                    if decoder is not None else "")
-            started.append(f"started engine {spec.engine_id} ({spec.pool}/{spec.variant or 'default'} on "
-                           f"{inst.profile} {inst.uuid}, {spec.url}{pair})"
-                           + (f" [{'; '.join(notes)}]" if notes else ""))
-        return started, errors
-
-    def _pair_alive(self, engine: EngineProcess) -> bool:
-        """A DPD pair runs while both its engines do; any other engine while its own process does."""
-        if engine.spec.pd_role != "prefill":
-            return True
-        assert self.supervisor is not None
-        decoder = self.supervisor.decoder_of(engine.spec.engine_id)
-        return decoder is not None and decoder.returncode is None
-
-    async def _start_engine(self, gpu: GpuState, geo: GpuGeometry, inst: InstanceState, pool: common_pb2.Pool,
-                            variant: str) -> tuple[EngineProcess, EngineProcess | None]:
-        """Starts the instance's engine, or for DPD the pair: the prefiller on the instance and the decoder on a
-        whole older GPU of this node that no other decoder of ours uses (not waited for: see `_ready`)."""
-        assert self.supervisor is not None
-        spec = self._spec(gpu, geo, inst, pool, variant)
-        if spec.mode != "dpd":
-            return await self.supervisor.start(spec), None
-        busy = {e.spec.gpu_uuid for e in self.supervisor.engines.values()
-                if e.spec.pd_role == "decode" and e.returncode is None}
-        old = next((g for g in self.whole_gpus if g.hardware == spec.old_hardware and g.uuid not in busy), None)
-        if old is None:
-            raise EngineStartError(f"no whole {spec.old_hardware or '?'} GPU free on node {self.node} for the DPD "
-                                   f"decoder of {spec.engine_id}")
-        ports = [spec.port]
-        for _ in range(3):  # the decoder's HTTP port, then its NIXL init and alloc ports
-            ports.append(self.supervisor.next_port(also_taken=ports))
-        spec = dataclasses.replace(spec, pd_role="prefill", pd_peer_host=self.supervisor.host,
-                                   pd_init_port=ports[2], pd_alloc_port=ports[3])
-        figures = simulator_gpus().get(old.hardware, {})
-        decode_spec = dataclasses.replace(
-            spec, engine_id=decoder_id(spec.engine_id), pd_role="decode", gpu_uuid=old.uuid, mig_uuid="",
-            hardware=old.hardware, port=ports[1], idle_power_w=float(figures.get("idle_w", 0.0)),
-            busy_power_w=float(figures.get("tdp_w", 0.0)))
-        decoder = await self.supervisor.start(decode_spec)
-        try:
-            return await self.supervisor.start(spec), decoder
-        except BaseException:
-            await self.supervisor.stop(decode_spec.engine_id)
-            raise
-
-    def _spec(self, gpu: GpuState, geo: GpuGeometry, inst: InstanceState, pool: common_pb2.Pool,
-              variant: str) -> EngineSpec:
-        assert self.supervisor is not None
-        chosen = next((v for v in pool.variants if v.name == variant), None)
-        if chosen is None and not variant and pool.variants:
-            chosen = pool.variants[0]  # the first variant is the pool's default
-        model = chosen.model if chosen is not None and chosen.model else pool.model
-        profile = geo.profile(inst.profile) if geo.has_profile(inst.profile) else None
-        share = profile.compute_slices / geo.compute_slices if profile is not None and geo.compute_slices else 1.0
-        mode = self.modes.get(pool.name)
-        draft = pool.draft if pool.HasField("draft") else None
-        return EngineSpec(
-            serving_mode=mode.serving_mode if mode is not None else 0,
-            draft_model=draft.model if draft is not None else "",
-            draft_simulator_model=draft.simulator_model if draft is not None else "",
-            num_speculative_tokens=(draft.num_speculative_tokens if draft is not None else 0) or 3,
-            acceptance_fraction=draft.acceptance_fraction if draft is not None else 0.0,
-            old_hardware=mode.old_hardware if mode is not None else "",
-            link_bandwidth_bytes_per_s=mode.link_bandwidth_bytes_per_s if mode is not None else 0.0,
-            engine_id=engine_id_for(self.node, inst.uuid), pool=pool.name, served_model=pool.model,
-            variant=chosen.name if chosen is not None else "", model=model,
-            simulator_model=chosen.simulator_model if chosen is not None else "",
-            vllm_args=tuple(chosen.vllm_args) if chosen is not None else (), gpu_uuid=gpu.uuid, mig_uuid=inst.uuid,
-            hardware=mig_hardware(gpu.model or geo.model, inst.profile), host=self.supervisor.host,
-            port=self.supervisor.next_port(), lmcache_url=self.lmcache_servers.get(pool.name, ""),
-            idle_power_w=round(geo.sim_idle_power_w * share, 3), busy_power_w=round(geo.max_power_w * share, 3),
-        )
-
-    async def _ready(self, engine: EngineProcess, decoder: EngineProcess | None = None) -> None:
-        """Waits for a started engine's health (and its DPD decoder's) and registers it: a pair as one engine whose
-        ``url`` is the decoder's and ``prefill_url`` the prefiller's, power the two GPUs' (stopped again when any of
-        it fails)."""
-        assert self.supervisor is not None
-        spec = engine.spec
-        try:
-            await asyncio.gather(*(self.supervisor.wait_healthy(e, self.health_timeout_s)
-                                   for e in (engine, decoder) if e is not None))
-        except EngineStartError:
-            await self.supervisor.stop(spec.engine_id)
-            await self.supervisor.stop(decoder_id(spec.engine_id))
-            raise
-        if self.router is not None:
-            message = common_pb2.Engine(
-                id=spec.engine_id, url=spec.url, pool=spec.pool, model=spec.served_model, kind=engine.kind,
-                gpu_uuid=spec.gpu_uuid, mig_uuid=spec.mig_uuid, idle_power_w=spec.idle_power_w,
-                busy_power_w=spec.busy_power_w, hardware=spec.hardware, model_variant=spec.variant)
-            if decoder is not None:
-                message.url, message.prefill_url = decoder.spec.url, spec.url
-                message.prefill_kv_transfer_params = pd_kv_transfer_params(spec)
-                message.idle_power_w += decoder.spec.idle_power_w
-                message.busy_power_w += decoder.spec.busy_power_w
-            try:
-                await self.router.register(message)
-            except Exception as exc:
-                await self.supervisor.stop(spec.engine_id)
-                await self.supervisor.stop(decoder_id(spec.engine_id))
-                raise RuntimeError(f"registering engine {spec.engine_id} with the router failed: {exc}") from exc

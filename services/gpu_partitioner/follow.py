@@ -31,7 +31,7 @@ from greenserve.common.plan_follow import FAILED, PlanFollower, plan_file_store
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.gpu_partitioner.apply import DEFAULT_DRAIN_TIMEOUT_S, ApplyCoordinator
 from greenserve.gpu_partitioner.backend import MigBackend
-from greenserve.gpu_partitioner.enforcer import COMPONENT, MigEnforcer, OptimizerFleet, RouterEngines
+from greenserve.gpu_partitioner.enforcer import COMPONENT, MigEnforcer
 from greenserve.gpu_partitioner.engine_launch import (
     EngineSupervisor,
     VllmLauncher,
@@ -39,6 +39,7 @@ from greenserve.gpu_partitioner.engine_launch import (
     parse_lmcache_servers,
     parse_port_range,
 )
+from greenserve.gpu_partitioner.peer_clients import OptimizerFleet, RouterEngines
 from greenserve.v1 import common_pb2, gpu_partitioner_pb2, optimizer_pb2, optimizer_pb2_grpc
 
 log = logging.getLogger("greenserve.gpu_partitioner.follow")

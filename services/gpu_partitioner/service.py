@@ -40,9 +40,9 @@ from greenserve.gpu_partitioner.backend import MigBackend, NotFoundError
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
-from greenserve.gpu_partitioner.enforcer import RouterEngines
 from greenserve.gpu_partitioner.follow import PlanFollowSettings, inventory_of, start_following
 from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError, Placement
+from greenserve.gpu_partitioner.peer_clients import RouterEngines
 from greenserve.v1 import (
     common_pb2,
     gpu_partitioner_pb2,

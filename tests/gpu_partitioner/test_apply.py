@@ -16,7 +16,7 @@ from greenserve.gpu_partitioner.backend import (
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
 from greenserve.gpu_partitioner.geometry import LayoutError, Placement
 from greenserve.gpu_partitioner.models import ApplyJournalEntry
-from greenserve.gpu_partitioner.enforcer import RouterEngines
+from greenserve.gpu_partitioner.peer_clients import RouterEngines
 
 from tests.gpu_partitioner.conftest import RunningRouter, make_harness
 

@@ -31,7 +31,9 @@ from greenserve.gpu_partitioner.engine_launch import (
     VllmLauncher,
     decoder_id,
 )
-from greenserve.gpu_partitioner.enforcer import MigEnforcer, RouterEngines, engine_id_for
+from greenserve.gpu_partitioner.enforcer import MigEnforcer
+from greenserve.gpu_partitioner.instance_engines import engine_id_for
+from greenserve.gpu_partitioner.peer_clients import RouterEngines
 from greenserve.router.service import RouterSettings
 from greenserve.router.service import build as build_router
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
