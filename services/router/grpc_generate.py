@@ -20,7 +20,7 @@ from greenserve.common.errors import (
     Unavailable,
 )
 from greenserve.router.core import RouterCore
-from greenserve.router.engine_http import EngineHttpError
+from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.grpc_requests import _body, describe
 from greenserve.router.prefix_index import chain_hashes
 from greenserve.router.upstream import (

@@ -29,7 +29,8 @@ from typing import Any
 from aiohttp import web
 from greenserve.router.core import RouterCore
 from greenserve.router.prefix_index import chain_hashes, render_chat
-from greenserve.router.engine_http import EngineHttpError, EngineResponse
+from greenserve.router.engine_response import EngineResponse
+from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.upstream import (
     _RUNNING,
     Call,
@@ -248,9 +249,12 @@ class HttpFront:
         self.body_bytes_in_flight += reserved
         try:
             try:
-                # asyncio.timeout, not wait_for: wait_for wraps the read in a task of its own per request
-                async with asyncio.timeout(self.limits.body_timeout_s):
+                if request.content.is_eof():  # the whole body came with the head: read without a timer
                     raw: bytes | None = await request.read()
+                else:
+                    # asyncio.timeout, not wait_for: wait_for wraps the read in a task of its own per request
+                    async with asyncio.timeout(self.limits.body_timeout_s):
+                        raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 return _too_large(limit, None)
             except web.RequestPayloadError as exc:  # e.g. a Content-Encoding the body does not decode with
@@ -363,7 +367,7 @@ class HttpFront:
                 response = call.response
                 write = resp.write
                 # the fast path: whole chunks of running token events go from the engine connection's
-                # data_received straight to the client (engine_http.py), whenever this loop holds nothing
+                # data_received straight to the client (engine_pool.py), whenever this loop holds nothing
                 forward = _Forwarder(call, response, request.transport) if send is not None else None
                 while True:
                     if forward is not None and not buf:
@@ -408,8 +412,8 @@ class HttpFront:
             acc = dispatcher.finish(call, aborted=False)
             finished = True
             receipt = core.finish(call, "http", acc, prompt_chars)
-            await resp.write(_final_events(held, receipt.to_json(), want_usage, call))
-            await resp.write_eof()
+            # the final events and the end of the chunked body in one write
+            await resp.write_eof(_final_events(held, receipt.to_json(), want_usage, call))
             return resp
         except ConnectionError:
             # The client went away while we wrote to it: an everyday event, not a server error (re-raised,
@@ -441,7 +445,7 @@ def _only_running(data: bytes) -> int:
 
 
 class _Forwarder:
-    """The engine response's ``raw_sink`` (engine_http.py) while the handler holds nothing: offered the raw
+    """The engine response's ``raw_sink`` (engine_response.py) while the handler holds nothing: offered the raw
     bytes of one or more whole chunks of the engine's chunked body, it writes them to the client's transport
     unchanged (the client's response is chunked too: no re-framing, one write) when they hold only whole
     running token events, and returns True; anything else (a final event, usage, [DONE], an error, CRLF

@@ -1,6 +1,6 @@
 """The request path to engines: pooled keep-alive HTTP, retries before the first token, SSE scanning.
 
-Requests go over the router's own HTTP/1.1 client (engine_http.py: a keep-alive pool of protocol
+Requests go over the router's own HTTP/1.1 client (engine_pool.py: a keep-alive pool of protocol
 connections, no connection set-up per request, a few microseconds per forwarded token); the engine model
 lookups keep a small ``aiohttp.ClientSession`` (``Dispatcher.session``), as the monitor's probes and scrapes
 keep theirs, so they never queue behind traffic.
@@ -31,7 +31,9 @@ from typing import Any
 
 import aiohttp
 from greenserve.router import disaggregated
-from greenserve.router.engine_http import EngineHttpError, EnginePool, EngineResponse
+from greenserve.router.engine_pool import EnginePool
+from greenserve.router.engine_response import EngineResponse
+from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.engines import EngineRegistry, EngineState
 from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy
 from greenserve.router.prefix_index import PrefixIndex
@@ -308,6 +310,7 @@ class Dispatcher:
             return call
         call = Call(decision, engine, resp, t0, 0.0, acc)
         buf = b""
+        key = TEXT_KEY_CHAT if req.path.endswith("/chat/completions") else TEXT_KEY_COMPLETION
         while True:
             chunk = await resp.readany()
             if not chunk:
@@ -315,19 +318,24 @@ class Dispatcher:
             events, buf = split_events(buf + chunk)
             for i, event in enumerate(events):
                 call.head_events.append(event)
-                data = event_data(event)
-                if data is None:
-                    continue
-                if data == _DONE:
-                    raise _AttemptFailed("stream finished without a token")
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    raise _AttemptFailed("unreadable stream chunk") from None
-                if "error" in obj and "choices" not in obj:
-                    raise _AttemptFailed(f"engine error before the first token: {obj['error']}")
-                text = chunk_text(obj)
-                reason = _finish_reason(obj)
+                text = running_text(event, key)  # the usual first token: found by a scan, no JSON decoded
+                reason = None
+                if text is None:
+                    data = event_data(event)
+                    if data is None:
+                        continue
+                    if data == _DONE:
+                        raise _AttemptFailed("stream finished without a token")
+                    try:
+                        obj = json.loads(data)
+                    except ValueError:
+                        raise _AttemptFailed("unreadable stream chunk") from None
+                    if not isinstance(obj, dict):
+                        raise _AttemptFailed("unreadable stream chunk: not a JSON object")
+                    if "error" in obj and "choices" not in obj:
+                        raise _AttemptFailed(f"engine error before the first token: {obj['error']}")
+                    text = chunk_text(obj)
+                    reason = _finish_reason(obj)
                 if text or reason:
                     call.t_first = time.monotonic()
                     call.first_text = text
