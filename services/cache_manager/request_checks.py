@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from greenserve.common.carbon import DISK_MEDIA
+from greenserve.common.carbon_params import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.names import check_name
 from greenserve.v1 import common_pb2

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams, load_default_params
+from greenserve.common.embodied_carbon import Platform
 from greenserve.common.errors import InvalidArgument
 from greenserve.v1 import common_pb2
 
@@ -38,7 +39,7 @@ def require_finite(field: str, value: float, *, minimum: float | None = None,
 
 def params_from_proto(
     msg: common_pb2.CarbonParams, *, field: str = "carbon_params"
-) -> tuple[carbon.CarbonParams, carbon.Platform]:
+) -> tuple[CarbonParams, Platform]:
     """Defaults overridden by what `msg` sets, and the platform its components describe.
 
     A component that the defaults know (kind + name) takes the message's embodied carbon and lifetime
@@ -55,7 +56,7 @@ def params_from_proto(
     if msg.ssd_lifetime_s != 0:
         overrides["ssd_lifetime_s"] = require_finite(f"{field}.ssd_lifetime_s", msg.ssd_lifetime_s, minimum=1e-9)
     counts: dict[str, int] = {}
-    defaults = carbon.load_default_params()
+    defaults = load_default_params()
     known = {spec.key for spec in defaults.components}
     for i, comp in enumerate(msg.components):
         path = f"{field}.components[{i}]"
@@ -81,7 +82,7 @@ def params_from_proto(
     return params, params.platform(counts or DEFAULT_PLATFORM_COUNTS)
 
 
-def params_to_proto(params: carbon.CarbonParams, platform: carbon.Platform) -> common_pb2.CarbonParams:
+def params_to_proto(params: CarbonParams, platform: Platform) -> common_pb2.CarbonParams:
     """The parameters and platform actually used, for echoing back to callers."""
     return common_pb2.CarbonParams(
         pue=params.pue,

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams, load_default_params
 from greenserve.evaluation.scenario import WORKLOAD_PROMPT_TOKENS
 from greenserve.simulator.engine_profile import load_profile
 from greenserve.simulator.perf_model import PerfModel
@@ -52,9 +52,9 @@ def prefill_dynamic_j(model: PerfModel, prompt_tokens: float, hit_fraction: floa
 
 
 def components(result: dict[str, Any], region: str, strategy: str,
-               params: carbon.CarbonParams | None = None) -> dict[str, float]:
+               params: CarbonParams | None = None) -> dict[str, float]:
     """Grams of CO2e by component (``COMPONENTS``) and the energy behind them (``*_kwh``) over the strategy-day."""
-    params = params or carbon.load_default_params()
+    params = params or load_default_params()
     pools = result["scenario"]
     hours = result["grids"][region][strategy]["hours"]
     models = [_profile(p) for p in pools]

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams, load_default_params
+from greenserve.common.embodied_carbon import amortised_embodied_g
 from greenserve.evaluation.hour import PoolState, replay_hour, restart_changed, warm_start
 from greenserve.evaluation.scenario import WORKLOAD_OUTPUT_TOKENS, WORKLOAD_PROMPT_TOKENS, PoolScenario, Scenario
 from greenserve.forecaster.forecast_models import make_model
@@ -132,7 +134,7 @@ def forecast_day(history: np.ndarray, history_start_s: int, truth: np.ndarray, m
     return SeriesForecast(clean[0], clean[1], clean[2], pred.model)
 
 
-def _gpu_embodied_g_per_h(hardware: str, params: carbon.CarbonParams) -> float:
+def _gpu_embodied_g_per_h(hardware: str, params: CarbonParams) -> float:
     count = int(hardware.split("x")[0]) if "x" in hardware.split("-")[0] else 1
     family = next((f for key, f in GPU_FAMILY.items() if key in hardware), None)
     if family is None:
@@ -141,7 +143,7 @@ def _gpu_embodied_g_per_h(hardware: str, params: carbon.CarbonParams) -> float:
         spec = params.component(f"gpu.{family}")
     except ValueError:
         return 0.0
-    return count * carbon.amortised_embodied_g(duration_s=HOUR_S, lifetime_s=spec.lifetime_s,
+    return count * amortised_embodied_g(duration_s=HOUR_S, lifetime_s=spec.lifetime_s,
                                                embodied_g=spec.embodied_g)
 
 
@@ -149,11 +151,11 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             ci_history_start_s: int, load_shape_day: np.ndarray, load_shape_history: np.ndarray,
             load_history_start_s: int, strategy: str, forecast_model: str = "auto",
             window_s: float = DEFAULT_WINDOW_S, hours: int = 24,
-            params: carbon.CarbonParams | None = None, ci_forecast: SeriesForecast | None = None,
+            params: CarbonParams | None = None, ci_forecast: SeriesForecast | None = None,
             load_forecast: SeriesForecast | None = None) -> list[HourRecord]:
     """Plans and replays ``hours`` hours of one day (see the module docstring); ``ci_forecast`` /
     ``load_forecast``: the day's forecasts when already made (``forecast_day``), shared by the strategies."""
-    params = params or carbon.load_default_params()
+    params = params or load_default_params()
     fleet = scenario.fleet(region)
     peak = float(max(np.max(load_shape_history), np.max(load_shape_day), 1e-9))
     ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual[:24], forecast_model)
@@ -336,7 +338,7 @@ def _spec_for(pool: PoolScenario, mode: int) -> SpecDecodeConfig | None:
 
 
 def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int, ci: float, ci_forecast: float,
-                  shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float, params: carbon.CarbonParams,
+                  shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float, params: CarbonParams,
                   window_s: float, seed: int, states: dict[str, PoolState],
                   hits_out: dict[str, float] | None = None) -> HourRecord:
     """One hour replayed under ``interval``; ``hits_out`` (pool -> prefix-hit fraction measured) is filled."""

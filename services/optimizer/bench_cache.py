@@ -82,7 +82,7 @@ def kareto_figures(rate: float, with_grid: bool, history: str = "none", media: t
     other than ``none``: the points replay a recorded window of that shape (``recorded_trace``) instead of the
     synthetic multi-turn shape. ``media``: the pool declares a disk of each (``Pool.disk_tiers``, each up to 512 GiB),
     so that the medium is searched too."""
-    from greenserve.common import carbon
+    from greenserve.common.carbon_params import load_default_params
     from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
     from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
     from greenserve.optimizer.solvers.cache_pareto import (
@@ -101,7 +101,7 @@ def kareto_figures(rate: float, with_grid: bool, history: str = "none", media: t
                                        for m in media])
     flat = SeriesForecast((rate,), (rate,), (rate,))
     inputs = PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[pool]), {"FR": SeriesForecast((60.0,), (60.0,),
-                            (60.0,))}, {"chat": flat}, {}, carbon.load_default_params(), {})
+                            (60.0,))}, {"chat": flat}, {}, load_default_params(), {})
     if history != "none":
         inputs.traffic["chat"] = recorded_trace(history, rate)
     solver = KaretoSearch(time_limit_s=3600.0, max_evaluations=10_000)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
                         "searched as a categorical axis; empty: the profile's disk, not searched")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
-    from greenserve.common.carbon import DISK_MEDIA
+    from greenserve.common.carbon_params import DISK_MEDIA
 
     media = tuple(m for m in ns.kareto_media.split(",") if m)
     if any(m not in DISK_MEDIA for m in media) or len(set(media)) != len(media):

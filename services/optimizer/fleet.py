@@ -17,7 +17,7 @@ import threading
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from greenserve.common.carbon import DISK_MEDIA
+from greenserve.common.carbon_params import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database

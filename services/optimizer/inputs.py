@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import grpc
-from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams
+from greenserve.common.embodied_carbon import Platform, PlatformItem
 from greenserve.common.errors import FailedPrecondition
 from greenserve.common.persistence import Database
 from greenserve.optimizer import capacity, prefix_hits
@@ -311,10 +312,10 @@ def capabilities(fleet: common_pb2.FleetInventory, profiles: list[common_pb2.Pro
     return out
 
 
-def gpu_platforms(fleet: common_pb2.FleetInventory, params: carbon.CarbonParams,
-                  notes: list[str]) -> dict[str, carbon.Platform]:
+def gpu_platforms(fleet: common_pb2.FleetInventory, params: CarbonParams,
+                  notes: list[str]) -> dict[str, Platform]:
     """Embodied platform of each GPU (its family's cited figure); GPUs without one are noted and not charged."""
-    out: dict[str, carbon.Platform] = {}
+    out: dict[str, Platform] = {}
     missing: set[str] = set()
     for gpu in fleet.gpus:
         hardware = gpu_hardware(gpu)
@@ -326,7 +327,7 @@ def gpu_platforms(fleet: common_pb2.FleetInventory, params: carbon.CarbonParams,
         except (KeyError, ValueError):
             missing.add(hardware or gpu.name or gpu.uuid)
             continue
-        out[gpu.uuid] = carbon.Platform((carbon.PlatformItem(spec, 1),))
+        out[gpu.uuid] = Platform((PlatformItem(spec, 1),))
     if missing:
         notes.append(f"no cited embodied carbon for {', '.join(sorted(missing))}: not charged (set it in "
                      f"carbon_params)")
@@ -352,7 +353,7 @@ async def fetch_cache_sizes(channel: grpc.aio.Channel | None, notes: list[str],
 
 
 async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource, profiler: grpc.aio.Channel | None,
-                 params: carbon.CarbonParams, start_s: float, hours: int, now_s: float,
+                 params: CarbonParams, start_s: float, hours: int, now_s: float,
                  current: common_pb2.Plan | None, carbon_weight_fraction: float,
                  declared: common_pb2.FleetInventory | None = None,
                  cache_manager: grpc.aio.Channel | None = None, traffic_history: bool = False) -> PlanningInputs:

@@ -15,7 +15,7 @@ import time
 
 import grpc
 
-from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams
 from greenserve.common.clock import clock, hour_floor_s
 from greenserve.common.errors import FailedPrecondition, InvalidArgument
 from greenserve.common.persistence import Database
@@ -38,7 +38,7 @@ SLO_MIN_REQUESTS = 20
 
 class OptimizerLoop:
     def __init__(self, *, db: Database, forecaster: grpc.aio.Channel | None, profiler: grpc.aio.Channel | None,
-                 cache_manager: grpc.aio.Channel | None = None, params: carbon.CarbonParams, hold_plans: bool = False, horizon_hours: int = DEFAULT_HORIZON_HOURS,
+                 cache_manager: grpc.aio.Channel | None = None, params: CarbonParams, hold_plans: bool = False, horizon_hours: int = DEFAULT_HORIZON_HOURS,
                  lead_s: float = 600.0, debounce_s: float = 5.0, schedule: bool = True,
                  ci_change_fraction: float = 0.05, monitor_interval_s: float = 900.0,
                  forecast_max_age_s: float = 6 * 3600.0, solver_timeout_s: float = 10.0,
@@ -83,7 +83,7 @@ class OptimizerLoop:
 
     # -- computing ------------------------------------------------------------------------------------
 
-    async def compute(self, *, trigger: str, horizon_hours: int = 0, params: carbon.CarbonParams | None = None,
+    async def compute(self, *, trigger: str, horizon_hours: int = 0, params: CarbonParams | None = None,
                       carbon_weight_fraction: float = 1.0, dry_run: bool = False,
                       hold: bool | None = None) -> tuple[common_pb2.Plan, float]:
         hours = horizon_hours or self.horizon_hours

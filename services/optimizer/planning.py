@@ -27,6 +27,8 @@ from google.protobuf.message import Message
 
 from greenserve.common import carbon
 from greenserve.common.carbon_messages import breakdown_to_proto
+from greenserve.common.carbon_params import CarbonParams
+from greenserve.common.embodied_carbon import Platform
 from greenserve.optimizer.capacity import Capability
 from greenserve.v1 import common_pb2
 
@@ -62,8 +64,8 @@ class PlanningInputs:
     ci: dict[str, SeriesForecast]  # per region
     load: dict[str, SeriesForecast]  # per pool
     capabilities: dict[str, Capability]  # per engine id
-    params: carbon.CarbonParams
-    gpu_platform: dict[str, carbon.Platform]  # per GPU uuid (embodied of one GPU)
+    params: CarbonParams
+    gpu_platform: dict[str, Platform]  # per GPU uuid (embodied of one GPU)
     current: common_pb2.Plan | None = None
     carbon_weight_fraction: float = 1.0
     declared: common_pb2.FleetInventory | None = None  # what the operator declared (targets such as MIG layouts)

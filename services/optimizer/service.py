@@ -17,8 +17,10 @@ from greenserve.common.carbon_messages import (
     params_to_proto,
     require_finite,
 )
+from greenserve.common.carbon_params import load_default_params
 from greenserve.common.client import create_channel
 from greenserve.common.config import DependencyAddresses, ServiceSettings
+from greenserve.common.embodied_carbon import cache_embodied_g
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.server import Registration, registration
 from greenserve.optimizer.loop import OptimizerLoop
@@ -122,7 +124,7 @@ def estimate_carbon(request: optimizer_pb2.EstimateCarbonRequest) -> optimizer_p
         duration_s=duration_s, energy_kwh=energy_kwh, ci_g_per_kwh=ci, mean_batch_size=batch,
         platform=platform, pue=params.pue,
     )
-    storage_g = carbon.cache_embodied_g(
+    storage_g = cache_embodied_g(
         allocated_bytes=request.cache_allocated_bytes, duration_s=duration_s,
         lifetime_s=params.ssd_lifetime_s, ssd_embodied_g_per_tb=params.ssd_embodied_g_per_tb,
     )
@@ -291,7 +293,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     profiler = create_channel(settings.channel_config(settings.profiler_addr))
     cache_manager = create_channel(settings.channel_config(settings.cache_manager_addr))
     loop = OptimizerLoop(
-        db=ctx.db, forecaster=forecaster, profiler=profiler, cache_manager=cache_manager, params=carbon.load_default_params(),
+        db=ctx.db, forecaster=forecaster, profiler=profiler, cache_manager=cache_manager, params=load_default_params(),
         hold_plans=settings.hold_plans, horizon_hours=settings.plan_horizon_hours, lead_s=settings.plan_lead_s,
         debounce_s=settings.plan_debounce_s, schedule=settings.schedule_plans,
         ci_change_fraction=settings.ci_change_fraction, monitor_interval_s=settings.ci_monitor_interval_s,

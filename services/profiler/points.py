@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from greenserve.common import carbon
+from greenserve.common.carbon_units import energy_kwh_from_j
 from greenserve.v1 import common_pb2
 
 DEFAULT_CI_G_PER_KWH = 261.0  # GreenLLM Sec. V-A: CISO grid default
@@ -90,11 +91,11 @@ def summarize(rate_per_s: float, samples: RequestSamples, slo: common_pb2.Slo, e
         if math.isfinite(extras.power_w):
             energy_j = extras.power_w * span
             values["power_w"] = extras.power_w
-            values["energy_per_request_kwh"] = carbon.energy_kwh_from_j(energy_j=energy_j / n_done)
+            values["energy_per_request_kwh"] = energy_kwh_from_j(energy_j=energy_j / n_done)
             if out_tokens:
                 values["energy_per_output_token_j"] = energy_j / out_tokens
                 values["carbon_per_output_token_g"] = carbon.operational_g(
-                    energy_kwh=carbon.energy_kwh_from_j(energy_j=energy_j / out_tokens), ci_g_per_kwh=ci_g_per_kwh)
+                    energy_kwh=energy_kwh_from_j(energy_j=energy_j / out_tokens), ci_g_per_kwh=ci_g_per_kwh)
             point.power_source = extras.power_source
     for name, value in values.items():
         if value is not None and math.isfinite(value):

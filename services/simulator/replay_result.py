@@ -97,10 +97,12 @@ class ReplayResult:
         ``greenserve.common.carbon.operational_g``). Embodied: ``greenserve.common.carbon.request_carbon``
         with the engine's mean batch size (GreenLLM Eq. 1) when ``embodied_g_per_engine`` > 0.
         Idle energy is charged to the fleet total at the mean CI. With ``storage_params`` (a
-        ``carbon.CarbonParams``) the embodied carbon of the allocated DRAM and disk tiers (GreenCache Eq. 4) is
+        ``carbon_params.CarbonParams``) the embodied carbon of the allocated DRAM and disk tiers (GreenCache Eq. 4) is
         added to the total (``storage_embodied_g`` per tier).
         """
         from greenserve.common import carbon as cm
+        from greenserve.common.carbon_units import energy_kwh_from_j
+        from greenserve.common.embodied_carbon import ComponentSpec, Platform, PlatformItem
 
         series = np.atleast_1d(np.asarray(ci_g_per_kwh, dtype=np.float64))
         if series.size == 0 or not np.isfinite(series).all() or (series < 0).any():
@@ -113,10 +115,10 @@ class ReplayResult:
         embodied = np.zeros(len(self.arrival_s))
         platform = None
         if embodied_g_per_engine > 0:
-            spec = cm.ComponentSpec(kind="gpu", model="engine", embodied_g=embodied_g_per_engine, lifetime_s=lifetime_s)
-            platform = cm.Platform((cm.PlatformItem(spec, 1),))
+            spec = ComponentSpec(kind="gpu", model="engine", embodied_g=embodied_g_per_engine, lifetime_s=lifetime_s)
+            platform = Platform((PlatformItem(spec, 1),))
         for i in np.flatnonzero(self.completed):
-            e_kwh = cm.energy_kwh_from_j(energy_j=float(self.energy_j[i]))
+            e_kwh = energy_kwh_from_j(energy_j=float(self.energy_j[i]))
             if platform is None:
                 per_request[i] = cm.operational_g(energy_kwh=e_kwh, ci_g_per_kwh=float(ci[i]), pue=pue)
             else:
@@ -126,7 +128,7 @@ class ReplayResult:
                 per_request[i] = bd.operational_g
                 embodied[i] = bd.embodied_g
         idle_j = self.fleet_energy_j - float(np.nansum(self.energy_j))
-        idle_g = cm.operational_g(energy_kwh=cm.energy_kwh_from_j(energy_j=max(idle_j, 0.0)),
+        idle_g = cm.operational_g(energy_kwh=energy_kwh_from_j(energy_j=max(idle_j, 0.0)),
                                   ci_g_per_kwh=float(series.mean()), pue=pue)
         storage = storage_embodied_g(self.tier_allocated_byte_seconds, storage_params) if storage_params else {}
         total = float(per_request.sum() + embodied.sum() + idle_g + sum(storage.values()))

@@ -206,12 +206,12 @@ def allocated_byte_seconds(tier: Tier, kv_bytes_per_token: float, end: float, du
 
 def storage_embodied_g(byte_seconds: dict[str, float], params: object) -> dict[str, float]:
     """Embodied carbon of the allocated DRAM and disk tiers (GreenCache Eq. 4, DRAM by its footnote 1):
-    S x T x C_e^Unit / LT, with S x T given as byte-seconds; `params` is a `carbon.CarbonParams`."""
-    from greenserve.common import carbon as cm
+    S x T x C_e^Unit / LT, with S x T given as byte-seconds; `params` is a `carbon_params.CarbonParams`."""
+    from greenserve.common.embodied_carbon import cache_embodied_g
 
     rates = {"dram": (params.dram_embodied_g_per_tb, params.dram_lifetime_s),  # type: ignore[attr-defined]
              "disk": (params.ssd_embodied_g_per_tb, params.ssd_lifetime_s)}  # type: ignore[attr-defined]
-    return {tier: cm.cache_embodied_g(duration_s=1.0, lifetime_s=rates[tier][1], ssd_embodied_g_per_tb=rates[tier][0],
+    return {tier: cache_embodied_g(duration_s=1.0, lifetime_s=rates[tier][1], ssd_embodied_g_per_tb=rates[tier][0],
                                       allocated_bytes=byte_seconds.get(tier, 0.0)) for tier in rates}
 
 

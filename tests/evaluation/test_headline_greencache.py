@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.evaluation.headlines import greencache as gc
 from greenserve.evaluation.headlines import greencache_carbon as gc_carbon
 from greenserve.evaluation.headlines import greencache_profile as gc_profile
@@ -31,7 +31,7 @@ def test_azure_day_shape_is_24_hours_peaking_at_one() -> None:
 
 
 def test_hour_carbon_charges_the_allocated_ssd_per_greencache_eq4() -> None:
-    params = carbon.load_default_params()
+    params = load_default_params()
     empty = gc_carbon.hour_carbon_g(800.0, 100.0, 0, params)
     full = gc_carbon.hour_carbon_g(800.0, 100.0, 16, params)
     assert empty["ssd_embodied_g"] == 0.0
@@ -97,7 +97,7 @@ def test_direct_ci_is_greencache_source_for_every_grid() -> None:
 
 
 def test_whole_server_power_adds_host_and_allocated_ssd_power() -> None:
-    params = carbon.load_default_params()
+    params = load_default_params()
     gpu = gc_carbon.hour_carbon_g(800.0, 100.0, 16, params, gc_setting.GPU_ONLY)
     whole = gc_carbon.hour_carbon_g(800.0, 100.0, 16, params, gc_setting.WHOLE_SERVER)
     watts = 800.0 + gc_setting.CPU_W + gc_setting.DRAM_W + 16 * gc_setting.SSD_W_PER_TB
@@ -154,7 +154,7 @@ def test_decomposition_rows_exist_and_each_assumption_changes_the_result(quick_r
 
 def test_paper_best_hour_implies_a_one_kilowatt_server() -> None:
     # 25.3 % saved by 15 TB less SSD (15 x 30 kgCO2e over 5 years per hour) at CarbonCast's 26.59 g/kWh
-    params = carbon.load_default_params()
+    params = load_default_params()
     ssd_h = 30_000.0 / (5 * 365 * 24)
     other_h = (4 * 26.6 + 9.3 + 30.8) * 1000.0 / (5 * 365 * 24)
     expected_w = (15 * ssd_h / 0.253 - 16 * ssd_h - other_h) / 26.59 * 1000.0

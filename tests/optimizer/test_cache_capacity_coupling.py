@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer import cache_profiles, capacity
 from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
@@ -61,7 +61,7 @@ def _inputs(hits: float) -> PlanningInputs:
         start_s=1_656_460_800.0, horizon_hours=hours, fleet=common_pb2.FleetInventory(pools=[p]),
         ci={"FR": SeriesForecast((300.0,) * hours, (250.0,) * hours, (350.0,) * hours)},
         load={"chat": SeriesForecast((4.0,) * hours, (3.5,) * hours, (LOAD_UPPER,) * hours)},
-        capabilities={e.id: cap for e in engines}, params=carbon.load_default_params(), gpu_platform={},
+        capabilities={e.id: cap for e in engines}, params=load_default_params(), gpu_platform={},
         prefix_hit_fraction={"chat": hits})
 
 

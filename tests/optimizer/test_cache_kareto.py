@@ -7,7 +7,7 @@ import time
 
 import grpc
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers import cache_solver
 from greenserve.optimizer.solvers.cache_kareto import KaretoSearch, _axis
@@ -25,7 +25,7 @@ def _inputs(rate: float, ci: float = 300.0, **pool_kw) -> PlanningInputs:
     hours = 2
     flat = lambda v: SeriesForecast((v,) * hours, (v,) * hours, (v,) * hours)
     return PlanningInputs(0.0, hours, common_pb2.FleetInventory(pools=[chat, other]), {"FR": flat(ci)},
-                          {"chat": flat(rate), "batch": flat(1.0)}, {}, carbon.load_default_params(), {})
+                          {"chat": flat(rate), "batch": flat(1.0)}, {}, load_default_params(), {})
 
 
 def test_search_chooses_the_lowest_carbon_point_meeting_the_slo_and_keeps_the_pareto_set() -> None:

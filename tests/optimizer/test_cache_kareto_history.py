@@ -12,7 +12,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.service import build as build_cache_manager
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.replay_trace import BLOCK_TOKENS, build_trace
 from greenserve.optimizer.replay_trace import router_accesses as replay_accesses
@@ -96,7 +96,7 @@ def _inputs(traffic: dict, missing: dict) -> PlanningInputs:
     other = pool("docs", [engine("e2")], max_cache_dram_bytes=8 * GIB, cache_step_bytes=4 * GIB)
     flat = lambda v: SeriesForecast((v,) * 2, (v,) * 2, (v,) * 2)
     return PlanningInputs(0.0, 2, common_pb2.FleetInventory(pools=[chat, other]), {"FR": flat(300.0)},
-                          {"chat": flat(1.0), "docs": flat(1.0)}, {}, carbon.load_default_params(), {},
+                          {"chat": flat(1.0), "docs": flat(1.0)}, {}, load_default_params(), {},
                           traffic=traffic, traffic_missing=missing)
 
 

@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers import cache_kareto
 from greenserve.optimizer.solvers.cache_kareto import KaretoSearch, PointScore
@@ -28,7 +28,7 @@ def _inputs(rate: float, *, ttft_s: float = 1.0, tiers=(NVME, HDD), ci: float = 
     chat.slo.ttft_s = ttft_s
     flat = lambda v: SeriesForecast((v,), (v,), (v,))
     return PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[chat]), {"FR": flat(ci)}, {"chat": flat(rate)},
-                          {}, carbon.load_default_params(), {})
+                          {}, load_default_params(), {})
 
 
 @pytest.fixture

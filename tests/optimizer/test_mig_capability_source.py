@@ -5,7 +5,7 @@ plan made after the partitioner's report weights the instances as the plan befor
 from __future__ import annotations
 
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer import inputs as inputs_module
 from greenserve.optimizer.fleet import merge_fleet
 from greenserve.optimizer.planning import (
@@ -73,7 +73,7 @@ def _plan(fleet: common_pb2.FleetInventory, load: float) -> tuple[dict[str, floa
     flat = SeriesForecast((load,) * HOURS, (load,) * HOURS, (load,) * HOURS)
     ci = SeriesForecast((300.0,) * HOURS, (300.0,) * HOURS, (300.0,) * HOURS)
     inputs = PlanningInputs(start_s=0.0, horizon_hours=HOURS, fleet=fleet, ci={"R": ci}, load={"chat": flat},
-                            capabilities=caps, params=carbon.load_default_params(), gpu_platform={}, notes=notes)
+                            capabilities=caps, params=load_default_params(), gpu_platform={}, notes=notes)
     planner = Planner([MinCarbonRouting(), FixedCache(full=True), FixedLayouts([layout]),
                        KeepCurrent("serving_modes")])
     try:

@@ -7,7 +7,7 @@ import itertools
 import math
 
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.common.errors import InvalidArgument
 from greenserve.gpu_partitioner.geometry import Placement, geometry
 from greenserve.optimizer.capacity import Capability
@@ -221,7 +221,7 @@ def _inputs(fleet: common_pb2.FleetInventory, load: float, ci_values: tuple[floa
     flat = SeriesForecast((load,) * hours, (load,) * hours, (load,) * hours)
     ci = SeriesForecast(ci_values, ci_values, ci_values)
     return PlanningInputs(start_s=0.0, horizon_hours=hours, fleet=fleet, ci={"R": ci}, load={"chat": flat},
-                          capabilities={}, params=carbon.load_default_params(), gpu_platform={},
+                          capabilities={}, params=load_default_params(), gpu_platform={},
                           carbon_weight_fraction=0.5)
 
 

@@ -5,7 +5,7 @@ placement, and the router resolves and routes by those weights."""
 from __future__ import annotations
 
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.planning import (
     KnobPlan,
@@ -77,7 +77,7 @@ def _inputs(fleet: common_pb2.FleetInventory, load: float = 4.0) -> PlanningInpu
     caps = {"chat-0": Capability(9.0, 60.0, 150.0, "predicted", "x"),
             "chat-1": Capability(9.0, 60.0, 120.0, "predicted", "x")}
     return PlanningInputs(start_s=0.0, horizon_hours=HOURS, fleet=fleet, ci={"R": ci}, load={"chat": flat},
-                          capabilities=caps, params=carbon.load_default_params(), gpu_platform={})
+                          capabilities=caps, params=load_default_params(), gpu_platform={})
 
 
 def _capacity(pool: common_pb2.Pool, profile: str, variant: common_pb2.ModelVariant) -> float:
@@ -248,7 +248,7 @@ def test_a_declared_layout_keeps_the_declared_engines_and_their_variant() -> Non
             "small-0": Capability(2.3, 21.0, 70.0, "predicted", "x"),
             "small-1": Capability(2.3, 21.0, 70.0, "predicted", "x")}
     inputs = PlanningInputs(start_s=0.0, horizon_hours=HOURS, fleet=fleet, ci={"R": ci}, load={"chat": flat},
-                            capabilities=caps, params=carbon.load_default_params(), gpu_platform={},
+                            capabilities=caps, params=load_default_params(), gpu_platform={},
                             declared=fleet)
     planner = Planner([MinCarbonRouting(), FixedCache(full=True), KeepCurrent("mig_layouts"),
                        KeepCurrent("serving_modes")])

@@ -4,7 +4,7 @@ and the link, per pool and hour; the fleet's draft and link checked; the solver 
 from __future__ import annotations
 
 import pytest
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.common.errors import InvalidArgument
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.inputs import gpu_platforms
@@ -32,7 +32,7 @@ def _fleet(link: float = 2e9, draft: bool = True, old: bool = True) -> common_pb
 
 
 def _inputs(fleet: common_pb2.FleetInventory, loads: tuple[float, ...]) -> PlanningInputs:
-    params = carbon.load_default_params()
+    params = load_default_params()
     ci = (261.0,) * len(loads)
     return PlanningInputs(start_s=0.0, horizon_hours=len(loads), fleet=fleet,
                           ci={"CISO": SeriesForecast(ci, ci, ci)}, load={"chat": SeriesForecast(loads, loads, loads)},

@@ -8,11 +8,12 @@ import random
 import pytest
 
 from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.router.receipt import CarbonSettings, Measurement, compute_receipt, load_router_defaults
 
 
 def _settings(pue: float = 1.0) -> CarbonSettings:
-    params = carbon.load_default_params({"pue": pue} if pue != 1.0 else None)
+    params = load_default_params({"pue": pue} if pue != 1.0 else None)
     platform = params.platform(dict(load_router_defaults()["carbon"]["platform"]))
     return CarbonSettings(params=params, platform=platform, saturation_requests=256, slo_ttft_s=1.0, slo_tpot_s=0.1)
 

@@ -84,7 +84,7 @@ def test_replay_with_lcs_dram_and_elastic_disk() -> None:
 
 
 def test_storage_embodied_carbon_of_allocated_tiers() -> None:
-    from greenserve.common.carbon import CarbonParams
+    from greenserve.common.carbon_params import CarbonParams
 
     w = multi_turn_workload(30, 0.5, seed=4)
     cap = 1 << 16

@@ -42,7 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams, load_default_params
 from greenserve.evaluation.headlines.greencache_carbon import (
     grid_day,
     hour_carbon_g,
@@ -121,7 +121,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         peak, profile = setups[shape]
         return peak, [peak * s for s in azure_day_shape(service)], profile
 
-    params = carbon.load_default_params()
+    params = load_default_params()
 
     def days(a: Assumptions) -> dict[str, dict[str, Any]]:
         _, rates, profile = setup(a.workload, a.azure_service)
@@ -233,7 +233,7 @@ def _brief(day: dict[str, Any]) -> dict[str, Any]:
                                 "cache_tb_by_hour")}
 
 
-def _notes(per_grid: dict[str, Any], ours_grid: dict[str, Any], params: carbon.CarbonParams,
+def _notes(per_grid: dict[str, Any], ours_grid: dict[str, Any], params: CarbonParams,
            peak: float) -> list[str]:
     ssd_full = hour_carbon_g(0.0, 0.0, MAX_TB, params)["ssd_embodied_g"]
     other = other_embodied_g_per_h(params)

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams
+from greenserve.common.embodied_carbon import amortised_embodied_g
 from greenserve.evaluation.headlines.greencache_profile import Profile
 from greenserve.evaluation.headlines.greencache_setting import (
     GPU_ONLY,
@@ -29,15 +31,15 @@ from greenserve.optimizer.solvers.cache_greencache import (
 __all__ = ["grid_day", "hour_carbon_g", "implied_paper_power_w", "other_embodied_g_per_h"]
 
 
-def other_embodied_g_per_h(params: carbon.CarbonParams) -> float:
+def other_embodied_g_per_h(params: CarbonParams) -> float:
     total = 0.0
     for name in OTHER_COMPONENTS:
         spec = params.component(name)
-        total += carbon.amortised_embodied_g(duration_s=HOUR_S, lifetime_s=spec.lifetime_s, embodied_g=spec.embodied_g)
+        total += amortised_embodied_g(duration_s=HOUR_S, lifetime_s=spec.lifetime_s, embodied_g=spec.embodied_g)
     return total
 
 
-def hour_carbon_g(power_w: float, ci: float, size_tb: int, params: carbon.CarbonParams,
+def hour_carbon_g(power_w: float, ci: float, size_tb: int, params: CarbonParams,
                   power: PowerAccounting = GPU_ONLY) -> dict[str, float]:
     """One hour of the server: operational (Eq. 2; ``power_w`` is the GPUs', ``power`` adds the host and the
     allocated SSD), the SSD allocated (Eq. 4) and the other components (Eq. 3)."""
@@ -49,7 +51,7 @@ def hour_carbon_g(power_w: float, ci: float, size_tb: int, params: carbon.Carbon
             "total_g": operational + ssd + other}
 
 
-def grid_day(profile: Profile, region: str, rates: list[float], params: carbon.CarbonParams,
+def grid_day(profile: Profile, region: str, rates: list[float], params: CarbonParams,
               ci: list[float] | None = None, power: PowerAccounting = GPU_ONLY) -> dict[str, Any]:
     ci = day_ci(region) if ci is None else ci
     sizes = profile.sizes_tb
@@ -90,7 +92,7 @@ def grid_day(profile: Profile, region: str, rates: list[float], params: carbon.C
     }
 
 
-def implied_paper_power_w(params: carbon.CarbonParams) -> float:
+def implied_paper_power_w(params: CarbonParams) -> float:
     """The server power GreenCache's best FR hour implies: 25.3 % saved at midnight (CarbonCast direct CI of that
     hour) by 15 TB less SSD, if the operational carbon barely changes between 1 and 16 TB at that load."""
     ci = direct_ci_2022_07_06()["FR"][0]

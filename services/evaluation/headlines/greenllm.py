@@ -26,7 +26,7 @@ import math
 import sys
 from typing import Any
 
-from greenserve.common import carbon
+from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer.solvers import serving_modes as sm
 
 TARGET = "llama2-7b"
@@ -63,7 +63,7 @@ SETTING = (f"Llama 7B on one {NEW}, 1B draft (k 3, acceptance {ACCEPTANCE:.1%}),
 
 def settings() -> dict[str, sm.ModeSetting]:
     """One mode setting per old GPU (the A100 and the draft as GreenLLM has them)."""
-    params = carbon.load_default_params()
+    params = load_default_params()
     a100 = params.component("gpu.A100")
     out = {}
     for old in OLD:

@@ -34,7 +34,7 @@ chosen TTL, which the cache-manager applies pool-wide.
 The disk medium: a pool that declares two or more disks (``Pool.disk_tiers``: medium, LMCache folder, largest size)
 gets one such 2-D search per medium (the medium a categorical axis; each search has ``max_evaluations`` // media
 evaluations, at least 4, and an equal share of the time left), the disk replayed at the medium's bandwidth
-(``simulator.tiers.DISK_MEDIA``) and charged at its embodied rate (``carbon.CarbonParams.disk_rate``: an HDD TB 1/8
+(``simulator.tiers.DISK_MEDIA``) and charged at its embodied rate (``CarbonParams.disk_rate``: an HDD TB 1/8
 of an SSD TB). The points are merged with the medium as their tag (the no-disk points, the same replay on every
 medium, once), the Pareto set is taken over all of them and the lowest-carbon point meeting the SLO wins; the plan's
 target carries its ``disk_medium`` and ``disk_path`` and the explanation says why that medium (``media_text``). One
@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from greenserve.common import carbon
+from greenserve.common.carbon_params import CarbonParams
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
 from greenserve.optimizer.replay_trace import ReplayTrace
 from greenserve.optimizer.solvers.cache_greencache import _size_text, pool_profile
@@ -423,7 +424,7 @@ class KaretoSearch:
         return KnobPlan(per_interval, explanation=lines, detail=detail)
 
 
-def media_text(s: PoolSearch, params: carbon.CarbonParams) -> str:
+def media_text(s: PoolSearch, params: CarbonParams) -> str:
     """Why the chosen point's disk medium (or none) among the pool's declared media, e.g. ``hdd: 88 % less embodied
     than nvme for 128.0 GiB, TTFT still within the SLO (0.95; nvme's best 31.2 g/h against 30.9 g/h)``."""
     c = s.chosen
