@@ -107,13 +107,17 @@ class GenerateStream:
             # the events read up to the first token (and any that came with it): one message
             texts: list[str] = []
             tokens = 0
+            key = TEXT_KEY_CHAT if messages is not None else TEXT_KEY_COMPLETION
             for ev in call.head_events:
-                text, r, u = _parse_event(ev)
-                usage = u or usage
-                reason = r or reason
-                if text or r:
-                    tokens += 1
+                text = running_text(ev, key)  # the usual case: a running token, no JSON decoded
+                if text is None:
+                    text, r, u = _parse_event(ev)
+                    usage = u or usage
+                    reason = r or reason
+                    if r and not text:
+                        tokens += 1
                 if text:
+                    tokens += 1
                     texts.append(text)
             first = not texts
             if texts:
@@ -122,7 +126,7 @@ class GenerateStream:
             # after the first token: text read but not yet sent waits until the stream's interval has
             # passed since the previous message, gathering the tokens that arrive meanwhile (one timer per
             # message; a token that arrives meanwhile is only appended to a list by the reader's hook)
-            reader = _EventReader(call, TEXT_KEY_CHAT if messages is not None else TEXT_KEY_COMPLETION)
+            reader = _EventReader(call, key)
             self.streams += 1
             counted = True
             last_sent = time.monotonic()
