@@ -21,8 +21,7 @@ from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.settings import RouterSettings
 from greenserve.v1 import router_pb2
 
-from tests.conftest import free_port
-from tests.router.engine_conn_fakes import chunk
+from tests.router.engine_conn_fakes import chunk, start_fake_engine
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 TOKEN = b'data: {"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"one",' \
@@ -184,25 +183,8 @@ async def _start_stalling_engine() -> tuple[web.AppRunner, str, asyncio.Event]:
         closed.set()
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m"}]})
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}", closed
+    runner, url = await start_fake_engine(completions)
+    return runner, url, closed
 
 
 async def test_http_front_ends_a_stalled_stream_with_an_error_event(router) -> None:

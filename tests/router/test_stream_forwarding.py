@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from greenserve.router.http_front import _FINISH_KEY, _RUNNING, _USAGE_NULL
 
-from tests.conftest import free_port
+from tests.router.engine_conn_fakes import start_fake_engine
 
 TOKENS = [f"tok{i} " for i in range(40)]
 
@@ -47,25 +47,7 @@ async def _start_engine(piece_bytes: int, crlf: bool) -> tuple[web.AppRunner, st
         await resp.write_eof()
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m"}]})
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    return await start_fake_engine(completions)
 
 
 @pytest.mark.parametrize(("piece_bytes", "crlf"), [(7, False), (113, True), (1 << 20, False)])
