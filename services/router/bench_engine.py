@@ -478,16 +478,10 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
     """Streams ``streams`` closed-loop requests of ``max_tokens`` tokens straight to one engine of ``kind``
     (``noop``: this one; ``emulator``: the simulator's, real time) for ``duration_s`` and returns its CPU
     per streamed token (engine process CPU over the run / tokens of the requests served)."""
-    from greenserve.router.bench import (
-        _proc_cpu_s,
-        _Procs,
-        _run_load,
-        _spawn_engine,
-        _summary,
-        _wait_http,
-    )
+    from greenserve.router.bench_launch import Procs, spawn_engine, wait_http
+    from greenserve.router.bench_measure import proc_cpu_s, run_load, run_summary
 
-    procs = _Procs()
+    procs = Procs()
     try:
         if kind == "noop":
             cmd = [sys.executable, *serve_args(tpot_s=tpot_s)]
@@ -495,9 +489,9 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
         else:
             cmd = [sys.executable, "-m", "greenserve.simulator.emulator", "--port", "0", "--max-num-seqs", "4096"]
             model = None
-        url = _spawn_engine(procs, cmd, None, f"{kind} engine")
+        url = spawn_engine(procs, cmd, None, f"{kind} engine")
         proc = procs.procs[-1]
-        _wait_http(url + "/health", 30, proc)
+        wait_http(url + "/health", 30, proc)
         if model is None:
             import urllib.request
 
@@ -506,9 +500,9 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
         load = {"model": model, "prompt": "x" * 1024, "max_tokens": max_tokens, "max_tokens_spread": 0.0,
                 "targets": [url], "protocol": "http", "concurrency": streams, "requests": 10**9, "stagger_s": 1.0,
                 "duration_s": duration_s}
-        cpu0, sys0, tokens0 = _proc_cpu_s(proc.pid), _system_cpu_s(proc.pid), generation_tokens(url)
-        summary = _summary(_run_load(load, 600, loadgen_procs, None))
-        cpu_s, tokens = _proc_cpu_s(proc.pid) - cpu0, generation_tokens(url) - tokens0
+        cpu0, sys0, tokens0 = proc_cpu_s(proc.pid), _system_cpu_s(proc.pid), generation_tokens(url)
+        summary = run_summary(run_load(load, 600, loadgen_procs, None))
+        cpu_s, tokens = proc_cpu_s(proc.pid) - cpu0, generation_tokens(url) - tokens0
         system_s = _system_cpu_s(proc.pid) - sys0
     finally:
         procs.stop()
@@ -575,10 +569,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.duration_s > 0:
         p.error("--duration-s: must be > 0")
-    from greenserve.router import bench
+    from greenserve.router import bench_launch
 
-    bench.exit_on_sigterm()
-    bench._NICE = args.nice  # the launcher every bench process starts through applies it
+    bench_launch.exit_on_sigterm()
+    bench_launch.NICE = args.nice  # the launcher every bench process starts through applies it
     out = {k: measure_cpu(k, args.streams, args.max_tokens, args.duration_s, args.loadgen_procs) for k in kinds}
     if "noop" in out and "emulator" in out and out["noop"]["engine_cpu_us_per_token"]:
         out["emulator_over_noop_cpu_per_token"] = round(

@@ -169,10 +169,10 @@ class Cluster:
 
     def __init__(self, work: Path, db_url: str, replicas: int, engines: int, args: argparse.Namespace,
                  router_flags: list[str]) -> None:
-        from greenserve.router import bench as rb
+        from greenserve.router import bench_launch as rb
 
         self.rb = rb
-        self.procs = rb._Procs()
+        self.procs = rb.Procs()
         try:
             self._start(work, db_url, replicas, engines, args, router_flags)
         except BaseException:
@@ -185,12 +185,12 @@ class Cluster:
 
         rb = self.rb
         self.engine_args = engine_args(args.time_scale)
-        self.engines = [rb._start_engine(self.procs, self.engine_args, None) for _ in range(engines)]
+        self.engines = [rb.start_engine(self.procs, self.engine_args, None) for _ in range(engines)]
         self.http: list[str] = []
         self.grpc: list[str] = []
         starting = []
         for k in range(replicas):
-            grpc_port, http_port = rb._free_port(), rb._free_port()
+            grpc_port, http_port = rb.free_port(), rb.free_port()
             data_dir = work / f"replica{k}"
             data_dir.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "greenserve.router", "--host", "127.0.0.1", "--port", str(grpc_port),
@@ -198,15 +198,15 @@ class Cluster:
                    "--replica-id", f"r{k}", "--workers", "1", "--no-watch-plans", "--no-feeds",
                    "--log-level", "WARNING", "--max-in-flight", "100000", *router_flags]
             log = open(data_dir / "router.log", "wb")  # noqa: SIM115 - closed with the process
-            proc = self.procs.add(rb.bench_popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rb._env()))
+            proc = self.procs.add(rb.bench_popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rb.env()))
             starting.append((f"http://127.0.0.1:{http_port}", proc))
             self.grpc.append(f"127.0.0.1:{grpc_port}")
         for url, proc in starting:
-            rb._wait_http(url + "/metrics", 90, proc)  # /health is 503 until an engine is routable
+            rb.wait_http(url + "/metrics", 90, proc)  # /health is 503 until an engine is routable
             self.http.append(url)
 
     def start_engine(self) -> str:
-        return self.rb._start_engine(self.procs, self.engine_args, None)
+        return self.rb.start_engine(self.procs, self.engine_args, None)
 
     def stop(self) -> None:
         self.procs.stop()
@@ -407,7 +407,7 @@ def phase_args(args: argparse.Namespace, prefix: str = "replicas-") -> argparse.
 
 
 def engine_args(time_scale: float) -> SimpleNamespace:
-    """What ``bench._start_engine`` reads to start one of the phase's engines: always the emulator, whose
+    """What ``bench_launch.start_engine`` reads to start one of the phase's engines: always the emulator, whose
     prefix cache (``vllm:prefix_cache_*``) the hit-rate figure is read from (the no-op engine has none)."""
     return SimpleNamespace(engine="emulator", time_scale=time_scale, max_num_seqs=256, model=MODEL)
 

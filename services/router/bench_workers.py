@@ -37,15 +37,15 @@ NOOP_MODEL = DEFAULT_MODEL
 
 def _start_noop_engine(procs: Any, cpus: list[int] | None, tpot_s: float = 0.0) -> tuple[str, int]:
     """A bench_engine.py engine in a process of its own (``tpot_s`` 0: each stream written at once)."""
-    from greenserve.router.bench import _env, _wait_http, bench_popen
+    from greenserve.router.bench_launch import bench_popen, env, wait_http
 
     proc = procs.add(bench_popen([sys.executable, *serve_args(tpot_s=tpot_s)], cpus,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env()))
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env()))
     line = proc.stdout.readline().decode()
     if "listening on" not in line:
         raise RuntimeError(f"no-op engine did not start: {line!r}")
     url = line.strip().rsplit(" ", 1)[-1]
-    _wait_http(url + "/health", 30, proc)
+    wait_http(url + "/health", 30, proc)
     return url, proc.pid
 
 
@@ -80,9 +80,9 @@ def _worker_pids_answering(url: str, want: int, timeout_s: float) -> set[int]:
 
 
 def _cpu_of(pids: list[int]) -> float:
-    from greenserve.router.bench import _proc_cpu_s
+    from greenserve.router.bench_measure import proc_cpu_s
 
-    return sum(_proc_cpu_s(p) for p in pids)
+    return sum(proc_cpu_s(p) for p in pids)
 
 
 def plan_cpus(workers: int) -> dict[str, Any]:
@@ -108,28 +108,23 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
     started once and loaded in turn (the idle one only scrapes its engine), so that a machine whose
     other load drifts affects both alike; ``workers_speedup`` is the median over the rounds of the
     ratio of their rps. Returns the JSON keys ``workers_speedup`` and ``workers``."""
-    from greenserve.router import bench
-    from greenserve.router.bench import (
-        _host_load,
-        _Procs,
-        _run_load,
-        _start_router,
-        _summary,
-    )
+    from greenserve.router import bench_launch
+    from greenserve.router.bench_launch import Procs, start_router
+    from greenserve.router.bench_measure import host_load, run_load, run_summary
 
     pinning = plan_cpus(workers)
-    procs = _Procs()
+    procs = Procs()
     data_dir = tempfile.mkdtemp(prefix="gs-bench-workers-")
     runs: list[dict[str, Any]] = []
     ratios: list[float] = []
-    host_before = _host_load()
+    host_before = host_load()
     try:
         engine, engine_pid = _start_noop_engine(procs, pinning["others"], engine_tpot_s)
         routers = {}
         for n in (1, workers):
             run_dir = Path(data_dir) / f"w{n}"
             run_dir.mkdir()
-            router_http, _, proc = _start_router(procs, [engine], str(run_dir), pinning["router"], workers=n)
+            router_http, _, proc = start_router(procs, [engine], str(run_dir), pinning["router"], workers=n)
             if n > 1 and len(_worker_pids_answering(router_http, n, 120)) < n:
                 raise RuntimeError(f"--workers {n}: fewer than {n} workers answered within 120 s")
             routers[n] = (router_http, [proc.pid, *_children(proc.pid)])
@@ -140,10 +135,10 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
                         "max_tokens": max_tokens, "max_tokens_spread": 0.0, "targets": [router_http],
                         "protocol": "http", "concurrency": concurrency, "requests": 10**9, "stagger_s": ramp_s}
                 if r == 0:  # warm-up: connections, pools
-                    _run_load({**load, "concurrency": 8, "requests": 200, "stagger_s": 0.0}, 120, 1, pinning["others"])
+                    run_load({**load, "concurrency": 8, "requests": 200, "stagger_s": 0.0}, 120, 1, pinning["others"])
                 cpu0, engine0 = _cpu_of(pids), _cpu_of([engine_pid])
-                summary = _summary(_run_load({**load, "duration_s": duration_s}, 600, loadgen_procs,
-                                             pinning["others"]))
+                summary = run_summary(run_load({**load, "duration_s": duration_s}, 600, loadgen_procs,
+                                               pinning["others"]))
                 cpu1, engine1 = _cpu_of(pids), _cpu_of([engine_pid])
                 summary.pop("_ttft_mean_ms", None)
                 runs.append({"round": r, "workers": n, **summary, "router_pids": pids,
@@ -163,8 +158,9 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
         "workers": {"ratios": [round(x, 3) for x in ratios], "runs": runs, "cpu_pinning": pinning,
                     "cpu_count": len(os.sched_getaffinity(0)), "concurrency": concurrency,
                     "duration_s": duration_s, "max_tokens": max_tokens, "loadgen_procs": loadgen_procs,
-                    "rounds": rounds, "engine": f"no-op (bench_engine.py, tpot {engine_tpot_s:g} s)", "nice": bench._NICE,
-                    "host_load": {"before": host_before, "after": _host_load()}},
+                    "rounds": rounds, "engine": f"no-op (bench_engine.py, tpot {engine_tpot_s:g} s)",
+                    "nice": bench_launch.NICE,
+                    "host_load": {"before": host_before, "after": host_load()}},
     }
 
 
@@ -190,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="niceness of every process started (as bench router's --nice; negative needs root)")
     p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
     args = p.parse_args(argv)
-    from greenserve.router.bench import exit_on_sigterm
+    from greenserve.router.bench_launch import exit_on_sigterm
 
     exit_on_sigterm()
     if args.workers < 2:
@@ -202,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--duration-s: must be > 0")
     if not args.engine_tpot_s >= 0:
         p.error("--engine-tpot-s: must be >= 0")
-    from greenserve.router import bench
+    from greenserve.router import bench_launch
 
-    bench._NICE = args.nice  # the launcher every bench process starts through applies it
+    bench_launch.NICE = args.nice  # the launcher every bench process starts through applies it
     try:
         result = run_phase(args.workers, concurrency=args.concurrency, duration_s=args.duration_s,
                            max_tokens=args.max_tokens, loadgen_procs=args.loadgen_procs, rounds=args.rounds,

@@ -202,11 +202,11 @@ def test_bench_router_starts_the_noop_engine_in_a_process(tmp_path) -> None:
     import argparse
     import urllib.request
 
-    from greenserve.router.bench import _Procs, _start_engine
+    from greenserve.router.bench_launch import Procs, start_engine
 
-    procs = _Procs()
+    procs = Procs()
     try:
-        url = _start_engine(procs, argparse.Namespace(engine="noop", noop_tpot_s=0.005, model=None, time_scale=1.0,
+        url = start_engine(procs, argparse.Namespace(engine="noop", noop_tpot_s=0.005, model=None, time_scale=1.0,
                                                       max_num_seqs=8), None)
         with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
             assert json.loads(resp.read())["data"][0]["id"] == "noop"

@@ -1,4 +1,4 @@
-"""The bench's launcher (services/router/bench.py ``_pinned``): with ``--nice`` a started process gets a
+"""The bench's launcher (services/router/bench_launch.py ``pinned``): with ``--nice`` a started process gets a
 session, hence a scheduler autogroup, of its own carrying that nice, so that the nice ranks it against
 other sessions' jobs too (issue 22: the router's group lost its CPU to other sessions on the
 development VM). Positive nice only: lowering a priority needs no privilege."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from greenserve.router import bench
+from greenserve.router import bench_launch
 
 _PROBE = ("import json, os; a = '/proc/self/autogroup'; "
           "print(json.dumps({'pid': os.getpid(), 'sid': os.getsid(0), 'nice': os.nice(0), "
@@ -22,9 +22,9 @@ _PROBE = ("import json, os; a = '/proc/self/autogroup'; "
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sessions and autogroups")
 def test_nice_gives_the_process_its_own_session_and_autogroup_nice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "_NICE", 3)
+    monkeypatch.setattr(bench_launch, "NICE", 3)
     cpu = max(os.sched_getaffinity(0))
-    out = subprocess.run(bench._pinned([sys.executable, "-c", _PROBE], [cpu]), capture_output=True, text=True,
+    out = subprocess.run(bench_launch.pinned([sys.executable, "-c", _PROBE], [cpu]), capture_output=True, text=True,
                          timeout=30, check=True).stdout
     got = json.loads(out)
     assert got["sid"] == got["pid"] != os.getsid(0)  # a session of its own
@@ -34,7 +34,7 @@ def test_nice_gives_the_process_its_own_session_and_autogroup_nice(monkeypatch: 
 
 
 def test_without_nice_the_process_stays_in_the_bench_session(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "_NICE", 0)
-    cmd = bench._pinned([sys.executable, "-c", _PROBE], [min(os.sched_getaffinity(0))])
+    monkeypatch.setattr(bench_launch, "NICE", 0)
+    cmd = bench_launch.pinned([sys.executable, "-c", _PROBE], [min(os.sched_getaffinity(0))])
     got = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout)
     assert got["sid"] == os.getsid(0)

@@ -30,16 +30,16 @@ def test_bad_values_are_refused(flag: str) -> None:
 
 
 def test_the_phase_starts_its_emulated_engines() -> None:
-    """The phase's engines start through bench._start_engine (it failed with AttributeError 'engine' once the
+    """The phase's engines start through bench_launch.start_engine (it failed with AttributeError 'engine' once the
     bench learned --engine noop, so --replicas-phase and bench router-replicas crashed before any figure)."""
     import urllib.request
 
-    from greenserve.router import bench as rb
+    from greenserve.router import bench_launch as rb
     from greenserve.router.bench_replicas import engine_args
 
-    procs = rb._Procs()
+    procs = rb.Procs()
     try:
-        url = rb._start_engine(procs, engine_args(time_scale=20.0), None)
+        url = rb.start_engine(procs, engine_args(time_scale=20.0), None)
         with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
             assert b"vllm:prefix_cache_queries" in resp.read()  # the emulator: the hit rate is read from these
     finally:

@@ -1,6 +1,6 @@
 """A stopped router bench leaves nothing running: SIGTERM ends it through its ``finally`` blocks (engines,
 router and load generators stopped), and on ``kill -9`` the kernel sends each of its processes SIGTERM
-(``bench.bench_popen``: PR_SET_PDEATHSIG). Before, either left the engines and the router orphaned."""
+(``bench_launch.bench_popen``: PR_SET_PDEATHSIG). Before, either left the engines and the router orphaned."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _start_bench_until_loaded() -> tuple[subprocess.Popen, list[int]]:
         assert bench.poll() is None, f"bench exited {bench.returncode}: {bench.stderr.read()[-2000:]}"
         kids = children_of(bench.pid)
         cmdlines = [Path(f"/proc/{k}/cmdline").read_bytes() for k in kids if Path(f"/proc/{k}/cmdline").exists()]
-        if len(kids) >= 4 and any(b"_loadgen_entry" in c for c in cmdlines):  # 2 engines, the router, a load process
+        if len(kids) >= 4 and any(b"loadgen_entry" in c for c in cmdlines):  # 2 engines, the router, a load process
             return bench, kids
         time.sleep(0.3)
     bench.kill()

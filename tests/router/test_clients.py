@@ -87,26 +87,26 @@ def test_bench_duration_mode_unpinned_with_two_load_processes() -> None:
 def test_token_counts_are_seeded_per_stream_and_stay_in_range() -> None:
     from itertools import islice
 
-    from greenserve.router.bench import _token_counts
+    from greenserve.router.bench_loadgen import token_counts
 
-    a = list(islice(_token_counts(0, 3, 64, 192), 200))
-    assert a == list(islice(_token_counts(0, 3, 64, 192), 200))  # same stream, same sequence in every run
-    assert a != list(islice(_token_counts(0, 4, 64, 192), 200))  # streams differ: they desynchronise
+    a = list(islice(token_counts(0, 3, 64, 192), 200))
+    assert a == list(islice(token_counts(0, 3, 64, 192), 200))  # same stream, same sequence in every run
+    assert a != list(islice(token_counts(0, 4, 64, 192), 200))  # streams differ: they desynchronise
     assert min(a) >= 64 and max(a) <= 192 and len(set(a)) > 50
 
 
 async def test_loadgen_ramp_requests_are_not_measured(emulators: Any) -> None:
     """With a stagger, the streams start spread over the ramp and what is sent during it is dropped."""
-    from greenserve.router.bench import _loadgen
+    from greenserve.router.bench_loadgen import loadgen
 
     (emu,) = await emulators(1, time_scale=5.0)
     cfg = {"concurrency": 4, "requests": 40, "prompt": "hello " * 20, "model": emu.model, "max_tokens": 8,
            "max_tokens_spread": 0.5, "stagger_s": 0.2, "protocol": "http", "targets": [emu.url]}
-    res = await _loadgen(cfg)
+    res = await loadgen(cfg)
     assert res["errors"] == 0
     assert 0 < len(res["ttfts"]) < 40  # the ramp's requests were sent but not measured
     assert res["elapsed_s"] > 0 and res["wall_s"] > 0.2
-    flat = await _loadgen({**cfg, "stagger_s": 0.0, "max_tokens_spread": 0.0})
+    flat = await loadgen({**cfg, "stagger_s": 0.0, "max_tokens_spread": 0.0})
     assert len(flat["ttfts"]) == 40
 
 
