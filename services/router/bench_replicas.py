@@ -459,8 +459,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str], prog: str = "greenserve bench router-replicas") -> int:
+    from greenserve.router import bench_launch
+
     args = _parser(prog).parse_args(argv)
-    rb.exit_on_sigterm()
+    bench_launch.exit_on_sigterm()
     out = run(args)
     print(json.dumps(out))
     return 0
