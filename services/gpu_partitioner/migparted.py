@@ -140,7 +140,11 @@ def parse(text: str, geo: GpuGeometry, *, index_to_uuid: Mapping[int, str] | Non
                 kpath = f"{epath}.mig-devices.{key}"
                 if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                     raise MigPartedError(kpath, "count must be an integer >= 0")
-                names.extend([_profile_name(geo, str(key), kpath)] * count)
+                name = _profile_name(geo, str(key), kpath)
+                if len(names) + count > geo.memory_slices:  # every GI takes a memory slice at least
+                    raise MigPartedError(f"{epath}.mig-devices", f"does not fit on one {geo.model}: more than "
+                                         f"{geo.memory_slices} GPU instances")
+                names.extend([name] * count)
             try:
                 placements = planner.resolve_target(geo, [], names)
             except LayoutError as exc:

@@ -3,6 +3,8 @@ mig-parted YAML (ConvertMigPartedConfig) and ListLayouts' driver branch and prof
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from greenserve.gpu_partitioner import geometry, migparted
 from greenserve.gpu_partitioner.migparted import MigPartedError
@@ -18,3 +20,17 @@ def test_deeply_nested_yaml_is_a_clean_refusal(text: str) -> None:
     with pytest.raises(MigPartedError) as exc:
         migparted.parse(text, A100)
     assert exc.value.path == "yaml"
+
+
+def test_a_huge_instance_count_is_refused_at_once() -> None:
+    """`mig-devices: {1g.5gb: 1000000}` built a list of a million profile names, searched placements for all of
+    them and answered with a message naming each (9 MB); 10^9 took the service's memory. No GPU holds more
+    instances than it has memory slices: past that the entry cannot fit, said in a short message."""
+    text = ("version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n"
+            "      mig-devices: {1g.5gb: 1000000}\n")
+    t0 = time.monotonic()
+    with pytest.raises(MigPartedError) as exc:
+        migparted.parse(text, A100)
+    assert time.monotonic() - t0 < 0.5
+    assert exc.value.path == "mig-configs.x[0].mig-devices" and "does not fit" in exc.value.message
+    assert len(str(exc.value)) < 500
