@@ -34,6 +34,9 @@ from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
 
 ENTRY_KEYS = {"devices", "mig-enabled", "mig-devices", "device-filter"}
+#: Entries, device indices, profile keys and device-filter ids one file may expand to, in all. YAML aliases let a
+#: few kB name one long list in every entry of every config (millions of layouts); real files hold dozens.
+MAX_ITEMS = 10_000
 _CI_PREFIX = re.compile(r"^(\d+)c\.(\d+g\..+)$")
 
 
@@ -104,6 +107,7 @@ def parse(text: str, geo: GpuGeometry, *, index_to_uuid: Mapping[int, str] | Non
         raise MigPartedError("mig-configs", "must be a non-empty mapping of config names to lists of entries")
     out: list[ImportedConfig] = []
     index_to_uuid = index_to_uuid or {}
+    items = 0
     for name, entries in configs.items():
         cpath = f"mig-configs.{name}"
         if not isinstance(entries, list) or not entries:
@@ -113,6 +117,11 @@ def parse(text: str, geo: GpuGeometry, *, index_to_uuid: Mapping[int, str] | Non
             epath = f"{cpath}[{i}]"
             if not isinstance(entry, dict):
                 raise MigPartedError(epath, "must be a mapping")
+            items += 1 + sum(len(v) for k in ("devices", "mig-devices", "device-filter")
+                             if isinstance(v := entry.get(k), (list, dict)))
+            if items > MAX_ITEMS:
+                raise MigPartedError("mig-configs", f"more than {MAX_ITEMS} entries, devices, mig-devices and "
+                                     "device-filter items in all (YAML aliases count each time they are used)")
             unknown = set(entry) - ENTRY_KEYS
             if unknown:
                 raise MigPartedError(f"{epath}.{min(unknown)}", "unknown key")

@@ -34,3 +34,18 @@ def test_a_huge_instance_count_is_refused_at_once() -> None:
     assert time.monotonic() - t0 < 0.5
     assert exc.value.path == "mig-configs.x[0].mig-devices" and "does not fit" in exc.value.message
     assert len(str(exc.value)) < 500
+
+
+def test_yaml_aliases_cannot_multiply_the_layouts() -> None:
+    """Aliases let a few kB of YAML name the same long device list in every entry of every config: 300 configs x
+    300 devices were 90,000 layouts (and a few more kB, millions), all built in memory. A file expands to at most
+    MAX_ITEMS entries, devices and profile keys in all."""
+    devices = ", ".join(str(i) for i in range(300))
+    text = (f"version: v1\nmig-configs:\n  c: &e\n    - devices: [{devices}]\n      mig-enabled: true\n"
+            "      mig-devices: {7g.40gb: 1}\n") + "".join(f"  c{i}: *e\n" for i in range(300))
+    with pytest.raises(MigPartedError) as exc:
+        migparted.parse(text, A100)
+    assert exc.value.path == "mig-configs" and str(migparted.MAX_ITEMS) in exc.value.message
+    # a file within the bound still converts
+    small = migparted.parse(text.split("  c0:")[0], A100)
+    assert len(small) == 1 and len(small[0].layouts) == 300
