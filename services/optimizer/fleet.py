@@ -116,11 +116,13 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
     pools: dict[str, common_pb2.Pool] = {}
     engines: set[str] = set()
     gpu_ids: set[str] = set(known_gpus)
+    declared_gpus: set[str] = set()  # one set, not one per GPU: the check stays linear up to MAX_GPUS
     for i, gpu in enumerate(fleet.gpus):
         path = f"fleet.gpus[{i}]"
         _name(f"{path}.uuid", gpu.uuid)
-        if gpu.uuid in {g.uuid for g in fleet.gpus[:i]}:
+        if gpu.uuid in declared_gpus:
             raise InvalidArgument(f"{path}.uuid", f"GPU {gpu.uuid} is listed twice")
+        declared_gpus.add(gpu.uuid)
         if gpu.node:
             _name(f"{path}.node", gpu.node)
         gpu_ids.add(gpu.uuid)
