@@ -31,7 +31,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 DATA_FILE = Path(__file__).with_name("data") / "mig_profiles.toml"
@@ -254,7 +254,12 @@ class GpuGeometry:
         return (1, sizes(right), sizes(left))
 
 
-@cache
+#: Enumerations kept (LRU): the few an optimizer asks for stay hot, while ListLayouts' driver_branch (any uint32) and
+#: profile lists (any order) cannot grow the cache without bound.
+MAXIMAL_LAYOUTS_CACHED = 256
+
+
+@lru_cache(maxsize=MAXIMAL_LAYOUTS_CACHED)
 def _maximal_layouts_cached(geometry: GpuGeometry, names: tuple[str, ...], driver: int) -> tuple[tuple[Placement, ...], ...]:
     cands = sorted(geometry.candidates(names))
     found: list[tuple[Placement, ...]] = []

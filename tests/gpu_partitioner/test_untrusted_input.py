@@ -49,3 +49,14 @@ def test_yaml_aliases_cannot_multiply_the_layouts() -> None:
     # a file within the bound still converts
     small = migparted.parse(text.split("  c0:")[0], A100)
     assert len(small) == 1 and len(small[0].layouts) == 300
+
+
+def test_list_layouts_cache_stays_bounded_whatever_the_driver_branches_asked() -> None:
+    """ListLayouts' driver_branch (any uint32) and profile list (any order) were keys of an unbounded cache of
+    enumerated layouts: every distinct request stayed in memory for the life of the service."""
+    for driver in range(1, 2_000):
+        A100.maximal_layouts(["1g.5gb", "7g.40gb"], driver=driver)
+    info = geometry._maximal_layouts_cached.cache_info()
+    assert info.maxsize is not None and info.currsize <= info.maxsize <= 1024
+    # answers are unchanged by the bound
+    assert len(A100.maximal_layouts(["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"], driver=470)) == 18
