@@ -351,8 +351,8 @@ def open_backend(settings: GpuPartitionerSettings, ctx: ServiceContext) -> tuple
         try:
             return NvmlBackend(), "NVML initialised"
         except Exception as exc:  # pynvml.NVMLError_LibraryNotFound / DriverNotLoaded / NoPermission, OSError
-            if settings.backend == "nvml":
-                raise
+            if settings.backend == "nvml":  # a start-up error, said on one line (ValueError: see run_service)
+                raise ValueError(f"--backend nvml: NVML unavailable ({type(exc).__name__}: {exc})") from exc
             note = f"NVML unavailable ({type(exc).__name__}: {exc}); using the simulated backend"
     return SimulatedBackend(ctx.db, parse_gpu_spec(settings.sim_gpus)), note or "simulated backend requested"
 

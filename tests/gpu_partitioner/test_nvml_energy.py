@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -20,6 +23,8 @@ from greenserve.gpu_partitioner.energy import EnergyAccountant, Share, split
 from greenserve.gpu_partitioner.geometry import Placement, geometry
 
 from tests.gpu_partitioner.fake_pynvml import FakeNvml
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_profiles_and_placements_are_read_from_the_device() -> None:
@@ -83,11 +88,30 @@ def test_service_falls_back_to_the_simulator_when_nvml_does_not_initialise(monke
     ctx.db = db  # type: ignore[attr-defined]
     backend, note = service.open_backend(settings, ctx)  # type: ignore[arg-type]
     assert backend.kind == "simulated" and "LibraryNotFound" in note
-    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+    with pytest.raises(ValueError, match=r"--backend nvml: NVML unavailable \(NVMLError_LibraryNotFound"):
         service.open_backend(service.GpuPartitionerSettings.model_validate({"backend": "nvml"}), ctx)  # type: ignore[arg-type]
     monkeypatch.setattr(service, "NvmlBackend", lambda: NvmlBackend(FakeNvml([("A100-40GB", True)])))
     backend, _ = service.open_backend(settings, ctx)  # type: ignore[arg-type]
     assert backend.kind == "nvml"
+
+
+def test_cli_with_backend_nvml_and_no_nvml_says_so_without_a_traceback(tmp_path: Any) -> None:
+    """`greenserve-gpu-partitioner --backend nvml` on a host whose NVML does not initialise printed two chained
+    tracebacks (pynvml's OSError, then NVMLError_LibraryNotFound out of asyncio.run); now one error line, exit 1."""
+    code = (
+        "import pynvml, sys\n"
+        "from greenserve.gpu_partitioner import service\n"
+        "from greenserve.gpu_partitioner.backend_nvml import NvmlBackend\n"
+        "from greenserve.gpu_partitioner.__main__ import main\n"
+        "from tests.gpu_partitioner.fake_pynvml import FakeNvml\n"
+        "service.NvmlBackend = lambda: NvmlBackend(FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, "--backend", "nvml", "--port", "0", "--data-dir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "greenserve-gpu-partitioner: error: --backend nvml: NVML unavailable" in proc.stderr
 
 
 def test_split_adds_up_and_follows_compute_and_activity() -> None:
