@@ -161,6 +161,7 @@ class OptimizerServicer(optimizer_pb2_grpc.OptimizerServiceServicer):
                 raise InvalidArgument("carbon_weight_fraction", "must be in [0, 1]")
         params = None
         if request.HasField("carbon_params"):
+            _check_carbon_params(request.carbon_params)  # the documented ranges: else the plan's carbon may be inf
             params, _ = params_from_proto(request.carbon_params)
         async with self.loop.scheduler.lock:
             plan, solve_s = await self.loop.compute(
