@@ -18,7 +18,7 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from greenserve.common.carbon_params import DISK_MEDIA
-from greenserve.common.errors import InvalidArgument
+from greenserve.common.errors import InvalidArgument, ResourceExhausted
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.optimizer.models import Fleet, ReportedGpus
@@ -32,6 +32,8 @@ ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")
 MAX_POOLS = 1024
 MAX_GPUS = 65536
 MAX_ENGINES = 65536
+# Reports are kept in memory per node: at most this many nodes, and MAX_GPUS reported GPUs in all.
+MAX_REPORTING_NODES = 65536
 MAX_CACHE_BYTES = 1 << 60
 GPU_HARDWARE = {
     common_pb2.GPU_MODEL_A100_40GB: "A100-40GB",
@@ -356,6 +358,12 @@ class FleetStore:
         validate_gpu_report(request)
         with self._lock:
             previous = self.reports.get(request.node)
+            if previous is None and len(self.reports) >= MAX_REPORTING_NODES:
+                raise ResourceExhausted(f"at most {MAX_REPORTING_NODES} nodes report GPUs", field="node")
+            others = sum(len(r.gpus) for node, r in self.reports.items() if node != request.node)
+            if others + len(request.gpus) > MAX_GPUS:
+                raise ResourceExhausted(f"at most {MAX_GPUS} reported GPUs in all ({others} on other nodes)",
+                                        field="gpus")
         if previous is not None and previous.SerializeToString(deterministic=True) == request.SerializeToString(
             deterministic=True
         ):
