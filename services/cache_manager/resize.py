@@ -99,11 +99,15 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
         return ResizeOutcome(False, f"--lmcache-restart-command is not a valid template ({type(exc).__name__}: "
                              f"{exc}; literal braces must be doubled); previous size {current} bytes stays in force",
                              current, evicted, removed)
+    proc = None
     try:
         proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (OSError, asyncio.TimeoutError) as exc:
+        if proc is not None and proc.returncode is None:  # timed out: it must not restart the server later
+            proc.kill()
+            await proc.wait()
         return ResizeOutcome(False, f"restart command failed to run: {exc!r}; previous size {current} bytes "
                              "stays in force", current, evicted, removed)
     if proc.returncode != 0:
