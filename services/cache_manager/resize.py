@@ -95,13 +95,14 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
     try:
         cmd = restart_command.format(server_id=server_id, url=admin.url, l1_size_bytes=target_bytes,
                                      l1_size_gb=f"{target_bytes / GIB:.6g}")
+        argv = shlex.split(cmd)  # ValueError on an unclosed quote
     except (KeyError, IndexError, ValueError) as exc:  # e.g. a literal { } not doubled in the template
         return ResizeOutcome(False, f"--lmcache-restart-command is not a valid template ({type(exc).__name__}: "
-                             f"{exc}; literal braces must be doubled); previous size {current} bytes stays in force",
-                             current, evicted, removed)
+                             f"{exc}; literal braces must be doubled, quotes closed); previous size {current} "
+                             "bytes stays in force", current, evicted, removed)
     proc = None
     try:
-        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), stdout=asyncio.subprocess.PIPE,
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (OSError, asyncio.TimeoutError) as exc:

@@ -36,3 +36,12 @@ async def test_a_restart_command_past_its_timeout_is_stopped(tmp_path: Path) -> 
     while pids_alive([pid]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pids_alive([pid]), f"restart command {pid} outlived its timeout"
+
+
+async def test_a_restart_command_with_unbalanced_quotes_fails_the_resize_cleanly() -> None:
+    """A template with an unclosed quote made shlex.split raise ValueError out of resize_server: ResizeCache and
+    ApplyCachePlan answered INTERNAL instead of the failed outcome (previous size in force) a template with bad
+    braces gets."""
+    outcome = await resize_server(_Admin(), "s1", None, 2 * GIB, 0.0, "restart '{server_id}", timeout_s=1.0)  # type: ignore[arg-type]
+    assert not outcome.applied
+    assert "--lmcache-restart-command is not a valid" in outcome.detail and "stays in force" in outcome.detail
