@@ -46,7 +46,7 @@ from greenserve.cache_manager.lcs_scores import (
 )
 
 __all__ = [
-    "AGE_BASES", "DIRTY_MAX", "GAP_GHOST_MAX", "GAP_SAMPLE_MOD", "HIT_DECAYS", "MAX_POOL_SIZE", "MIN_AGE_S",
+    "AGE_BASES", "DIRTY_MAX", "DOC_TABLE_MIN", "GAP_GHOST_MAX", "GAP_SAMPLE_MOD", "HIT_DECAYS", "MAX_POOL_SIZE", "MIN_AGE_S",
     "NEAR_SIZE", "NO_GROUP", "POOL_SIZE", "TAU_MIN_GAPS", "TAU_QUANTILE", "THETA_STEPS", "TOKEN_TERMS",
     "CacheIndex", "EntryView", "fsync_dir", "key_hash",
 ]
@@ -54,6 +54,9 @@ __all__ = [
 AGE_BASES = ("access", "stored")
 TOKEN_TERMS = ("entry", "accumulated")
 NO_GROUP = 0xFFFF
+#: Document ids the table holds before it forgets those no indexed entry names (then at most twice the ones kept):
+#: a document's reuse statistics are kept while one of its entries is indexed, and memory stays bounded by them.
+DOC_TABLE_MIN = 4096
 
 
 class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
@@ -100,6 +103,7 @@ class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
         self.group_names: list[str] = []  # TTL group id -> name (conversation / document / subtree)
         self._group_of: dict[str, int] = {}
         self._doc_slot_of: dict[str, int] = {}
+        self._doc_limit = DOC_TABLE_MIN  # size of the document table that triggers _compact_docs
         self._doc_hits = np.zeros(16, dtype=np.float64)
         self._doc_accu = np.zeros(16, dtype=np.float64)
         self._n_doc_entries = 0
@@ -193,12 +197,32 @@ class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
     def _doc_slot(self, document_id: str) -> int:
         d = self._doc_slot_of.get(document_id)
         if d is None:
+            if len(self._doc_slot_of) >= self._doc_limit:
+                self._compact_docs()
             d = len(self._doc_slot_of)
             self._doc_slot_of[document_id] = d
             if d >= len(self._doc_hits):
                 self._doc_hits = np.concatenate([self._doc_hits, np.zeros(len(self._doc_hits))])
                 self._doc_accu = np.concatenate([self._doc_accu, np.zeros(len(self._doc_accu))])
         return d
+
+    def _compact_docs(self) -> None:
+        """Forget the documents no indexed entry names (their entries were evicted or removed) and renumber the
+        others; the next compaction waits until the table has doubled (amortised O(1) per new document)."""
+        n_docs = len(self._doc_slot_of)
+        doc = self.doc[: self._n]
+        used = np.zeros(n_docs, dtype=np.bool_)
+        used[doc[(self.key_hash[: self._n] != 0) & (doc >= 0)]] = True
+        kept = np.flatnonzero(used)
+        remap = np.full(n_docs, -1, dtype=np.int32)
+        remap[kept] = np.arange(len(kept), dtype=np.int32)
+        doc[:] = np.where(doc >= 0, remap[np.maximum(doc, 0)], -1)  # free slots' stale ids too
+        names = sorted(self._doc_slot_of, key=self._doc_slot_of.__getitem__)
+        self._doc_slot_of = {names[int(d)]: i for i, d in enumerate(kept)}
+        room = max(16, len(kept))
+        self._doc_hits = np.concatenate([self._doc_hits[kept], np.zeros(room)])
+        self._doc_accu = np.concatenate([self._doc_accu[kept], np.zeros(room)])
+        self._doc_limit = max(DOC_TABLE_MIN, 2 * len(kept))
 
     # ----- events: vectorised core (slots chosen by the caller or by the key table) --------------
     def store_slots(self, slots: np.ndarray, *, tokens: np.ndarray, size_bytes: np.ndarray, now_s: float,

@@ -98,6 +98,7 @@ class IndexSnapshot:
             index._long_keys = {int(s): str(k) for s, k in zip(data["long_slots"], data["long_keys"])}
             docs = [str(d) for d in data["docs"]]
             index._doc_slot_of = {d: i for i, d in enumerate(docs)}
+            index._doc_limit = max(index._doc_limit, len(docs))  # an older, larger table compacts at once
             if docs:
                 index._doc_hits = np.concatenate([data["doc_hits"], np.zeros(16)])
                 index._doc_accu = np.concatenate([data["doc_accu"], np.zeros(16)])
