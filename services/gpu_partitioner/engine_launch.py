@@ -50,6 +50,7 @@ from typing import Protocol
 
 import httpx
 
+from greenserve.common.parent_death import on_parent_death
 from greenserve.v1 import common_pb2
 
 log = logging.getLogger("greenserve.gpu_partitioner.engines")
@@ -455,7 +456,9 @@ class EngineSupervisor:
         return out
 
     async def start(self, spec: EngineSpec) -> EngineProcess:
-        """Spawns the engine in its own process group (not waited for: see `wait_healthy`)."""
+        """Spawns the engine in its own process group (not waited for: see `wait_healthy`). Its own session keeps
+        the supervisor's signals from it, so it is asked for SIGTERM when the supervisor dies (PR_SET_PDEATHSIG):
+        else it outlives a supervisor killed with kill -9. Call from the event loop's thread (``parent_death``)."""
         command = self.launcher.command(spec)
         if command.note:
             log.warning("engine %s: %s", spec.engine_id, command.note)
@@ -469,11 +472,11 @@ class EngineSupervisor:
             with open(log_path, "ab") as log_file:
                 process = await asyncio.create_subprocess_exec(
                     *command.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-                    env=env, start_new_session=True)
+                    env=env, start_new_session=True, preexec_fn=on_parent_death(signal.SIGTERM))
         else:
             process = await asyncio.create_subprocess_exec(
                 *command.argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=asyncio.subprocess.DEVNULL,
-                env=env, start_new_session=True)
+                env=env, start_new_session=True, preexec_fn=on_parent_death(signal.SIGTERM))
         engine = EngineProcess(spec, command, process, log_path, self.launcher.kind)
         self.engines[spec.engine_id] = engine
         log.info("engine %s started (pid %d): %s", spec.engine_id, process.pid, " ".join(command.argv))
