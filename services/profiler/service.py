@@ -54,6 +54,14 @@ class ProfilerSettings(ServiceSettings, DependencyAddresses):
             raise ValueError(f"must be none, emulator or vllm, got {value!r}")
         return value
 
+    @field_validator("engine_port_range")
+    @classmethod
+    def _port_range(cls, value: str) -> str:
+        from greenserve.gpu_partitioner.engine_launch import parse_port_range  # the launcher's own rule
+
+        parse_port_range(value)  # at start: else every sweep that launches an engine fails on it
+        return value
+
     @field_validator("nvml_power")
     @classmethod
     def _known_nvml_mode(cls, value: str) -> str:
