@@ -144,10 +144,13 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         return cache_manager_pb2.RegisterCacheServerResponse(server=await self._describe(row))
 
     async def DeregisterCacheServer(self, request, context):  # noqa: N802
-        row = self._server(request.server_id)
-        with self.ctx.db.session() as s:
-            s.delete(s.get(LmcacheServer, row.id))
-            s.commit()
+        # Under the lock: an apply or resize in progress records its outcome for the server once its LMCache
+        # calls return (a row deleted meanwhile broke the record's foreign key: INTERNAL).
+        async with self._lock:
+            row = self._server(request.server_id)
+            with self.ctx.db.session() as s:
+                s.delete(s.get(LmcacheServer, row.id))
+                s.commit()
         return cache_manager_pb2.DeregisterCacheServerResponse()
 
     async def ListCacheServers(self, request, context):  # noqa: N802
