@@ -304,6 +304,9 @@ class FleetStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._lock = threading.Lock()
+        # One writer at a time, from its checks to its memory update: else two writes could store one fleet and
+        # leave the other in memory (the first's commit before, its memory update after, the second writer's).
+        self._write = threading.Lock()
         self.declared = common_pb2.FleetInventory()
         self.updated_at: datetime | None = None
         self.reports: dict[str, optimizer_pb2.ReportGpusRequest] = {}
@@ -330,6 +333,10 @@ class FleetStore:
 
     def set_declared(self, fleet: common_pb2.FleetInventory) -> common_pb2.FleetInventory:
         """Validates and stores the operator's inventory (blocking); returns the merged view."""
+        with self._write:
+            return self._set_declared(fleet)
+
+    def _set_declared(self, fleet: common_pb2.FleetInventory) -> common_pb2.FleetInventory:
         with self._lock:
             reports = dict(self.reports)
         known = {gpu.uuid for report in reports.values() for gpu in report.gpus}
@@ -356,6 +363,10 @@ class FleetStore:
         GPUs added, removed or changed in model, memory or MIG mode. New MIG instances and engines are what enforcing
         a plan produces, so they are stored but do not count (re-planning on them would chase its own tail)."""
         validate_gpu_report(request)
+        with self._write:
+            return self._report_gpus(request)
+
+    def _report_gpus(self, request: optimizer_pb2.ReportGpusRequest) -> tuple[common_pb2.FleetInventory, bool]:
         with self._lock:
             previous = self.reports.get(request.node)
             if previous is None and len(self.reports) >= MAX_REPORTING_NODES:
