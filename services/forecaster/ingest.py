@@ -143,6 +143,9 @@ class IngestResult:
     duplicates: int
     gaps: list[tuple[int, int]]
     new_times_s: np.ndarray
+    #: points left out because the series holds another value at their time or is stored at another resolution
+    #: (``keep_stored`` only: otherwise they refuse the batch)
+    conflicts: int = 0
 
 
 @dataclass
@@ -163,27 +166,31 @@ def ingest_points(db: Database, key: SeriesKey, resolution_s: int, times_s: np.n
 
 
 def ingest_batches(db: Database, batches: list[Batch], *, gaps: bool = True,
-                   before_commit: Callable[[Session], None] | None = None) -> list[IngestResult]:
+                   before_commit: Callable[[Session], None] | None = None,
+                   keep_stored: bool = False) -> list[IngestResult]:
     """Validate every batch, then store them all in one transaction: all or nothing across series.
-    ``before_commit`` runs in that transaction (StreamLoad stores its open hours there)."""
+    ``before_commit`` runs in that transaction (StreamLoad stores its open hours there). ``keep_stored``: a point
+    whose time the series already holds with another value, or a batch for a series stored at another resolution,
+    is left out (counted in ``conflicts``) instead of refusing the call; the stored history is kept either way."""
     for b in batches:
         try:
             validate_points(b.times_s, b.values, b.resolution_s)
         except InvalidArgument as exc:
             field = exc.field.replace("points", b.field_prefix, 1) if exc.field.startswith("points") else exc.field
             raise InvalidArgument(field, exc.message) from None
-    stored: list[tuple[int, int, int, np.ndarray]] = []
+    stored: list[tuple[int, int, int, np.ndarray, int]] = []
     with db.session() as s:
         for b in batches:
-            stored.append(_store(s, b))
+            stored.append(_store(s, b, keep_stored))
         if before_commit is not None:
             before_commit(s)
-    return [IngestResult(sid, inserted, dups, series_gaps(db, sid, b.resolution_s) if gaps else [], new)
-            for (sid, inserted, dups, new), b in zip(stored, batches, strict=True)]
+    return [IngestResult(sid, inserted, dups, series_gaps(db, sid, b.resolution_s) if gaps else [], new, conflicts)
+            for (sid, inserted, dups, new, conflicts), b in zip(stored, batches, strict=True)]
 
 
-def _store(s: Session, b: Batch) -> tuple[int, int, int, np.ndarray]:
-    """Insert a validated batch in the open transaction: (series id, inserted, duplicates, new times)."""
+def _store(s: Session, b: Batch, keep_stored: bool = False) -> tuple[int, int, int, np.ndarray, int]:
+    """Insert a validated batch in the open transaction: (series id, inserted, duplicates, new times, conflicts
+    left out: see ``ingest_batches``)."""
     key, resolution_s, times_s, values = b.key, b.resolution_s, b.times_s, b.values
     series = s.scalars(select(Series).where(Series.kind == key.kind, Series.key == key.key,
                                             Series.signal == key.signal)).one_or_none()
@@ -192,6 +199,8 @@ def _store(s: Session, b: Batch) -> tuple[int, int, int, np.ndarray]:
         s.add(series)
         s.flush()
     elif series.resolution_s != resolution_s:
+        if keep_stored:
+            return series.id, 0, 0, np.empty(0, dtype=np.int64), len(times_s)
         raise InvalidArgument("resolution_s", f"series is stored at {series.resolution_s}s, got {resolution_s}s")
     existing: dict[int, float] = {}
     if len(times_s):
@@ -201,10 +210,13 @@ def _store(s: Session, b: Batch) -> tuple[int, int, int, np.ndarray]:
             existing[to_s(ts)] = value
     rows = []
     seen: set[int] = set()
-    duplicates = 0
+    duplicates = conflicts = 0
     for i, (t, v) in enumerate(zip(times_s.tolist(), values.tolist(), strict=True)):
         if t in existing:
             if not math.isclose(existing[t], v, rel_tol=1e-12, abs_tol=1e-12):
+                if keep_stored:
+                    conflicts += 1
+                    continue
                 raise InvalidArgument(f"{b.field_prefix}[{i}].value",
                                       f"conflicts with the stored value {existing[t]!r} at {to_dt(t).isoformat()}")
             duplicates += 1
@@ -216,7 +228,7 @@ def _store(s: Session, b: Batch) -> tuple[int, int, int, np.ndarray]:
         rows.append({"series_id": series.id, "ts": to_dt(t), "value": float(v)})
     if rows:
         s.execute(insert(Point), rows)
-    return series.id, len(rows), duplicates, np.array(sorted(seen), dtype=np.int64)
+    return series.id, len(rows), duplicates, np.array(sorted(seen), dtype=np.int64), conflicts
 
 
 #: Rows read per round trip where a whole series is scanned (gaps): memory stays bounded by it.

@@ -20,6 +20,7 @@ This module holds the servicer's RPCs and ``build``; the settings are in setting
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -43,6 +44,8 @@ from greenserve.forecaster.series_state import SeriesState
 from greenserve.forecaster.settings import ForecasterSettings
 from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
+
+log = logging.getLogger("greenserve.forecaster")
 
 MAX_HORIZON_STEPS = 168
 DEFAULT_HORIZON_STEPS = 24
@@ -128,10 +131,16 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
             plan = self.load.plan(checked)
             batches = [ingest.Batch(key, HOUR_S, times, values, field_prefix=f"samples[{index}].hour")
                        for key, times, values, index in plan.emitted]
+            # keep_stored: an hour the series already holds otherwise (IngestPoints wrote it) keeps its stored
+            # value; refusing would leave the hour open and refuse every later call reaching its pool
             results = await asyncio.to_thread(ingest.ingest_batches, self.db, batches, gaps=False,
-                                              before_commit=plan.persist)
+                                              before_commit=plan.persist, keep_stored=True)
             self.load.commit(plan)
             for batch, result in zip(batches, results, strict=True):
+                if result.conflicts:
+                    log.warning("StreamLoad: hour %s of %s/%s not stored: the series holds another value there or "
+                                "is stored at another resolution (kept)", ingest.to_dt(int(batch.times_s[0])),
+                                batch.key.key, batch.key.signal)
                 await self._after_store(batch.key, HOUR_S, result)
         return forecaster_pb2.StreamLoadResponse(accepted_samples=len(samples))
 
