@@ -155,7 +155,10 @@ class ApplyCoordinator:
         self, gpu_uuid: str, placed: Sequence[Placement], unplaced: Sequence[str] = (), *,
         plan_version: int | None = None, dry_run: bool = False, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     ) -> ApplyResult:
-        lock = self._locks.setdefault(gpu_uuid, asyncio.Lock())
+        lock = self._locks.get(gpu_uuid)
+        if lock is None:  # a lock only for a GPU the backend has (NotFoundError first): requests cannot grow the dict
+            await asyncio.to_thread(self.backend.gpu, gpu_uuid)
+            lock = self._locks.setdefault(gpu_uuid, asyncio.Lock())
         if lock.locked():
             raise ApplyBusy(f"an apply is already running on GPU {gpu_uuid}")
         async with lock:

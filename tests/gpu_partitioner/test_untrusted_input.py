@@ -1,5 +1,5 @@
 """Input from outside that the gpu-partitioner must refuse cleanly and without unbounded work or memory (audit):
-mig-parted YAML (ConvertMigPartedConfig) and ListLayouts' driver branch and profile lists."""
+mig-parted YAML (ConvertMigPartedConfig), ListLayouts' driver branch and profile lists, ApplyLayout's GPU."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import time
 
 import pytest
 from greenserve.gpu_partitioner import geometry, migparted
+from greenserve.gpu_partitioner.apply import ApplyCoordinator
+from greenserve.gpu_partitioner.backend import NotFoundError
+from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
 from greenserve.gpu_partitioner.migparted import MigPartedError
 
 A100 = geometry.geometry("A100-40GB")
@@ -60,3 +63,18 @@ def test_list_layouts_cache_stays_bounded_whatever_the_driver_branches_asked() -
     assert info.maxsize is not None and info.currsize <= info.maxsize <= 1024
     # answers are unchanged by the bound
     assert len(A100.maximal_layouts(["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"], driver=470)) == 18
+
+
+async def test_applies_to_unknown_gpus_leave_no_state_behind(db) -> None:
+    """ApplyCoordinator.apply made a lock for the request's gpu_uuid before looking the GPU up, and kept it: every
+    ApplyLayout naming an unknown GPU (NOT_FOUND; the uuid any length up to the message limit) stayed in memory for
+    the life of the service, a few MB per request at most."""
+    backend = SimulatedBackend(db, [("A100-40GB", True)])
+    coordinator = ApplyCoordinator(db, backend, None)
+    for i in range(200):
+        with pytest.raises(NotFoundError):
+            await coordinator.apply(f"GPU-unknown-{i}-" + "x" * 10_000, [], ["7g.40gb"], dry_run=True)
+    assert coordinator._locks == {}
+    gpu_uuid = backend.list_gpus()[0].uuid
+    result = await coordinator.apply(gpu_uuid, [], ["7g.40gb"], dry_run=True)
+    assert result.state == "pending" and list(coordinator._locks) == [gpu_uuid]
