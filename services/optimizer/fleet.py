@@ -29,6 +29,8 @@ FLEET_ROW_ID = 1
 POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Ids and variant names may also hold ':' and '/'.
 ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")
+# MIG profile names as NVML gives them ("3g.40gb", "1g.10gb+me").
+MIG_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 MAX_POOLS = 1024
 MAX_GPUS = 65536
 MAX_ENGINES = 65536
@@ -243,6 +245,19 @@ def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
             raise InvalidArgument(f"gpus[{i}].node", f"GPU reported by node {request.node} names node {gpu.node}")
         if len(gpu.instances) > 7 * 8:
             raise InvalidArgument(f"gpus[{i}].instances", "too many MIG instances")
+        # What the merge takes into the fleet the plans are computed over follows the declared fleet's rules.
+        if gpu.model not in common_pb2.GpuModel.values():
+            raise InvalidArgument(f"gpus[{i}].model", f"unknown GPU model {gpu.model}")
+        if gpu.pool:
+            _name(f"gpus[{i}].pool", gpu.pool, POOL_NAME)
+        if gpu.hardware:
+            _name(f"gpus[{i}].hardware", gpu.hardware)
+        for j, inst in enumerate(gpu.instances):
+            ipath = f"gpus[{i}].instances[{j}]"
+            _name(f"{ipath}.uuid", inst.uuid)
+            _name(f"{ipath}.profile", inst.profile, MIG_PROFILE_NAME)
+            for engine_id in inst.engine_id.split(",") if inst.engine_id else ():  # the router's engines on it
+                _name(f"{ipath}.engine_id", engine_id)
 
 
 def merge_fleet(declared: common_pb2.FleetInventory,

@@ -12,6 +12,7 @@ from greenserve.optimizer import fleet as fleet_module
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.v1 import common_pb2, optimizer_pb2
 
+from tests.optimizer.conftest import pool
 from tests.optimizer.test_plans import _setup
 
 GPUS = 16_384  # a quarter of MAX_GPUS; one SetFleet of this many short UUIDs is ~150 kB
@@ -49,3 +50,42 @@ async def test_gpu_reports_from_ever_new_nodes_stop_at_the_limit(forecaster, opt
     # A known node still reports (a changed inventory within the limits).
     fleet = (await stub.ReportGpus(report("n1", 2))).fleet
     assert sorted(g.uuid for g in fleet.gpus) == ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n3-0"]
+
+
+def _instance(**kw: object) -> common_pb2.MigInstance:
+    return common_pb2.MigInstance(**({"uuid": "MIG-1", "profile": "3g.40gb"} | kw))
+
+
+BAD_REPORTED = [
+    (common_pb2.Gpu(uuid="GPU-x", model=77), "gpus[0].model"),
+    (common_pb2.Gpu(uuid="GPU-x", pool="chat pool\n"), "gpus[0].pool"),
+    (common_pb2.Gpu(uuid="GPU-x", hardware="../A100"), "gpus[0].hardware"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(uuid="MIG 1\n")]), "gpus[0].instances[0].uuid"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(profile="3g.40gb\n")]), "gpus[0].instances[0].profile"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_id="evil id\n")]), "gpus[0].instances[0].engine_id"),
+]
+
+
+@pytest.mark.parametrize(("gpu", "field"), BAD_REPORTED, ids=[f for _, f in BAD_REPORTED])
+async def test_reported_gpus_are_checked_like_declared_ones(forecaster, optimizer, gpu, field) -> None:
+    # A report's pool, hardware, MIG instances and their engine ids go into the merged fleet (an instance's engine
+    # joins its GPU's pool, named by the reported id), so into every plan; only the node and GPU UUIDs were checked:
+    # an engine id with spaces and a newline was stored, listed by GetFleet and given routing weight in plans.
+    _, stub, _ = await _setup(forecaster, optimizer, schedule_plans=False)
+    await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=common_pb2.FleetInventory(pools=[pool("chat", [])])))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ReportGpus(optimizer_pb2.ReportGpusRequest(node="n1", gpus=[gpu]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+    assert not (await stub.GetFleet(optimizer_pb2.GetFleetRequest())).fleet.gpus
+
+
+async def test_a_node_reports_the_engines_of_an_instance_comma_separated(forecaster, optimizer) -> None:
+    # What the gpu-partitioner sends (GetInventory: the router's engines on the instance, joined by ',') passes.
+    _, stub, _ = await _setup(forecaster, optimizer, schedule_plans=False)
+    gpu = common_pb2.Gpu(uuid="GPU-a", model=common_pb2.GPU_MODEL_A100_80GB, name="NVIDIA A100-SXM4-80GB",
+                         mig_enabled=True, instances=[
+                             _instance(uuid="MIG-6f0c2d1e-aaaa", engine_id="n1-6f0c2d1e,n1-6f0c2d1e/decode",
+                                       kubernetes_resource="nvidia.com/mig-3g.40gb"),
+                             _instance(uuid="MIG-7a1b", profile="1g.10gb+me", placement_start=6)])
+    fleet = (await stub.ReportGpus(optimizer_pb2.ReportGpusRequest(node="n1", gpus=[gpu]))).fleet
+    assert [g.uuid for g in fleet.gpus] == ["GPU-a"]
