@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 import numpy as np
@@ -42,7 +42,7 @@ from greenserve.forecaster.models import Series
 from greenserve.forecaster.predictions import Predictions
 from greenserve.forecaster.series_state import SeriesState
 from greenserve.forecaster.settings import ForecasterSettings
-from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, LoadAccumulator, check_sample
+from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, QUANTITIES, LoadAccumulator, check_sample
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 log = logging.getLogger("greenserve.forecaster")
@@ -75,9 +75,17 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
         self.load_holidays = Holidays.parse(self.settings.load_holidays) if self.settings.load_holidays else None
 
     # ---------------------------------------------------------------- ingestion RPCs
+    def _held_series(self, pools: Iterable[str]) -> int:
+        """Series held, counting those StreamLoad's open hours of ``pools`` will create (--max-series)."""
+        return len(self.states) + sum(ingest.SeriesKey("load", pool, q, q) not in self.by_key
+                                      for pool in pools for q in QUANTITIES)
+
     async def ingest_arrays(self, key: ingest.SeriesKey, resolution_s: int, times_s: np.ndarray,
                             values: np.ndarray) -> ingest.IngestResult:
         async with self._lock:  # one writer at a time keeps "validate, then write" atomic per series
+            if key not in self.by_key and self._held_series(self.load.buckets) >= self.settings.max_series:
+                raise ResourceExhausted(f"at most {self.settings.max_series} series (--max-series); refused new "
+                                        f"series {key.kind}/{key.key}/{key.signal}", field="series")
             result = await asyncio.to_thread(ingest.ingest_points, self.db, key, resolution_s, times_s, values)
             await self._after_store(key, resolution_s, result)
         return result
@@ -129,6 +137,13 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
                    for i, x in enumerate(samples)]
         async with self._lock:  # the plan is made against the open hours no other call is changing
             plan = self.load.plan(checked)
+            new_pools = [pool for pool in plan.buckets if pool not in self.load.buckets]
+            if new_pools:
+                held = self._held_series({*self.load.buckets, *plan.buckets})
+                if held > self.settings.max_series and held > self._held_series(self.load.buckets):
+                    index = next(x.index for x in checked if x.pool in new_pools)
+                    raise ResourceExhausted(f"at most {self.settings.max_series} series (--max-series); a new pool "
+                                            "makes three", field=f"samples[{index}].pool")
             batches = [ingest.Batch(key, HOUR_S, times, values, field_prefix=f"samples[{index}].hour")
                        for key, times, values, index in plan.emitted]
             # keep_stored: an hour the series already holds otherwise (IngestPoints wrote it) keeps its stored

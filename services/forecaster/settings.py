@@ -20,6 +20,9 @@ class ForecasterSettings(ServiceSettings, DependencyAddresses):
     fit_history_hours: int = Field(336, ge=48, le=720, description="hours of history each fit uses (336: 14 days)")
     refit_interval_s: float = Field(3600.0, ge=1.0, description="re-tune (full refit) of each series this often")
     fit_workers: int = Field(1, ge=1, le=64, description="worker processes for fits and backtests")
+    max_series: int = Field(1000, ge=1, le=100_000, description="series held (each up to about 2.7 MB with its "
+                            "fitted model; a StreamLoad pool makes three): a write that would create one more is "
+                            "refused with RESOURCE_EXHAUSTED")
     electricitymaps_url: str | None = Field(None, description="base URL of an Electricity Maps-shaped CI API")
     electricitymaps_token: str | None = Field(None, description="auth-token header value for that API")
     electricitymaps_zones: list[str] = Field(default_factory=list, description="zones to poll, e.g. DE,FR")
