@@ -17,6 +17,7 @@ configuration's ladder commits that configuration's profile in the same transact
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.common.tasks import cancel_and_wait
@@ -48,6 +49,7 @@ STATE_VALUES: dict[str, int] = {
 }
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 CANCEL_WAIT_S = 10.0
+MAX_QUEUED_SWEEPS = 1000  # sweeps waiting for the worker (kept in memory): past it StartSweep is RESOURCE_EXHAUSTED
 
 
 class Backend(Protocol):
@@ -145,6 +147,9 @@ class SweepRunner:
             await backend.prepare(spec)
         finally:
             await backend.close()
+        if self._queue.qsize() >= MAX_QUEUED_SWEEPS:
+            raise ResourceExhausted(f"{MAX_QUEUED_SWEEPS} sweeps are waiting to run already; start this one when "
+                                    "fewer are (or cancel some)")
         now = utcnow()
         row = Sweep(id=str(uuid.uuid4()), state="pending", created_at=now, updated_at=now,
                     total_points=len(spec.configs) * len(spec.request_rates_per_s), done_points=0, skipped_points=0,
@@ -211,6 +216,9 @@ class SweepRunner:
                 await asyncio.wait_for(done.wait(), CANCEL_WAIT_S)
             except TimeoutError:
                 log.warning("sweep did not stop in time; marking it cancelled", extra={"sweep_id": sweep_id})
+        else:  # waiting: its place in the queue (MAX_QUEUED_SWEEPS) is free at once
+            with contextlib.suppress(ValueError):
+                self._queue._queue.remove(sweep_id)  # type: ignore[attr-defined]  # asyncio.Queue's deque
         await asyncio.to_thread(self._finish, sweep_id, "cancelled", "", True)
         await self._notify()
         return await self.get(sweep_id)
