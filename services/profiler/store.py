@@ -70,6 +70,12 @@ def validate_profile(profile: common_pb2.Profile, field: str = "profile") -> Non
         if point.request_rate_per_s <= previous:
             raise ValueError(f"{where}.request_rate_per_s: points must be in ascending order of rate")
         previous = point.request_rate_per_s
+    for i, rate in enumerate(profile.skipped_rates_per_s):
+        if not math.isfinite(rate) or rate <= 0:
+            raise ValueError(f"{field}.skipped_rates_per_s[{i}]: must be a finite rate > 0, got {rate}")
+    for desc, value in profile.method.ListFields():
+        if desc.type == desc.TYPE_DOUBLE:
+            _finite_non_negative(value, f"{field}.method.{desc.name}")
     for i, fact in enumerate(profile.facts):
         if not fact.name.strip():
             raise ValueError(f"{field}.facts[{i}].name: must not be empty")

@@ -52,6 +52,10 @@ async def test_versions_per_key_and_latest(profiler) -> None:
     (lambda p: setattr(p.points[0], "slo_attainment_fraction", 1.5), "profile.points[0].slo_attainment_fraction"),
     (lambda p: (setattr(p, "source", common_pb2.PROFILE_SOURCE_PUBLISHED), setattr(p, "note", "")), "profile.note"),
     (lambda p: p.ClearField("points"), "profile.points"),
+    # found by an adversarial audit: the skipped rates and the method's numbers were stored unchecked (NaN, inf)
+    (lambda p: p.skipped_rates_per_s.extend([4.0, float("nan")]), "profile.skipped_rates_per_s[1]"),
+    (lambda p: setattr(p.method, "warmup_s", float("inf")), "profile.method.warmup_s"),
+    (lambda p: setattr(p.method, "request_timeout_s", -1.0), "profile.method.request_timeout_s"),
 ])
 async def test_bad_profile_is_refused_and_nothing_stored(profiler, mutate, field) -> None:
     stub = await profiler(import_published=False)
