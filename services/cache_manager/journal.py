@@ -18,6 +18,7 @@ holds exactly the acknowledged events. Documented ranges (protos/greenserve/v1/c
 | time | unset (the time of arrival) or from 1970-01-01 to at most MAX_FUTURE_S after now |
 | tier | a CacheTier value |
 | events per stream | at most MAX_EVENTS_PER_STREAM |
+| one event's message | at most MAX_EVENT_BYTES serialized (unknown fields included) |
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2, common_pb2
 
 MAX_EVENTS_PER_STREAM = 20_000  # the router sends at most 10,000 (5,000 requests x hit + store)
+#: Largest message of a stream: every field at the end of its range (4-byte characters in the ids) is about
+#: 2.8 KB. Messages are kept until the whole stream is checked, so without it one stream could hold 20,000
+#: messages of --max-message-bytes each (a field far past its range, or unknown fields).
+MAX_EVENT_BYTES = 4096
 MAX_TOKENS = 1 << 24
 MAX_SIZE_BYTES = 1 << 50
 MAX_TURN = 1_000_000
@@ -76,11 +81,15 @@ def _printable(value: str, *, spaces: bool) -> bool:
 
 
 async def read_stream(requests: AsyncIterable) -> list:
-    """The messages of a client stream, at most MAX_EVENTS_PER_STREAM (more: InvalidArgument, read no further)."""
+    """The messages of a client stream, at most MAX_EVENTS_PER_STREAM of at most MAX_EVENT_BYTES each (else
+    InvalidArgument, read no further)."""
     out = []
     async for msg in requests:
         if len(out) == MAX_EVENTS_PER_STREAM:
             raise InvalidArgument("events", f"at most {MAX_EVENTS_PER_STREAM} events per stream; send more streams")
+        if msg.ByteSize() > MAX_EVENT_BYTES:
+            raise InvalidArgument(f"events[{len(out)}]", f"at most {MAX_EVENT_BYTES} bytes per event, got "
+                                  f"{msg.ByteSize()} (a field past its range, or unknown fields)")
         out.append(msg)
     return out
 

@@ -336,7 +336,7 @@ async def test_a_stream_past_the_limit_is_refused_without_reading_further() -> N
         nonlocal sent
         while True:
             sent += 1
-            yield object()
+            yield pb.ReportAccessesRequest()
 
     with pytest.raises(InvalidArgument) as exc:
         await read_stream(endless())
