@@ -42,7 +42,13 @@ from greenserve.forecaster.models import Series
 from greenserve.forecaster.predictions import Predictions
 from greenserve.forecaster.series_state import SeriesState
 from greenserve.forecaster.settings import ForecasterSettings
-from greenserve.forecaster.stream_load import MAX_SAMPLES_PER_CALL, QUANTITIES, LoadAccumulator, check_sample
+from greenserve.forecaster.stream_load import (
+    MAX_SAMPLE_BYTES,
+    MAX_SAMPLES_PER_CALL,
+    QUANTITIES,
+    LoadAccumulator,
+    check_sample,
+)
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
 log = logging.getLogger("greenserve.forecaster")
@@ -131,6 +137,9 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
         async for sample in request_iterator:
             if len(samples) >= MAX_SAMPLES_PER_CALL:
                 raise InvalidArgument("samples", f"at most {MAX_SAMPLES_PER_CALL} samples per call")
+            if sample.ByteSize() > MAX_SAMPLE_BYTES:
+                raise InvalidArgument(f"samples[{len(samples)}]", f"at most {MAX_SAMPLE_BYTES} bytes per sample, got "
+                                      f"{sample.ByteSize()}")
             samples.append(sample)
         now = clock.now_s()
         checked = [check_sample(x, i, now, self.settings.stream_load_max_age_s, self.settings.stream_load_max_ahead_s)

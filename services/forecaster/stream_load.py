@@ -68,6 +68,10 @@ MAX_TOKENS_PER_SAMPLE = 10**12
 MAX_POOL_CHARS = 255
 #: Most samples one StreamLoad call may send (the router sends at most 1,000 per call).
 MAX_SAMPLES_PER_CALL = 100_000
+#: Largest message of a call: a valid sample (a 255-character pool of 4-byte characters) is about 1.1 KB. Samples
+#: are kept until the whole call is checked, so without it one call could hold 100,000 messages of
+#: --max-message-bytes each (a pool padded with blanks, or unknown fields).
+MAX_SAMPLE_BYTES = 4096
 
 
 @dataclass(frozen=True)
