@@ -86,7 +86,10 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
     started_all = time.perf_counter()
     loaded: list[tuple[str, list[policies.Request]]] = []
     for path in paths:
-        trace = policies.load_trace(path, ns.limit)
+        try:
+            trace = policies.load_trace(path, ns.limit)
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON lines, or rows without a list of hash_ids
+            parser.error(f"trace {path}: not a Mooncake JSONL trace ({type(exc).__name__}: {exc})")
         if not trace:
             parser.error(f"trace {path} has no requests")
         loaded.append((path.name, trace))

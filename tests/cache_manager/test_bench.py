@@ -59,6 +59,19 @@ def test_cache_policy_bad_flags(flags) -> None:
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize("content", ["garbage\n", '{"timestamp": 0}\n', '{"timestamp": 0, "hash_ids": 5}\n'],
+                         ids=["not-json", "no-hash-ids", "hash-ids-not-a-list"])
+def test_cache_policy_unreadable_trace_is_a_usage_error(tmp_path, capsys, content) -> None:
+    """A --trace file that is not a Mooncake JSONL trace ended the bench with a JSONDecodeError / KeyError /
+    TypeError traceback; now the usage error names the file and what is wrong, exit status 2."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        bench.policy_main(["--trace", str(trace), "--shapes", "none", "--capacities", "1.0", "--policies", "LRU"])
+    assert exc.value.code == 2
+    assert f"trace {trace}: not a Mooncake JSONL trace" in capsys.readouterr().err
+
+
 def test_cache_eviction_smoke(capsys) -> None:
     assert bench.eviction_main(["--entries", "2000", "--choices", "50", "--read-recompute-tokens", "4096",
                                 "--read-recompute-repeats", "5"]) == 0
