@@ -184,6 +184,7 @@ class Planner:
             outcome.status = result.status
             outcome.detail = result.detail
         except concurrent.futures.TimeoutError:
+            future.cancel()  # still waiting for a thread: drop it (a started solve cannot be stopped; it ends unused)
             outcome.status = "timeout"
             outcome.detail = f"no answer within {self.solver_timeout_s:g} s; {KNOB_LABELS[solver.knob]} left as in force"
             result = KnobPlan(keep_current_messages(inputs, solver.knob))
