@@ -74,7 +74,7 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
         parser.error(f"--policies must name policies among {', '.join(policies.POLICIES)}")
     if ns.limit is not None and ns.limit <= 0:
         parser.error("--limit must be positive")
-    if ns.ttl_period_s <= 0 or ns.ttl_window_s <= 0 or ns.top_k < 1:
+    if not (ns.ttl_period_s > 0 and ns.ttl_window_s > 0) or ns.top_k < 1:  # NaN is not positive either
         parser.error("--ttl-period-s and --ttl-window-s must be positive, --top-k >= 1")
     try:
         fractions = ([float(x) for x in ns.capacities.split(",") if x.strip()] if ns.capacities

@@ -52,7 +52,8 @@ def test_cache_policy_shapes(tmp_path, capsys) -> None:
     assert out["worst_minus_lru"]["Adaptive"] == min(min(e["minus_lru"]["Adaptive"]) for e in out["traces"].values())
 
 
-@pytest.mark.parametrize("flags", [["--capacities", "0,2"], ["--shapes", "nope"], ["--policies", "LRU,MRU"]])
+@pytest.mark.parametrize("flags", [["--capacities", "0,2"], ["--shapes", "nope"], ["--policies", "LRU,MRU"],
+                                   ["--ttl-period-s", "nan"], ["--ttl-window-s", "nan"]])
 def test_cache_policy_bad_flags(flags) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.policy_main(flags)
