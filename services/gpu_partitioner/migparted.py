@@ -95,6 +95,8 @@ def parse(text: str, geo: GpuGeometry, *, index_to_uuid: Mapping[int, str] | Non
         raise MigPartedError("yaml", f"not valid YAML: {exc}") from None
     except RecursionError:  # PyYAML composes nested collections recursively: a few kB of brackets exceed the limit
         raise MigPartedError("yaml", "not valid YAML: nested too deeply") from None
+    except ValueError as exc:  # a constructor's int(): e.g. more digits than Python converts (4,300)
+        raise MigPartedError("yaml", f"not valid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise MigPartedError("yaml", "the document must be a mapping with 'version' and 'mig-configs'")
     unknown = set(doc) - {"version", "mig-configs"}

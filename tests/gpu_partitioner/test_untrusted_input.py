@@ -25,6 +25,17 @@ def test_deeply_nested_yaml_is_a_clean_refusal(text: str) -> None:
     assert exc.value.path == "yaml"
 
 
+@pytest.mark.parametrize("text", ["version: " + "1" * 5_000 + "\n",
+                                  "version: v1\nmig-configs:\n  x:\n    - devices: [" + "9" * 5_000 + "]\n"
+                                  "      mig-enabled: false\n"], ids=["version", "device-index"])
+def test_an_integer_too_long_to_convert_is_a_clean_refusal(text: str) -> None:
+    """An integer literal of more than 4,300 digits made PyYAML's int() raise ValueError (Python's limit on
+    integer string conversion), not a yaml.YAMLError: it escaped parse and the RPC answered INTERNAL."""
+    with pytest.raises(MigPartedError) as exc:
+        migparted.parse(text, A100)
+    assert exc.value.path == "yaml"
+
+
 def test_a_huge_instance_count_is_refused_at_once() -> None:
     """`mig-devices: {1g.5gb: 1000000}` built a list of a million profile names, searched placements for all of
     them and answered with a message naming each (9 MB); 10^9 took the service's memory. No GPU holds more
