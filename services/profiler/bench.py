@@ -264,11 +264,38 @@ async def _run(ns: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str], prog: str = "greenserve bench profiler") -> int:
-    ns = _parser(prog).parse_args(argv)
+def _check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """parser.error (exit 2) naming the first bad flag: else it ends as a traceback midway through the bench."""
     if ns.cache_sizes < 1 or ns.rates < 1:
-        _parser(prog).error("--cache-sizes and --rates: must be >= 1")
-    out = asyncio.run(_run(ns))
+        parser.error("--cache-sizes and --rates: must be >= 1")
+    if not (math.isfinite(ns.point_duration_s) and 0 < ns.point_duration_s <= 3600):
+        parser.error(f"--point-duration-s: must be in (0, 3600] virtual seconds, got {ns.point_duration_s}")
+    if not ns.agreement:
+        return
+    try:
+        rates = [float(r) for r in ns.agreement_rates.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates) or rates != sorted(set(rates)):
+        parser.error(f"--agreement-rates: ascending rates > 0 req/s, comma-separated, got {ns.agreement_rates!r}")
+    if not (math.isfinite(ns.agreement_duration_s) and 0 < ns.agreement_duration_s <= 3600):
+        parser.error(f"--agreement-duration-s: must be in (0, 3600] s, got {ns.agreement_duration_s}")
+    if not 1 <= ns.agreement_min_requests <= 1_000_000:
+        parser.error(f"--agreement-min-requests: must be in 1..1000000, got {ns.agreement_min_requests}")
+    if not (math.isfinite(ns.agreement_time_scale) and 0 < ns.agreement_time_scale <= 1000):
+        parser.error(f"--agreement-time-scale: must be in (0, 1000], got {ns.agreement_time_scale}")
+
+
+def main(argv: list[str], prog: str = "greenserve bench profiler") -> int:
+    parser = _parser(prog)
+    ns = parser.parse_args(argv)
+    _check_flags(parser, ns)
+    try:
+        out = asyncio.run(_run(ns))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:  # the profiler refused the sweep the flags make
+            raise
+        parser.error(exc.details() or "the profiler refused the sweep")
     print(strict_json.dumps(out))
     return 0
 
