@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from greenserve.common import strict_json
+from greenserve.common.parent_death import on_parent_death
 from greenserve.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 
 GIB = 1 << 30
@@ -210,7 +211,8 @@ async def _agreement(stub: Any, ns: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     emu = subprocess.Popen([sys.executable, "-m", "greenserve.simulator.emulator", "--port", str(port),
                             "--profile", profile, "--time-scale", str(ns.agreement_time_scale)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                           preexec_fn=on_parent_death(signal.SIGTERM))  # its own session: else it outlives kill -9
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
