@@ -105,6 +105,12 @@ def _ts(value: object) -> Timestamp | None:
 
 
 def _placements(layout: common_pb2.MigLayout, field: str) -> tuple[list[Placement], list[str]]:
+    # Every GI takes a memory slice at least: a longer layout fits no GPU, and is refused before a million
+    # placements are turned into objects and searched on the event loop.
+    most = max(geo.memory_slices for geo in geometry_mod.models().values())
+    if len(layout.placements) > most:
+        raise InvalidArgument(f"{field}.placements", f"at most {most} GPU instances fit on a GPU, got "
+                              f"{len(layout.placements)}")
     placed: list[Placement] = []
     unplaced: list[str] = []
     for i, p in enumerate(layout.placements):

@@ -1,5 +1,6 @@
 """Input from outside that the gpu-partitioner must refuse cleanly and without unbounded work or memory (audit):
-mig-parted YAML (ConvertMigPartedConfig), ListLayouts' driver branch and profile lists, ApplyLayout's GPU."""
+mig-parted YAML (ConvertMigPartedConfig), ListLayouts' driver branch and profile lists, ApplyLayout's GPU, the
+length of a layout."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from greenserve.gpu_partitioner.apply import ApplyCoordinator
 from greenserve.gpu_partitioner.backend import NotFoundError
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
 from greenserve.gpu_partitioner.migparted import MigPartedError
+from greenserve.v1 import common_pb2, gpu_partitioner_pb2
+
+from tests.gpu_partitioner.test_service import _invalid, _start
 
 A100 = geometry.geometry("A100-40GB")
+A100_ENUM = common_pb2.GPU_MODEL_A100_40GB
 
 
 @pytest.mark.parametrize("text", ["[" * 50_000 + "]" * 50_000, "a: " + "{b: " * 5_000 + "1" + "}" * 5_000],
@@ -89,3 +94,30 @@ async def test_applies_to_unknown_gpus_leave_no_state_behind(db) -> None:
     gpu_uuid = backend.list_gpus()[0].uuid
     result = await coordinator.apply(gpu_uuid, [], ["7g.40gb"], dry_run=True)
     assert result.state == "pending" and list(coordinator._locks) == [gpu_uuid]
+
+
+async def test_a_layout_with_more_placements_than_any_gpu_holds_is_refused_first(start_inprocess, router) -> None:
+    """DiffLayouts, ApplyLayout and ConvertMigPartedConfig turned every placement of a request into Python objects
+    and searched a placement for each unplaced one on the event loop: a 10 MB request of a million placements held
+    the service for about 2.5 s (4 s explicit) and answered with an 8 MB message; a few in parallel starved every
+    other call. No GPU holds more GPU instances than it has memory slices (8), so a longer layout is refused at
+    once, naming its placements."""
+    _svc, stub, channel = await _start(start_inprocess, router)
+    many = common_pb2.MigLayout(placements=[common_pb2.MigPlacement(profile="1g.5gb")] * 100_000)
+    try:
+        detail = await _invalid(stub.DiffLayouts(gpu_partitioner_pb2.DiffLayoutsRequest(
+            **{"gpu_model": A100_ENUM, "from": common_pb2.MigLayout(), "to": many})))
+        assert detail.startswith("to.placements") and "at most 8" in detail
+        inv = await stub.GetInventory(gpu_partitioner_pb2.GetInventoryRequest())
+        many.gpu_uuid = inv.gpus[0].uuid
+        detail = await _invalid(stub.ApplyLayout(gpu_partitioner_pb2.ApplyLayoutRequest(layout=many, dry_run=True)))
+        assert detail.startswith("layout.placements") and "at most 8" in detail
+        detail = await _invalid(stub.ConvertMigPartedConfig(gpu_partitioner_pb2.ConvertMigPartedConfigRequest(
+            gpu_model=A100_ENUM, layouts=gpu_partitioner_pb2.NamedLayouts(name="x", layouts=[many]))))
+        assert detail.startswith("layouts.layouts[0].placements") and "at most 8" in detail
+        # a full GPU's layout still goes through
+        seven = common_pb2.MigLayout(placements=[common_pb2.MigPlacement(profile="1g.5gb")] * 7)
+        await stub.DiffLayouts(gpu_partitioner_pb2.DiffLayoutsRequest(
+            **{"gpu_model": A100_ENUM, "from": common_pb2.MigLayout(), "to": seven}))
+    finally:
+        await channel.close()
