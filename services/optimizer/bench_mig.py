@@ -28,6 +28,7 @@ Progress goes to stderr; the last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -175,6 +176,17 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench mig-plan")
     ns = parser.parse_args(argv)
     if ns.gpus < 1 or ns.large_gpus < 1 or not 0 <= ns.weight <= 1 or not 0 < ns.headroom <= 1:
         parser.error("--gpus/--large-gpus >= 1, --weight in [0, 1], --headroom in (0, 1]")
+    # The rest before any solve too: NaN or out-of-range numbers gave tracebacks, a hang or meaningless figures.
+    ranges = {"gap": (0.0, 1.0, True), "ci": (0.0, 1e4, True), "base_ci": (0.0, 1e4, False), "pue": (1.0, 10.0, True),
+              "change_s": (0.0, 3600.0, True), "load_fraction": (0.0, 10.0, False),
+              "light_load_fraction": (0.0, 10.0, False), "cooling": (0.0, 1.0, False)}
+    for name, (low, high, low_ok) in ranges.items():
+        value = getattr(ns, name)
+        if not (math.isfinite(value) and (low <= value if low_ok else low < value) and value <= high):
+            parser.error(f"--{name.replace('_', '-')} must be in {'[' if low_ok else '('}{low:g}, {high:g}], got {value}")
+    for name in ("seeds", "large_seeds", "random_budget"):
+        if getattr(ns, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     # HiGHS prints its banner on the process's stdout (C++); keep stdout for the JSON line.
     sys.stdout.flush()
     saved = os.dup(1)
