@@ -156,8 +156,10 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     media = tuple(m for m in ns.kareto_media.split(",") if m)
     if any(m not in DISK_MEDIA for m in media) or len(set(media)) != len(media):
         parser.error(f"--kareto-media: distinct media among {', '.join(DISK_MEDIA)}")
-    if ns.restart_g < 0:
-        parser.error("--restart-g must be >= 0")
+    if ns.restart_g < 0 or not math.isfinite(ns.restart_g):
+        parser.error("--restart-g must be a finite number >= 0")
+    if ns.fleet_limit_tb < 0 or not math.isfinite(ns.fleet_limit_tb):  # before any solve, not after the small one
+        parser.error("--fleet-limit-tb must be a finite number >= 0")
     if ns.kareto_rate < 0 or not math.isfinite(ns.kareto_rate):
         parser.error("--kareto-rate must be a finite number >= 0")
     if ns.repeat < 1 or min(ns.large_pools, ns.large_hours, ns.large_sizes) < 1 or ns.large_sizes < 2:
@@ -171,8 +173,6 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan
     print(f"small: 24 h x 17 sizes x 1 pool: median {statistics.median(times):.3f} s ({status}, gap {gap})",
           file=sys.stderr)
     large = synthetic_models(ns.large_pools, ns.large_hours, ns.large_sizes, seed=1, restart_g=ns.restart_g)
-    if ns.fleet_limit_tb < 0:
-        parser.error("--fleet-limit-tb must be >= 0")
     limit = int(ns.fleet_limit_tb * TB)
     t0, c0 = time.perf_counter(), time.process_time()
     large_picks, large_status, _, large_gap = solve_ilp(large, fleet_limit_bytes=limit, time_limit_s=60.0,

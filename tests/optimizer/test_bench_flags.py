@@ -32,3 +32,13 @@ def test_bench_mig_plan_refuses_a_bad_flag(flag: str, value: str) -> None:
     done = _run("greenserve.optimizer.bench_mig", [*SMALL_MIG, flag, value])
     assert done.returncode == 2, (done.returncode, done.stderr[-1500:])
     assert flag in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--fleet-limit-tb", "nan"), ("--fleet-limit-tb", "-1"),
+                                             ("--restart-g", "nan"), ("--restart-g", "inf")])
+def test_bench_cache_plan_refuses_a_bad_flag(flag: str, value: str) -> None:
+    # --fleet-limit-tb was checked only after the small instance's solves (nan: a ValueError traceback there);
+    # --restart-g nan/inf passed the '< 0' check and went into the ILP's costs.
+    done = _run("greenserve.optimizer.bench_cache", [*SMALL_CACHE, flag, value])
+    assert done.returncode == 2, (done.returncode, done.stderr[-1500:])
+    assert flag in done.stderr and "Traceback" not in done.stderr and "small:" not in done.stderr
