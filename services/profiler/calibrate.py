@@ -76,8 +76,22 @@ def fit(profile: common_pb2.Profile, base_name: str) -> profiler_pb2.ModelVersio
     return version
 
 
+STORE_ATTEMPTS = 10
+
+
 def store(db: Database, version: profiler_pb2.ModelVersion) -> profiler_pb2.ModelVersion:
-    """Store as the next ``+cal<n>`` of its base profile."""
+    """Store as the next ``+cal<n>`` of its base profile. A concurrent writer that took the number first (PostgreSQL
+    reads the latest ordinal without locking) turns into a retry with the next one, as ``ProfileStore.put`` does."""
+    for attempt in range(STORE_ATTEMPTS):
+        try:
+            return _store_next(db, version)
+        except sa.exc.IntegrityError:
+            if attempt == STORE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _store_next(db: Database, version: profiler_pb2.ModelVersion) -> profiler_pb2.ModelVersion:
     with db.session() as s:
         latest = s.scalar(sa.select(sa.func.max(ModelVersion.ordinal))
                           .where(ModelVersion.base_profile == version.base_profile)) or 0
