@@ -13,6 +13,7 @@ import threading
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from greenserve.common.errors import InvalidArgument, NotFound
 from greenserve.common.orm_conventions import utcnow
@@ -211,18 +212,25 @@ class PlanStore:
                 raise InvalidArgument("report.interval_start", "is not a valid instant") from None
         if not stored.HasField("reported_at"):
             stored.reported_at.FromDatetime(reported_at)
-        with self.db.session() as s:
-            if s.get(Plan, report.plan_version) is None:
-                raise NotFound(f"plan version {report.plan_version} does not exist", field="report.plan_version")
-            key = (report.plan_version, report.component, report.instance)
-            row = s.get(EnforcementReport, key)
-            body = stored.SerializeToString()
-            state = ENFORCEMENT_NAMES[report.state]
-            if row is None:
-                s.add(EnforcementReport(plan_version=key[0], component=key[1], instance=key[2], state=state,
-                                        reported_at=reported_at, body=body))
-            else:
-                row.state, row.reported_at, row.body = state, reported_at, body
+        key = (report.plan_version, report.component, report.instance)
+        body = stored.SerializeToString()
+        state = ENFORCEMENT_NAMES[report.state]
+        for attempt in range(2):
+            try:
+                with self.db.session() as s:
+                    if s.get(Plan, report.plan_version) is None:
+                        raise NotFound(f"plan version {report.plan_version} does not exist",
+                                       field="report.plan_version")
+                    row = s.get(EnforcementReport, key)
+                    if row is None:
+                        s.add(EnforcementReport(plan_version=key[0], component=key[1], instance=key[2], state=state,
+                                                reported_at=reported_at, body=body))
+                    else:
+                        row.state, row.reported_at, row.body = state, reported_at, body
+                return
+            except IntegrityError:  # a concurrent first report inserted the row (PostgreSQL): update it instead
+                if attempt:
+                    raise
 
     def reports(self, version: int) -> list[optimizer_pb2.EnforcementReport]:
         with self.db.session(readonly=True) as s:
