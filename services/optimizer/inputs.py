@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import grpc
+from sqlalchemy.exc import IntegrityError
 from greenserve.common.carbon_params import CarbonParams
 from greenserve.common.embodied_carbon import Platform, PlatformItem
 from greenserve.common.errors import FailedPrecondition
@@ -83,12 +84,18 @@ class ForecastSource:
     def _store(self, label: str, fetched_s: float, forecast: common_pb2.Forecast) -> None:
         body = forecast.SerializeToString()
         fetched = datetime.fromtimestamp(fetched_s, UTC)
-        with self.db.session() as s:
-            row = s.get(ForecastCache, label)
-            if row is None:
-                s.add(ForecastCache(series=label, fetched_at=fetched, body=body))
-            else:
-                row.fetched_at, row.body = fetched, body
+        for attempt in range(2):
+            try:
+                with self.db.session() as s:
+                    row = s.get(ForecastCache, label)
+                    if row is None:
+                        s.add(ForecastCache(series=label, fetched_at=fetched, body=body))
+                    else:
+                        row.fetched_at, row.body = fetched, body
+                return
+            except IntegrityError:  # a concurrent first store of the series inserted the row (PostgreSQL): update it
+                if attempt:
+                    raise
 
     async def _prepend_actuals(self, ref: common_pb2.SeriesRef, forecast: common_pb2.Forecast, start_s: float) -> None:
         """Hours of the horizon that the history already covers (the current hour, typically) take the observed
