@@ -301,7 +301,10 @@ class EngineBackend:
         try:
             reply = await self._http().get(f"{base}/v1/models", timeout=PROBE_TIMEOUT_S)
             reply.raise_for_status()
-            self._served = [m["id"] for m in reply.json().get("data", [])]
+            payload = reply.json()
+            if not isinstance(payload, dict):  # else .get is an AttributeError: INTERNAL instead of this refusal
+                raise ValueError(f"not a JSON object: {str(payload)[:100]}")
+            self._served = [m["id"] for m in payload.get("data", [])]
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise FailedPrecondition(f"engine {spec.engine_url} did not answer GET /v1/models: "
                                      f"{type(exc).__name__}: {exc}", field="spec.engine_url") from None
