@@ -49,6 +49,7 @@ STATE_VALUES: dict[str, int] = {
 }
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 CANCEL_WAIT_S = 10.0
+MAX_PAGE_OFFSET = 2**53  # ListSweeps tokens are row offsets
 MAX_QUEUED_SWEEPS = 1000  # sweeps waiting for the worker (kept in memory): past it StartSweep is RESOURCE_EXHAUSTED
 
 
@@ -186,7 +187,7 @@ class SweepRunner:
             offset = int(page_token) if page_token else 0
         except ValueError:
             offset = -1
-        if offset < 0:
+        if not 0 <= offset <= MAX_PAGE_OFFSET:  # beyond it the database driver overflows (INTERNAL)
             raise InvalidArgument("page_token", "not a token this service returned")
 
         def rows() -> list[Sweep]:
