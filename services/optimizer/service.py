@@ -182,7 +182,9 @@ class OptimizerServicer(optimizer_pb2_grpc.OptimizerServiceServicer):
             raise InvalidArgument("page_size", "must be in 1..1000 (0 means 50)")
         before = None
         if request.page_token:
-            if not request.page_token.isdigit() or len(request.page_token) > 20:
+            # ASCII digits only ('²'.isdigit() but int() refuses it) and a version, not a number SQLite overflows on
+            if not (request.page_token.isascii() and request.page_token.isdigit() and len(request.page_token) <= 16
+                    and int(request.page_token) <= 2**53):
                 raise InvalidArgument("page_token", "is not a token ListPlans returned")
             before = int(request.page_token)
         plans, nxt = await asyncio.to_thread(self.loop.plans.list, size, before)
