@@ -54,6 +54,8 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
         previous = rate
     if len(spec.configs) * len(spec.request_rates_per_s) > MAX_POINTS:
         raise InvalidArgument(f"{field}.request_rates_per_s", f"at most {MAX_POINTS} points (configs x rates)")
+    if spec.seed < 0:  # the workload samplers (numpy) take non-negative seeds only: else every point fails
+        raise InvalidArgument(f"{field}.seed", f"must be >= 0, got {spec.seed}")
     if not spec.workload:
         raise InvalidArgument(f"{field}.workload", f"required; known: {', '.join(workload_catalog.WORKLOADS)}")
     try:
