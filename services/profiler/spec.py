@@ -9,10 +9,12 @@ from urllib.parse import urlparse
 from greenserve.common.errors import FailedPrecondition, InvalidArgument
 from greenserve.profiler import mode_config, sim_backend, workload_catalog
 from greenserve.profiler.keys import check_config
+from greenserve.profiler.method import resolve
 from greenserve.v1 import profiler_pb2
 
 MAX_POINTS = 100_000
 MAX_POINT_DURATION_S = 3600.0
+MAX_REQUESTS_PER_POINT = 1_000_000  # measured, and warm-up, requests of one point
 
 
 def _finite_at_least(value: float, field: str, minimum: float = 0.0, maximum: float = math.inf) -> None:
@@ -80,6 +82,16 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
         raise InvalidArgument(f"{field}.method.requests_per_point", "at most 1,000,000")
     if m.cache_prefill_requests > 1_000_000:
         raise InvalidArgument(f"{field}.method.cache_prefill_requests", "at most 1,000,000")
+    # Without requests_per_point a point's size is rate x duration: bounded as the explicit count is (the simulator
+    # builds every request of a point in memory).
+    method = resolve(spec)
+    for i, rate in enumerate(spec.request_rates_per_s):
+        measured, warmup = method.measured_requests(rate), method.warmup_requests(rate)
+        if max(measured, warmup) > MAX_REQUESTS_PER_POINT:
+            raise InvalidArgument(f"{field}.request_rates_per_s[{i}]",
+                                  f"{rate:g} req/s makes {measured} measured and {warmup} warm-up requests per point "
+                                  f"(at most {MAX_REQUESTS_PER_POINT:,} each): lower point_duration_s or "
+                                  "method.warmup_s, or set method.requests_per_point")
     _finite_at_least(spec.engine_modelled_s_per_wall_s, f"{field}.engine_modelled_s_per_wall_s", 0.0, 1000.0)
     if spec.model_version and spec.backend != profiler_pb2.SWEEP_BACKEND_SIMULATOR:
         raise InvalidArgument(f"{field}.model_version", "a calibrated model version is for the SIMULATOR backend")
