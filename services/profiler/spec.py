@@ -10,7 +10,7 @@ from greenserve.common.errors import FailedPrecondition, InvalidArgument
 from greenserve.profiler import mode_config, sim_backend, workload_catalog
 from greenserve.profiler.keys import check_config
 from greenserve.profiler.method import resolve
-from greenserve.v1 import profiler_pb2
+from greenserve.v1 import common_pb2, profiler_pb2
 
 MAX_POINTS = 100_000
 MAX_POINT_DURATION_S = 3600.0
@@ -74,6 +74,8 @@ def validate(spec: profiler_pb2.SweepSpec, field: str = "spec") -> None:
     _finite_at_least(spec.slo.attainment_fraction, f"{field}.slo.attainment_fraction", 1e-9, 1.0)
     _finite_at_least(spec.point_duration_s, f"{field}.point_duration_s", 0.0, MAX_POINT_DURATION_S)
     m = spec.method
+    if m.stop_rule not in common_pb2.LadderStopRule.values():
+        raise InvalidArgument(f"{field}.method.stop_rule", f"unknown value {m.stop_rule}")
     _finite_at_least(m.warmup_s, f"{field}.method.warmup_s", 0.0, MAX_POINT_DURATION_S)
     _finite_at_least(m.power_interval_s, f"{field}.method.power_interval_s", 0.0, 10.0)
     _finite_at_least(m.carbon_intensity_g_per_kwh, f"{field}.method.carbon_intensity_g_per_kwh", 0.0, 1e5)

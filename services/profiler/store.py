@@ -73,6 +73,8 @@ def validate_profile(profile: common_pb2.Profile, field: str = "profile") -> Non
     for i, rate in enumerate(profile.skipped_rates_per_s):
         if not math.isfinite(rate) or rate <= 0:
             raise ValueError(f"{field}.skipped_rates_per_s[{i}]: must be a finite rate > 0, got {rate}")
+    if profile.method.stop_rule not in common_pb2.LadderStopRule.values():
+        raise ValueError(f"{field}.method.stop_rule: unknown value {profile.method.stop_rule}")
     for desc, value in profile.method.ListFields():
         if desc.type == desc.TYPE_DOUBLE:
             _finite_non_negative(value, f"{field}.method.{desc.name}")

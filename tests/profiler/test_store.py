@@ -56,6 +56,7 @@ async def test_versions_per_key_and_latest(profiler) -> None:
     (lambda p: p.skipped_rates_per_s.extend([4.0, float("nan")]), "profile.skipped_rates_per_s[1]"),
     (lambda p: setattr(p.method, "warmup_s", float("inf")), "profile.method.warmup_s"),
     (lambda p: setattr(p.method, "request_timeout_s", -1.0), "profile.method.request_timeout_s"),
+    (lambda p: setattr(p.method, "stop_rule", 99), "profile.method.stop_rule"),
 ])
 async def test_bad_profile_is_refused_and_nothing_stored(profiler, mutate, field) -> None:
     stub = await profiler(import_published=False)

@@ -89,6 +89,8 @@ def _bad(spec_edit):
     (_bad(lambda s: setattr(s.method, "arrival", "bursty")), grpc.StatusCode.INVALID_ARGUMENT, "spec.method.arrival"),
     # found by an adversarial audit: a negative seed was accepted and the sweep then FAILED in the workload sampler
     (_bad(lambda s: setattr(s, "seed", -1)), grpc.StatusCode.INVALID_ARGUMENT, "spec.seed"),
+    # found by an adversarial audit: an unknown stop rule was stored and run as STOP_BELOW_TARGET
+    (_bad(lambda s: setattr(s.method, "stop_rule", 99)), grpc.StatusCode.INVALID_ARGUMENT, "spec.method.stop_rule"),
     (_bad(lambda s: (setattr(s, "backend", profiler_pb2.SWEEP_BACKEND_ENGINE),
                      setattr(s, "engine_url", "http://127.0.0.1:9"))),
      grpc.StatusCode.FAILED_PRECONDITION, "spec.engine_url"),
