@@ -80,7 +80,9 @@ def bearer_matches(header: str | None, tokens: str | Sequence[str]) -> bool:
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    given = credentials.strip().encode()
+    # surrogateescape: aiohttp hands header bytes that are not UTF-8 over as surrogates, which a plain
+    # encode() refuses (a UnicodeEncodeError, a 500); so encoded they are their own bytes and match no token
+    given = credentials.strip().encode("utf-8", "surrogateescape")
     ok = False
     for token in [tokens] if isinstance(tokens, str) else tokens:
         ok |= hmac.compare_digest(given, token.encode())

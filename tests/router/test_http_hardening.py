@@ -47,6 +47,19 @@ def test_bearer_matching_rules() -> None:
     assert not bearer_matches("Bearer other", ["new", "old"])
 
 
+async def test_a_token_that_is_not_utf8_is_a_401(router) -> None:
+    """aiohttp reads header bytes that are not UTF-8 as surrogates; the token check encoded them again with
+    str.encode() and the UnicodeEncodeError made every such request a 500 (found by an adversarial audit)."""
+    r = await router([], auth_token="s3cret")
+    port = r.servicer.http.port
+    for credentials in (b"\xff\xfe", b"s3cret\xe9", b"s3cret\xc3"):
+        reply = await _raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + credentials
+                           + b"\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 401 "), (credentials, reply[:80])
+    assert not bearer_matches("Bearer s3cret\udce9", "s3cret")
+    assert bearer_matches("Bearer s3cr\u00e9t", "s3cr\u00e9t")
+
+
 async def test_http_front_requires_the_token_like_grpc(emulators, router) -> None:
     emus = await emulators(1)
     r = await router([emus[0].url], auth_token="s3cret")
