@@ -21,6 +21,7 @@ from greenserve.common.errors import (
     NotFound,
     Unavailable,
 )
+from greenserve.common.names import check_name
 from greenserve.common.server import Registration, registration
 from greenserve.router import disaggregated, models
 from greenserve.router.core import RouterCore
@@ -87,6 +88,14 @@ class RouterServicer(GenerateStream, router_pb2_grpc.RouterServiceServicer):
                             ("prefill_kv_transfer_params", models.KV_TRANSFER_PARAMS_MAX_CHARS)):
             if len(getattr(e, name)) > limit:
                 raise InvalidArgument(f"engine.{name}", f"must be at most {limit} characters")
+        # id and pool follow the services' name rule (the id goes out in every response's x-greenserve-engine
+        # header and in metric labels, the pool is the optimizer's pool name); the other strings are free text
+        # that must still hold no control characters
+        check_name("engine.id", e.id, max_chars=models.ID_MAX_CHARS)
+        check_name("engine.pool", e.pool, max_chars=models.POOL_MAX_CHARS)
+        for name in ("model", "gpu_uuid", "mig_uuid"):
+            if not getattr(e, name).isprintable():
+                raise InvalidArgument(f"engine.{name}", f"must hold no control characters, got {getattr(e, name)!r}")
         for name in ("url", "prefill_url") if e.prefill_url else ("url",):
             value = getattr(e, name)
             try:

@@ -39,7 +39,14 @@ async def test_restart_keeps_engine_facts_and_drain(router) -> None:
 
 
 @pytest.mark.parametrize("field,value", [("mig_uuid", "M" * 97), ("gpu_uuid", "G" * 97), ("pool", "p" * 129),
-                                         ("model", "m" * 256), ("url", "http://h:1/" + "u" * 600), ("kind", 7)])
+                                         ("model", "m" * 256), ("url", "http://h:1/" + "u" * 600), ("kind", 7),
+                                         # the name rule (common/names.py): an id with a newline was stored and
+                                         # every request routed to it then lost its connection (the id goes out
+                                         # in the x-greenserve-engine response header; found by an adversarial
+                                         # audit)
+                                         ("id", "evil id\n"), ("id", "\U0001f642"), ("id", " e1"), ("id", "-e1"),
+                                         ("pool", "p\n"), ("pool", "a/b"), ("model", "m\x00"),
+                                         ("model", "m\r\nx: y"), ("gpu_uuid", "GPU-1\n"), ("mig_uuid", "MIG\t1")])
 async def test_malformed_engine_is_refused_and_nothing_is_stored(router, field: str, value: object) -> None:
     r = await router([])
     engine = common_pb2.Engine(id="e1", url="http://10.0.0.5:8000", pool="p", model="m")
