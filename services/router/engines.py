@@ -37,7 +37,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
+from greenserve.router.engine_pool import _Origin
+from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.scrape import EngineMetrics
 from greenserve.v1 import common_pb2
 
@@ -48,6 +51,25 @@ DRAINING = common_pb2.ENGINE_STATE_DRAINING
 DRAINED = common_pb2.ENGINE_STATE_DRAINED
 EJECTED = common_pb2.ENGINE_STATE_EJECTED
 STALE = common_pb2.ENGINE_STATE_STALE
+
+
+def engine_url_problem(url: str) -> str | None:
+    """Why the router could not send requests to ``url``, or None when it can: the request path's own rules
+    (engine_pool's origin: http(s), a host, a valid port, no query or fragment), and no whitespace or control
+    characters (urlsplit silently drops tabs and newlines, and a space would go into the request line) nor user
+    credentials (the engine client sends none, so they would be dropped on the way). Checked where an engine URL
+    comes in (RegisterEngine, --engines), never per request."""
+    if not url.isprintable() or " " in url:
+        return "holds whitespace or control characters"
+    try:
+        _Origin(url)
+    except EngineHttpError as exc:
+        return str(exc)
+    except (ValueError, UnicodeError) as exc:  # e.g. a host the IDNA codec refuses
+        return f"has an invalid host ({exc})"
+    if "@" in urlsplit(url).netloc:
+        return "has user credentials (the router sends none to engines)"
+    return None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from greenserve.common.names import check_name
 from greenserve.common.server import Registration, registration
 from greenserve.router import disaggregated, models
 from greenserve.router.core import RouterCore
-from greenserve.router.engines import EngineState
+from greenserve.router.engines import EngineState, engine_url_problem
 from greenserve.router.grpc_generate import GenerateStream, _EventReader, _parse_event
 from greenserve.router.grpc_requests import _body, _finite, describe
 from greenserve.router.http_front import HttpFront
@@ -106,6 +106,8 @@ class RouterServicer(GenerateStream, router_pb2_grpc.RouterServiceServicer):
                                       f"must be an http(s)://host:port URL ({exc}), got {value!r}") from None
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
                 raise InvalidArgument(f"engine.{name}", f"must be an http(s)://host:port URL, got {value!r}")
+            if (problem := engine_url_problem(value)) is not None:
+                raise InvalidArgument(f"engine.{name}", f"{problem}: {value!r}")
         if e.prefill_url and e.prefill_url.rstrip("/") == e.url.rstrip("/"):
             raise InvalidArgument("engine.prefill_url", "must be the prefiller's URL, not the decoder's (engine.url)")
         if e.prefill_kv_transfer_params:

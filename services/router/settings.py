@@ -14,6 +14,7 @@ from greenserve.common.config import (
 )
 from greenserve.router.core import CoreConfig
 from greenserve.router.engine_pool import STREAM_IDLE_TIMEOUT_S
+from greenserve.router.engines import engine_url_problem
 from greenserve.router.http_guard import HttpLimits, default_max_connections
 from greenserve.router.policy import PolicyConfig
 from pydantic import Field, model_validator
@@ -130,6 +131,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             parsed = urlparse(url)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
                 raise ValueError(f"engines: {url!r} is not an http(s)://host:port URL")
+            if (problem := engine_url_problem(url)) is not None:
+                raise ValueError(f"engines: {url!r} {problem}")
         return self
 
     def core_config(self) -> CoreConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from greenserve.router.core import RouterCore
+from greenserve.router.settings import RouterSettings
 from greenserve.v1 import common_pb2, router_pb2
 
 
@@ -80,3 +81,34 @@ async def test_a_failed_write_leaves_the_registry_unchanged(router, monkeypatch)
             await call
     assert sorted(r.core.registry.engines) == ["e1"]
     assert not r.core.registry.engines["e1"].draining
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/ x", "http://127.0.0.1:9/\r\nX-Injected: 1", "http://127.0.0.1:9\t",
+                                 "http://127.0.0.1:9/\x00", "http://:80", "http://127.0.0.1:9?x=1",
+                                 "http://127.0.0.1:9/#f", "http://user:pw@127.0.0.1:9"])
+async def test_an_engine_url_the_router_cannot_send_to_is_refused(router, url: str) -> None:
+    """The request path's own rules (engine_pool._Origin: a host, no query or fragment) and no whitespace,
+    control characters or credentials. Each of these was stored: urlsplit drops tabs and newlines and a space
+    went into the request line (the engine answered 400 'Bad status line', passed on to every client as its
+    own fault), a query or fragment failed every request with 503, credentials were dropped on the way and
+    listed by ListEngines (found by an adversarial audit of RegisterEngine)."""
+    r = await router([])
+    engine = common_pb2.Engine(id="e1", url=url, pool="p", model="m")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=engine))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "engine.url" in info.value.details()
+    assert not r.core.registry.engines
+    engine = common_pb2.Engine(id="e1", url="http://127.0.0.1:9", pool="p", model="m", prefill_url=url)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=engine))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "engine.prefill_url" in info.value.details()
+    assert not r.core.registry.engines
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/ x", "http://:80", "http://127.0.0.1:9?x=1",
+                                 "http://user:pw@127.0.0.1:9"])
+def test_an_engines_flag_url_the_router_cannot_send_to_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="engines"):
+        RouterSettings(engines=f"http://127.0.0.1:8000,{url}")
