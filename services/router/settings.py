@@ -69,12 +69,14 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     prefix_block_chars: int = Field(256, ge=16, le=65536, description="characters per prefix-hash block")
     prefix_index_max_bytes: int = Field(64 * MIB, ge=1024, le=64 * 1024 * MIB,
                                         description="memory cap of the whole prefix index")
-    plan_weight: float = Field(1.0, ge=0, description="weight of the plan scorer")
-    load_weight: float = Field(2.0, ge=0, description="weight of the load scorer")
-    prefix_weight: float = Field(3.0, ge=0, description="weight of the prefix-affinity scorer")
-    session_weight: float = Field(10.0, ge=0, description="weight of session stickiness")
-    bounded_load_factor: float = Field(1.25, ge=1.0, description="c of the bounded-load filter (load <= c x mean)")
-    bounded_load_slack: float = Field(8.0, ge=0, description="absolute slack of the bounded-load filter, requests")
+    plan_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description="weight of the plan scorer")
+    load_weight: float = Field(2.0, ge=0, allow_inf_nan=False, description="weight of the load scorer")
+    prefix_weight: float = Field(3.0, ge=0, allow_inf_nan=False, description="weight of the prefix-affinity scorer")
+    session_weight: float = Field(10.0, ge=0, allow_inf_nan=False, description="weight of session stickiness")
+    bounded_load_factor: float = Field(1.25, ge=1.0, allow_inf_nan=False,
+                                       description="c of the bounded-load filter (load <= c x mean)")
+    bounded_load_slack: float = Field(8.0, ge=0, allow_inf_nan=False,
+                                      description="absolute slack of the bounded-load filter, requests")
     decode_load_weight: float = Field(0.0, ge=0, le=1,
                                       description="load of a decoding request relative to one awaiting its first token")
     max_sessions: int = Field(100_000, ge=1, description="session keys remembered (LRU)")
@@ -84,7 +86,7 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         "seconds, carrying every token that arrived meanwhile (a gRPC message costs the router several times "
         "what a token costs over HTTP); 0: one message per read of the engine's stream")
     grpc_stream_messages_per_s: float = Field(
-        500.0, ge=0,
+        500.0, ge=0, allow_inf_nan=False,
         description="Generate: messages per second all streams may send together; when the streams in flight "
         "would send more at --grpc-stream-interval-s, each stream's interval widens to its share (streams / "
         "this), up to --grpc-stream-max-interval-s, so the router's gRPC message CPU stays bounded as "
@@ -95,26 +97,34 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
         None, ge=1, le=64,
         description="worker processes serving both ports (SO_REUSEPORT, Linux) under a supervisor that restarts a "
         "dead one; default: one per CPU the process may use, at most 8; 1: one process, no supervisor (workers.py)")
-    affinity_weight: float = Field(3.0, ge=0, description="weight of the deterministic prefix affinity (rendezvous "
+    affinity_weight: float = Field(3.0, ge=0, allow_inf_nan=False,
+                                   description="weight of the deterministic prefix affinity (rendezvous "
                                    "hashing of the conversation's key over the engines; 0 turns it off)")
-    affinity_queue_slack: float = Field(3.0, ge=0, description="the affinity holds while its engine has at most this "
+    affinity_queue_slack: float = Field(3.0, ge=0, allow_inf_nan=False,
+                                        description="the affinity holds while its engine has at most this "
                                         "many more requests awaiting a first token than the least queued one")
     replica_id: str = Field("", max_length=128,
                             description="this replica's name in the shared database (default: host:pid)")
     state_poll_interval_s: float = Field(0.25, gt=0, le=1.0,
                                          description="seconds between reads of the shared state's change counter")
     region: str = Field("", description="grid region of the engines when the fleet inventory names none")
-    fallback_ci_g_per_kwh: float | None = Field(None, ge=0, description="CI until the forecaster answers (default: data file)")
-    ci_refresh_s: float = Field(60.0, gt=0, description="seconds between CI refreshes from the forecaster")
-    default_busy_power_w: float | None = Field(None, ge=0, description="engine power when serving (default: data file)")
-    default_idle_power_w: float | None = Field(None, ge=0, description="engine idle power (default: data file)")
+    fallback_ci_g_per_kwh: float | None = Field(None, ge=0, le=1e4, allow_inf_nan=False,
+                                                description="CI until the forecaster answers (default: data file)")
+    ci_refresh_s: float = Field(60.0, gt=0, allow_inf_nan=False,
+                                description="seconds between CI refreshes from the forecaster")
+    default_busy_power_w: float | None = Field(None, ge=0, le=1e6, allow_inf_nan=False,
+                                               description="engine power when serving (default: data file)")
+    default_idle_power_w: float | None = Field(None, ge=0, le=1e6, allow_inf_nan=False,
+                                               description="engine idle power (default: data file)")
     watch_plans: bool = Field(True, description="subscribe to the optimizer's WatchPlans")
     slo_window_s: float = Field(300.0, ge=10, le=86400,
                                 description="SLO attainment per pool over this window is reported to the optimizer")
     slo_report_interval_s: float = Field(60.0, ge=1, le=3600, description="how often that report is sent")
     feeds: bool = Field(True, description="send load to the forecaster and prefix accesses to the cache-manager")
-    load_feed_interval_s: float = Field(10.0, gt=0, description="load window sent to the forecaster, seconds")
-    access_feed_interval_s: float = Field(1.0, gt=0, description="seconds between access-event batches")
+    load_feed_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False,
+                                        description="load window sent to the forecaster, seconds")
+    access_feed_interval_s: float = Field(1.0, gt=0, allow_inf_nan=False,
+                                          description="seconds between access-event batches")
 
     @model_validator(mode="after")
     def _consistent(self) -> RouterSettings:
