@@ -51,6 +51,7 @@ from greenserve.router.shared_state import (
 from greenserve.router.upstream import Call, Dispatcher, make_session
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlalchemy.exc import IntegrityError
 
 log = logging.getLogger("greenserve.router")
 
@@ -406,7 +407,8 @@ class RouterCore:
                     raise ValueError(f"already registered as engine {other.id!r}")
             known = self.registry.get(engine.id)
             if self.db is not None:
-                await asyncio.to_thread(self._persist_engine, engine, known.draining if known else engine.draining)
+                await asyncio.to_thread(self._persist_engine, engine, known.draining if known else engine.draining,
+                                        refuse_url_clash=check_url)
             return self.registry.upsert(engine)
 
     async def deregister_engine(self, engine_id: str) -> bool:
@@ -436,18 +438,31 @@ class RouterCore:
                 self._write_engine_row(s, engine, draining)
             bump(s)
 
-    def _persist_engine(self, engine: EngineState, draining: bool) -> None:
+    def _persist_engine(self, engine: EngineState, draining: bool, *, refuse_url_clash: bool = False) -> None:
+        """Writes an engine's row. ``refuse_url_clash``: ValueError when the database holds another engine with
+        its URL (another replica registered it and this one has not read it yet) instead of replacing it.
+        A write that loses a race with another replica's first write of the same id or URL (PostgreSQL: both
+        found no row, the second insert breaks a unique constraint) is retried once: it then sees the row the
+        other replica committed (an update, or the URL clash)."""
         assert self.db is not None
-        with self.db.session() as s:
-            self._write_engine_row(s, engine, draining)
-            bump(s)
+        for attempt in range(2):
+            try:
+                with self.db.session() as s:
+                    self._write_engine_row(s, engine, draining, refuse_url_clash=refuse_url_clash)
+                    bump(s)
+                return
+            except IntegrityError:
+                if attempt:
+                    raise
 
     @staticmethod
-    def _write_engine_row(s: Any, engine: EngineState, draining: bool) -> None:
+    def _write_engine_row(s: Any, engine: EngineState, draining: bool, *, refuse_url_clash: bool = False) -> None:
         row = s.get(models.Engine, engine.id)
         clash = s.query(models.Engine).filter(models.Engine.url == engine.url,
                                               models.Engine.id != engine.id).one_or_none()
         if clash is not None:
+            if refuse_url_clash:
+                raise ValueError(f"already registered as engine {clash.id!r}")
             s.delete(clash)
             s.flush()
         values = {"url": engine.url, "pool": engine.pool, "model": engine.model, "source": engine.source,
