@@ -52,8 +52,17 @@ from greenserve.router.upstream import Call, Dispatcher, make_session
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
 
 log = logging.getLogger("greenserve.router")
+
+
+class EngineGone(LookupError):
+    """An engine this replica knows was deregistered through another replica (its row is gone)."""
+
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(f"engine {engine_id!r} is not registered (deregistered through another replica)")
+        self.engine_id = engine_id
 
 
 @dataclass(frozen=True)
@@ -422,7 +431,8 @@ class RouterCore:
             return True
 
     async def set_draining(self, engine_ids: list[str], draining: bool) -> list[EngineState]:
-        """Stores, then sets, the drain flag of the engines still registered (all in one transaction)."""
+        """Stores, then sets, the drain flag of the engines still registered (all in one transaction);
+        EngineGone, and nothing written, when one was deregistered through another replica meanwhile."""
         async with self._engine_writes:
             engines = [e for e in (self.registry.get(i) for i in engine_ids) if e is not None]
             if self.db is not None and engines:
@@ -432,11 +442,23 @@ class RouterCore:
             return engines
 
     def _persist_draining(self, engines: list[EngineState], draining: bool) -> None:
+        """Writes the drain flags. An engine stored by RegisterEngine or a plan whose row is gone was deregistered
+        through another replica that this one has not read yet: writing its row would bring it back, so the
+        batch is refused (EngineGone). Flag engines (--engines) have a row only once drained. A write that loses
+        a race with another replica's (PostgreSQL: the row deleted under the update) is retried once."""
         assert self.db is not None
-        with self.db.session() as s:
-            for engine in engines:
-                self._write_engine_row(s, engine, draining)
-            bump(s)
+        for attempt in range(2):
+            try:
+                with self.db.session() as s:
+                    for engine in engines:
+                        if engine.source != "flag" and s.get(models.Engine, engine.id) is None:
+                            raise EngineGone(engine.id)
+                        self._write_engine_row(s, engine, draining)
+                    bump(s)
+                return
+            except (IntegrityError, StaleDataError):
+                if attempt:
+                    raise
 
     def _persist_engine(self, engine: EngineState, draining: bool, *, refuse_url_clash: bool = False) -> None:
         """Writes an engine's row. ``refuse_url_clash``: ValueError when the database holds another engine with
@@ -451,7 +473,7 @@ class RouterCore:
                     self._write_engine_row(s, engine, draining, refuse_url_clash=refuse_url_clash)
                     bump(s)
                 return
-            except IntegrityError:
+            except (IntegrityError, StaleDataError):
                 if attempt:
                     raise
 

@@ -24,7 +24,7 @@ from greenserve.common.errors import (
 from greenserve.common.names import check_name
 from greenserve.common.server import Registration, registration
 from greenserve.router import disaggregated, models
-from greenserve.router.core import RouterCore
+from greenserve.router.core import EngineGone, RouterCore
 from greenserve.router.engines import EngineState, engine_url_problem
 from greenserve.router.grpc_generate import GenerateStream, _EventReader, _parse_event
 from greenserve.router.grpc_requests import _body, _finite, describe
@@ -189,7 +189,10 @@ class RouterServicer(GenerateStream, router_pb2_grpc.RouterServiceServicer):
             timeout = min(timeout, max(0.0, remaining - 0.05))
         deadline = time.monotonic() + timeout
         settle_until = time.monotonic() + self.core.config.state_poll_interval_s + DRAIN_SETTLE_S
-        idle, busy = await self.core.drain(ids, request.wait, timeout)
+        try:
+            idle, busy = await self.core.drain(ids, request.wait, timeout)
+        except EngineGone as exc:
+            raise NotFound(str(exc), field=f"engine_ids[{ids.index(exc.engine_id)}]") from None
         worker = current_worker()
         if worker is not None:  # the other workers' requests in flight count too (workers.py)
             idle, busy = await worker.drain_wait(self.core, ids, request.wait, deadline)
@@ -200,7 +203,11 @@ class RouterServicer(GenerateStream, router_pb2_grpc.RouterServiceServicer):
 
     async def Undrain(self, request: router_pb2.UndrainRequest, context: grpc.aio.ServicerContext
                       ) -> router_pb2.UndrainResponse:
-        await self.core.undrain(self._known(list(request.engine_ids)))
+        ids = self._known(list(request.engine_ids))
+        try:
+            await self.core.undrain(ids)
+        except EngineGone as exc:
+            raise NotFound(str(exc), field=f"engine_ids[{ids.index(exc.engine_id)}]") from None
         return router_pb2.UndrainResponse()
 
 class _QuietRequestPath(logging.Filter):

@@ -74,3 +74,33 @@ async def test_one_engine_id_through_two_replicas_at_once(router, shared_db) -> 
         assert [code for code, _ in results] == ["OK", "OK"], results
         stored = dict(await _agree(a, b))
         assert stored[f"e{i}"] in (f"http://10.1.0.{i + 1}:8000", f"http://10.2.0.{i + 1}:8000")
+
+
+@pytest.mark.parametrize("rpc", ["Drain", "Undrain"])
+async def test_a_drain_through_one_replica_does_not_bring_back_an_engine_deregistered_through_the_other(
+        router, shared_db, rpc: str) -> None:  # noqa: F811
+    """Drain and Undrain wrote the drain flag of every engine the replica knew, inserting the row when it was
+    gone: an engine deregistered through B a moment before (A not yet knowing) was stored again and routed to
+    by both replicas, though its caller had been told it was gone; on PostgreSQL the update of the row B had just
+    deleted answered INTERNAL (StaleDataError). Now such a batch is NOT_FOUND naming the engine and writes
+    nothing (all-or-nothing, as for an engine the replica does not know)."""
+    a, b = await _replicas(router, shared_db)
+    for i in range(ROUNDS):
+        await _register(a.stub, "keep", "http://10.9.9.9:8000")
+        await _register(a.stub, f"e{i}", f"http://10.3.0.{i + 1}:8000")
+        await _agree(a, b)
+
+        async def drain() -> str:
+            await asyncio.sleep(0.01 * (i % 3))
+            request = getattr(router_pb2, f"{rpc}Request")(engine_ids=["keep", f"e{i}"])
+            try:
+                await getattr(a.stub, rpc)(request, timeout=20)
+                return "OK"
+            except grpc.aio.AioRpcError as exc:
+                assert "engine_ids[1]" in exc.details(), exc.details()
+                return exc.code().name
+
+        await b.stub.DeregisterEngine(router_pb2.DeregisterEngineRequest(engine_id=f"e{i}"))
+        assert await drain() in ("OK", "NOT_FOUND")
+        stored = dict(await _agree(a, b))
+        assert f"e{i}" not in stored, stored
