@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
                         "GreenCache's evaluation day); the 14 days before it are the CI history")
     parser.add_argument("--strategies", default=None,
                         help="comma-separated (default: all; mig_variants only with a scenario declaring MIG GPUs): "
-                        + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
+                        # '%%': argparse formats help with '%' (a description's '4 %' was read as a directive)
+                        + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()).replace("%", "%%"))
     parser.add_argument("--scenario", type=Path, help="scenario file (YAML/JSON); default: one chat pool of 4 "
                         "Llama-3 8B engines on A100-80GB with up to 64 GiB of DRAM cache each")
     parser.add_argument("--forecast", default="auto",
