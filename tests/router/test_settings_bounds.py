@@ -35,8 +35,9 @@ def test_power_and_ci_defaults_are_bounded(name: str, value: float) -> None:
     RouterSettings(**{name: value / 2 if value < 1e300 else 1e6})
 
 
-def test_the_command_line_refuses_an_infinite_power() -> None:
+def test_the_command_line_refuses_an_infinite_power(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "greenserve.router", "--default-busy-power-w", "inf",
-                           "--http-port", "-1"], capture_output=True, text=True, timeout=60)
+                           "--http-port", "-1", "--port", "0", "--data-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "--default-busy-power-w" in proc.stderr and "Traceback" not in proc.stderr
