@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -227,13 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     for name in ("startup_timeout_s", "timeout_s"):
-        if getattr(ns, name, 1.0) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be > 0")
+        if not 0 < getattr(ns, name, 1.0) <= 86400:  # also refuses nan (nan and inf passed '<= 0')
+            parser.error(f"--{name.replace('_', '-')} must be in (0, 86400] seconds, got {getattr(ns, name)}")
     if ns.command in ("up", "demo"):
         if ns.engines < 0:
             parser.error(f"--engines must be >= 0, got {ns.engines}")
-        if ns.engine_time_scale <= 0 or ns.lmcache_l1_size_gb <= 0:
-            parser.error("--engine-time-scale and --lmcache-l1-size-gb must be > 0")
+        for name in ("engine_time_scale", "lmcache_l1_size_gb"):
+            if not 0 < getattr(ns, name) < math.inf:
+                parser.error(f"--{name.replace('_', '-')} must be a finite number > 0, got {getattr(ns, name)}")
         if not -1 <= ns.router_http_port < 65536:
             parser.error(f"--router-http-port must be in -1..65535, got {ns.router_http_port}")
     for info in SERVICES:

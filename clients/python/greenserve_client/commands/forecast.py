@@ -238,6 +238,8 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     if ns.action == "backtest":
         return cmd_backtest(ns)
+    if not 0 < ns.timeout_s <= 86400:  # also refuses nan
+        parser.error(f"--timeout-s must be in (0, 86400] seconds, got {ns.timeout_s}")
     if ns.action == "get" and not (1 <= ns.horizon_steps <= 168 and 0 < ns.coverage < 1):
         parser.error("--horizon-steps must be in 1..168 and --coverage in (0, 1)")
     if ns.action == "ingest" and ns.batch_points < 1:

@@ -183,8 +183,8 @@ def cmd_apply(ns: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
     from greenserve.v1 import common_pb2, gpu_partitioner_pb2
 
-    if ns.drain_timeout_s < 0 or ns.plan_version < 0:
-        return _fail("--drain-timeout-s and --plan-version must be >= 0")
+    if not 0 <= ns.drain_timeout_s <= 86400 or ns.plan_version < 0:  # also refuses nan
+        return _fail("--drain-timeout-s must be in [0, 86400] and --plan-version >= 0")
     try:
         inventory = asyncio.run(_call(ns, "GetInventory", gpu_partitioner_pb2.GetInventoryRequest()))
         assert isinstance(inventory, gpu_partitioner_pb2.GetInventoryResponse)
@@ -233,8 +233,8 @@ def main(argv: list[str]) -> int:
         return cmd_layouts(parser, ns)
     if ns.action == "diff":
         return cmd_diff(parser, ns)
-    if getattr(ns, "timeout_s", 1.0) <= 0:
-        parser.error("--timeout-s must be > 0")
+    if not 0 < getattr(ns, "timeout_s", 1.0) <= 86400:  # also refuses nan
+        parser.error(f"--timeout-s must be in (0, 86400] seconds, got {ns.timeout_s}")
     if ns.action == "show":
         return cmd_show(ns)
     return cmd_apply(ns)

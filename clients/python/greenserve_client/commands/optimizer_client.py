@@ -46,5 +46,5 @@ def rpc_error(prog: str, exc: grpc.aio.AioRpcError) -> int:
 
 
 def check_timeout(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    if getattr(ns, "timeout_s", 1.0) <= 0:
-        parser.error("--timeout-s must be > 0")
+    if not 0 < getattr(ns, "timeout_s", 1.0) <= 86400:  # also refuses nan
+        parser.error(f"--timeout-s must be in (0, 86400] seconds, got {ns.timeout_s}")

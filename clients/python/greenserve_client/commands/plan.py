@@ -357,8 +357,8 @@ def cmd_explain(ns: argparse.Namespace) -> int:
 def cmd_status(ns: argparse.Namespace) -> int:
     from greenserve.v1 import optimizer_pb2
 
-    if ns.wait_s < 0:
-        return optimizer_client.fail(f"{PROG} status", f"--wait-s must be >= 0, got {ns.wait_s}")
+    if not 0 <= ns.wait_s <= 86400:  # also refuses nan
+        return optimizer_client.fail(f"{PROG} status", f"--wait-s must be in [0, 86400], got {ns.wait_s}")
     deadline = time.monotonic() + ns.wait_s
     while True:
         reply = _run(ns, "GetPlanStatus", optimizer_pb2.GetPlanStatusRequest(version=ns.version))

@@ -317,8 +317,8 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
 
     parser = _parser()
     ns = parser.parse_args(argv)
-    if ns.timeout_s <= 0:
-        parser.error("--timeout-s must be > 0")
+    if not 0 < ns.timeout_s <= 86400:  # also refuses nan
+        parser.error(f"--timeout-s must be in (0, 86400] seconds, got {ns.timeout_s}")
     try:
         if ns.action == "sweep":
             try:
