@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
+from typing import TextIO
 
 HOUR_S = 3600
 SHIPPED = "ci_2022-06-15_2022-07-06_lifecycle.csv"
@@ -78,6 +79,14 @@ def read_csv(path: str | Path, *, time_column: str, value_column: str, region: s
         handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
+    try:
+        return _read_rows(path, handle, time_column, value_column, region, region_column)
+    except UnicodeDecodeError as exc:  # raised while the rows are read, a ValueError
+        raise GridDataError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, region: str | None,
+               region_column: str | None) -> dict[str, GridSeries]:
     with handle:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []

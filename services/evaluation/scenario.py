@@ -205,9 +205,11 @@ def _variants(where: str, entries: object) -> tuple[common_pb2.ModelVariant, ...
 def load(path: str | Path) -> Scenario:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path.name}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # a ValueError, not an OSError
+        raise ScenarioError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

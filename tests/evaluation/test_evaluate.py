@@ -68,3 +68,16 @@ def test_bad_scenario_and_flags_exit_2(tmp_path: Path) -> None:
                         (["--forecast", "crystal"], "--forecast"), (["--hours", "30"], "--hours")):
         run = subprocess.run([*CLI, *flags], capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and text in run.stderr, (flags, run.stderr)
+
+
+@pytest.mark.parametrize("flag", ["--ci-csv", "--scenario"])
+def test_a_file_that_is_not_utf8_exits_2(tmp_path: Path, flag: str) -> None:
+    """A CI CSV or scenario file that is not UTF-8 text ended in a UnicodeDecodeError traceback (exit 1): the
+    readers turned only OSError into their clean refusal (found by an adversarial audit of the greenserve CLI)."""
+    path = tmp_path / ("grid.csv" if flag == "--ci-csv" else "s.yaml")
+    path.write_bytes(b"t,ci\n2022-07-01T00:00Z,\xff\xfe10\n" if flag == "--ci-csv" else b"pools: \xff\xfe\n")
+    extra = ["--time-column", "t", "--value-column", "ci"] if flag == "--ci-csv" else []
+    run = subprocess.run([*CLI, flag, str(path), *extra, "--out", str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"{path.name}: not UTF-8 text" in run.stderr and "Traceback" not in run.stderr, run.stderr
