@@ -45,11 +45,33 @@ def _env(name: str) -> str | None:
     return os.environ.get(f"GREENSERVE_{name}") or None
 
 
+class ConnectionFlagError(Exception):
+    """A connection flag that cannot work; ``main`` prints it and exits 2."""
+
+
+def check_connection(token: str | None, token_source: str, files: dict[str, Path | None]) -> None:
+    """ConnectionFlagError naming the flag when a connection setting cannot work, before any call: a token that
+    cannot travel in a gRPC header (grpc failed the call with an ExecuteBatchError traceback) or a certificate file
+    that cannot be read (a FileNotFoundError traceback from the channel)."""
+    problem = None
+    if token and not (token.isascii() and token.isprintable()):
+        problem = f"{token_source}: a token must be printable ASCII (it travels in a gRPC header)"
+    for flag, file in files.items():
+        if problem is None and file is not None:
+            try:
+                with open(file, "rb"):
+                    pass
+            except OSError as exc:
+                problem = f"{flag}: cannot read {file}: {exc.strerror}"
+    if problem is not None:
+        raise ConnectionFlagError(problem)
+
+
 def _channel_config(ns: argparse.Namespace, address: str) -> ChannelConfig:
     def path(value: Path | None, env: str) -> Path | None:
         return value or (Path(_env(env)) if _env(env) else None)
 
-    return ChannelConfig(
+    config = ChannelConfig(
         address=address,
         token=ns.auth_token or _env("AUTH_TOKEN"),
         tls_ca=path(ns.tls_ca, "TLS_CA"),
@@ -57,6 +79,9 @@ def _channel_config(ns: argparse.Namespace, address: str) -> ChannelConfig:
         tls_key=path(ns.tls_key, "CLIENT_TLS_KEY"),
         default_timeout_s=ns.timeout_s,
     )
+    check_connection(config.token, "--auth-token" if ns.auth_token else "GREENSERVE_AUTH_TOKEN",
+                     {"--tls-ca": config.tls_ca, "--tls-cert": config.tls_cert, "--tls-key": config.tls_key})
+    return config
 
 
 async def _check(ns: argparse.Namespace, info_name: str, grpc_service: str, address: str) -> dict[str, str]:
@@ -242,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         port = getattr(ns, f"{info.name}_port", None)
         if port is not None and not 0 < port < 65536:
             parser.error(f"--{info.display}-port must be in 1..65535, got {port}")
-    return int(ns.func(ns))
+    try:
+        return int(ns.func(ns))
+    except ConnectionFlagError as exc:
+        print(f"greenserve {ns.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

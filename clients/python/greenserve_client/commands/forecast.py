@@ -138,9 +138,11 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
 
 def _channel(ns: argparse.Namespace):  # noqa: ANN202
     from greenserve.common.client import ChannelConfig, create_channel
+    from greenserve_client.cli import check_connection
 
-    return create_channel(ChannelConfig(address=ns.addr, token=ns.auth_token or os.environ.get("GREENSERVE_AUTH_TOKEN"),
-                                        tls_ca=ns.tls_ca, default_timeout_s=ns.timeout_s))
+    token = ns.auth_token or os.environ.get("GREENSERVE_AUTH_TOKEN")
+    check_connection(token, "--auth-token" if ns.auth_token else "GREENSERVE_AUTH_TOKEN", {"--tls-ca": ns.tls_ca})
+    return create_channel(ChannelConfig(address=ns.addr, token=token, tls_ca=ns.tls_ca, default_timeout_s=ns.timeout_s))
 
 
 def _ref(ns: argparse.Namespace):  # noqa: ANN202
