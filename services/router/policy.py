@@ -46,6 +46,7 @@ The cost per request is O(engines in the pool + prompt blocks), with no lock and
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import OrderedDict
@@ -118,6 +119,16 @@ class Decision:
     reason: str = ""
 
 
+SESSION_KEY_MAX_CHARS = 256
+"""Session keys longer than this are remembered by their 128-bit BLAKE2b digest: the key comes from the caller
+(x-greenserve-session, x-session-id, the body's "user", gRPC's session_key) and up to ``max_sessions`` are kept,
+so a key kept as given could hold up to 16 MiB (a body's "user") each."""
+
+
+def _long_session_key(key: str) -> str:
+    return "blake2b:" + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 class RoutingPolicy:
     """Chooses an engine for a request; see the module docstring."""
 
@@ -140,6 +151,8 @@ class RoutingPolicy:
         explain: bool = False,
     ) -> Decision:
         """The best engine for a request (NoEngineError when none can serve it)."""
+        if len(session_key) > SESSION_KEY_MAX_CHARS:  # one len() per request; long keys hashed (bounded memory)
+            session_key = _long_session_key(session_key)
         cands = self.registry.candidates(pool, model)
         if not cands:
             what = f"pool {pool!r}" if pool else (f"model {model!r}" if model else "any request")
