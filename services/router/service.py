@@ -24,7 +24,8 @@ from greenserve.common.errors import (
 from greenserve.common.names import check_name
 from greenserve.common.server import Registration, registration
 from greenserve.router import disaggregated, models
-from greenserve.router.core import EngineGone, RouterCore
+from greenserve.router.core import RouterCore
+from greenserve.router.engine_admin import EngineGone
 from greenserve.router.engines import EngineState, engine_url_problem
 from greenserve.router.grpc_generate import GenerateStream, _EventReader, _parse_event
 from greenserve.router.grpc_requests import _body, _finite, describe
