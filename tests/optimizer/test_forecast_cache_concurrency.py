@@ -8,11 +8,10 @@ adversarial audit of the optimizer's concurrent writes (failed before the fix on
 
 from __future__ import annotations
 
-import threading
-
 from greenserve.common.persistence import Database
 from greenserve.optimizer.inputs import ForecastSource
 from greenserve.v1 import common_pb2
+from tests.concurrency import all_at_once
 from tests.persistence.conftest import backend, db_url, db_url_factory, postgres_server  # noqa: F401 - fixtures
 
 WRITERS = 16
@@ -22,21 +21,8 @@ def test_concurrent_first_stores_of_one_series_all_succeed(db_url: str) -> None:
     db = Database.open(db_url, "optimizer")
     try:
         source = ForecastSource(db, None)
-        start = threading.Barrier(WRITERS)
-        errors: list[BaseException] = []
-
-        def store(i: int) -> None:
-            start.wait()
-            try:
-                source._store("load/shared", 1000.0 + i, common_pb2.Forecast(model=f"m{i}"))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=store, args=(i,)) for i in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = all_at_once(
+            lambda i: source._store("load/shared", 1000.0 + i, common_pb2.Forecast(model=f"m{i}")), WRITERS)
         assert not errors, errors[:2]
         assert ForecastSource(db, None).cache["load/shared"][1].model.startswith("m")
     finally:

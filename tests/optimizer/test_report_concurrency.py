@@ -8,11 +8,10 @@ writes (failed before the fix on PostgreSQL)."""
 
 from __future__ import annotations
 
-import threading
-
 from greenserve.common.persistence import Database
 from greenserve.optimizer.plan_store import PlanStore
 from greenserve.v1 import common_pb2, optimizer_pb2
+from tests.concurrency import all_at_once
 from tests.persistence.conftest import backend, db_url, db_url_factory, postgres_server  # noqa: F401 - fixtures
 
 WRITERS = 16
@@ -27,23 +26,13 @@ def test_concurrent_first_reports_of_one_instance_are_all_taken(db_url: str) -> 
         plan.valid_from.FromSeconds(0)
         plan.valid_until.FromSeconds(3600)
         version = plans.store(plan, activate=True).version
-        start = threading.Barrier(WRITERS)
-        errors: list[BaseException] = []
 
         def report(i: int) -> None:
-            start.wait()
-            try:
-                plans.record_report(optimizer_pb2.EnforcementReport(
-                    component="router", instance="r1", plan_version=version, detail=f"report {i}",
-                    state=optimizer_pb2.ENFORCEMENT_STATE_APPLIED))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+            plans.record_report(optimizer_pb2.EnforcementReport(
+                component="router", instance="r1", plan_version=version, detail=f"report {i}",
+                state=optimizer_pb2.ENFORCEMENT_STATE_APPLIED))
 
-        threads = [threading.Thread(target=report, args=(i,)) for i in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = all_at_once(report, WRITERS)
         assert not errors, errors[:2]
         (kept,) = plans.reports(version)
         assert kept.instance == "r1" and kept.detail.startswith("report ")

@@ -7,13 +7,12 @@ adversarial audit of the profiler's concurrent writes (failed before the fix on 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from greenserve.common.persistence import Database
 from greenserve.profiler import calibrate
 from greenserve.v1 import profiler_pb2
+from tests.concurrency import all_at_once
 from tests.persistence.conftest import backend, db_url, db_url_factory, postgres_server  # noqa: F401 - fixtures
 
 WRITERS = 8
@@ -22,23 +21,13 @@ WRITERS = 8
 def test_concurrent_versions_of_one_base_all_stored(db_url: str) -> None:  # noqa: F811
     db = Database.open(db_url, "profiler")
     try:
-        start = threading.Barrier(WRITERS)
         stored: list[str] = []
-        errors: list[BaseException] = []
 
-        def write() -> None:
-            start.wait()
-            try:
-                version = profiler_pb2.ModelVersion(base_profile="llama3-8b@H100-80GB", calibrated_from="k@1")
-                stored.append(calibrate.store(db, version).name)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+        def write(_: int) -> None:
+            version = profiler_pb2.ModelVersion(base_profile="llama3-8b@H100-80GB", calibrated_from="k@1")
+            stored.append(calibrate.store(db, version).name)
 
-        threads = [threading.Thread(target=write) for _ in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = all_at_once(write, WRITERS)
         assert not errors, errors[:2]
         assert sorted(stored) == sorted(f"llama3-8b@H100-80GB+cal{n}" for n in range(1, WRITERS + 1))
     finally:
