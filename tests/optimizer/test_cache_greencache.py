@@ -91,7 +91,7 @@ def test_candidate_sizes_follow_the_step_and_stay_bounded() -> None:
 async def test_plan_sizes_the_cache_with_an_explanation(forecaster, optimizer) -> None:
     fc = grpc.aio.insecure_channel(forecaster.address)
     await ingest_daily(fc, ci_ref("FR"), 60.0, 30.0)
-    await ingest_daily(fc, load_ref("chat"), 3.0, 2.0)
+    await ingest_daily(fc, load_ref("chat"), 1.0, 0.5)
     running = await optimizer(schedule_plans=False, cache_solver="greencache")
     stub = optimizer_pb2_grpc.OptimizerServiceStub(grpc.aio.insecure_channel(running.address))
     chat = pool("chat", [engine("a100", "A100-80GB")], max_cache_dram_bytes=8 << 30, cache_step_bytes=4 << 30)
