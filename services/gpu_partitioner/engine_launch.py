@@ -50,7 +50,7 @@ from typing import Protocol
 
 import httpx
 
-from greenserve.common.parent_death import on_parent_death
+from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import common_pb2
 
 log = logging.getLogger("greenserve.gpu_partitioner.engines")
@@ -468,15 +468,16 @@ class EngineSupervisor:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.engine_id)}.log"
         env = {**os.environ, **command.env}
+        argv = dies_with_parent(command.argv, signal.SIGTERM, env)
         if log_path is not None:
             with open(log_path, "ab") as log_file:
                 process = await asyncio.create_subprocess_exec(
-                    *command.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-                    env=env, start_new_session=True, preexec_fn=on_parent_death(signal.SIGTERM))
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+                    env=env, start_new_session=True)
         else:
             process = await asyncio.create_subprocess_exec(
-                *command.argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=asyncio.subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=on_parent_death(signal.SIGTERM))
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=asyncio.subprocess.DEVNULL,
+                env=env, start_new_session=True)
         engine = EngineProcess(spec, command, process, log_path, self.launcher.kind)
         self.engines[spec.engine_id] = engine
         log.info("engine %s started (pid %d): %s", spec.engine_id, process.pid, " ".join(command.argv))

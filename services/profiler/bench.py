@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 from greenserve.common import strict_json
-from greenserve.common.parent_death import on_parent_death
+from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 
 GIB = 1 << 30
@@ -209,10 +209,10 @@ async def _agreement(stub: Any, ns: argparse.Namespace) -> dict[str, Any]:
 
     profile = f"{ns.model}@{ns.hardware}"
     port = _free_port()
-    emu = subprocess.Popen([sys.executable, "-m", "greenserve.simulator.emulator", "--port", str(port),
-                            "--profile", profile, "--time-scale", str(ns.agreement_time_scale)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                           preexec_fn=on_parent_death(signal.SIGTERM))  # its own session: else it outlives kill -9
+    # Its own session, so it dies with the bench only by the parent-death signal: else it outlives kill -9.
+    emu = subprocess.Popen(dies_with_parent([sys.executable, "-m", "greenserve.simulator.emulator", "--port", str(port),
+                                             "--profile", profile, "--time-scale", str(ns.agreement_time_scale)]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):

@@ -34,7 +34,7 @@ import time
 from concurrent import futures
 
 import grpc
-from greenserve.common.parent_death import on_parent_death
+from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import router_pb2
 
 SERVICE = "greenserve.v1.RouterService"
@@ -190,7 +190,7 @@ def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: in
     cmd = [sys.executable, "-m", "greenserve.router.bench_grpc_message", "--serve", variant, "--port", str(port),
            "--messages", str(messages), "--gap-s", str(gap_s), "--streams", str(streams),
            *(["--interceptor"] if interceptor else [])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=on_parent_death(signal.SIGTERM))
+    proc = subprocess.Popen(dies_with_parent(cmd, signal.SIGTERM), stdout=subprocess.PIPE, text=True)
     try:
         if cpu is not None:
             os.sched_setaffinity(proc.pid, {cpu})

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from greenserve.common.parent_death import on_parent_death
+from greenserve.common.parent_death import dies_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_ROUTER_VERSION = "0.1.17"
@@ -70,7 +70,7 @@ def bench_popen(cmd: list[str], cpus: list[int] | None = None, **kwargs: Any) ->
     dies with the bench: the kernel sends it SIGTERM when the bench process dies, however it dies
     (``kill -9`` included), so a stopped bench leaves no engine or router behind (a router stops its
     own workers on SIGTERM). Start it from the bench's main thread (``parent_death``)."""
-    return subprocess.Popen(pinned(cmd, cpus), preexec_fn=on_parent_death(signal.SIGTERM), **kwargs)
+    return subprocess.Popen(dies_with_parent(pinned(cmd, cpus), signal.SIGTERM, kwargs.get("env")), **kwargs)
 
 
 def exit_on_sigterm() -> None:

@@ -28,7 +28,9 @@ def test_demo_one_virtual_hour(tmp_path: Path) -> None:
     assert "demo: 00:00 CI" in run.stdout and "all services stopped" in run.stdout
     result = json.loads((out / "result.json").read_text())
     (hour,) = result["hours"]
-    assert hour["plan_version"] >= 1 and hour["fleet_matches_plan"] is True
+    logs = "\n".join(line for path in sorted((tmp_path / "data" / "logs").glob("*.log"))
+                      for line in path.read_text(errors="replace").splitlines() if "ENFORCEMENT_STATE" in line)
+    assert hour["plan_version"] >= 1 and hour["fleet_matches_plan"] is True, f"{hour}\n{logs[-4000:]}"
     assert set(k.split("/")[0] for k in hour["enforcement"]) == {"router", "cache-manager", "gpu-partitioner"}
     assert all(v == "ENFORCEMENT_STATE_APPLIED" for v in hour["enforcement"].values())
     assert hour["requests_ok"] > 0 and hour["requests_failed"] == 0

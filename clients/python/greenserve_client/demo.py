@@ -135,7 +135,8 @@ async def _snapshot(optimizer: optimizer_pb2_grpc.OptimizerServiceStub,
         out.update(plan_version=plan.version, trigger=plan.trigger, fleet_matches_plan=status.fleet_matches_plan,
                    expected_total_g=plan.intervals[0].expected_carbon.total_g if plan.intervals else 0.0,
                    enforcement={f"{r.component}/{r.instance}": optimizer_pb2.EnforcementState.Name(r.state)
-                                for r in status.reports})
+                                for r in status.reports},
+                   pending_components=list(status.pending_components))
     except grpc.aio.AioRpcError as exc:
         out["plan_error"] = exc.details()
     try:

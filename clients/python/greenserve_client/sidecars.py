@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from greenserve.common.parent_death import on_parent_death
+from greenserve.common.parent_death import dies_with_parent
 
 # <repo>/clients/python/greenserve_client/sidecars.py -> <repo>
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -65,9 +65,8 @@ def _spawn(name: str, cmd: list[str], url: str, health_path: str, logs: Path,
     log_path = logs / f"{name}.log"
     with open(log_path, "ab") as log_file:
         # SIGKILL when `up` dies (even by kill -9): a sidecar keeps no state, and LMCache does not stop on SIGTERM.
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env,
-                                preexec_fn=on_parent_death(signal.SIGKILL))  # noqa: PLW1509 - only a libc call
+        proc = subprocess.Popen(dies_with_parent(cmd, signal.SIGKILL, env), stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     return Sidecar(name, url, health_path, proc, log_path)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
-from greenserve.common.parent_death import on_parent_death
+from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 
 from greenserve_client import lmcache_control, sidecars
@@ -207,9 +207,8 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
             with open(log_path, "ab") as log_file:
                 # Own process group: a terminal's Ctrl-C reaches only `up`, which then stops them in order.
                 # SIGTERM when `up` dies (even by kill -9): the service then stops what it started itself.
-                proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True,
-                                        preexec_fn=on_parent_death(signal.SIGTERM))  # noqa: PLW1509 - a libc call
+                proc = subprocess.Popen(dies_with_parent(cmd, signal.SIGTERM), stdout=log_file,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             probe_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             children.append(Child(info, f"{probe_host}:{ports[info.name]}", proc, log_path))
         try:
