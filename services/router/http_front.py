@@ -11,7 +11,9 @@ in hand, so a retry on another engine is invisible and a request no engine can s
 client asked for usage, else the chunk with the finish reason; the router always asks the engine for
 usage and drops that chunk when the client did not want it), and in ``x-greenserve-*`` headers of
 non-streamed responses (a streamed response's headers leave before the receipt exists, so they carry
-the engine, plan version and CI in force). Limits: 429 with ``Retry-After`` at ``max_in_flight``.
+the engine, plan version and CI in force). Limits: 429 with ``Retry-After`` at ``max_in_flight``. A pool the
+router does not know (``x-greenserve-pool``) gets 404, as vLLM answers an unknown model; 503 means a known pool
+with no engine up now.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 from greenserve.router.core import RouterCore
+from greenserve.router.policy import UnknownPoolError
 from greenserve.router.prefix_index import chain_hashes, render_chat
 from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.upstream import (
@@ -319,6 +322,11 @@ class HttpFront:
             try:
                 call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream,
                                                                raw=raw))
+            except UnknownPoolError as exc:
+                # the caller's error, answered as vLLM answers an unknown model (404 NotFoundError): a 503
+                # is retried by clients and gateways, and no retry makes the pool exist
+                core.count_failure("http", "unknown_pool")
+                return _error(404, f"{exc} (x-greenserve-pool header)", "x-greenserve-pool", err_type="NotFoundError")
             except UpstreamUnavailable as exc:
                 core.count_failure("http", "unavailable")
                 return _error(503, str(exc), err_type="service_unavailable", headers={"Retry-After": "1"})

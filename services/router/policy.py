@@ -53,6 +53,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from greenserve.common.errors import shown
 from greenserve.router.engines import EngineRegistry, EngineState
 from greenserve.router.plans import PlanStore
 from greenserve.router.prefix_index import PrefixIndex
@@ -60,6 +61,17 @@ from greenserve.router.prefix_index import PrefixIndex
 
 class NoEngineError(Exception):
     """No engine can serve the request (none registered for it, or all draining/excluded)."""
+
+
+class UnknownPoolError(NoEngineError):
+    """The request names a pool the router does not know: no engine of it is registered (in any state) and
+    neither the plan in force nor the fleet inventory names it. The caller's error, answered like vLLM answers
+    an unknown model (HTTP 404, gRPC NOT_FOUND), not like a pool with no engine up now (503 / UNAVAILABLE, which
+    clients and gateways retry: a retry cannot make the pool exist)."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__(f"the pool {shown(pool)} does not exist")
+        self.pool = pool
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,17 @@ class RoutingPolicy:
         self._rotate = 0
         self.fallback_counts: dict[str, int] = {}
 
+    def plans_name_pool(self, pool: str) -> bool:
+        """Whether the plan (any interval's routing weights) or the fleet inventory names ``pool``: a pool the
+        optimizer serves is known even while none of its engines is registered (being started or scaled to 0).
+        Asked only when no engine of the pool is registered, never on the way of a routable request."""
+        plans = self.plans
+        if pool in plans.pool_slo or pool in plans.pool_region:
+            return True
+        plan = plans.plan
+        return plan is not None and any(w.pool == pool for interval in plan.intervals
+                                        for w in interval.routing_weights)
+
     def choose(
         self,
         pool: str,
@@ -155,6 +178,8 @@ class RoutingPolicy:
             session_key = _long_session_key(session_key)
         cands = self.registry.candidates(pool, model)
         if not cands:
+            if pool and not self.plans_name_pool(pool):  # (a pool with an engine in any state has candidates)
+                raise UnknownPoolError(pool)
             what = f"pool {pool!r}" if pool else (f"model {model!r}" if model else "any request")
             raise NoEngineError(f"no engine registered for {what}")
         now = time.monotonic()

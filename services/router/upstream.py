@@ -35,7 +35,7 @@ from greenserve.router.engine_pool import EnginePool
 from greenserve.router.engine_response import EngineResponse
 from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.engines import EngineRegistry, EngineState
-from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy
+from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy, UnknownPoolError
 from greenserve.router.prefix_index import PrefixIndex
 
 _RUNNING = b'"finish_reason":null'
@@ -44,7 +44,8 @@ _DONE = b"[DONE]"
 
 
 class UpstreamUnavailable(Exception):
-    """No engine could serve the request (HTTP 503 / gRPC UNAVAILABLE)."""
+    """No engine could serve the request (HTTP 503 / gRPC UNAVAILABLE). A request naming a pool the router does not
+    know raises policy.UnknownPoolError instead (HTTP 404 / gRPC NOT_FOUND)."""
 
 
 class UpstreamClientError(Exception):
@@ -218,6 +219,10 @@ class Dispatcher:
         for attempt in range(self.max_attempts):
             try:
                 decision = self.policy.choose(req.pool, req.model, req.hashes, req.session_key, tried)
+            except UnknownPoolError:
+                if attempt == 0:
+                    raise  # the caller's error (HTTP 404 / gRPC NOT_FOUND), not the engines'
+                break
             except NoEngineError as exc:
                 if attempt == 0:
                     raise UpstreamUnavailable(str(exc)) from None
