@@ -314,9 +314,12 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         check_name("pool", request.pool)
         if request.limit > 10000:
             raise InvalidArgument("limit", "at most 10000")
-        if request.pool not in self.indexes:
-            raise NotFound(f"no index for pool {request.pool!r}")
-        views = self.indexes[request.pool].lowest(request.limit or 100, _now_s())
+        # Under the lock: choosing victims changes the index (its candidate pool, the online tau a checkpoint
+        # saves), and a checkpoint writes the index from a worker thread while holding the lock (index_state.py).
+        async with self._lock:
+            if request.pool not in self.indexes:
+                raise NotFound(f"no index for pool {request.pool!r}")
+            views = self.indexes[request.pool].lowest(request.limit or 100, _now_s())
         return cache_manager_pb2.ListEvictionCandidatesResponse(entries=[
             cache_manager_pb2.CacheEntryScore(entry_key=v.entry_key, lcs_score=v.score, size_bytes=v.size_bytes,
                                               hits=v.hits, age_s=v.age_s) for v in views])
