@@ -8,6 +8,7 @@ does the bookkeeping of a finished request (receipt, OTel metrics, feeds) in one
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.persistence import Database
 from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.router.engine_admin import EngineAdmin
+from greenserve.router.engine_replies import MAX_MODELS_BYTES, ReplyTooLarge, read_capped
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
 from greenserve.router.feeds import AccessFeed, LoadFeed
 from greenserve.router.folded_metrics import FoldedCounter, FoldedHistogram, FoldedLabelledCounter, MetricFolder
@@ -361,10 +363,13 @@ class RouterCore(EngineAdmin):
         async def one(engine: EngineState) -> None:
             try:
                 async with self.dispatcher.session.get(engine.url + "/v1/models", timeout=_short()) as resp:  # type: ignore[union-attr]
-                    data = await resp.json()
+                    data = json.loads(await read_capped(resp, MAX_MODELS_BYTES))
                 models_ = data.get("data") or []
                 if models_:
                     engine.model = str(models_[0].get("id", ""))
+            except ReplyTooLarge as exc:  # the model stays unknown, as for an engine down at start
+                log.warning("engine reply over its cap: model not read", extra={
+                    "engine_id": engine.id, "path": "/v1/models", "error": str(exc)})
             except Exception:  # noqa: BLE001 - an engine down at start is found by the monitor later
                 return
 

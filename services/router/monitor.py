@@ -4,7 +4,9 @@ Every engine is scraped and probed concurrently (one slow engine never delays th
 production-stack's sequential scraper), on a small session of its own so probes never queue behind
 request traffic. A failed probe counts as a failure towards ejection; a probe that succeeds on an
 ejected engine whose backoff has passed closes its circuit (half-open recovery without risking a user
-request on it). Scrape failures only age the metrics (the engine turns STALE).
+request on it). Scrape failures only age the metrics (the engine turns STALE). A reply over its cap
+(engine_replies.py: ``MAX_METRICS_BYTES``, ``MAX_HEALTH_BYTES``) is a failed scrape or probe, logged once per
+engine until a good one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import time
 
 import aiohttp
+from greenserve.router.engine_replies import MAX_HEALTH_BYTES, MAX_METRICS_BYTES, ReplyTooLarge, read_capped
 from greenserve.router.engines import EngineRegistry, EngineState
 from greenserve.router.scrape import parse_metrics
 
@@ -36,6 +39,8 @@ class EngineMonitor:
         self.probe_failures = 0
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # (engine id, path) whose reply was over its cap, logged; dropped at the next good reply
+        self._too_large: set[tuple[str, str]] = set()
 
     def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=30)
@@ -64,6 +69,8 @@ class EngineMonitor:
 
     async def scrape_all(self) -> None:
         engines = list(self.registry.engines.values())
+        if self._too_large:  # forget engines deregistered since (the set stays bounded by the registry)
+            self._too_large = {key for key in self._too_large if key[0] in self.registry.engines}
         if engines:
             await asyncio.gather(*(self.scrape(e) for e in engines))
 
@@ -79,14 +86,27 @@ class EngineMonitor:
                                          timeout=aiohttp.ClientTimeout(total=self.probe_timeout_s)) as resp:
                 if resp.status != 200:
                     raise OSError(f"HTTP {resp.status}")
-                text = await resp.text()
+                text = (await read_capped(resp, MAX_METRICS_BYTES)).decode()  # the exposition format is UTF-8
             metrics = parse_metrics(text)
+        except ReplyTooLarge as exc:
+            self._note_too_large(engine, "/metrics", exc)
+            self.scrape_failures += 1
+            return False
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             self.scrape_failures += 1
             return False
+        self._too_large.discard((engine.id, "/metrics"))
         engine.apply_metrics(metrics, time.monotonic())
         self.scrapes += 1
         return True
+
+    def _note_too_large(self, engine: EngineState, path: str, exc: ReplyTooLarge) -> None:
+        """Logs an engine's reply over its cap once, not at every scrape or probe while it lasts."""
+        key = (engine.id, path)
+        if key not in self._too_large:
+            self._too_large.add(key)
+            log.warning("engine reply over its cap: counted as a failed probe", extra={
+                "engine_id": engine.id, "path": path, "error": str(exc)})
 
     async def probe(self, engine: EngineState) -> bool:
         assert self._session is not None
@@ -95,7 +115,11 @@ class EngineMonitor:
             async with self._session.get(engine.url + "/health",
                                          timeout=aiohttp.ClientTimeout(total=self.probe_timeout_s)) as resp:
                 ok = resp.status == 200
-                await resp.read()
+                await read_capped(resp, MAX_HEALTH_BYTES)  # not used; read so that the connection is reused
+            self._too_large.discard((engine.id, "/health"))
+        except ReplyTooLarge as exc:
+            self._note_too_large(engine, "/health", exc)
+            ok = False
         except (aiohttp.ClientError, OSError, TimeoutError):
             ok = False
         now = time.monotonic()
