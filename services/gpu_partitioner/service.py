@@ -197,10 +197,11 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
                 name=gpu.name, memory_bytes=gpu.memory_bytes, mig_enabled=gpu.mig_enabled, node=node,
             )
             for inst in gpu.instances:
+                on_instance = engines.get(inst.uuid, [])  # one id each; engine_id: the first, for old readers
                 msg.instances.append(common_pb2.MigInstance(
                     uuid=inst.uuid, profile=inst.profile, placement_start=inst.start, placement_size=inst.size,
                     gpu_instance_id=inst.gpu_instance_id, memory_bytes=inst.memory_bytes,
-                    engine_id=",".join(engines.get(inst.uuid, [])),
+                    engine_ids=on_instance, engine_id=on_instance[0] if on_instance else "",
                     kubernetes_resource=geo.profile(inst.profile).kubernetes_resource
                     if geo is not None and geo.has_profile(inst.profile) else "",
                 ))

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from greenserve.common.carbon_params import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument, ResourceExhausted
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.optimizer.models import Fleet, ReportedGpus
@@ -34,6 +35,8 @@ MIG_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 MAX_POOLS = 1024
 MAX_GPUS = 65536
 MAX_ENGINES = 65536
+# Engines on one MIG instance in a report (the gpu-partitioner runs one, with a DPD pair's decoder two).
+MAX_ENGINES_PER_INSTANCE = 8
 # Reports are kept in memory per node: at most this many nodes, and MAX_GPUS reported GPUs in all.
 MAX_REPORTING_NODES = 65536
 MAX_CACHE_BYTES = 1 << 60
@@ -231,6 +234,23 @@ def _mig_layout(path: str, gpu: common_pb2.Gpu, model: int) -> None:
         raise InvalidArgument(f"{path}.instances[{max(exc.index, 0)}]", f"a layout {name} cannot hold: {exc}") from None
 
 
+def _instance_engines(path: str, inst: common_pb2.MigInstance) -> None:
+    """The engines a report puts on a MIG instance: each of ``engine_ids`` an engine id (merge_fleet makes an
+    engine of each in the GPU's pool), ``engine_id`` their first (what readers before ``engine_ids`` see) or empty.
+    A gpu-partitioner from before ``engine_ids`` sends only ``engine_id``, its engines joined by ','."""
+    if len(inst.engine_ids) > MAX_ENGINES_PER_INSTANCE:
+        raise InvalidArgument(f"{path}.engine_ids", f"at most {MAX_ENGINES_PER_INSTANCE} engines on one instance")
+    for k, engine_id in enumerate(inst.engine_ids):
+        _name(f"{path}.engine_ids[{k}]", engine_id)
+    if inst.engine_ids:
+        if inst.engine_id and inst.engine_id != inst.engine_ids[0]:
+            raise InvalidArgument(f"{path}.engine_id", f"must be empty or engine_ids[0] ({inst.engine_ids[0]!r}), "
+                                  f"got {inst.engine_id[:64]!r}")
+        return
+    for engine_id in inst.engine_id.split(",") if inst.engine_id else ():  # an old sender's engines on it
+        _name(f"{path}.engine_id", engine_id)
+
+
 def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
     _name("node", request.node)
     if len(request.gpus) > 64:
@@ -256,8 +276,7 @@ def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
             ipath = f"gpus[{i}].instances[{j}]"
             _name(f"{ipath}.uuid", inst.uuid)
             _name(f"{ipath}.profile", inst.profile, MIG_PROFILE_NAME)
-            for engine_id in inst.engine_id.split(",") if inst.engine_id else ():  # the router's engines on it
-                _name(f"{ipath}.engine_id", engine_id)
+            _instance_engines(ipath, inst)
 
 
 def merge_fleet(declared: common_pb2.FleetInventory,
@@ -292,10 +311,11 @@ def merge_fleet(declared: common_pb2.FleetInventory,
         if pool is None or gpu.reported_by == "operator":
             continue
         for inst in gpu.instances:
-            if inst.engine_id and inst.engine_id not in known:
-                known.add(inst.engine_id)
-                pool.engines.add(id=inst.engine_id, pool=pool.name, model=pool.model, gpu_uuid=gpu.uuid,
-                                 mig_uuid=inst.uuid, hardware=f"{gpu_hardware(gpu)}-MIG-{inst.profile}")
+            for engine_id in instance_engine_ids(inst):
+                if engine_id not in known:
+                    known.add(engine_id)
+                    pool.engines.add(id=engine_id, pool=pool.name, model=pool.model, gpu_uuid=gpu.uuid,
+                                     mig_uuid=inst.uuid, hardware=f"{gpu_hardware(gpu)}-MIG-{inst.profile}")
     return merged
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from greenserve.common.carbon_params import CarbonParams
 from greenserve.common.embodied_carbon import Platform, PlatformItem
 from greenserve.common.errors import FailedPrecondition
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common.persistence import Database
 from greenserve.optimizer import capacity, prefix_hits
 from greenserve.optimizer import traffic_history as traffic_history_module
@@ -229,7 +230,7 @@ def mig_slice(engine: common_pb2.Engine, fleet: common_pb2.FleetInventory) -> tu
     for an engine on a whole GPU."""
     for gpu in fleet.gpus:
         for inst in gpu.instances:
-            if (engine.mig_uuid and inst.uuid == engine.mig_uuid) or engine.id in inst.engine_id.split(","):
+            if (engine.mig_uuid and inst.uuid == engine.mig_uuid) or engine.id in instance_engine_ids(inst):
                 name = GPU_HARDWARE.get(gpu.model) or gpu_hardware(gpu)
                 return (name, inst.profile) if inst.profile else None
     if "-MIG-" in engine.hardware:

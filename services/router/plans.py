@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from greenserve.common.clock import now_s
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
@@ -146,8 +147,7 @@ class PlanStore:
             if pool.region:
                 self.pool_region[pool.name] = pool.region
         instances = {f"{MIG_PLACEMENT_PREFIX}{gpu.uuid}/{inst.profile}@{inst.placement_start}":
-                     [i for i in inst.engine_id.split(",") if i]
-                     for gpu in fleet.gpus for inst in gpu.instances if inst.engine_id}
+                     ids for gpu in fleet.gpus for inst in gpu.instances if (ids := instance_engine_ids(inst))}
         if instances != self.instance_engines:
             self.instance_engines = instances
             if self.plan is not None:

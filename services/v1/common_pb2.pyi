@@ -280,7 +280,7 @@ class CarbonBreakdown(_message.Message):
     def __init__(self, operational_g: _Optional[float] = ..., embodied_compute_g: _Optional[float] = ..., embodied_storage_g: _Optional[float] = ..., total_g: _Optional[float] = ..., energy_kwh: _Optional[float] = ..., ci_g_per_kwh: _Optional[float] = ...) -> None: ...
 
 class MigInstance(_message.Message):
-    __slots__ = ("uuid", "profile", "placement_start", "placement_size", "gpu_instance_id", "memory_bytes", "engine_id", "kubernetes_resource")
+    __slots__ = ("uuid", "profile", "placement_start", "placement_size", "gpu_instance_id", "memory_bytes", "engine_id", "kubernetes_resource", "engine_ids")
     UUID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_START_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +289,7 @@ class MigInstance(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     KUBERNETES_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_IDS_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     profile: str
     placement_start: int
@@ -297,7 +298,8 @@ class MigInstance(_message.Message):
     memory_bytes: int
     engine_id: str
     kubernetes_resource: str
-    def __init__(self, uuid: _Optional[str] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., engine_id: _Optional[str] = ..., kubernetes_resource: _Optional[str] = ...) -> None: ...
+    engine_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, uuid: _Optional[str] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., engine_id: _Optional[str] = ..., kubernetes_resource: _Optional[str] = ..., engine_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("uuid", "index", "model", "name", "memory_bytes", "mig_enabled", "instances", "node", "pool", "hardware", "reported_by")

@@ -112,6 +112,44 @@ async def test_inventory_layouts_diff_apply_energy_over_grpc(start_inprocess: An
         await channel.close()
 
 
+async def test_an_instance_running_two_engines_reports_both(start_inprocess: Any, router: RunningRouter,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # GetInventory joined the router's engines on one instance into engine_id ("e-3g,e-3g/decode"): readers took
+    # it for one engine, so the optimizer's merged fleet held an engine "e-3g,e-3g/decode" that exists nowhere.
+    # Now engine_ids lists them and engine_id holds the first (for readers from before engine_ids).
+    import asyncio
+
+    from greenserve.optimizer.fleet import merge_fleet, validate_gpu_report
+    from greenserve.v1 import optimizer_pb2
+
+    svc, stub, channel = await _start(start_inprocess, router)
+    try:
+        gpu = (await stub.GetInventory(gpu_partitioner_pb2.GetInventoryRequest())).gpus[0].uuid
+        applied = await stub.ApplyLayout(gpu_partitioner_pb2.ApplyLayoutRequest(
+            layout=common_pb2.MigLayout(gpu_uuid=gpu, placements=[P("3g.20gb", 4, 4)])))
+        assert applied.record.state == gpu_partitioner_pb2.APPLY_STATE_SUCCEEDED, applied.record.error
+        mig = applied.record.instances[0].uuid
+        router.state.engines.update({"e-3g": mig, "e-3g/decode": mig})
+        inv = await stub.GetInventory(gpu_partitioner_pb2.GetInventoryRequest())
+    finally:
+        await channel.close()
+    inst = inv.gpus[0].instances[0]
+    assert list(inst.engine_ids) == ["e-3g", "e-3g/decode"] and inst.engine_id == "e-3g"
+
+    # What the optimizer makes of the node's report: two engines of the GPU's pool on that instance.
+    reported = common_pb2.Gpu()
+    reported.CopyFrom(inv.gpus[0])
+    reported.pool = "chat"
+    report = optimizer_pb2.ReportGpusRequest(node=reported.node, gpus=[reported])
+    validate_gpu_report(report)
+    merged = merge_fleet(common_pb2.FleetInventory(pools=[common_pb2.Pool(name="chat", model="m")]),
+                         {reported.node: report})
+    assert [(e.id, e.mig_uuid) for e in merged.pools[0].engines] == [("e-3g", mig), ("e-3g/decode", mig)]
+
+    assert await asyncio.to_thread(mig_cli.main, ["show", "--gpu-partitioner-addr", svc.address]) == 0
+    assert "e-3g,e-3g/decode" in capsys.readouterr().out
+
+
 async def test_simulated_gpus_survive_a_restart(start_inprocess: Any, router: RunningRouter, tmp_path: Any) -> None:
     db_url = f"sqlite:///{tmp_path / 'gp.db'}"
     svc, stub, channel = await _start(start_inprocess, router, db_url=db_url)

@@ -63,6 +63,14 @@ BAD_REPORTED = [
     (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(uuid="MIG 1\n")]), "gpus[0].instances[0].uuid"),
     (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(profile="3g.40gb\n")]), "gpus[0].instances[0].profile"),
     (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_id="evil id\n")]), "gpus[0].instances[0].engine_id"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_id="a,evil id")]), "gpus[0].instances[0].engine_id"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_ids=["a", "evil id\n"])]),
+     "gpus[0].instances[0].engine_ids[1]"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_ids=["a", "a,b"])]), "gpus[0].instances[0].engine_ids[1]"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_ids=["a"], engine_id="b")]),
+     "gpus[0].instances[0].engine_id"),
+    (common_pb2.Gpu(uuid="GPU-x", instances=[_instance(engine_ids=[f"e{k}" for k in range(9)])]),
+     "gpus[0].instances[0].engine_ids"),
 ]
 
 
@@ -75,17 +83,28 @@ async def test_reported_gpus_are_checked_like_declared_ones(forecaster, optimize
     await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=common_pb2.FleetInventory(pools=[pool("chat", [])])))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.ReportGpus(optimizer_pb2.ReportGpusRequest(node="n1", gpus=[gpu]))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith(f"{field}: ")
     assert not (await stub.GetFleet(optimizer_pb2.GetFleetRequest())).fleet.gpus
 
 
-async def test_a_node_reports_the_engines_of_an_instance_comma_separated(forecaster, optimizer) -> None:
-    # What the gpu-partitioner sends (GetInventory: the router's engines on the instance, joined by ',') passes.
+async def test_a_node_reports_every_engine_of_an_instance(forecaster, optimizer) -> None:
+    # An instance may run several engines (a prefiller and its decoder). The gpu-partitioner sent them joined by ','
+    # in engine_id, and merge_fleet made one engine "n1-6f0c2d1e,n1-6f0c2d1e/decode" of them, which exists nowhere
+    # (and got routing weight). Now each arrives as an engine of the GPU's pool: from engine_ids (engine_id is the
+    # first, for old readers), and from an old gpu-partitioner's engine_id, a single id or ids joined by ','.
     _, stub, _ = await _setup(forecaster, optimizer, schedule_plans=False)
+    await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=common_pb2.FleetInventory(pools=[pool("chat", [])])))
     gpu = common_pb2.Gpu(uuid="GPU-a", model=common_pb2.GPU_MODEL_A100_80GB, name="NVIDIA A100-SXM4-80GB",
-                         mig_enabled=True, instances=[
-                             _instance(uuid="MIG-6f0c2d1e-aaaa", engine_id="n1-6f0c2d1e,n1-6f0c2d1e/decode",
+                         mig_enabled=True, pool="chat", instances=[
+                             _instance(uuid="MIG-6f0c2d1e-aaaa", engine_id="n1-6f0c2d1e",
+                                       engine_ids=["n1-6f0c2d1e", "n1-6f0c2d1e/decode"],
                                        kubernetes_resource="nvidia.com/mig-3g.40gb"),
                              _instance(uuid="MIG-7a1b", profile="1g.10gb+me", placement_start=6)])
-    fleet = (await stub.ReportGpus(optimizer_pb2.ReportGpusRequest(node="n1", gpus=[gpu]))).fleet
-    assert [g.uuid for g in fleet.gpus] == ["GPU-a"]
+    old_sender = common_pb2.Gpu(uuid="GPU-b", model=common_pb2.GPU_MODEL_A100_80GB, mig_enabled=True, pool="chat",
+                                instances=[_instance(uuid="MIG-b0", engine_id="n1-b0"),
+                                           _instance(uuid="MIG-b4", placement_start=4, engine_id="n1-b4,n1-b4/decode")])
+    fleet = (await stub.ReportGpus(optimizer_pb2.ReportGpusRequest(node="n1", gpus=[gpu, old_sender]))).fleet
+    assert [g.uuid for g in fleet.gpus] == ["GPU-a", "GPU-b"]
+    assert [(e.id, e.mig_uuid) for e in fleet.pools[0].engines] == [
+        ("n1-6f0c2d1e", "MIG-6f0c2d1e-aaaa"), ("n1-6f0c2d1e/decode", "MIG-6f0c2d1e-aaaa"),
+        ("n1-b0", "MIG-b0"), ("n1-b4", "MIG-b4"), ("n1-b4/decode", "MIG-b4")]

@@ -118,6 +118,19 @@ def test_plan_interval_in_force_follows_the_clock() -> None:
     assert store.weights_for("p")[0] == {"e": 3.0}
 
 
+def test_a_plans_mig_placement_weights_every_engine_on_the_instance() -> None:
+    # The fleet lists an instance's engines in engine_ids (engine_id is only the first, for old readers): the
+    # router took engine_id alone and weighted the prefiller but not its decoder. An old gpu-partitioner's engine_id
+    # (ids joined by ',') still resolves to each of them.
+    store = PlanStore(None)
+    gpu = common_pb2.Gpu(uuid="GPU-a", instances=[
+        common_pb2.MigInstance(profile="3g.40gb", placement_start=0, engine_id="n1-a", engine_ids=["n1-a", "n1-a/d"]),
+        common_pb2.MigInstance(profile="3g.40gb", placement_start=4, engine_id="n1-b,n1-b/d")])
+    store.apply_fleet(common_pb2.FleetInventory(gpus=[gpu]))
+    store.apply(_plan(1, {"mig:GPU-a/3g.40gb@0": 2.0, "mig:GPU-a/3g.40gb@4": 1.0}, "p"))
+    assert store.weights_for("p")[0] == {"n1-a": 2.0, "n1-a/d": 2.0, "n1-b": 1.0, "n1-b/d": 1.0}
+
+
 async def test_router_follows_watched_plans_and_keeps_last_when_optimizer_dies(peers, emulators, router) -> None:
     servicer, addr = peers
     emus = await emulators(2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.optimizer.planning import KNOB_LABELS, KnobPlan, PlanningInputs, keep_current_messages
 from greenserve.v1 import common_pb2
 
@@ -48,8 +49,9 @@ def _layout(gpu: common_pb2.Gpu, pool_of: dict[str, str], default_variant: dict[
     engine_variants, engine_on_mig = engine_variants or {}, engine_on_mig or {}
     layout = common_pb2.MigLayout(gpu_uuid=gpu.uuid)
     for inst in sorted(gpu.instances, key=lambda i: i.placement_start):
-        # the engine on the instance: as reported, else the one the fleet declares on that MIG device
-        engine_id = inst.engine_id or engine_on_mig.get(inst.uuid, "")
+        # the engine on the instance: as reported (the first), else the one the fleet declares on that MIG device
+        reported = instance_engine_ids(inst)
+        engine_id = reported[0] if reported else engine_on_mig.get(inst.uuid, "")
         pool = gpu.pool if use_gpu_pool else pool_of.get(engine_id, gpu.pool if engine_id else "")
         # An engine already running keeps its own variant (else the enforcer would replace it).
         variant = engine_variants.get(engine_id, "") or (default_variant.get(pool, "") if pool else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.gpu_partitioner.geometry import Placement, geometry
 from greenserve.optimizer.fleet import GPU_HARDWARE
 from greenserve.optimizer.inputs import engine_hardware, guess_simulator_model
@@ -104,7 +105,7 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
     for gpu in gpus:
         for inst in gpu.instances:
             engine = by_mig.get(inst.uuid) if inst.uuid else None
-            engine = engine or by_id.get(inst.engine_id)
+            engine = engine or next((by_id[i] for i in instance_engine_ids(inst) if i in by_id), None)
             if engine is not None:
                 running[(gpu.uuid, inst.placement_start, inst.profile)] = engine.model_variant
     members = []

@@ -19,6 +19,7 @@ Weights are the shares ``x_e / L``; an engine with weight 0 gets no requests whi
 
 from __future__ import annotations
 
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
 from greenserve.optimizer.solvers.mig_setup import (
     OptionTable,
@@ -142,7 +143,7 @@ def _reported_engines(fleet: common_pb2.FleetInventory) -> dict[tuple[str, str, 
     out: dict[tuple[str, str, int], str] = {}
     for gpu in fleet.gpus:
         for inst in gpu.instances:
-            ids = [i for i in inst.engine_id.split(",") if i] or declared.get(inst.uuid, [])
+            ids = instance_engine_ids(inst) or declared.get(inst.uuid, [])
             if len(ids) == 1:  # one engine per instance is what the partitioner runs
                 out[(gpu.uuid, inst.profile, inst.placement_start)] = ids[0]
     return out

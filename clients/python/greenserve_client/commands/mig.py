@@ -26,6 +26,7 @@ import sys
 
 import grpc
 from greenserve.common.config import DependencyAddresses
+from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.gpu_partitioner import geometry as geometry_mod
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError
@@ -174,7 +175,8 @@ def cmd_show(ns: argparse.Namespace) -> int:
         for inst in gpu.instances:
             rows.append({"gpu": "", "model": "", "mig": "",
                          "instance": f"{inst.profile}@{inst.placement_start}:{inst.placement_size} {inst.uuid}",
-                         "engine": inst.engine_id or "-", "k8s resource": inst.kubernetes_resource})
+                         "engine": ",".join(instance_engine_ids(inst)) or "-",
+                         "k8s resource": inst.kubernetes_resource})
     print_table(rows, ["gpu", "model", "mig", "instance", "engine", "k8s resource"])
     return 0
 
