@@ -82,13 +82,47 @@ def host_memory_bytes() -> int:
 
 
 def on_this_host(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:  # a malformed URL stored before URLs were checked: unreachable, and not known to be here
+        return False
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def dram_limit_bytes(url: str, max_dram_bytes: int) -> int | None:
+    """Largest L1 size the server at ``url`` can take: ``max_dram_bytes`` (``--lmcache-max-dram-bytes``) when
+    set, else this host's memory for a server on this host, else None (unknown: no limit)."""
+    if max_dram_bytes > 0:
+        return max_dram_bytes
+    if on_this_host(url):
+        return host_memory_bytes() or None
+    return None
+
+
+def check_dram_limit(field: str, dram_bytes: int, row: LmcacheServer, max_dram_bytes: int) -> None:
+    """InvalidArgument naming ``field`` when ``dram_bytes`` is more than server ``row`` can take
+    (``dram_limit_bytes``). The one check of a DRAM size against the limit: the plan follower's and the
+    ApplyCachePlan / ResizeCache RPCs' (service.py), so a direct call cannot size a server past what a plan may."""
+    limit = dram_limit_bytes(row.url, max_dram_bytes)
+    if limit is not None and dram_bytes > limit:
+        source = "--lmcache-max-dram-bytes" if max_dram_bytes > 0 else \
+            "this host's memory (--lmcache-max-dram-bytes is unset)"
+        raise InvalidArgument(field, f"{gib(dram_bytes)} is more than server {row.id} of pool {row.pool} can take "
+                              f"({gib(limit)}); the limit is {source}")
+
+
+def check_dram_limits(targets, by_pool: dict[str, list[LmcacheServer]], max_dram_bytes: int,
+                      field: str = "targets") -> None:
+    """``check_dram_limit`` for every server of every target's pool: InvalidArgument naming the first
+    ``<field>[j].dram_bytes`` over its limit, before anything is resized (all or nothing)."""
+    for j, target in enumerate(targets):
+        for row in by_pool.get(target.pool, ()):
+            check_dram_limit(f"{field}[{j}].dram_bytes", target.dram_bytes, row, max_dram_bytes)
 
 
 @dataclass
@@ -118,11 +152,7 @@ class CacheEnforcer:
 
     def dram_limit_bytes(self, row: LmcacheServer) -> int | None:
         """Largest L1 size ``row`` can take: the flag, else this host's memory for a local server, else None."""
-        if self.max_dram_bytes > 0:
-            return self.max_dram_bytes
-        if on_this_host(row.url):
-            return host_memory_bytes() or None
-        return None
+        return dram_limit_bytes(row.url, self.max_dram_bytes)
 
     async def reconcile(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
         if interval is None or not interval.cache_targets:
@@ -138,13 +168,7 @@ class CacheEnforcer:
             plan_pools = {p.pool for p in interval.pools}
             try:
                 check_targets(interval.cache_targets, set(by_pool) | plan_pools, field)
-                for j, target in enumerate(interval.cache_targets):
-                    for row in by_pool.get(target.pool, ()):
-                        limit = self.dram_limit_bytes(row)
-                        if limit is not None and target.dram_bytes > limit:
-                            raise InvalidArgument(f"{field}[{j}].dram_bytes", (
-                                f"{gib(target.dram_bytes)} is more than server {row.id} of pool {target.pool} "
-                                f"can take ({gib(limit)})"))
+                check_dram_limits(interval.cache_targets, by_pool, self.max_dram_bytes, field)
             except InvalidArgument as exc:
                 return Outcome(REFUSED, f"{exc}; nothing changed")
             steps, notes, failure = await self._current_sizes(interval, by_pool)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from greenserve.cache_manager import access_history, journal, read_or_recompute, shrink_order
 from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
-from greenserve.cache_manager.enforcer import follow_plans, on_this_host
+from greenserve.cache_manager.enforcer import check_dram_limit, check_dram_limits, follow_plans, on_this_host
 from greenserve.cache_manager.index import CacheIndex
 from greenserve.cache_manager.index_state import _now_s, _run_to_end
 from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError, check_admin_url
@@ -182,8 +182,14 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         check_targets(request.targets, {r.pool for r in self._servers()})
         results = []
         async with self._lock:
+            by_pool: dict[str, list[LmcacheServer]] = defaultdict(list)
+            for row in self._servers():
+                by_pool[row.pool].append(row)
+            # All or nothing, as the plan follower: no server is resized when one target is more than a server
+            # of its pool can take (--lmcache-max-dram-bytes; the servers checked are the ones then resized).
+            check_dram_limits(request.targets, by_pool, self.settings.lmcache_max_dram_bytes)
             for t in request.targets:
-                for row in self._servers(t.pool):
+                for row in by_pool.get(t.pool, ()):
                     results.append(await self._apply_one(row, request.plan_version, t.dram_bytes, t.ttl_s,
                                                          t.disk_bytes, t.disk_medium, t.disk_path))
         return cache_manager_pb2.ApplyCachePlanResponse(results=results)
@@ -254,6 +260,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             raise InvalidArgument("dram_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
         if request.HasField("disk_bytes") and request.disk_bytes > MAX_BYTES:
             raise InvalidArgument("disk_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
+        check_dram_limit("dram_bytes", request.dram_bytes, row, self.settings.lmcache_max_dram_bytes)
         async with self._lock:
             outcome = await self._resize(row, request.dram_bytes)
             applied, detail, evicted = outcome.applied, outcome.detail, outcome.evicted_entries

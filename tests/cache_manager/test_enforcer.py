@@ -162,6 +162,64 @@ async def test_too_large_names_the_server_and_its_limit(fleet) -> None:
     assert out.state == REFUSED and "16.0 GiB is more than server s3 of pool rag can take (8.0 GiB)" in out.detail
 
 
+async def test_apply_cache_plan_past_the_dram_limit_is_refused_and_changes_nothing(fleet) -> None:
+    """ApplyCachePlan used to ignore --lmcache-max-dram-bytes (only the plan follower checked it): a direct call
+    resized s3 to 16 GiB on an 8 GiB limit. Now the follower's check refuses it, naming the target, before any
+    server is resized: the chat target within the limit is not applied either (all or nothing)."""
+    from greenserve.common.errors import InvalidArgument
+
+    request = pb.ApplyCachePlanRequest(plan_version=4, targets=[_target("chat", 2), _target("rag", 16)])
+    with pytest.raises(InvalidArgument) as exc:
+        await fleet.servicer.ApplyCachePlan(request, None)
+    assert exc.value.field == "targets[1].dram_bytes"
+    assert "16.0 GiB is more than server s3 of pool rag can take (8.0 GiB)" in exc.value.message
+    assert "--lmcache-max-dram-bytes" in exc.value.message
+    assert fleet.runs() == [] and fleet.size("s1") == fleet.size("s2") == fleet.size("s3") == GIB
+    with fleet.db.session() as s:
+        assert s.query(CacheApplication).count() == 0
+
+
+async def test_resize_cache_past_the_dram_limit_is_refused_and_changes_nothing(fleet) -> None:
+    """ResizeCache used to ignore --lmcache-max-dram-bytes as well."""
+    from greenserve.common.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as exc:
+        await fleet.servicer.ResizeCache(pb.ResizeCacheRequest(server_id="s3", dram_bytes=8 * GIB + 1), None)
+    assert exc.value.field == "dram_bytes" and "server s3 of pool rag can take (8.0 GiB)" in exc.value.message
+    assert fleet.runs() == [] and fleet.size("s3") == GIB
+    reply = await fleet.servicer.ResizeCache(pb.ResizeCacheRequest(server_id="s3", dram_bytes=4 * GIB), None)
+    assert reply.result.applied and fleet.size("s3") == 4 * GIB
+
+
+async def test_rpcs_past_the_dram_limit_answer_invalid_argument(start_inprocess, tmp_path) -> None:
+    """The same refusals through gRPC: INVALID_ARGUMENT naming the field (the plan follower reports the same
+    check as REFUSED: the request asks for a size outside what this cache-manager is configured to give)."""
+    from tests.conftest import free_port
+
+    svc = await start_inprocess(CacheManagerSettings, build, data_dir=tmp_path / "cm", follow_plans=False,
+                                lmcache_max_dram_bytes=GIB, lmcache_timeout_s=1.0)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = pbg.CacheManagerServiceStub(channel)
+        for server_id, pool in (("s1", "p1"), ("s2", "p2")):  # closed ports: unreachable, which is enough here
+            await stub.RegisterCacheServer(pb.RegisterCacheServerRequest(
+                server=pb.CacheServer(id=server_id, pool=pool, url=f"http://127.0.0.1:{free_port()}")))
+        for call, field in (
+            (stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=2 * GIB)), "dram_bytes"),
+            (stub.ApplyCachePlan(pb.ApplyCachePlanRequest(plan_version=1, targets=[
+                _target("p1", 0.5), _target("p2", 2)])), "targets[1].dram_bytes"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await call
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.value.details()
+            assert exc.value.details().startswith(field + ":") and "can take (1.0 GiB)" in exc.value.details()
+        # Within the limit (the limit itself included): tried, and the unreachable server says so.
+        reply = await stub.ResizeCache(pb.ResizeCacheRequest(server_id="s1", dram_bytes=GIB))
+        assert not reply.result.applied and "state" in reply.result.detail
+        reply = await stub.ApplyCachePlan(pb.ApplyCachePlanRequest(plan_version=1, targets=[
+            _target("p1", 0.5), _target("p2", 1)]))
+        assert [(r.server_id, r.applied) for r in reply.results] == [("s1", False), ("s2", False)]
+
+
 def test_what_a_server_can_take_defaults_to_this_hosts_memory_for_local_servers(fleet) -> None:
     from greenserve.cache_manager.enforcer import host_memory_bytes
 
