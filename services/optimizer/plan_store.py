@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from greenserve.common.errors import InvalidArgument, NotFound
+from greenserve.common.errors import InvalidArgument, NotFound, ResourceExhausted
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.optimizer.models import EnforcementReport, Plan
@@ -40,6 +40,13 @@ WATCH_QUEUE_PLANS = 16
 MAX_COMPONENT_CHARS = 64
 MAX_INSTANCE_CHARS = 253
 MAX_DETAIL_CHARS = 4000
+#: Distinct (component, instance) pairs whose reports are kept per plan version. Reports are keyed by the
+#: reporter's own instance name, so without a cap a caller inventing names grew the table (and GetPlanStatus)
+#: without bound. Generous: a fleet has one router / cache-manager / gpu-partitioner per host or replica, far
+#: fewer than 4096; a new pair past it is refused with RESOURCE_EXHAUSTED, a report of a pair already kept is
+#: always taken (the latest replaces it). Reports are kept as long as their plan, and the plans are all kept
+#: (ListPlans, rollback by activation): no retention prunes either.
+MAX_REPORTERS_PER_PLAN = 4096
 
 
 def _dt(ts) -> datetime:  # noqa: ANN001 - a protobuf Timestamp
@@ -65,6 +72,8 @@ class PlanStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._write = threading.Lock()
+        # Serializes the reports of this process, so that MAX_REPORTERS_PER_PLAN is exact (count, then insert).
+        self._report_write = threading.Lock()
         self.active: common_pb2.Plan | None = None
         self._watchers: set[asyncio.Queue[common_pb2.Plan | None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -189,7 +198,8 @@ class PlanStore:
     # -- enforcement reports --------------------------------------------------------------------------
 
     def record_report(self, report: optimizer_pb2.EnforcementReport) -> None:
-        """Keeps the latest report per (plan version, component, instance); blocking."""
+        """Keeps the latest report per (plan version, component, instance), for at most MAX_REPORTERS_PER_PLAN
+        (component, instance) pairs per plan version; blocking."""
         if report.component not in ("router", "cache-manager", "gpu-partitioner"):
             raise InvalidArgument("report.component", "must be router, cache-manager or gpu-partitioner")
         if len(report.instance) > MAX_INSTANCE_CHARS or any(c in report.instance for c in "\n\r\x00"):
@@ -217,12 +227,19 @@ class PlanStore:
         state = ENFORCEMENT_NAMES[report.state]
         for attempt in range(2):
             try:
-                with self.db.session() as s:
+                with self._report_write, self.db.session() as s:
                     if s.get(Plan, report.plan_version) is None:
                         raise NotFound(f"plan version {report.plan_version} does not exist",
                                        field="report.plan_version")
                     row = s.get(EnforcementReport, key)
                     if row is None:
+                        kept = s.scalar(select(func.count()).select_from(EnforcementReport)
+                                        .where(EnforcementReport.plan_version == key[0]))
+                        if kept >= MAX_REPORTERS_PER_PLAN:
+                            raise ResourceExhausted(
+                                f"plan version {key[0]} already has reports of {MAX_REPORTERS_PER_PLAN} component "
+                                "instances (the most kept); a new instance is refused, the ones reported may "
+                                "report again", field="report.instance")
                         s.add(EnforcementReport(plan_version=key[0], component=key[1], instance=key[2], state=state,
                                                 reported_at=reported_at, body=body))
                     else:
