@@ -40,7 +40,15 @@ def variant_name(v: common_pb2.ModelVariant | None) -> str:
 
 
 class OptionTable:
-    """Options of one pool: an engine already running the variant on that slice, else the simulator."""
+    """Options of one pool: the stored profile of an engine already running the variant on that slice, else the
+    simulator.
+
+    A running engine's *predicted* capability is not taken: it is either this table's own prediction of the slice
+    (``inputs.mig_capability``, the same figures) or, where that prediction finds no room for the variant, the
+    optimizer's whole-GPU fallback, another GPU's profile (the demo's 3g.20gb BF16 8B engines got a 2xL40's 70 W
+    idle each). The fallback made a running instance cost more than the same instance planned (which has no option
+    there), so the plan made while the instances ran destroyed them and the next one created them again, every
+    hour. The simulator's option, the same for a running and a planned instance, keeps consecutive plans alike."""
 
     def __init__(self, inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int) -> None:
         self.inputs, self.pool, self.pool_index = inputs, pool, pool_index
@@ -48,7 +56,8 @@ class OptionTable:
         default = pool.variants[0].name if pool.variants else "default"
         for engine in pool.engines:
             hw = engine_hardware(engine, inputs.fleet)
-            if "-MIG-" in hw and engine.id in inputs.capabilities:
+            cap = inputs.capabilities.get(engine.id)
+            if "-MIG-" in hw and cap is not None and cap.source != "predicted":
                 self.engines.setdefault((hw, engine.model_variant or default), engine.id)
 
     def option(self, gpu_model: str, profile: str, variant: common_pb2.ModelVariant | None) -> mp.Option | None:
