@@ -102,14 +102,47 @@ async def test_registration_through_a_is_routed_to_by_b(router, emulators, share
     await a.stub.DeregisterEngine(router_pb2.DeregisterEngineRequest(engine_id="e-new"))
     await _until(lambda: _async("e-new" not in b.core.registry.engines), 10 * BOUND_S, "deregistration seen by B")
 
-    listed = await b.stub.ListEngines(router_pb2.ListEnginesRequest())
-    replicas = {r.replica_id: r for r in listed.replicas}
-    assert {"a", "b"} <= set(replicas)
-    assert replicas["b"].state_version == b.core.state_version
+    listed = await _listed_with_own_row_current(b)
+    assert {"a", "b"} <= {r.replica_id for r in listed.replicas}
 
 
 async def _async(value):
     return value
+
+
+async def _listed_with_own_row_current(replica) -> router_pb2.ListEnginesResponse:
+    """``replica``'s ListEngines once its own row in router_replicas shows the state version it routes on. That row
+    is its heartbeat, written off the event loop just after each change it applies, so a read right after the
+    change (the registry already updated) can find the row one write behind: wait for it, never read it once."""
+    async def current():
+        listed = await replica.stub.ListEngines(router_pb2.ListEnginesRequest())
+        rows = {r.replica_id: r.state_version for r in listed.replicas}
+        return listed if rows.get(replica.core.shared.replica_id) == listed.state_version else None
+
+    return await _until(current, 10 * BOUND_S, "the replica's heartbeat recording the state version it routes on")
+
+
+async def test_a_replica_row_follows_its_sync_after_the_heartbeat_write(router, emulators, shared_db,
+                                                                        monkeypatch) -> None:
+    """The race behind test_registration_through_a_is_routed_to_by_b's flaky end (1 in 7 runs): B applies a change
+    (registry, state_version) on the event loop, then writes its heartbeat row in a thread; a ListEngines between the
+    two lists B's row one version behind. Widened here to 1 s: read once, the row lags; waited for, it follows."""
+    (emu,) = await emulators(1, model="m")
+    a, b = await _replicas(router, shared_db)
+    write = b.core.shared.heartbeat
+
+    def slow_heartbeat(plan_version: int, state_version: int) -> None:
+        time.sleep(1.0)  # in the heartbeat's worker thread
+        write(plan_version, state_version)
+
+    monkeypatch.setattr(b.core.shared, "heartbeat", slow_heartbeat)
+    await _register(a.stub, "e1", emu.url)
+    await _until(lambda: _async("e1" in b.core.registry.engines), 10 * BOUND_S, "B seeing the engine")
+    listed = await b.stub.ListEngines(router_pb2.ListEnginesRequest())
+    rows = {r.replica_id: r.state_version for r in listed.replicas}
+    assert rows.get("b", -1) < listed.state_version  # what the flaky test read: the row before its write
+    listed = await _listed_with_own_row_current(b)
+    assert {r.replica_id: r.state_version for r in listed.replicas}["b"] == b.core.state_version
 
 
 async def test_engine_ejected_by_a_is_not_routed_to_by_b(router, emulators, shared_db) -> None:
