@@ -319,6 +319,12 @@ class EngineRegistry:
             return []
         return list(self.engines.values()) if len(self._by_model) <= 1 else []
 
+    def model_unknown(self, model: str) -> bool:
+        """Whether no engine serves ``model`` while the engines serve several models, all known (``candidates``
+        then has none for it; one model, or an engine whose model is not known yet, takes every model)."""
+        by_model = self._by_model
+        return model not in by_model and len(by_model) > 1 and "" not in by_model
+
     def pools(self) -> list[str]:
         return sorted(self._by_pool)
 

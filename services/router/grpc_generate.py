@@ -23,7 +23,7 @@ from greenserve.common.errors import (
 from greenserve.router.core import RouterCore
 from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.grpc_requests import _body, describe
-from greenserve.router.policy import UnknownPoolError
+from greenserve.router.policy import UnknownTargetError
 from greenserve.router.prefix_index import chain_hashes
 from greenserve.router.upstream import (
     TEXT_KEY_CHAT,
@@ -95,9 +95,9 @@ class GenerateStream:
             try:
                 call = await dispatcher.open(RouteRequest(path, body, request.request.pool, request.request.model,
                                                           request.request.session_key, hashes, True, deadline))
-            except UnknownPoolError as exc:
-                core.count_failure("grpc", "unknown_pool")  # the caller's error: no retry makes the pool exist
-                raise NotFound(str(exc), field="request.pool") from None
+            except UnknownTargetError as exc:
+                core.count_failure("grpc", exc.outcome)  # the caller's error: no retry makes the pool or model exist
+                raise NotFound(str(exc), field=exc.grpc_field) from None
             except UpstreamUnavailable as exc:
                 core.count_failure("grpc", "unavailable")
                 raise Unavailable(str(exc)) from None

@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 from greenserve.router.core import RouterCore
-from greenserve.router.policy import UnknownPoolError
+from greenserve.router.policy import UnknownTargetError
 from greenserve.router.prefix_index import chain_hashes, render_chat
 from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.upstream import (
@@ -322,11 +322,11 @@ class HttpFront:
             try:
                 call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream,
                                                                raw=raw))
-            except UnknownPoolError as exc:
+            except UnknownTargetError as exc:
                 # the caller's error, answered as vLLM answers an unknown model (404 NotFoundError): a 503
-                # is retried by clients and gateways, and no retry makes the pool exist
-                core.count_failure("http", "unknown_pool")
-                return _error(404, f"{exc} (x-greenserve-pool header)", "x-greenserve-pool", err_type="NotFoundError")
+                # is retried by clients and gateways, and no retry makes the pool or the model exist
+                core.count_failure("http", exc.outcome)
+                return _error(404, str(exc), exc.http_param, err_type="NotFoundError")
             except UpstreamUnavailable as exc:
                 core.count_failure("http", "unavailable")
                 return _error(503, str(exc), err_type="service_unavailable", headers={"Retry-After": "1"})

@@ -63,15 +63,37 @@ class NoEngineError(Exception):
     """No engine can serve the request (none registered for it, or all draining/excluded)."""
 
 
-class UnknownPoolError(NoEngineError):
-    """The request names a pool the router does not know: no engine of it is registered (in any state) and
-    neither the plan in force nor the fleet inventory names it. The caller's error, answered like vLLM answers
-    an unknown model (HTTP 404, gRPC NOT_FOUND), not like a pool with no engine up now (503 / UNAVAILABLE, which
-    clients and gateways retry: a retry cannot make the pool exist)."""
+class UnknownTargetError(NoEngineError):
+    """The request names a pool or a model the router does not know. The caller's error, answered like vLLM
+    answers an unknown model (HTTP 404, gRPC NOT_FOUND naming ``grpc_field``), not like a known target with no
+    engine up now (503 / UNAVAILABLE, which clients and gateways retry: a retry cannot make it exist)."""
+
+    http_param = ""  # where the HTTP request named it
+    grpc_field = ""  # the field of a gRPC request that named it
+    outcome = ""  # the failure outcome counted
+
+
+class UnknownPoolError(UnknownTargetError):
+    """A pool no engine of which is registered (in any state) and which neither the plan in force nor the fleet
+    inventory names."""
+
+    http_param, grpc_field, outcome = "x-greenserve-pool", "request.pool", "unknown_pool"
 
     def __init__(self, pool: str) -> None:
-        super().__init__(f"the pool {shown(pool)} does not exist")
+        super().__init__(f"the pool {shown(pool)} does not exist (x-greenserve-pool header)")
         self.pool = pool
+
+
+class UnknownModelError(UnknownTargetError):
+    """A request with no pool whose model no registered engine serves, while the engines serve several known
+    models (with one model, or an engine whose model is not known yet, any model goes to them: the engine answers
+    for itself)."""
+
+    http_param, grpc_field, outcome = "model", "request.model", "unknown_model"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"the model {shown(model)} does not exist")
+        self.model = model
 
 
 @dataclass(frozen=True)
@@ -180,6 +202,8 @@ class RoutingPolicy:
         if not cands:
             if pool and not self.plans_name_pool(pool):  # (a pool with an engine in any state has candidates)
                 raise UnknownPoolError(pool)
+            if not pool and model and self.registry.model_unknown(model):
+                raise UnknownModelError(model)
             what = f"pool {pool!r}" if pool else (f"model {model!r}" if model else "any request")
             raise NoEngineError(f"no engine registered for {what}")
         now = time.monotonic()

@@ -31,7 +31,7 @@ from greenserve.router.grpc_generate import GenerateStream, _EventReader, _parse
 from greenserve.router.grpc_requests import _body, _finite, describe
 from greenserve.router.http_front import HttpFront
 from greenserve.router.http_guard import ssl_context
-from greenserve.router.policy import NoEngineError, UnknownPoolError
+from greenserve.router.policy import NoEngineError, UnknownTargetError
 from greenserve.router.prefix_index import chain_hashes
 from greenserve.router.settings import RouterSettings
 from greenserve.router.workers import current_worker
@@ -65,8 +65,8 @@ class RouterServicer(GenerateStream, router_pb2_grpc.RouterServiceServicer):
         d = request.request
         try:
             decision = core.policy.choose(d.pool, d.model, hashes, d.session_key, explain=True)
-        except UnknownPoolError as exc:
-            raise NotFound(str(exc), field="request.pool") from None
+        except UnknownTargetError as exc:
+            raise NotFound(str(exc), field=exc.grpc_field) from None
         except NoEngineError as exc:
             raise Unavailable(str(exc)) from None
         if hashes:

@@ -35,7 +35,7 @@ from greenserve.router.engine_pool import EnginePool
 from greenserve.router.engine_response import EngineResponse
 from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.engines import EngineRegistry, EngineState
-from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy, UnknownPoolError
+from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy, UnknownTargetError
 from greenserve.router.prefix_index import PrefixIndex
 
 _RUNNING = b'"finish_reason":null'
@@ -45,7 +45,7 @@ _DONE = b"[DONE]"
 
 class UpstreamUnavailable(Exception):
     """No engine could serve the request (HTTP 503 / gRPC UNAVAILABLE). A request naming a pool the router does not
-    know raises policy.UnknownPoolError instead (HTTP 404 / gRPC NOT_FOUND)."""
+    know, or a model no engine serves, raises policy.UnknownTargetError instead (HTTP 404 / gRPC NOT_FOUND)."""
 
 
 class UpstreamClientError(Exception):
@@ -219,7 +219,7 @@ class Dispatcher:
         for attempt in range(self.max_attempts):
             try:
                 decision = self.policy.choose(req.pool, req.model, req.hashes, req.session_key, tried)
-            except UnknownPoolError:
+            except UnknownTargetError:
                 if attempt == 0:
                     raise  # the caller's error (HTTP 404 / gRPC NOT_FOUND), not the engines'
                 break

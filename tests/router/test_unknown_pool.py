@@ -4,6 +4,8 @@ clients and gateways retry forever. A known pool with no routable engine right n
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import grpc
 import pytest
@@ -68,3 +70,45 @@ async def test_grpc_unknown_pool_is_not_found_and_known_pool_without_engine_is_u
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await r.stub.Route(router_pb2.RouteRequest(request=_generate("default", emus[0].model).request))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_unknown_model_is_404_when_the_engines_serve_several_known_models(emulators, router) -> None:
+    """No pool given, two engines of two models: a third model is the caller's error (404 naming `model`, gRPC
+    NOT_FOUND naming request.model), as vLLM answers it; either known model is routed to its engine."""
+    emus = [*(await emulators(1, model="model-a")), *(await emulators(1, model="model-b"))]
+    r = await router([e.url for e in emus])
+    for _ in range(100):  # the engines' models come from their /v1/models
+        if sorted(r.core.registry.models()) == ["model-a", "model-b"]:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted(r.core.registry.models()) == ["model-a", "model-b"]
+    async with aiohttp.ClientSession() as s:
+        for model in ("model-a", "model-b"):
+            async with s.post(r.http + "/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 2}) as resp:
+                assert resp.status == 200, await resp.text()
+        async with s.post(r.http + "/v1/completions", json={"model": "model-c", "prompt": "x", "max_tokens": 2}) as resp:
+            assert resp.status == 404 and "Retry-After" not in resp.headers
+            err = (await resp.json())["error"]
+        assert err["type"] == "NotFoundError" and err["param"] == "model" and "'model-c'" in err["message"]
+    with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
+        _ = [m async for m in r.stub.Generate(_generate("", "model-c"))]
+    assert rpc_err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_detail_from_rpc_error(rpc_err.value).field == "request.model"
+    with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
+        await r.stub.Route(router_pb2.RouteRequest(request=_generate("", "model-c").request))
+    assert rpc_err.value.code() == grpc.StatusCode.NOT_FOUND
+    # a known model whose engine is draining: no engine up now, 503
+    next(e for e in r.core.registry.engines.values() if e.model == "model-a").draining = True
+    with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
+        _ = [m async for m in r.stub.Generate(_generate("", "model-a"))]
+    assert rpc_err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_one_model_takes_any_model_name(emulators, router) -> None:
+    """With one model registered the router does not judge the name: the engine answers for itself (vLLM's 404)."""
+    emus = await emulators(1, model="model-a")
+    r = await router([emus[0].url])
+    async with aiohttp.ClientSession() as s:
+        async with s.post(r.http + "/v1/completions", json={"model": "other", "prompt": "x", "max_tokens": 2}) as resp:
+            assert resp.status == 404
+    assert r.core.registry.model_unknown("other") is False
