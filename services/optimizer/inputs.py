@@ -192,12 +192,22 @@ def _finite_mean(values: list[float]) -> float:
 
 async def fetch_profiles(channel: grpc.aio.Channel | None, notes: list[str],
                          timeout_s: float = 3.0) -> list[common_pb2.Profile]:
+    """The latest version of every stored profile: ListProfiles' pages one after another, within ``timeout_s`` in
+    all (a profiler from before paging answers everything on the first page, with no next_page_token)."""
     if channel is None:
         return []
+    stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
+    request = profiler_pb2.ListProfilesRequest(latest_only=True, page_size=1000)  # the profiler's largest page
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    profiles: list[common_pb2.Profile] = []
     try:
-        reply = await profiler_pb2_grpc.ProfilerServiceStub(channel).ListProfiles(
-            profiler_pb2.ListProfilesRequest(latest_only=True), timeout=timeout_s)
-        return list(reply.profiles)
+        while True:
+            left_s = max(deadline - asyncio.get_running_loop().time(), 0.001)  # past it: DEADLINE_EXCEEDED below
+            reply = await stub.ListProfiles(request, timeout=left_s)
+            profiles.extend(reply.profiles)
+            if not reply.next_page_token:
+                return profiles
+            request.page_token = reply.next_page_token
     except grpc.aio.AioRpcError as exc:
         if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
             notes.append(f"profiler {exc.code().name}: every engine planned on simulator predictions")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,14 +16,17 @@ from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
 from greenserve.profiler import calibrate
-from greenserve.profiler.keys import simulator_profile_name
+from greenserve.profiler.keys import MAX_KEY_CHARS, simulator_profile_name
 from greenserve.profiler.published import builtin_profiles
 from greenserve.profiler.sim_backend import SimulatorBackend
 from greenserve.profiler.store import SOURCE_NAMES, ProfileStore
 from greenserve.profiler.sweeps import SweepRunner
-from greenserve.v1 import profiler_pb2, profiler_pb2_grpc
+from greenserve.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 
 log = logging.getLogger("greenserve.profiler")
+# ListProfiles pages: a request without page_size (a client from before paging) still gets a bounded answer.
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
 
 
 class ProfilerSettings(ServiceSettings, DependencyAddresses):
@@ -68,6 +72,26 @@ class ProfilerSettings(ServiceSettings, DependencyAddresses):
         if value not in ("auto", "nvml", "off"):
             raise ValueError(f"must be auto, nvml or off, got {value!r}")
         return value
+
+
+def _profile_page_token(last: common_pb2.Profile) -> str:
+    """ListProfiles' next_page_token: the (version, config_key) of the page's last profile, base64url. A position in
+    the (config_key, version) order, not an offset, so profiles stored between two pages shift nothing."""
+    return base64.urlsafe_b64encode(f"{last.version}:{last.config_key}".encode()).decode("ascii")
+
+
+def _profile_page_after(token: str) -> tuple[str, int]:
+    """(config_key, version) a ListProfiles page_token names; INVALID_ARGUMENT for anything ListProfiles did not
+    return (a version past the column's range would be the database driver's error: INTERNAL)."""
+    try:  # the longest token: a key of MAX_KEY_CHARS 4-byte characters, base64 (4/3)
+        text = base64.b64decode(token, altchars=b"-_", validate=True).decode() if len(token) <= 2048 else ""
+    except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+        text = ""
+    version, _, key = text.partition(":")
+    if not (version.isascii() and version.isdigit() and len(version) <= 10 and 1 <= int(version) < 2**31
+            and 0 < len(key) <= MAX_KEY_CHARS):
+        raise InvalidArgument("page_token", "is not a token ListProfiles returned")
+    return key, int(version)
 
 
 def _value_error(exc: ValueError) -> InvalidArgument:
@@ -120,10 +144,16 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
                            context: Any) -> profiler_pb2.ListProfilesResponse:
         if request.source and request.source not in SOURCE_NAMES:
             raise InvalidArgument("source", f"unknown profile source {request.source}")
+        size = request.page_size or DEFAULT_PAGE_SIZE
+        if not 1 <= size <= MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be in 1..{MAX_PAGE_SIZE} (0 means {DEFAULT_PAGE_SIZE})")
+        after = _profile_page_after(request.page_token) if request.page_token else None
         profiles = await asyncio.to_thread(self.store.list, model=request.model, hardware=request.hardware,
                                            latest_only=request.latest_only,
-                                           source=SOURCE_NAMES.get(request.source, ""), workload=request.workload)
-        return profiler_pb2.ListProfilesResponse(profiles=profiles)
+                                           source=SOURCE_NAMES.get(request.source, ""), workload=request.workload,
+                                           after=after, limit=size + 1)
+        token = _profile_page_token(profiles[size - 1]) if len(profiles) > size else ""
+        return profiler_pb2.ListProfilesResponse(profiles=profiles[:size], next_page_token=token)
 
     async def Calibrate(self, request: profiler_pb2.CalibrateRequest, context: Any) -> profiler_pb2.CalibrateResponse:
         if not request.config_key:

@@ -143,9 +143,16 @@ class ProfileStore:
             return _to_proto(row) if row is not None else None
 
     def list(self, *, model: str = "", hardware: str = "", latest_only: bool = False, source: str = "",
-             workload: str = "") -> list[common_pb2.Profile]:
+             workload: str = "", after: tuple[str, int] | None = None,
+             limit: int | None = None) -> list[common_pb2.Profile]:
+        """The matching profiles by (config_key, version); ``after``: only those past that (key, version), so a page
+        that follows another neither repeats nor skips a profile when others are stored in between."""
         with self.db.session(readonly=True) as s:
             query = sa.select(Profile)
+            if after is not None:
+                key, version = after
+                query = query.where(sa.or_(Profile.config_key > key,
+                                           sa.and_(Profile.config_key == key, Profile.version > version)))
             if model:
                 query = query.where(Profile.model == model)
             if hardware:
@@ -159,7 +166,8 @@ class ProfileStore:
                           .group_by(Profile.config_key).subquery())
                 query = query.join(latest, sa.and_(Profile.config_key == latest.c.config_key,
                                                    Profile.version == latest.c.v))
-            rows = s.scalars(query.order_by(Profile.config_key, Profile.version)).all()
+            query = query.order_by(Profile.config_key, Profile.version)
+            rows = s.scalars(query if limit is None else query.limit(limit)).all()
             return [_to_proto(r) for r in rows]
 
     def count(self, source: str = "") -> int:

@@ -172,24 +172,30 @@ class GetProfileResponse(_message.Message):
     def __init__(self, profile: _Optional[_Union[_common_pb2.Profile, _Mapping]] = ...) -> None: ...
 
 class ListProfilesRequest(_message.Message):
-    __slots__ = ("model", "hardware", "latest_only", "source", "workload")
+    __slots__ = ("model", "hardware", "latest_only", "source", "workload", "page_size", "page_token")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     LATEST_ONLY_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     model: str
     hardware: str
     latest_only: bool
     source: _common_pb2.ProfileSource
     workload: str
-    def __init__(self, model: _Optional[str] = ..., hardware: _Optional[str] = ..., latest_only: _Optional[bool] = ..., source: _Optional[_Union[_common_pb2.ProfileSource, str]] = ..., workload: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, model: _Optional[str] = ..., hardware: _Optional[str] = ..., latest_only: _Optional[bool] = ..., source: _Optional[_Union[_common_pb2.ProfileSource, str]] = ..., workload: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
-    __slots__ = ("profiles",)
+    __slots__ = ("profiles", "next_page_token")
     PROFILES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[_common_pb2.Profile]
-    def __init__(self, profiles: _Optional[_Iterable[_Union[_common_pb2.Profile, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, profiles: _Optional[_Iterable[_Union[_common_pb2.Profile, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PutProfileRequest(_message.Message):
     __slots__ = ("profile",)

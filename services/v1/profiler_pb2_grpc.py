@@ -134,7 +134,7 @@ class ProfilerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListProfiles(self, request, context):
-        """Lists profiles matching a filter.
+        """Lists profiles matching a filter, a page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

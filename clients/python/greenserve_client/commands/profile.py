@@ -42,6 +42,7 @@ from greenserve_client.cli import _add_connection_flags, _channel_config, print_
 
 GIB = 1 << 30
 PROG = "greenserve profile"
+LIST_PAGE_SIZE = 1000  # ListProfiles' largest page; `profile list` follows next_page_token for the rest
 SWEEP_MODES = {"standalone": "SERVING_MODE_STANDALONE", "spec_decode": "SERVING_MODE_SPEC_DECODE",
                "dpd": "SERVING_MODE_DISAGGREGATED", "dsd": "SERVING_MODE_DISAGGREGATED_SPEC_DECODE"}
 
@@ -265,6 +266,25 @@ async def _unary(ns: argparse.Namespace, method: str, request: Any) -> Any:
         await channel.close()
 
 
+async def _list_profiles(ns: argparse.Namespace, request: Any) -> list[Any]:
+    """Every profile ListProfiles matches: the pages one after another (the service answers at most a page)."""
+    from greenserve.v1 import profiler_pb2_grpc
+
+    request.page_size = LIST_PAGE_SIZE
+    channel = _channel(ns)
+    try:
+        stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
+        profiles: list[Any] = []
+        while True:
+            reply = await stub.ListProfiles(request)
+            profiles.extend(reply.profiles)
+            if not reply.next_page_token:
+                return profiles
+            request.page_token = reply.next_page_token
+    finally:
+        await channel.close()
+
+
 def _point_rows(profile: Any) -> list[dict[str, str]]:
     rows = []
     for p in profile.points:
@@ -343,15 +363,15 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
             return 0
         if ns.action == "list":
             source = common_pb2.ProfileSource.Value(f"PROFILE_SOURCE_{ns.source.upper()}") if ns.source else 0
-            reply = asyncio.run(_unary(ns, "ListProfiles", profiler_pb2.ListProfilesRequest(
+            profiles = asyncio.run(_list_profiles(ns, profiler_pb2.ListProfilesRequest(
                 model=ns.model, hardware=ns.hardware, workload=ns.workload, latest_only=ns.latest, source=source)))
             if ns.json:
-                print(strict_json.dumps({"profiles": [_dict(p) for p in reply.profiles]}))
+                print(strict_json.dumps({"profiles": [_dict(p) for p in profiles]}))
             else:
                 print_table([{"config_key": p.config_key, "version": str(p.version),
                               "source": common_pb2.ProfileSource.Name(p.source).removeprefix("PROFILE_SOURCE_").lower(),
                               "points": str(len(p.points)), "facts": str(len(p.facts)), "note": p.note[:60]}
-                             for p in reply.profiles], ["config_key", "version", "source", "points", "facts", "note"])
+                             for p in profiles], ["config_key", "version", "source", "points", "facts", "note"])
             return 0
         if ns.action == "show":
             profile = asyncio.run(_unary(ns, "GetProfile", profiler_pb2.GetProfileRequest(
