@@ -135,3 +135,36 @@ async def test_profile_list_cli_follows_the_pages(start_inprocess: Any, monkeypa
         assert code == 0
         listed = [(p["config_key"], p.get("version", 0)) for p in json.loads(out.splitlines()[-1])["profiles"]]
         assert listed == expected and len(listed) == PUBLISHED + 30
+
+
+async def test_profile_sweeps_cli_follows_the_pages(start_inprocess: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`greenserve profile sweeps` lists every sweep, not only ListSweeps' first page."""
+    from greenserve_client.commands import profile as profile_cli
+
+    from .conftest import sim_spec
+
+    svc = await start_inprocess(ProfilerSettings, build, log_json=False)
+    channel = grpc.aio.insecure_channel(svc.address)
+    try:
+        stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
+        ids = {(await stub.StartSweep(profiler_pb2.StartSweepRequest(spec=sim_spec(seed=i)))).sweep.id
+               for i in range(3)}
+    finally:
+        await channel.close()
+    runner = svc.server.registrations[0].servicer.runner
+    asked: list[int] = []
+    listed = runner.list
+
+    async def spy(page_size: int, page_token: str) -> Any:
+        asked.append(page_size)
+        return await listed(page_size, page_token)
+
+    monkeypatch.setattr(runner, "list", spy)
+    monkeypatch.setattr(profile_cli, "LIST_PAGE_SIZE", 2)  # three sweeps: two pages (the old CLI asked one of 1000)
+    capsys.readouterr()
+    code = await asyncio.to_thread(profile_cli.main, ["sweeps", "--json", "--profiler-addr", svc.address])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert {s["id"] for s in json.loads(out.splitlines()[-1])["sweeps"]} == ids
+    assert asked == [2, 2]

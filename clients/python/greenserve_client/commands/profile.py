@@ -42,7 +42,7 @@ from greenserve_client.cli import _add_connection_flags, _channel_config, print_
 
 GIB = 1 << 30
 PROG = "greenserve profile"
-LIST_PAGE_SIZE = 1000  # ListProfiles' largest page; `profile list` follows next_page_token for the rest
+LIST_PAGE_SIZE = 1000  # ListProfiles' and ListSweeps' largest page; `profile list/sweeps` follow next_page_token
 SWEEP_MODES = {"standalone": "SERVING_MODE_STANDALONE", "spec_decode": "SERVING_MODE_SPEC_DECODE",
                "dpd": "SERVING_MODE_DISAGGREGATED", "dsd": "SERVING_MODE_DISAGGREGATED_SPEC_DECODE"}
 
@@ -266,20 +266,21 @@ async def _unary(ns: argparse.Namespace, method: str, request: Any) -> Any:
         await channel.close()
 
 
-async def _list_profiles(ns: argparse.Namespace, request: Any) -> list[Any]:
-    """Every profile ListProfiles matches: the pages one after another (the service answers at most a page)."""
+async def _all_pages(ns: argparse.Namespace, method: str, request: Any, field: str) -> list[Any]:
+    """Every item a List RPC (ListProfiles, ListSweeps) matches, its ``field`` of the pages one after another
+    (the service answers at most a page)."""
     from greenserve.v1 import profiler_pb2_grpc
 
     request.page_size = LIST_PAGE_SIZE
     channel = _channel(ns)
     try:
-        stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
-        profiles: list[Any] = []
+        call = getattr(profiler_pb2_grpc.ProfilerServiceStub(channel), method)
+        items: list[Any] = []
         while True:
-            reply = await stub.ListProfiles(request)
-            profiles.extend(reply.profiles)
+            reply = await call(request)
+            items.extend(getattr(reply, field))
             if not reply.next_page_token:
-                return profiles
+                return items
             request.page_token = reply.next_page_token
     finally:
         await channel.close()
@@ -347,14 +348,14 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
                 return _fail(str(exc))
             return asyncio.run(_sweep(ns, spec))
         if ns.action == "sweeps":
-            reply = asyncio.run(_unary(ns, "ListSweeps", profiler_pb2.ListSweepsRequest(page_size=1000)))
+            sweeps = asyncio.run(_all_pages(ns, "ListSweeps", profiler_pb2.ListSweepsRequest(), "sweeps"))
             if ns.json:
-                print(strict_json.dumps({"sweeps": [_dict(s) for s in reply.sweeps]}))
+                print(strict_json.dumps({"sweeps": [_dict(s) for s in sweeps]}))
             else:
                 print_table([{"id": s.id, "state": profiler_pb2.SweepState.Name(s.state).removeprefix("SWEEP_STATE_"),
                               "done": f"{s.done_points}+{s.skipped_points}/{s.total_points}",
                               "workload": s.spec.workload, "created": s.created_at.ToJsonString()}
-                             for s in reply.sweeps], ["id", "state", "done", "workload", "created"])
+                             for s in sweeps], ["id", "state", "done", "workload", "created"])
             return 0
         if ns.action == "cancel":
             reply = asyncio.run(_unary(ns, "CancelSweep", profiler_pb2.CancelSweepRequest(sweep_id=ns.sweep_id)))
@@ -363,8 +364,9 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
             return 0
         if ns.action == "list":
             source = common_pb2.ProfileSource.Value(f"PROFILE_SOURCE_{ns.source.upper()}") if ns.source else 0
-            profiles = asyncio.run(_list_profiles(ns, profiler_pb2.ListProfilesRequest(
-                model=ns.model, hardware=ns.hardware, workload=ns.workload, latest_only=ns.latest, source=source)))
+            profiles = asyncio.run(_all_pages(ns, "ListProfiles", profiler_pb2.ListProfilesRequest(
+                model=ns.model, hardware=ns.hardware, workload=ns.workload, latest_only=ns.latest, source=source),
+                "profiles"))
             if ns.json:
                 print(strict_json.dumps({"profiles": [_dict(p) for p in profiles]}))
             else:
