@@ -74,19 +74,32 @@ class Capability:
 
 
 def simulator_profile_name(simulator_model: str, hardware: str) -> tuple[str, bool]:
-    """``"<model>@<hardware>"`` when the simulator knows it; else the closest known one and False."""
+    """``"<model>@<hardware>"`` when the simulator knows it; else the closest known one and False. Closest, among
+    the model's profiles, the same GPU (``A100-80GB`` of its slices); then the same family (``A100`` of
+    ``A100-40GB``); then the same maker's line (``H`` of ``H200``); then any single GPU; then any: at each step a
+    MIG slice for a slice and a whole GPU for a GPU. Before, a slice of a GPU
+    with no stored profile took the model's first profile by name (an A100-40GB slice became ``2xL40``: two GPUs'
+    idle power for one slice)."""
     known = list_profiles()
     wanted = f"{simulator_model}@{hardware}"
     if wanted in known:
         return wanted, True
-    same_model = [p for p in known if p.split("@")[0] == simulator_model]
+    same_model = sorted((p for p in known if p.split("@")[0] == simulator_model), key=lambda p: (len(p), p))
+    if not same_model:
+        return DEFAULT_PROFILE, False
     whole = hardware.split("-MIG-")[0]
-    for name in same_model:
-        if name.split("@")[1] == whole:
-            return name, False
-    if same_model:
-        return same_model[0], False
-    return DEFAULT_PROFILE, False
+    family = whole.split("-")[0]
+    mig = "-MIG-" in hardware
+
+    def rank(name: str) -> tuple[int, int]:
+        hw = name.split("@", 1)[1]
+        hw_whole = hw.split("-MIG-")[0]
+        single = not hw[:1].isdigit()  # not "2xL40"
+        closeness = (0 if hw_whole == whole else 1 if hw_whole.split("-")[0] == family
+                     else 2 if single and hw[:1] == family[:1] else 3 if single else 4)
+        return closeness, 0 if ("-MIG-" in hw) == mig else 1
+
+    return min(same_model, key=rank), False
 
 
 def hit_fraction_step(fraction: float) -> float:
