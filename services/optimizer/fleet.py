@@ -37,6 +37,9 @@ MAX_GPUS = 65536
 MAX_ENGINES = 65536
 # Engines on one MIG instance in a report (the gpu-partitioner runs one, with a DPD pair's decoder two).
 MAX_ENGINES_PER_INSTANCE = 8
+# MIG instances on one GPU, declared or reported (7 is the most any GPU holds; a report may list a few more
+# while a layout changes).
+MAX_INSTANCES_PER_GPU = 7 * 8
 # Reports are kept in memory per node: at most this many nodes, and MAX_GPUS reported GPUs in all.
 MAX_REPORTING_NODES = 65536
 MAX_CACHE_BYTES = 1 << 60
@@ -132,6 +135,7 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
         declared_gpus.add(gpu.uuid)
         if gpu.node:
             _name(f"{path}.node", gpu.node)
+        _declared_instances(path, gpu)
         gpu_ids.add(gpu.uuid)
     n_engines = 0
     for i, pool in enumerate(fleet.pools):
@@ -234,6 +238,19 @@ def _mig_layout(path: str, gpu: common_pb2.Gpu, model: int) -> None:
         raise InvalidArgument(f"{path}.instances[{max(exc.index, 0)}]", f"a layout {name} cannot hold: {exc}") from None
 
 
+def _declared_instances(path: str, gpu: common_pb2.Gpu) -> None:
+    """A declared GPU's MIG instances follow a report's rules (``validate_gpu_report``): their ids and engines
+    are names, whatever the GPU's model (``_mig_layout`` checks the layout only when the model is known)."""
+    if len(gpu.instances) > MAX_INSTANCES_PER_GPU:
+        raise InvalidArgument(f"{path}.instances", f"at most {MAX_INSTANCES_PER_GPU} MIG instances on one GPU")
+    for j, inst in enumerate(gpu.instances):
+        ipath = f"{path}.instances[{j}]"
+        if inst.uuid:
+            _name(f"{ipath}.uuid", inst.uuid)
+        _name(f"{ipath}.profile", inst.profile, MIG_PROFILE_NAME)
+        _instance_engines(ipath, inst)
+
+
 def _instance_engines(path: str, inst: common_pb2.MigInstance) -> None:
     """The engines a report puts on a MIG instance: each of ``engine_ids`` an engine id (merge_fleet makes an
     engine of each in the GPU's pool), ``engine_id`` their first (what readers before ``engine_ids`` see) or empty.
@@ -263,7 +280,7 @@ def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
         seen.add(gpu.uuid)
         if gpu.node and gpu.node != request.node:
             raise InvalidArgument(f"gpus[{i}].node", f"GPU reported by node {request.node} names node {gpu.node}")
-        if len(gpu.instances) > 7 * 8:
+        if len(gpu.instances) > MAX_INSTANCES_PER_GPU:
             raise InvalidArgument(f"gpus[{i}].instances", "too many MIG instances")
         # What the merge takes into the fleet the plans are computed over follows the declared fleet's rules.
         if gpu.model not in common_pb2.GpuModel.values():
