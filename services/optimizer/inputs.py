@@ -193,7 +193,8 @@ def _finite_mean(values: list[float]) -> float:
 async def fetch_profiles(channel: grpc.aio.Channel | None, notes: list[str],
                          timeout_s: float = 3.0) -> list[common_pb2.Profile]:
     """The latest version of every stored profile: ListProfiles' pages one after another, within ``timeout_s`` in
-    all (a profiler from before paging answers everything on the first page, with no next_page_token)."""
+    all (a profiler from before paging answers everything on the first page, with no next_page_token). A page
+    larger than the channel takes (RESOURCE_EXHAUSTED: profiles of many points) is asked again at half the size."""
     if channel is None:
         return []
     stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
@@ -203,7 +204,13 @@ async def fetch_profiles(channel: grpc.aio.Channel | None, notes: list[str],
     try:
         while True:
             left_s = max(deadline - asyncio.get_running_loop().time(), 0.001)  # past it: DEADLINE_EXCEEDED below
-            reply = await stub.ListProfiles(request, timeout=left_s)
+            try:
+                reply = await stub.ListProfiles(request, timeout=left_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or request.page_size <= 1:
+                    raise
+                request.page_size //= 2
+                continue
             profiles.extend(reply.profiles)
             if not reply.next_page_token:
                 return profiles

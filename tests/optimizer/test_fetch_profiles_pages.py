@@ -62,3 +62,38 @@ async def test_every_page_of_profiles_is_read(serve, paged: bool) -> None:
     assert [p.config_key for p in profiles] == [p.config_key for p in PROFILES] and not notes
     assert all(r.latest_only for r in profiler.requests)
     assert [r.page_token for r in profiler.requests] == (["", "2", "4"] if paged else [""])
+
+
+async def test_a_page_too_large_for_the_channel_is_asked_again_smaller() -> None:
+    """Profiles of many points: a page of 1000 can pass the channel's message limit (RESOURCE_EXHAUSTED); the page
+    is asked again at half the size until it fits, and every profile is still read."""
+    big = [common_pb2.Profile(config_key=f"m{i}@A100-80GB", version=1,
+                              points=[common_pb2.ProfilePoint(request_rate_per_s=r + 1.0) for r in range(3000)])
+           for i in range(6)]
+
+    class BigProfiler(profiler_pb2_grpc.ProfilerServiceServicer):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        async def ListProfiles(self, request: profiler_pb2.ListProfilesRequest, context: Any) -> Any:
+            self.sizes.append(request.page_size)
+            start = int(request.page_token or 0)
+            end = start + request.page_size
+            return profiler_pb2.ListProfilesResponse(profiles=big[start:end],
+                                                     next_page_token=str(end) if end < len(big) else "")
+
+    profiler = BigProfiler()
+    server = grpc.aio.server()
+    profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(profiler, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    # a profile of 3000 points is about 30 KB: a 64 KiB limit takes pages of 2 at most
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 * 1024)])
+    notes: list[str] = []
+    try:
+        got = await fetch_profiles(channel, notes, timeout_s=10.0)
+    finally:
+        await channel.close()
+        await server.stop(0)
+    assert [p.config_key for p in got] == [p.config_key for p in big] and not notes
+    assert profiler.sizes[0] == 1000 and min(profiler.sizes) <= 2
