@@ -54,6 +54,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger("greenserve.router")
 
+# A request naming a pool or model unknown here reads the shared state again, at most this often (refresh_state).
+UNKNOWN_REFRESH_MIN_INTERVAL_S = 0.05
+
 
 @dataclass(frozen=True)
 class CoreConfig:
@@ -123,6 +126,8 @@ class RouterCore(EngineAdmin):
         self._state_task: asyncio.Task[None] | None = None
         self._listener: Listener | None = None
         self._heartbeat: tuple[int, int, float] = (-1, -1, 0.0)
+        self._refresh: asyncio.Future[bool] | None = None  # a read for a target unknown here (refresh_state)
+        self._refreshed_at = -UNKNOWN_REFRESH_MIN_INTERVAL_S
         self.plans = PlanStore(db)
         self.policy = RoutingPolicy(self.registry, self.index, self.plans, config.policy)
         self.monitor = EngineMonitor(self.registry, scrape_interval_s=config.scrape_interval_s,
@@ -218,6 +223,8 @@ class RouterCore(EngineAdmin):
                                      first_token_timeout_s=self.config.first_token_timeout_s,
                                      saturation_requests=self.saturation_requests)
         self.dispatcher.engines.stream_idle_timeout_s = self.config.engine_stream_idle_timeout_s
+        if self.shared is not None:
+            self.dispatcher.refresh_state = self.refresh_state
         self.monitor.start()
         self.receipt_metrics.start()
         await self._discover_models()
@@ -290,6 +297,27 @@ class RouterCore(EngineAdmin):
                 raise
             except Exception as exc:  # noqa: BLE001 - a database hiccup: keep routing on what is known
                 log.warning("shared state not read", extra={"error": str(exc)})
+
+    async def refresh_state(self) -> None:
+        """Reads the shared state now, for a request naming a pool or model unknown here: another replica may have
+        registered it since the last poll, and answering 404 (which no client retries) in that window would break
+        the replicas' agreement. Callers at once share one read, and a read starts at most every
+        ``UNKNOWN_REFRESH_MIN_INTERVAL_S`` (requests for pools that do not exist cost the database no more)."""
+        if self.shared is None:
+            return
+        task = self._refresh
+        if task is None or task.done():
+            now = time.monotonic()
+            if now - self._refreshed_at < UNKNOWN_REFRESH_MIN_INTERVAL_S:
+                return
+            self._refreshed_at = now
+            task = self._refresh = asyncio.ensure_future(self.sync_state())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a database hiccup: answer on what is known
+            log.warning("shared state not read", extra={"error": str(exc)})
 
     async def sync_state(self) -> bool:
         """Reloads the shared state if its counter moved; True when it did."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # the C string scanner json.loads itself uses
 from typing import Any
@@ -209,6 +210,21 @@ class Dispatcher:
         self.saturation_requests = saturation_requests
         self.retries = 0
         self.upstream_failures = 0
+        # reads the replicas' shared state again (RouterCore.refresh_state; None without a shared database)
+        self.refresh_state: Callable[[], Awaitable[None]] | None = None
+
+    async def _choose_after_refresh(self, req: RouteRequest, tried: set[str]) -> Decision:
+        """The choice for a request whose pool or model this router does not know, after reading the shared state
+        again (``refresh_state``, set with replicas): UnknownTargetError if still unknown, UpstreamUnavailable
+        if now known with no engine up."""
+        assert self.refresh_state is not None
+        await self.refresh_state()
+        try:
+            return self.policy.choose(req.pool, req.model, req.hashes, req.session_key, tried)
+        except UnknownTargetError:
+            raise
+        except NoEngineError as exc:
+            raise UpstreamUnavailable(str(exc)) from None
 
     async def open(self, req: RouteRequest) -> Call:
         """Picks an engine and reads up to the first token, retrying on other engines before it."""
@@ -220,9 +236,13 @@ class Dispatcher:
             try:
                 decision = self.policy.choose(req.pool, req.model, req.hashes, req.session_key, tried)
             except UnknownTargetError:
-                if attempt == 0:
-                    raise  # the caller's error (HTTP 404 / gRPC NOT_FOUND), not the engines'
-                break
+                if attempt > 0:
+                    break
+                if self.refresh_state is None:
+                    raise
+                # the caller's error (HTTP 404 / gRPC NOT_FOUND), not the engines', unless another replica
+                # registered it since this one last read the shared state
+                decision = await self._choose_after_refresh(req, tried)
             except NoEngineError as exc:
                 if attempt == 0:
                     raise UpstreamUnavailable(str(exc)) from None
