@@ -55,9 +55,12 @@ async def test_requests_for_unknown_pools_share_and_space_their_reads(router, sh
     monkeypatch.setattr(b.core.shared, "version", counted)
     await asyncio.sleep(1.1)  # past B's own poll
     reads = 0
+    t0 = time.monotonic()
     results = await asyncio.gather(*(b.stub.Route(_route(f"nope-{i}")) for i in range(100)), return_exceptions=True)
+    elapsed_s = time.monotonic() - t0
     assert {r.code() for r in results} == {grpc.StatusCode.NOT_FOUND}
-    assert 1 <= reads <= 2, reads  # 100 at once share one read (two if B's own poll fell inside)
+    # 100 at once share the reads: one, or one per spacing interval the burst took on a loaded host (+ B's poll)
+    assert 1 <= reads <= elapsed_s / UNKNOWN_REFRESH_MIN_INTERVAL_S + 2 and reads < 20, (reads, elapsed_s)
     reads = 0
     t0 = time.monotonic()
     for i in range(100):  # one after another: a read at most every UNKNOWN_REFRESH_MIN_INTERVAL_S
