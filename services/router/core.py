@@ -56,6 +56,11 @@ log = logging.getLogger("greenserve.router")
 
 # A request naming a pool or model unknown here reads the shared state again, at most this often (refresh_state).
 UNKNOWN_REFRESH_MIN_INTERVAL_S = 0.05
+# While the interval in force weights MIG placements no engine runs at yet, the fleet is read again after 1, 2,
+# 4 ... s (at most 30 s apart), for at most 15 minutes (a layout change and a large model's load included).
+PLACEMENT_RETRY_FIRST_S = 1.0
+PLACEMENT_RETRY_MAX_S = 30.0
+PLACEMENT_WAIT_MAX_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class RouterCore(EngineAdmin):
         self._listener: Listener | None = None
         self._heartbeat: tuple[int, int, float] = (-1, -1, 0.0)
         self._refresh: asyncio.Future[bool] | None = None  # a read for a target unknown here (refresh_state)
+        self._placement_task: asyncio.Task[None] | None = None  # _watch_placements
         self._refreshed_at = -UNKNOWN_REFRESH_MIN_INTERVAL_S
         self.plans = PlanStore(db)
         self.policy = RoutingPolicy(self.registry, self.index, self.plans, config.policy)
@@ -142,7 +148,8 @@ class RouterCore(EngineAdmin):
         self.access_feed = AccessFeed(cache_manager if config.feeds else None, config.access_feed_interval_s,
                                       bytes_per_token=int(kv["bytes_per_token"]))
         self.watcher = PlanWatcher(self.plans, self._optimizer, self._on_plan,
-                                   known_engines=lambda: set(self.registry.engines)) \
+                                   known_engines=lambda: set(self.registry.engines),
+                                   on_unresolved=self._watch_placements) \
             if self._optimizer is not None else None
         self.receipt_metrics = ReceiptMetrics(meter)
         self.attainment = AttainmentWindow(config.slo_window_s)
@@ -249,6 +256,8 @@ class RouterCore(EngineAdmin):
         if self._state_task is not None:
             self._state_task.cancel()
             await asyncio.gather(self._state_task, return_exceptions=True)
+        if self._placement_task is not None:
+            self._placement_task.cancel()  # the others are writes that finish
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self.attainment_reporter is not None:
@@ -409,6 +418,41 @@ class RouterCore(EngineAdmin):
 
     async def _on_plan(self, plan: common_pb2.Plan) -> None:
         """A new plan: fetch the fleet for pool SLOs/regions and for engines the plan names but we lack."""
+        await self._fetch_fleet()
+
+    def _watch_placements(self) -> None:
+        """Reads the fleet again, at growing intervals, while the interval in force weights MIG placements no
+        engine of the fleet runs at yet (``PlanStore.unresolved_placements``). A plan that changes a MIG layout
+        names the new instances by placement; the gpu-partitioner creates them, starts their engines and reports
+        them only after the plan arrived, and a report of new instances does not make a new plan (the optimizer
+        would chase its own tail), so without this their engines had no weight until the next plan, up to an
+        hour later."""
+        if self._optimizer is None or (self._placement_task is not None and not self._placement_task.done()):
+            return
+
+        async def watch() -> None:
+            delay_s, waited_s = PLACEMENT_RETRY_FIRST_S, 0.0
+            while self.plans.unresolved_placements() and waited_s < PLACEMENT_WAIT_MAX_S:
+                await asyncio.sleep(delay_s)
+                waited_s += delay_s
+                delay_s = min(2 * delay_s, PLACEMENT_RETRY_MAX_S)
+                await self._fetch_fleet()
+            left = self.plans.unresolved_placements()
+            if left:
+                log.warning("MIG placements of the plan still run no engine", extra={
+                    "plan_version": self.plans.version, "placements": sorted(left)[:10], "waited_s": waited_s})
+            else:
+                log.info("MIG placements of the plan resolved to engines", extra={"plan_version": self.plans.version})
+                if self.watcher is not None and waited_s:  # the report said their weight went to no engine
+                    await self.watcher.follower.reconcile_now(force=True)
+
+        self._placement_task = asyncio.get_running_loop().create_task(watch(), name="router-placements")
+        self._background.add(self._placement_task)
+        self._placement_task.add_done_callback(self._background.discard)
+
+    async def _fetch_fleet(self) -> None:
+        """GetFleet: pool SLOs and regions, the engines of MIG placements, and the engines the plan names that
+        the router lacks (registered, source "plan")."""
         if self._optimizer is None:
             return
         try:

@@ -76,6 +76,7 @@ class PlanStore:
         self.version = 0
         self.received_at = 0.0
         self._weights: dict[str, Weights] = {}
+        self._interval: common_pb2.PlanInterval | None = None  # the interval in force (_select_interval)
         self._valid_until = math.inf  # clock time when the interval in force ends
         self.pool_slo: dict[str, common_pb2.Slo] = {}
         self.pool_region: dict[str, str] = {}
@@ -92,6 +93,20 @@ class PlanStore:
         if self.clock() >= self._valid_until:
             self._select_interval()
         return self._weights.get(pool), self.version
+
+    def unresolved_placements(self) -> set[str]:
+        """MIG placements (``mig:<gpu>/<profile>@<start>``) the interval in force weights that no engine of the
+        fleet inventory runs at yet: the layout is being applied, and until the gpu-partitioner reports the
+        engines it started there (and the router reads the fleet again) their weight goes to no engine."""
+        if self.plan is None:
+            return set()
+        if self.clock() >= self._valid_until:
+            self._select_interval()
+        interval = self._interval
+        if interval is None:
+            return set()
+        return {w.engine_id for w in interval.routing_weights
+                if w.engine_id.startswith(MIG_PLACEMENT_PREFIX) and w.engine_id not in self.instance_engines}
 
     def engine_ids(self) -> set[str]:
         if self.plan is None:
@@ -119,6 +134,7 @@ class PlanStore:
             starts = [iv for iv in plan.intervals if not iv.HasField("start") or iv.start.ToSeconds() <= now]
             chosen = starts[-1] if starts else plan.intervals[0]
         weights: dict[str, Weights] = {}
+        self._interval = chosen
         if chosen is not None:
             for w in chosen.routing_weights:
                 pool = weights.setdefault(w.pool, {})
@@ -205,9 +221,11 @@ class PlanWatcher:
         *,
         instance: str | None = None,
         known_engines: Callable[[], set[str]] | None = None,
+        on_unresolved: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.on_plan = on_plan
+        self.on_unresolved = on_unresolved  # the interval in force weights MIG placements the fleet lacks
         self.known_engines = known_engines
         self.rejected = 0
         self.follower = PlanFollower(component="router", instance=instance or socket.gethostname(), channel=channel,
@@ -243,6 +261,8 @@ class PlanWatcher:
             await asyncio.to_thread(self.store.persist, plan)
             if self.on_plan is not None:
                 await self.on_plan(plan)
+        if self.on_unresolved is not None and self.store.unresolved_placements():
+            self.on_unresolved()  # a new plan, or a new interval of it, whose layout is still being applied
         return Outcome(APPLIED, self.describe(plan, interval))
 
     def describe(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> str:

@@ -21,6 +21,7 @@ from greenserve.v1 import (
     forecaster_pb2_grpc,
     optimizer_pb2,
     optimizer_pb2_grpc,
+    router_pb2,
 )
 from grpc_status import rpc_status
 
@@ -37,6 +38,7 @@ class Peers(optimizer_pb2_grpc.OptimizerServiceServicer, forecaster_pb2_grpc.For
         self.ci = 42.0
         self.refuse_pools: set[str] = set()  # StreamLoad refuses a call holding a sample of these (all or nothing)
         self.load_calls = 0
+        self.reports: list[optimizer_pb2.ReportEnforcementRequest] = []
 
     async def WatchPlans(self, request, context):
         while True:
@@ -44,6 +46,10 @@ class Peers(optimizer_pb2_grpc.OptimizerServiceServicer, forecaster_pb2_grpc.For
 
     async def GetFleet(self, request, context):
         return optimizer_pb2.GetFleetResponse(fleet=self.fleet)
+
+    async def ReportEnforcement(self, request, context):
+        self.reports.append(request)
+        return optimizer_pb2.ReportEnforcementResponse()
 
     async def GetCurrentCarbonIntensity(self, request, context):
         return forecaster_pb2.GetCurrentCarbonIntensityResponse(
@@ -287,3 +293,52 @@ async def test_receipt_metrics_queue_nothing_when_no_metric_reader_is_set() -> N
 
     read = setup_telemetry("t", metric_reader=InMemoryMetricReader(), install_global=False)
     assert read.metrics_exported and ReceiptMetrics(read.meter).enabled
+
+
+async def test_a_mig_placement_gets_its_engine_without_a_new_plan(peers, emulators, router, monkeypatch) -> None:
+    """A plan that creates a MIG instance names it by placement; the gpu-partitioner creates it, starts and registers
+    its engine, and reports it to the optimizer after the plan arrived, which makes no new plan. The router reads
+    the fleet again while a placement of the interval in force has no engine, so the new engine gets the plan's
+    weight within seconds; before, until the next plan (up to an hour later), it had the pool's mean weight as an
+    engine the plan does not name, and the placement's weight went to no engine."""
+    from greenserve.router import core as router_core
+
+    monkeypatch.setattr(router_core, "PLACEMENT_RETRY_FIRST_S", 0.1)
+    monkeypatch.setattr(router_core, "PLACEMENT_RETRY_MAX_S", 0.2)
+    servicer, addr = peers
+    plain, on_mig = await emulators(1), await emulators(1)
+    r = await router([plain[0].url], watch_plans=True, optimizer_addr=addr)
+    (plain_id,) = r.core.registry.engines
+    placement = "mig:GPU-a/3g.40gb@4"
+    servicer.fleet = common_pb2.FleetInventory(gpus=[common_pb2.Gpu(uuid="GPU-a", mig_enabled=True)])  # not yet
+    await servicer.plans.put(_plan(3, {plain_id: 0.0, placement: 1.0}))
+    for _ in range(100):
+        if r.core.plans.version == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert r.core.plans.unresolved_placements() == {placement}
+    # the gpu-partitioner starts the engine, registers it with the router and reports it to the optimizer
+    await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
+        id="mig-engine", url=on_mig[0].url, pool="default", model=on_mig[0].model, mig_uuid="MIG-4")))
+    servicer.fleet = common_pb2.FleetInventory(gpus=[common_pb2.Gpu(uuid="GPU-a", mig_enabled=True, instances=[
+        common_pb2.MigInstance(uuid="MIG-4", profile="3g.40gb", placement_start=4, engine_ids=["mig-engine"],
+                               engine_id="mig-engine")])])
+    for _ in range(100):
+        if not r.core.plans.unresolved_placements():
+            break
+        await asyncio.sleep(0.05)
+    assert not r.core.plans.unresolved_placements()
+    assert r.core.plans.version == 3  # no new plan was needed
+    assert r.core.plans.weights_for("default")[0] == {plain_id: 0.0, "mig-engine": 1.0}  # the plan's weight, by id
+    for _ in range(100):  # and the router's report to the optimizer says so
+        details = [rep.report.detail for rep in servicer.reports if rep.report.plan_version == 3]
+        if details and "unknown to the router" not in details[-1] and "applying" not in details[-1]:
+            break
+        await asyncio.sleep(0.05)
+    assert any("unknown to the router" in d for d in details), details
+    assert "unknown to the router" not in details[-1] and details[-1].startswith("plan v3: weights"), details
+    async with aiohttp.ClientSession() as s:
+        for _ in range(4):
+            async with s.post(r.http + "/v1/completions",
+                              json={"model": on_mig[0].model, "prompt": "x", "max_tokens": 2}) as resp:
+                assert resp.status == 200 and resp.headers["x-greenserve-engine"] == "mig-engine"
