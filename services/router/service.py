@@ -63,16 +63,17 @@ class RouterServicer(GenerateStream, router_pb2_grpc.RouterServiceServicer):
         _, prompt, _ = describe(request.request)
         hashes = chain_hashes(prompt, core.config.prefix_block_chars)
         d = request.request
-        for refreshed in (False, True):
+        try:
             try:
                 decision = core.policy.choose(d.pool, d.model, hashes, d.session_key, explain=True)
-                break
-            except UnknownTargetError as exc:
-                if refreshed or core.shared is None:
-                    raise NotFound(str(exc), field=exc.grpc_field) from None
-                await core.refresh_state()  # another replica may have registered it since the last poll
-            except NoEngineError as exc:
-                raise Unavailable(str(exc)) from None
+            except UnknownTargetError:
+                assert core.dispatcher is not None
+                decision = await core.dispatcher.choose_after_refresh(d.pool, d.model, hashes, d.session_key,
+                                                                      explain=True)
+        except UnknownTargetError as exc:
+            raise NotFound(str(exc), field=exc.grpc_field) from None
+        except NoEngineError as exc:
+            raise Unavailable(str(exc)) from None
         if hashes:
             core.index.insert(decision.engine.id, hashes)
         tokens = int(decision.matched_blocks * core.config.prefix_block_chars / core.chars_per_token)

@@ -213,18 +213,17 @@ class Dispatcher:
         # reads the replicas' shared state again (RouterCore.refresh_state; None without a shared database)
         self.refresh_state: Callable[[], Awaitable[None]] | None = None
 
-    async def _choose_after_refresh(self, req: RouteRequest, tried: set[str]) -> Decision:
-        """The choice for a request whose pool or model this router does not know, after reading the shared state
-        again (``refresh_state``, set with replicas): UnknownTargetError if still unknown, UpstreamUnavailable
-        if now known with no engine up."""
-        assert self.refresh_state is not None
-        await self.refresh_state()
-        try:
-            return self.policy.choose(req.pool, req.model, req.hashes, req.session_key, tried)
-        except UnknownTargetError:
-            raise
-        except NoEngineError as exc:
-            raise UpstreamUnavailable(str(exc)) from None
+    async def choose_after_refresh(self, pool: str, model: str, hashes: list[int], session_key: str = "",
+                                   exclude: frozenset[str] | set[str] = frozenset(),
+                                   explain: bool = False) -> Decision:
+        """``policy.choose`` once more for a request whose pool or model this router did not know, after reading
+        the replicas' shared state (``refresh_state``; nothing to read without replicas): another replica may
+        have registered it since this one's last poll. Raises what ``choose`` raises: UnknownTargetError if it
+        is still unknown (the caller's error: HTTP 404 / gRPC NOT_FOUND), NoEngineError if it is now known with
+        no engine up. Only the unknown path comes here; a routable request never awaits it."""
+        if self.refresh_state is not None:
+            await self.refresh_state()
+        return self.policy.choose(pool, model, hashes, session_key, exclude, explain=explain)
 
     async def open(self, req: RouteRequest) -> Call:
         """Picks an engine and reads up to the first token, retrying on other engines before it."""
@@ -238,11 +237,13 @@ class Dispatcher:
             except UnknownTargetError:
                 if attempt > 0:
                     break
-                if self.refresh_state is None:
-                    raise
-                # the caller's error (HTTP 404 / gRPC NOT_FOUND), not the engines', unless another replica
-                # registered it since this one last read the shared state
-                decision = await self._choose_after_refresh(req, tried)
+                try:
+                    decision = await self.choose_after_refresh(req.pool, req.model, req.hashes, req.session_key,
+                                                               tried)
+                except UnknownTargetError:
+                    raise  # the caller's error (HTTP 404 / gRPC NOT_FOUND), not the engines'
+                except NoEngineError as exc:
+                    raise UpstreamUnavailable(str(exc)) from None
             except NoEngineError as exc:
                 if attempt == 0:
                     raise UpstreamUnavailable(str(exc)) from None
