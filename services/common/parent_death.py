@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 _PR_SET_PDEATHSIG = 1
+_MODULE = "greenserve.common.parent_death"  # run as a program by dies_with_parent (``python -m``)
 _LINUX = sys.platform.startswith("linux")
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if _LINUX else None
 
@@ -51,8 +52,7 @@ def dies_with_parent(argv: Sequence[str], sig: int = signal.SIGTERM,
     program = shutil.which(argv[0], path=(env if env is not None else os.environ).get("PATH", os.defpath))
     if program is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
-    return [sys.executable, "-m", __name__ if __name__ != "__main__" else "greenserve.common.parent_death",
-            str(os.getpid()), str(int(sig)), os.path.abspath(program), *argv]
+    return [sys.executable, "-m", _MODULE, str(os.getpid()), str(int(sig)), os.path.abspath(program), *argv]
 
 
 def exit_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:

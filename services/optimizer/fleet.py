@@ -239,13 +239,19 @@ def _mig_layout(path: str, gpu: common_pb2.Gpu, model: int) -> None:
 
 
 def _declared_instances(path: str, gpu: common_pb2.Gpu) -> None:
-    """A declared GPU's MIG instances follow a report's rules (``validate_gpu_report``): their ids and engines
-    are names, whatever the GPU's model (``_mig_layout`` checks the layout only when the model is known)."""
+    """A declared GPU's MIG instances follow a report's rules (``validate_gpu_report``), an instance id being
+    optional: their ids and engines are names, whatever the GPU's model (``_mig_layout`` checks the layout only
+    when the model is known)."""
     if len(gpu.instances) > MAX_INSTANCES_PER_GPU:
         raise InvalidArgument(f"{path}.instances", f"at most {MAX_INSTANCES_PER_GPU} MIG instances on one GPU")
+    _instance_names(path, gpu, uuid_required=False)
+
+
+def _instance_names(path: str, gpu: common_pb2.Gpu, *, uuid_required: bool) -> None:
+    """Each MIG instance's id, profile and engines are names (InvalidArgument naming the first that is not)."""
     for j, inst in enumerate(gpu.instances):
         ipath = f"{path}.instances[{j}]"
-        if inst.uuid:
+        if uuid_required or inst.uuid:
             _name(f"{ipath}.uuid", inst.uuid)
         _name(f"{ipath}.profile", inst.profile, MIG_PROFILE_NAME)
         _instance_engines(ipath, inst)
@@ -289,11 +295,7 @@ def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
             _name(f"gpus[{i}].pool", gpu.pool, POOL_NAME)
         if gpu.hardware:
             _name(f"gpus[{i}].hardware", gpu.hardware)
-        for j, inst in enumerate(gpu.instances):
-            ipath = f"gpus[{i}].instances[{j}]"
-            _name(f"{ipath}.uuid", inst.uuid)
-            _name(f"{ipath}.profile", inst.profile, MIG_PROFILE_NAME)
-            _instance_engines(ipath, inst)
+        _instance_names(f"gpus[{i}]", gpu, uuid_required=True)
 
 
 def merge_fleet(declared: common_pb2.FleetInventory,
