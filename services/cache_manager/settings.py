@@ -47,5 +47,5 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
     instance: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253,
                           description="name of this cache-manager in enforcement reports (default: the host name)")
     lmcache_max_dram_bytes: int = Field(0, ge=0, le=2**50, description="largest L1 size a plan, ApplyCachePlan or "
-                                        "ResizeCache may give one LMCache server, bytes (larger: refused); 0: this host's memory for servers on "
-                                        "this host, else no limit")
+                                        "ResizeCache may give one LMCache server, bytes (larger: refused); 0: this "
+                                        "host's memory for servers on this host, else no limit")
