@@ -259,11 +259,14 @@ def pd_settings(spec: EngineSpec) -> dict[str, str]:
     ``pd_peer_host`` / ``pd_peer_init_port`` / ``pd_peer_alloc_port``, ``pd_buffer_size`` / ``pd_buffer_device``,
     no local CPU cache; the sender skips the ZMQ notification of LMCache's own proxy, ``pd_skip_proxy_notification``,
     since the router waits for the HTTP answer) as environment variables; ``PYTHONHASHSEED`` 0 in both, as LMCache requires for matching
-    KV keys across processes."""
+    KV keys across processes. ``pd_backend_mode`` is ``sync`` in both: LMCache 0.5.6's default, ``async``
+    (``storage_backend/pd_backend_async.py``), asserts ``pd_proxy_host`` / ``pd_proxy_port`` on the sender and has no
+    ``pd_skip_proxy_notification``, so the prefiller would fail at start; only the sync backend (``pd_backend.py``)
+    honours the skip, and the receiver runs the same backend as its sender."""
     if not (spec.pd_peer_host and spec.pd_init_port and spec.pd_alloc_port):
         raise ValueError(f"engine {spec.engine_id}: a DPD pair needs the decoder's host and NIXL init/alloc ports")
     env = {"PYTHONHASHSEED": "0", "LMCACHE_LOCAL_CPU": "False", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0",
-           "LMCACHE_ENABLE_PD": "True", "LMCACHE_TRANSFER_CHANNEL": "nixl",
+           "LMCACHE_ENABLE_PD": "True", "LMCACHE_TRANSFER_CHANNEL": "nixl", "LMCACHE_PD_BACKEND_MODE": "sync",
            "LMCACHE_PD_ROLE": "sender" if spec.pd_role == "prefill" else "receiver",
            "LMCACHE_PD_BUFFER_SIZE": str(PD_BUFFER_BYTES[spec.pd_role]), "LMCACHE_PD_BUFFER_DEVICE": "cuda"}
     if spec.pd_role == "decode":

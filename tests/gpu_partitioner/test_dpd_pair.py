@@ -10,6 +10,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from greenserve.router.service import RouterSettings
 from greenserve.router.service import build as build_router
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 
+from tests.cache_manager.conftest import lmcache_venv
 from tests.gpu_partitioner.fake_pynvml import FakeNvml
 
 NODE = "node-d"
@@ -69,6 +71,7 @@ def test_vllm_runs_dpd_as_a_pair_with_lmcache_pd_settings_and_still_refuses_dsd(
         assert config["kv_connector_extra_config"]["discard_partial_chunks"] is False
         assert cmd.env["LMCACHE_ENABLE_PD"] == "True" and cmd.env["LMCACHE_TRANSFER_CHANNEL"] == "nixl"
         assert cmd.env["PYTHONHASHSEED"] == "0"
+        assert cmd.env["LMCACHE_PD_BACKEND_MODE"] == "sync"  # the backend that honours the skipped proxy notification
     assert json.loads(decode.argv[decode.argv.index("--kv-transfer-config") + 1])[
         "kv_connector_extra_config"]["skip_last_n_tokens"] == 1
     assert prefill.env["LMCACHE_PD_ROLE"] == "sender" and prefill.env["CUDA_VISIBLE_DEVICES"] == "MIG-1"
@@ -88,6 +91,29 @@ def test_vllm_runs_dpd_as_a_pair_with_lmcache_pd_settings_and_still_refuses_dsd(
     argv = emulated.argv
     assert argv[argv.index("--pd-role") + 1] == "decode" and argv[argv.index("--profile") + 1] == "llama2-7b@V100"
     assert emulated.env["CUDA_VISIBLE_DEVICES"] == "GPU-V"
+
+
+def test_lmcache_accepts_the_pd_environment_of_both_engines_of_the_pair() -> None:
+    """LMCache 0.5.6's own code (its virtualenv, ``lmcache_pd_config_check.py``) builds the PD backend configuration
+    of each engine from the environment the launcher gives it. Without ``LMCACHE_PD_BACKEND_MODE=sync`` the prefiller
+    got LMCache's default async backend, which asserts a proxy host and port and so failed at start."""
+    python = lmcache_venv() / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no LMCache virtualenv at {python.parent.parent} (scripts/install-lmcache.sh)")
+    launcher = VllmLauncher()
+    prefill = launcher.command(_spec(pd_role="prefill"))
+    decode = launcher.command(_spec(engine_id="e1/decode", pd_role="decode", gpu_uuid="GPU-T4", mig_uuid="",
+                                    hardware="T4", port=8101))
+    for cmd, role in ((prefill, "sender"), (decode, "receiver")):
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+               "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1", **cmd.env}
+        result = subprocess.run([str(python), str(Path(__file__).with_name("lmcache_pd_config_check.py"))],
+                                env=env, capture_output=True, text=True, timeout=120)
+        lines = result.stdout.strip().splitlines()
+        assert lines, result.stderr[-2000:]
+        answer = json.loads(lines[-1])
+        assert answer["ok"], f"{role}: {answer['error']}"
+        assert (answer["mode"], answer["role"]) == ("sync", role)
 
 
 def test_the_inventory_lists_whole_gpus(db: Database) -> None:
