@@ -224,8 +224,10 @@ class VllmLauncher:
                 "kv_connector_extra_config": {"lmcache.mp.host": host, "lmcache.mp.port": int(port)},
             }, separators=(",", ":"))]
         argv += list(spec.vllm_args)
-        return LaunchCommand(argv=tuple(argv), env={"CUDA_VISIBLE_DEVICES": spec.mig_uuid},
-                             health_path=VLLM_HEALTH_PATH)
+        # an empty CUDA_VISIBLE_DEVICES hides every GPU from CUDA (vLLM then finds none): with no device named
+        # (the profiler's default) the engine inherits this process's variable instead
+        env = {"CUDA_VISIBLE_DEVICES": spec.device} if spec.device else {}
+        return LaunchCommand(argv=tuple(argv), env=env, health_path=VLLM_HEALTH_PATH)
 
     def _pd_command(self, spec: EngineSpec, argv: list[str]) -> LaunchCommand:
         """One engine of a DPD pair: LMCache's in-process connector in its role, its PD settings in the

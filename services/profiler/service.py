@@ -47,7 +47,8 @@ class ProfilerSettings(ServiceSettings, DependencyAddresses):
     engine_start_timeout_s: float = Field(600.0, gt=0, le=3600, description="longest wait for a started engine")
     engine_cuda_visible_devices: str = Field(
         "", description="the device the profiled engine runs on (GPU or MIG-... UUID): CUDA_VISIBLE_DEVICES of "
-        "started vLLM engines; a MIG UUID takes that instance's power share from the gpu-partitioner")
+        "started vLLM engines (empty: they inherit the profiler's own); a MIG UUID takes that instance's power "
+        "share from the gpu-partitioner")
     engine_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm serve --gpu-memory-utilization")
     engine_log_dir: Path | None = Field(None, description="logs of the engines the profiler starts (default: none)")
 

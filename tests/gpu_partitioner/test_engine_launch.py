@@ -43,6 +43,13 @@ def test_vllm_command_serves_the_variant_under_the_pool_model_on_the_mig_device(
     assert cmd.health_path == "/health"
 
 
+def test_vllm_command_without_a_device_inherits_cuda_visible_devices() -> None:
+    """An empty CUDA_VISIBLE_DEVICES hides every GPU: an engine with no device named (the profiler's default) gets
+    none in its environment, so it inherits the parent's; a whole GPU's UUID is passed like a MIG one."""
+    assert "CUDA_VISIBLE_DEVICES" not in VllmLauncher().command(_spec(mig_uuid="", gpu_uuid="")).env
+    assert VllmLauncher().command(_spec(mig_uuid="", gpu_uuid="GPU-1")).env == {"CUDA_VISIBLE_DEVICES": "GPU-1"}
+
+
 def test_vllm_command_with_lmcache_uses_the_multiprocess_connector() -> None:
     cmd = VllmLauncher().command(_spec(lmcache_url="tcp://10.0.0.9:5555", vllm_args=()))
     assert "--max-model-len" not in cmd.argv  # 0: the model's own

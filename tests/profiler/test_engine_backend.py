@@ -174,6 +174,20 @@ async def test_engine_per_configuration_started_by_the_profiler(profiler) -> Non
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "spec.engine_url" in err.value.details()
 
 
+def test_vllm_engine_started_by_the_profiler_runs_on_the_named_device_or_inherits_it() -> None:
+    """--engine-cuda-visible-devices is the started vLLM's CUDA_VISIBLE_DEVICES; left empty (the default) the engine
+    inherits the profiler's own instead of getting an empty value, with which CUDA shows it no GPU."""
+    from greenserve.profiler.settings_view import EngineSettingsView
+
+    spec = profiler_pb2.SweepSpec(backend=profiler_pb2.SWEEP_BACKEND_ENGINE, workload="sharegpt", configs=[config()])
+    for device, expected in (("", None), ("MIG-4c60d78c-506f", "MIG-4c60d78c-506f"), ("GPU-1", "GPU-1")):
+        backend = engine_backend.EngineBackend(EngineSettingsView(engine_launcher="vllm",
+                                                                  engine_cuda_visible_devices=device))
+        cmd = backend._launcher(spec).command(backend._engine_spec(spec, config(), 8200))
+        assert cmd.argv[:3] == ("vllm", "serve", "llama3-8b")
+        assert cmd.env.get("CUDA_VISIBLE_DEVICES") == expected
+
+
 def test_engine_modelled_energy_metric_window() -> None:
     text = "# TYPE greenserve:engine_energy_joules counter\ngreenserve:engine_energy_joules_total{engine=\"0\"} {v}\n"
     win = engine_metrics.window(engine_metrics.parse(text.replace("{v}", "1000")),
