@@ -4,9 +4,17 @@ A snapshot is taken when the measurement window opens and when it closes; counte
 differenced over the window. Each quantity lists its sample names newest first (vLLM renamed
 ``gpu_prefix_cache_*`` -> ``prefix_cache_*`` in 0.9 and ``time_per_output_token_seconds`` ->
 ``inter_token_latency_seconds`` in 0.11; ``request_time_per_output_token_seconds`` is the per-request TPOT);
-the first one present wins. Values are summed over labels (engine ranks). Power: an engine that models its own
-power (an emulator) may export ``greenserve:engine_energy_joules`` (counter) or ``greenserve:engine_power_watts``
-(gauge); a real vLLM exports neither, so its power comes from NVML.
+the first one present wins. Values are summed over labels (engine ranks).
+
+KV-connector (LMCache) hits: vLLM counts them itself, ``vllm:external_prefix_cache_queries`` / ``_hits``
+(``vllm/v1/metrics/loggers.py``; the scheduler queries the connector for the prompt tokens the local prefix cache
+missed), with any connector. That is the only LMCache figure on vLLM's page in LMCache's multiprocess mode (the
+``LMCacheMPConnector`` the gpu-partitioner starts engines with): LMCache's ``lmcache:num_hit_tokens`` /
+``num_requested_tokens`` are in-process-mode metrics (``lmcache/observability.py``), on vLLM's page only with a
+shared ``PROMETHEUS_MULTIPROC_DIR``; they are read when vLLM's counters saw no connector query.
+
+Power: an engine that models its own power (an emulator) may export ``greenserve:engine_energy_joules`` (counter)
+or ``greenserve:engine_power_watts`` (gauge); a real vLLM exports neither, so its power comes from NVML.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_queries_tokens": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_hits_tokens": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "external_queries_tokens": ("vllm:external_prefix_cache_queries_total",),
+    "external_hits_tokens": ("vllm:external_prefix_cache_hits_total",),
     "lmcache_requested_tokens": ("lmcache:num_requested_tokens_total",),
     "lmcache_hit_tokens": ("lmcache:num_hit_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
@@ -109,8 +119,12 @@ def window(before: Snapshot, after: Snapshot) -> WindowMetrics:
     queries, hits = delta("prefix_queries_tokens"), delta("prefix_hits_tokens")
     if queries and hits is not None:
         out.prefix_hit_fraction = hits / queries
+    # the connector's hits as a share of all queried prompt tokens, so that it adds to prefix_hit_fraction
+    external_queries, external_hits = delta("external_queries_tokens"), delta("external_hits_tokens")
     requested, lm_hits = delta("lmcache_requested_tokens"), delta("lmcache_hit_tokens")
-    if requested and lm_hits is not None:
+    if external_queries and queries and external_hits is not None:
+        out.lmcache_hit_fraction = external_hits / queries
+    elif requested and lm_hits is not None:
         out.lmcache_hit_fraction = lm_hits / requested
     out.energy_j = delta("energy_j")
     return out

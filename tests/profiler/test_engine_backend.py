@@ -53,6 +53,39 @@ def test_metrics_window_reads_old_names_and_lmcache() -> None:
     assert win.ttft_mean_s is None and win.energy_j is None
 
 
+# vLLM 0.33 with LMCache's multiprocess connector: the connector's hits are vLLM's own external_prefix_cache_*
+# counters (vllm/v1/metrics/loggers.py); no lmcache:* series is on vLLM's page in that mode
+VLLM_WITH_MP_CONNECTOR = """# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 200
+# TYPE vllm:external_prefix_cache_queries counter
+vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 800
+# TYPE vllm:external_prefix_cache_hits counter
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 250
+"""
+
+
+def test_metrics_window_reads_the_connectors_hits_from_vllms_external_prefix_counters() -> None:
+    """Over the window 2000 prompt tokens were queried, 500 hit vLLM's prefix cache and, of the 1500 it missed,
+    LMCache supplied 600: 600 / 2000 of the prompt tokens, which adds to the local 500 / 2000."""
+    before = engine_metrics.parse(VLLM_WITH_MP_CONNECTOR)
+    after = engine_metrics.parse(VLLM_WITH_MP_CONNECTOR.replace("} 1000", "} 3000").replace("} 200", "} 700")
+                                 .replace("} 800", "} 2300").replace("} 250", "} 850"))
+    win = engine_metrics.window(before, after)
+    assert win.prefix_hit_fraction == pytest.approx(500 / 2000)
+    assert win.lmcache_hit_fraction == pytest.approx(600 / 2000)
+    # a vLLM without a connector exports the counters at 0: no connector figure, LMCache's in-process one if any
+    idle = VLLM_WITH_MP_CONNECTOR.replace("} 800", "} 0").replace("} 250", "} 0")
+    quiet = idle.replace("} 1000", "} 3000").replace("} 200", "} 700")
+    assert engine_metrics.window(engine_metrics.parse(idle), engine_metrics.parse(quiet)).lmcache_hit_fraction is None
+    lm = "# TYPE lmcache:num_requested_tokens counter\nlmcache:num_requested_tokens_total {r}\n" \
+         "# TYPE lmcache:num_hit_tokens counter\nlmcache:num_hit_tokens_total {h}\n"
+    win = engine_metrics.window(engine_metrics.parse(idle + lm.format(r=0, h=0)),
+                                engine_metrics.parse(quiet + lm.format(r=400, h=100)))
+    assert win.lmcache_hit_fraction == pytest.approx(100 / 400)
+
+
 async def test_nvml_energy_counter_then_power_samples() -> None:
     fake = FakeNvml([("H100-80GB", False)])
     fake.nvmlInit()
