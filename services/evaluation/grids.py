@@ -1,12 +1,24 @@
 """Grid carbon-intensity series for the evaluation: the shipped slice (FR, FI, ES, CISO around 6 July 2022) or any
-hourly CSV given by the user, checked row by row (a gap, a negative or non-numeric value, a repeated hour, a missing
-column: ``GridDataError`` naming it)."""
+CI CSV given by the user, checked row by row (a negative or non-numeric value, a time that is not an instant, a
+repeated hour with two values, a missing column: ``GridDataError`` naming it).
+
+The CSVs a platform engineer has are rarely a clean hourly UTC column, so the reader takes:
+
+* rows finer than an hour (5, 15, 30 min: Let's-Wait-Awhile, grid operators' feeds): each UTC hour is the mean of
+  its rows, missing when fewer than half of the hour's rows have a value (a mostly empty hour would be a guess);
+* times with an offset (``+01:00``, ``Z``), read as the instant they name; times without one are UTC;
+* a missing hour or an empty value cell: the hour is missing (NaN), refused only where the evaluation needs it
+  (:meth:`GridSeries.window`: the evaluated day; the history before it may have gaps, the forecaster's models skip
+  NaN), so that a gap months away from the day does not block it;
+* a repeated row with the same value (kept once); a repeated hour with two values is refused, since it is what a
+  local-time column without offset gives at a DST change (the whole series would then be shifted).
+"""
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -15,28 +27,46 @@ from typing import TextIO
 HOUR_S = 3600
 SHIPPED = "ci_2022-06-15_2022-07-06_lifecycle.csv"
 SHIPPED_REGIONS = ("FR", "FI", "ES", "CISO")
+#: An hour of sub-hourly rows is kept when at least this fraction of its rows have a value (the forecaster's
+#: csv_sources.to_grid uses the same rule).
+MIN_HOUR_COVERAGE_FRACTION = 0.5
 
 
 class GridDataError(ValueError):
     """A CI file the evaluation refuses; the message names the file and the row or column."""
 
 
+def _iso(instant_s: int) -> str:
+    return datetime.fromtimestamp(instant_s, UTC).isoformat()
+
+
 @dataclass(frozen=True)
 class GridSeries:
     region: str
     start_s: int  # first hour, Unix seconds
-    values: tuple[float, ...]  # one per hour, gCO2e/kWh
+    values: tuple[float, ...]  # one per hour, gCO2e/kWh; NaN: no value for the hour
+    # hour index -> why it has no value ("<file>: gap before row 12", "<file>: row 40: empty"), for the refusal
+    missing: dict[int, str] = field(default_factory=dict, compare=False)
 
     def index_of(self, instant_s: int) -> int:
         return (instant_s - self.start_s) // HOUR_S
 
-    def window(self, start_s: int, hours: int) -> tuple[float, ...]:
+    def window(self, start_s: int, hours: int, *, allow_missing: bool = False) -> tuple[float, ...]:
+        """The ``hours`` values from ``start_s``; a missing hour in them is refused (naming it and why it is
+        missing) unless ``allow_missing``, then it is NaN."""
         i = self.index_of(start_s)
         if i < 0 or i + hours > len(self.values):
-            raise GridDataError(f"{self.region}: no CI for {hours} h from "
-                                f"{datetime.fromtimestamp(start_s, UTC).isoformat()} (the series covers "
-                                f"{datetime.fromtimestamp(self.start_s, UTC).isoformat()} + {len(self.values)} h)")
-        return self.values[i:i + hours]
+            raise GridDataError(f"{self.region}: no CI for {hours} h from {_iso(start_s)} (the series covers "
+                                f"{_iso(self.start_s)} + {len(self.values)} h)")
+        values = self.values[i:i + hours]
+        if not allow_missing:
+            gaps = [i + k for k, v in enumerate(values) if math.isnan(v)]
+            if gaps:
+                first = gaps[0]
+                raise GridDataError(f"{self.missing.get(first, self.region)}: no CI for "
+                                    f"{_iso(self.start_s + first * HOUR_S)} ({len(gaps)} h of {self.region} missing "
+                                    f"in the {hours} h from {_iso(start_s)})")
+        return values
 
 
 def _instant(text: str, where: str) -> int:
@@ -50,30 +80,80 @@ def _instant(text: str, where: str) -> int:
     return int(parsed.timestamp())
 
 
-def series_from_rows(rows: list[tuple[int, float]], region: str, source: str) -> GridSeries:
-    """An hourly series from (instant, value, row number) rows already parsed; checks order, gaps and repeats."""
+def _step_s(times: list[int]) -> int:
+    """The rows' step: the most common positive difference between consecutive distinct times."""
+    diffs: dict[int, int] = {}
+    for a, b in zip(times, times[1:], strict=False):
+        if b > a:
+            diffs[b - a] = diffs.get(b - a, 0) + 1
+    return max(diffs, key=lambda d: (diffs[d], -d)) if diffs else HOUR_S
+
+
+def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: str) -> GridSeries:
+    """An hourly series from (instant, value, row number) rows already parsed (value NaN: an empty cell).
+
+    Rows finer than an hour are averaged per UTC hour; hourly rows must be on the hour; a hour (or instant) given
+    twice with two values is refused; a missing hour stays NaN with the reason in ``GridSeries.missing``."""
     if not rows:
         raise GridDataError(f"{source}: no rows for region {region}")
     rows = sorted(rows)
-    start = rows[0][0]
-    if start % HOUR_S:
-        raise GridDataError(f"{source}: first time of {region} is not on the hour")
-    values = []
-    for n, (t, v, row) in enumerate(rows):
-        expected = start + n * HOUR_S
-        if t < expected:
-            raise GridDataError(f"{source}: row {row}: hour {datetime.fromtimestamp(t, UTC).isoformat()} of {region} "
-                                f"is repeated")
-        if t > expected:
-            raise GridDataError(f"{source}: row {row}: gap before {datetime.fromtimestamp(t, UTC).isoformat()} "
-                                f"({(t - expected) // HOUR_S} h of {region} missing)")
-        values.append(v)
-    return GridSeries(region, start, tuple(values))
+    unique: list[tuple[int, float, int]] = []
+    for t, v, row in rows:
+        if unique and unique[-1][0] == t:
+            kept = unique[-1][1]
+            if kept == v or (math.isnan(kept) and math.isnan(v)):
+                continue  # the same row twice (a file concatenated with an overlap): one value
+            raise GridDataError(f"{source}: row {row}: {_iso(t)} of {region} is repeated with another value "
+                                f"(row {unique[-1][2]}); a local-time column without an offset repeats an hour at "
+                                f"the DST change: give UTC times or times with their offset (+01:00)")
+        unique.append((t, v, row))
+    times = [t for t, _, _ in unique]
+    step = _step_s(times)
+    if step > HOUR_S or HOUR_S % step:
+        raise GridDataError(f"{source}: rows of {region} are {step} s apart; the evaluation needs hourly rows or "
+                            f"finer ones that divide the hour (5, 15, 30 min)")
+    if step == HOUR_S:
+        for t, _, row in unique:
+            if t % HOUR_S:
+                raise GridDataError(f"{source}: row {row}: time {_iso(t)} of {region} is not on the hour (hourly "
+                                    f"rows must start their UTC hour)")
+    start = times[0] - times[0] % HOUR_S
+    n = (times[-1] - start) // HOUR_S + 1
+    sums, counts, first_row = [0.0] * n, [0] * n, [0] * n
+    for t, v, row in unique:
+        k = (t - start) // HOUR_S
+        first_row[k] = first_row[k] or row
+        if not math.isnan(v):
+            sums[k] += v
+            counts[k] += 1
+    need = max(1, math.ceil(MIN_HOUR_COVERAGE_FRACTION * HOUR_S / step))
+    values: list[float] = []
+    missing: dict[int, str] = {}
+    for k in range(n):
+        if counts[k] >= need:
+            values.append(sums[k] / counts[k])
+            continue
+        values.append(math.nan)
+        if first_row[k] == 0:
+            after = next(first_row[j] for j in range(k + 1, n) if first_row[j])
+            missing[k] = f"{source}: gap before row {after}"
+        elif step == HOUR_S:
+            missing[k] = f"{source}: row {first_row[k]}: empty value"
+        else:
+            missing[k] = (f"{source}: row {first_row[k]}: {counts[k]} of the hour's {HOUR_S // step} rows have a "
+                          f"value (at least {need} needed)")
+    # a partly covered first or last hour of sub-hourly rows is an edge of the file, not a gap: dropped
+    lo = next((k for k, v in enumerate(values) if not math.isnan(v)), None)
+    if lo is None:
+        raise GridDataError(f"{source}: no value for region {region} (every row is empty)")
+    hi = max(k for k, v in enumerate(values) if not math.isnan(v)) + 1
+    return GridSeries(region, start + lo * HOUR_S, tuple(values[lo:hi]),
+                      {k - lo: why for k, why in missing.items() if lo <= k < hi})
 
 
 def read_csv(path: str | Path, *, time_column: str, value_column: str, region: str | None = None,
              region_column: str | None = None) -> dict[str, GridSeries]:
-    """Hourly CI per region from a CSV (one region per file unless ``region_column`` splits it)."""
+    """CI per region and UTC hour from a CSV (one region per file unless ``region_column`` splits it)."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8-sig")
@@ -101,10 +181,10 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
             t = _instant(row[time_column] or "", where)
             text = (row[value_column] or "").strip()
             try:
-                value = float(text)
+                value = float(text) if text else math.nan  # an empty cell: no value for that time
             except ValueError:
                 raise GridDataError(f"{where}: column {value_column!r}: {text[:40]!r} is not a number") from None
-            if not math.isfinite(value) or value < 0:
+            if math.isinf(value) or value < 0:
                 raise GridDataError(f"{where}: column {value_column!r}: {value!r} is not a CI (finite, >= 0)")
             key = row[region_column] if region_column else (region or path.stem)
             by_region.setdefault(key, []).append((t, value, row_number))

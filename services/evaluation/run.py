@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -92,9 +93,11 @@ def jobs_for(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         actual = grid.window(day_start_s, 24)
         history_start = day_start_s - HISTORY_DAYS * 86400
         first = max(grid.start_s, history_start)
-        history = grid.window(first, (day_start_s - first) // HOUR_S)
-        if len(history) < 48:
-            raise ValueError(f"{region}: {len(history)} h of CI before the day; the forecast needs at least 48")
+        # the history may miss hours (NaN: the forecaster's models skip them); the day may not (grids.py)
+        history = grid.window(first, (day_start_s - first) // HOUR_S, allow_missing=True)
+        known = sum(1 for v in history if not math.isnan(v))
+        if known < 48:
+            raise ValueError(f"{region}: {known} h of CI before the day; the forecast needs at least 48")
         for strategy in strategies:
             jobs.append(Job(region, strategy, day_start_s, actual, history, first, scenario, forecast_model,
                             window_s, hours))

@@ -45,7 +45,9 @@ def test_short_evaluation_report_plots_the_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    ("t,ci\n2022-07-01T00:00Z,10\n2022-07-01T02:00Z,11\n", "row 3: gap"),
+    # a gap in the evaluated day (2022-07-06 05:00; one before the day is history the forecast skips)
+    ("t,ci\n" + "".join(f"2022-07-0{3 + h // 24}T{h % 24:02d}:00Z,10\n" for h in range(96) if h != 77),
+     "gap before row 79: no CI for 2022-07-06T05:00"),
     ("t,ci\n2022-07-01T00:00Z,10\n2022-07-01T01:00Z,-4\n", "row 3: column 'ci'"),
     ("t,ci\n2022-07-01T00:00Z,ten\n", "row 2: column 'ci'"),
     ("time,value\n2022-07-01T00:00Z,10\n", "column 't' (--time-column) not found"),

@@ -21,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="greenserve evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--grids", default=",".join(SHIPPED_REGIONS),
                         help=f"shipped grids to evaluate, comma-separated (default {','.join(SHIPPED_REGIONS)})")
-    parser.add_argument("--ci-csv", type=Path, help="evaluate this hourly CI CSV instead of the shipped grids")
+    parser.add_argument("--ci-csv", type=Path, help="evaluate this CI CSV (hourly or finer rows, averaged per UTC "
+                        "hour) instead of the shipped grids")
     parser.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
     parser.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh)")
     parser.add_argument("--region", help="region name of --ci-csv (default: the file name)")
