@@ -120,10 +120,22 @@ def _epoch_s(parsed: pd.Series | pd.DatetimeIndex) -> np.ndarray:
 
 
 def _times(raw: pd.Series, time_format: str | None = None, dayfirst: bool = False) -> np.ndarray:
-    parsed = pd.to_datetime(raw, utc=True, format=time_format or "mixed", dayfirst=dayfirst)
+    """Epoch seconds of a time column; a cell that is not a time is refused naming the column and its row.
+
+    ``raw`` keeps the frame's index (``pd.read_csv``: 0 for the first data row), so a row is ``index + 2`` in the
+    file (its header is row 1), filtered or not. pandas raised "Unknown datetime string format, unable to parse:
+    garbage" without the column or the row on the first such cell, so the column is parsed leniently first and a
+    cell that does not parse is then named."""
+    try:
+        parsed = pd.to_datetime(raw, utc=True, format=time_format or "mixed", dayfirst=dayfirst, errors="coerce")
+    except (ValueError, TypeError) as exc:  # a --time-format that is no strftime format
+        raise ValueError(f"column {raw.name!r}: {exc}") from None
     if parsed.isna().any():
         bad = int(np.flatnonzero(parsed.isna().to_numpy())[0])
-        raise ValueError(f"row {bad}: unparseable time {raw.iloc[bad]!r}")
+        label = raw.index[bad]
+        where = f"row {label + 2}" if isinstance(label, (int, np.integer)) else f"row {label!r}"
+        raise ValueError(f"column {raw.name!r}: {where}: unparseable time {raw.iloc[bad]!r}"
+                         + (f" (--time-format {time_format!r})" if time_format else ""))
     return _epoch_s(parsed)
 
 

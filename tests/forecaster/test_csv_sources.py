@@ -126,3 +126,19 @@ def test_missing_column_is_named(data_dir, tmp_path) -> None:
 
     with pytest.raises(ValueError, match="nope"):
         cs.read_csv_series(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv", time_column="Time", value_column="nope")
+
+
+def test_a_cell_that_is_not_a_time_is_named_by_column_and_row(tmp_path) -> None:
+    """`greenserve forecast backtest` on a file with one bad time printed pandas' "Unknown datetime string format,
+    unable to parse: garbage", naming neither the column nor the row (found running the CLI on users' CSV shapes)."""
+    import pytest
+
+    path = tmp_path / "grid.csv"
+    path.write_text("ts,ci\n2023-06-17T00:00Z,10\n2023-06-17T01:00+01:00,11\ngarbage,12\n2023-06-17T03:00Z,13\n")
+    with pytest.raises(ValueError, match=r"^column 'ts': row 4: unparseable time 'garbage'$"):
+        cs.read_csv_series(path, time_column="ts", value_column="ci")
+    path.write_text("when,ci\n17/06/2023 00:00,10\n2023-06-17 01:00,11\n")
+    with pytest.raises(ValueError, match=r"column 'when': row 3: unparseable time '2023-06-17 01:00' \(--time-format"):
+        cs.read_csv_series(path, time_column="when", value_column="ci", time_format="%d/%m/%Y %H:%M")
+    path.write_text("ts,ci\n2023-06-17T00:00Z,10\n2023-06-17T02:00+01:00,11\n")  # offsets: the instants they name
+    assert list(cs.read_csv_series(path, time_column="ts", value_column="ci").times_s) == [1686960000, 1686963600]
