@@ -119,6 +119,33 @@ def _epoch_s(parsed: pd.Series | pd.DatetimeIndex) -> np.ndarray:
     return np.asarray(pd.DatetimeIndex(parsed).as_unit("s").asi8, dtype=np.int64)
 
 
+def _row(raw: pd.Series, position: int) -> str:
+    """The file row of ``raw``'s ``position``-th cell: its frame index + 2 (the header is row 1)."""
+    label = raw.index[position]
+    return f"row {label + 2}" if isinstance(label, (int, np.integer)) else f"row {label!r}"
+
+
+def _check_day_month_order(raw: pd.Series, dayfirst: bool) -> None:
+    """Refuse numeric dates whose day/month order the rows contradict (a spreadsheet's ``13/01/2022 00:00``).
+
+    pandas' ``format="mixed"`` parses each cell on its own: month first (``dayfirst`` False), except a cell that can
+    only be day first, which it silently reads day first. A DD/MM file read without ``--dayfirst`` thus swapped day
+    and month of every date up to the 12th (1 February became 2 January) and kept the others: a scrambled series
+    with no gap and no error. Such a column is refused naming a row that shows the order, so that the user passes
+    ``--dayfirst`` (or ``--time-format``)."""
+    if not (raw.dtype == object or pd.api.types.is_string_dtype(raw.dtype)):  # numbers: no dates to check
+        return
+    parts = raw.astype(str).str.extract(r"^\s*(\d{1,2})[/.-](\d{1,2})[/.-]\d{2,4}\b")
+    if parts[0].isna().all():
+        return
+    later = pd.to_numeric(parts[1 if dayfirst else 0], errors="coerce") > 12  # can only be the day
+    if later.any():
+        bad = int(np.flatnonzero(later.to_numpy())[0])
+        order, flag = ("MM/DD", "without --dayfirst") if dayfirst else ("DD/MM", "--dayfirst")
+        raise ValueError(f"column {raw.name!r}: {_row(raw, bad)}: {raw.iloc[bad]!r} is a {order} date: give "
+                         f"{flag} (or --time-format), else the dates up to the 12th read with day and month swapped")
+
+
 def _times(raw: pd.Series, time_format: str | None = None, dayfirst: bool = False) -> np.ndarray:
     """Epoch seconds of a time column; a cell that is not a time is refused naming the column and its row.
 
@@ -126,15 +153,15 @@ def _times(raw: pd.Series, time_format: str | None = None, dayfirst: bool = Fals
     file (its header is row 1), filtered or not. pandas raised "Unknown datetime string format, unable to parse:
     garbage" without the column or the row on the first such cell, so the column is parsed leniently first and a
     cell that does not parse is then named."""
+    if time_format is None:
+        _check_day_month_order(raw, dayfirst)
     try:
         parsed = pd.to_datetime(raw, utc=True, format=time_format or "mixed", dayfirst=dayfirst, errors="coerce")
     except (ValueError, TypeError) as exc:  # a --time-format that is no strftime format
         raise ValueError(f"column {raw.name!r}: {exc}") from None
     if parsed.isna().any():
         bad = int(np.flatnonzero(parsed.isna().to_numpy())[0])
-        label = raw.index[bad]
-        where = f"row {label + 2}" if isinstance(label, (int, np.integer)) else f"row {label!r}"
-        raise ValueError(f"column {raw.name!r}: {where}: unparseable time {raw.iloc[bad]!r}"
+        raise ValueError(f"column {raw.name!r}: {_row(raw, bad)}: unparseable time {raw.iloc[bad]!r}"
                          + (f" (--time-format {time_format!r})" if time_format else ""))
     return _epoch_s(parsed)
 

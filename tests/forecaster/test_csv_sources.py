@@ -142,3 +142,24 @@ def test_a_cell_that_is_not_a_time_is_named_by_column_and_row(tmp_path) -> None:
         cs.read_csv_series(path, time_column="when", value_column="ci", time_format="%d/%m/%Y %H:%M")
     path.write_text("ts,ci\n2023-06-17T00:00Z,10\n2023-06-17T02:00+01:00,11\n")  # offsets: the instants they name
     assert list(cs.read_csv_series(path, time_column="ts", value_column="ci").times_s) == [1686960000, 1686963600]
+
+
+def test_a_day_month_order_the_rows_contradict_is_refused(tmp_path) -> None:
+    """A spreadsheet's DD/MM column read without --dayfirst was silently scrambled: pandas' mixed parsing read
+    '01/02/2022' month first (2 January) and '13/01/2022' day first, so every date up to the 12th swapped day and month
+    with no gap and no error (the backtest of the last days of a year looked fine)."""
+    import pytest
+
+    days = [f"{d:02d}/{m:02d}/2022 00:00" for m in (1, 2) for d in range(1, 29)]
+    path = tmp_path / "raw.csv"
+    path.write_text("Datetime (UTC),ci\n" + "".join(f"{t},{i}\n" for i, t in enumerate(days)))
+    with pytest.raises(ValueError, match=r"column 'Datetime \(UTC\)': row 14: '13/01/2022 00:00' is a DD/MM date: "
+                                         r"give --dayfirst"):
+        cs.read_csv_series(path, time_column="Datetime (UTC)", value_column="ci")
+    series = cs.read_csv_series(path, time_column="Datetime (UTC)", value_column="ci", dayfirst=True)
+    assert list(series.times_s) == sorted(series.times_s) and series.times_s[28] == 1643673600  # 1 February
+    us = tmp_path / "us.csv"
+    us.write_text("t,ci\n" + "".join(f"{m:02d}/{d:02d}/2022,{d}\n" for m in (1, 2) for d in range(1, 29)))
+    assert list(cs.read_csv_series(us, time_column="t", value_column="ci").times_s) == list(series.times_s)
+    with pytest.raises(ValueError, match=r"row 14: '01/13/2022' is a MM/DD date: give without --dayfirst"):
+        cs.read_csv_series(us, time_column="t", value_column="ci", dayfirst=True)
