@@ -68,7 +68,8 @@ class PlanFollowSettings(BaseSettings):
     engine_max_model_len: int = Field(0, ge=0, description="vLLM --max-model-len of engines (0: the model's own)")
     engine_lmcache_servers: str = Field(
         "", description="LMCache servers (multiprocess mode) per pool, POOL=tcp://HOST:PORT,...: engines of those "
-        "pools get LMCache's KV connector")
+        "pools get LMCache's KV connector; the server runs on the engines' own node (it moves KV blocks through "
+        "CUDA IPC and shared memory)")
     engine_stop_grace_s: float = Field(
         10.0, ge=0, le=600, description="seconds an engine gets after SIGTERM before SIGKILL")
     mig_drain_timeout_s: float = Field(
