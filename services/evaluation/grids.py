@@ -10,6 +10,7 @@ The CSVs a platform engineer has are rarely a clean hourly UTC column, so the re
 * a missing hour or an empty value cell: the hour is missing (NaN), refused only where the evaluation needs it
   (:meth:`GridSeries.window`: the evaluated day; the history before it may have gaps, the forecaster's models skip
   NaN), so that a gap months away from the day does not block it;
+* a column named as the user types it: "gCO2eq/kWh" for the header's "gCO₂eq/kWh", any case (``_column``);
 * a repeated row with the same value (kept once); a repeated hour with two values is refused, since it is what a
   local-time column without offset gives at a DST change (the whole series would then be shifted).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -69,6 +71,20 @@ class GridSeries:
         return values
 
 
+def _fold(name: str) -> str:
+    """A column name as a user types it: NFKC ("₂" is "2"), case and runs of spaces ignored."""
+    return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
+
+
+def _column(columns: list[str], wanted: str) -> str | None:
+    """The header's column ``wanted`` names: itself, else the one column equal to it once folded (Electricity
+    Maps' "gCO₂eq/kWh" typed as "gCO2eq/kWh": the two look alike in the refusal's list of columns)."""
+    if wanted in columns:
+        return wanted
+    folded = [c for c in columns if _fold(c) == _fold(wanted)]
+    return folded[0] if len(folded) == 1 else None
+
+
 def _instant(text: str, where: str) -> int:
     value = text.strip()
     try:
@@ -104,8 +120,9 @@ def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: st
             if kept == v or (math.isnan(kept) and math.isnan(v)):
                 continue  # the same row twice (a file concatenated with an overlap): one value
             raise GridDataError(f"{source}: row {row}: {_iso(t)} of {region} is repeated with another value "
-                                f"(row {unique[-1][2]}); a local-time column without an offset repeats an hour at "
-                                f"the DST change: give UTC times or times with their offset (+01:00)")
+                                f"(row {unique[-1][2]}): a local-time column without an offset repeats an hour at "
+                                f"the DST change (give UTC times or times with their offset, +01:00), and a file "
+                                f"of several regions repeats every hour (give one region per file)")
         unique.append((t, v, row))
     times = [t for t, _, _ in unique]
     step = _step_s(times)
@@ -170,11 +187,15 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
     with handle:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []
+        found = []
         for name, column in (("--time-column", time_column), ("--value-column", value_column),
                              ("region column", region_column)):
-            if column is not None and column not in columns:
+            match = None if column is None else _column(columns, column)
+            if column is not None and match is None:
                 raise GridDataError(f"{path.name}: column {column!r} ({name}) not found; columns: "
                                     f"{', '.join(columns)}")
+            found.append(match)
+        time_column, value_column, region_column = found
         by_region: dict[str, list[tuple[int, float, int]]] = {}
         for row_number, row in enumerate(reader, start=2):
             where = f"{path.name}: row {row_number}"

@@ -110,7 +110,7 @@ def test_the_same_row_twice_is_kept_once_but_a_dst_repeated_hour_is_refused(tmp_
     twice = rows[:20] + [rows[19]] + rows[20:]  # a file concatenated with an overlap
     assert _read(_write(tmp_path, twice)).values == _read(_write(tmp_path, rows)).values
     dst = rows[:20] + [(rows[19][0], "999")] + rows[20:]  # 02:00 local twice, with two values
-    with pytest.raises(grids.GridDataError, match=r"row 22: .* is repeated with another value \(row 21\); a "
+    with pytest.raises(grids.GridDataError, match=r"row 22: .* is repeated with another value \(row 21\): a "
                                                   r"local-time column without an offset"):
         _read(_write(tmp_path, dst))
 
@@ -124,4 +124,27 @@ def test_the_same_row_twice_is_kept_once_but_a_dst_repeated_hour_is_refused(tmp_
 def test_rows_the_evaluation_cannot_make_hourly_are_refused(tmp_path: Path, rows: list[tuple[str, str]],
                                                             message: str) -> None:
     with pytest.raises(grids.GridDataError, match=message.replace("+", r"\+").replace("(", r"\(")):
+        _read(_write(tmp_path, rows))
+
+
+def test_a_column_typed_with_a_plain_2_finds_the_subscript_header(tmp_path: Path) -> None:
+    """Electricity Maps' header says 'gCO₂eq/kWh'; a user types 'gCO2eq/kWh' and was refused with a list of
+    columns in which the two look the same. A column equal once folded (NFKC, case, spaces) is taken when it is the
+    only one."""
+    header = "Datetime (UTC),Carbon Intensity gCO₂eq/kWh (direct),Carbon Intensity gCO₂eq/kWh (LCA)"
+    rows = [(t.strftime("%Y-%m-%d %H:%M:%S"), f"{v},{v + 50}") for t, v in _hourly_rows()]
+    path = _write(tmp_path, rows, header=header)
+    series = _read(path, "datetime (utc)", "Carbon Intensity gCO2eq/kWh (LCA)")
+    assert series.values[0] == _ci(FIRST) + 50
+    with pytest.raises(grids.GridDataError, match=r"column 'Carbon Intensity gCO2eq/kWh' \(--value-column\) not "
+                                                  r"found; columns: Datetime \(UTC\), Carbon"):
+        _read(path, "Datetime (UTC)", "Carbon Intensity gCO2eq/kWh")
+    (tmp_path / "twice.csv").write_text("t,CI,ci\n2023-06-17T00:00Z,1,2\n")
+    with pytest.raises(grids.GridDataError, match=r"column 'Ci' \(--value-column\) not found"):
+        _read(tmp_path / "twice.csv", "t", "Ci")  # two columns fold to it: neither is guessed
+
+
+def test_several_regions_in_one_file_are_named_in_the_repeat_refusal(tmp_path: Path) -> None:
+    rows = [(t.strftime("%Y-%m-%dT%H:%MZ"), str(v + zone)) for t, v in _hourly_rows(1) for zone in (0, 100)]
+    with pytest.raises(grids.GridDataError, match=r"row 3: .* repeated .* several regions repeats every hour"):
         _read(_write(tmp_path, rows))
