@@ -22,6 +22,7 @@ gaps: missing, not zero load). Counts become rates (requests per second) so ever
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,20 @@ def missing_runs(start_s: int, step_s: int, values: np.ndarray) -> list[tuple[in
 
 def _fold(name: str) -> str:
     return name.strip().lower().replace("₂", "2")
+
+
+def _column(columns: list[str], wanted: str) -> str | None:
+    """The header's column a flag names: itself, else the one column equal to it once folded (NFKC, so "₂" is
+    "2"; case and runs of spaces ignored): Electricity Maps' "gCO₂eq/kWh" typed as "gCO2eq/kWh" was refused with a
+    list of columns in which the two look the same. Two columns folding alike: none is guessed."""
+    if wanted in columns:
+        return wanted
+
+    def norm(name: str) -> str:
+        return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
+
+    folded = [c for c in columns if norm(c) == norm(wanted)]
+    return folded[0] if len(folded) == 1 else None
 
 
 def _find_column(columns: list[str], *fragments: str) -> str | None:
@@ -233,15 +248,17 @@ def read_csv_series(
             value_column = _find_column(columns, "carbon_intensity")
         elif layout == "letswaitawhile":
             value_column = _find_column(columns, "carbon intensity")
-    if not time_column or time_column not in columns:
-        raise ValueError(f"time column {time_column!r} not in {path.name} (columns: {', '.join(columns)})")
-    if not value_column or value_column not in columns:
-        raise ValueError(f"value column {value_column!r} not in {path.name} (columns: {', '.join(columns)})")
+    named = {"time": time_column, "value": value_column, "filter": filter_column}
+    for what, wanted in named.items():
+        if wanted is None and what == "filter":
+            continue
+        named[what] = _column(columns, wanted) if wanted else None
+        if named[what] is None:
+            raise ValueError(f"{what} column {wanted!r} not in {path.name} (columns: {', '.join(columns)})")
+    time_column, value_column, filter_column = named["time"], named["value"], named["filter"]
     usecols = [time_column, value_column] + ([filter_column] if filter_column else [])
     frame = pd.read_csv(path, usecols=usecols, comment="#")
     if filter_column:
-        if filter_column not in columns:
-            raise ValueError(f"filter column {filter_column!r} not in {path.name}")
         frame = frame[frame[filter_column].astype(str) == str(filter_value)]
     times = _times(frame[time_column], time_format, dayfirst)
     values = _values(frame[value_column])

@@ -163,3 +163,20 @@ def test_a_day_month_order_the_rows_contradict_is_refused(tmp_path) -> None:
     assert list(cs.read_csv_series(us, time_column="t", value_column="ci").times_s) == list(series.times_s)
     with pytest.raises(ValueError, match=r"row 14: '01/13/2022' is a MM/DD date: give without --dayfirst"):
         cs.read_csv_series(us, time_column="t", value_column="ci", dayfirst=True)
+
+
+def test_a_column_typed_with_a_plain_2_finds_the_subscript_header(tmp_path) -> None:
+    """`forecast backtest --value-column "Carbon Intensity gCO2eq/kWh (LCA)"` on an Electricity Maps file (whose
+    header has "gCO₂eq") was refused listing columns that look the same; a column equal once folded is taken when
+    it is the only one, and a --filter-column that is not in the file is named (pandas' usecols error before)."""
+    import pytest
+
+    path = tmp_path / "em.csv"
+    path.write_text("Datetime (UTC),Zone Id,Carbon Intensity gCO₂eq/kWh (direct),Carbon Intensity gCO₂eq/kWh (LCA)\n"
+                    "2023-06-17 00:00:00,DE,100,150\n2023-06-17 01:00:00,DE,110,160\n")
+    series = cs.read_csv_series(path, time_column="datetime (utc)", value_column="Carbon Intensity gCO2eq/kWh (LCA)",
+                                filter_column="zone id", filter_value="DE")
+    assert list(series.values) == [150.0, 160.0] and series.signal == "lifecycle"
+    with pytest.raises(ValueError, match=r"^filter column 'zone' not in em.csv \(columns: Datetime"):
+        cs.read_csv_series(path, time_column="Datetime (UTC)", value_column="Zone Id", filter_column="zone",
+                           filter_value="DE")
