@@ -157,7 +157,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     ``load_forecast``: the day's forecasts when already made (``forecast_day``), shared by the strategies."""
     params = params or load_default_params()
     fleet = scenario.fleet(region)
-    peak = float(max(np.max(load_shape_history), np.max(load_shape_day), 1e-9))
+    peak = float(max(np.nanmax(load_shape_history), np.max(load_shape_day), 1e-9))  # a user's trace may miss hours
     ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual[:24], forecast_model)
     load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24],
                                                   forecast_model)

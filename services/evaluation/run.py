@@ -18,7 +18,7 @@ from greenserve.evaluation import day
 from greenserve.evaluation.executor import map_jobs, ray_session
 from greenserve.evaluation.grids import HOUR_S, GridSeries
 from greenserve.evaluation.headlines import HEADLINES, landed
-from greenserve.evaluation.scenario import Scenario
+from greenserve.evaluation.scenario import LoadShape, Scenario
 from greenserve.optimizer.planning import SeriesForecast
 
 HISTORY_DAYS = 14
@@ -65,9 +65,11 @@ def _forecast(job: ForecastJob) -> tuple[str, SeriesForecast, float]:
     return job.key, fc, time.process_time() - started
 
 
-def _load_split(day_start_s: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(the evaluated day's load shape, its history, the history's start): the shape's last day is the day."""
-    shape = load_shape()
+def _load_split(day_start_s: int, custom: LoadShape | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(the evaluated day's load shape, its history, the history's start): the shape's last day is the day.
+    ``custom``: the scenario's own trace (whole UTC days, NaN where the history misses an hour), else the shipped
+    Azure 2024 one."""
+    shape = np.array(custom.values, dtype=np.float64) if custom is not None else load_shape()
     days = len(shape) // 24
     return shape[(days - 1) * 24:days * 24], shape[:(days - 1) * 24], day_start_s - (days - 1) * 86400
 
@@ -76,7 +78,7 @@ def _run(job: Job) -> tuple[str, str, list[dict[str, Any]], float]:
     """(region, strategy, hour records, CPU seconds of this process for the day: planning and replay, not the
     forecasts, which the strategies share)."""
     started = time.process_time()
-    shape_day, shape_history, history_start_s = _load_split(job.day_start_s)
+    shape_day, shape_history, history_start_s = _load_split(job.day_start_s, job.scenario.load_shape)
     records = day.run_day(
         scenario=job.scenario, region=job.region, day_start_s=job.day_start_s, ci_actual=np.array(job.ci_actual),
         ci_history=np.array(job.ci_history), ci_history_start_s=job.ci_history_start_s,
@@ -102,6 +104,14 @@ def jobs_for(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
             jobs.append(Job(region, strategy, day_start_s, actual, history, first, scenario, forecast_model,
                             window_s, hours))
     return jobs
+
+
+def _load_shape_json(shape: LoadShape | None) -> dict[str, Any]:
+    """Which trace the day replayed: the scenario's (its last whole day with every hour) or the shipped one."""
+    if shape is None:
+        return {"name": LOAD_SHAPE, "replayed_day": None}
+    replayed_s = shape.start_s + len(shape.values) * 3600 - 86400
+    return {"name": shape.name, "replayed_day": datetime.fromtimestamp(replayed_s, UTC).date().isoformat()}
 
 
 def scenario_json(pool: Any) -> dict[str, Any]:
@@ -157,7 +167,7 @@ def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
     """One CI forecast per grid and one load forecast, from the history before the day only."""
     if not jobs:
         return []
-    shape_day, shape_history, history_start_s = _load_split(jobs[0].day_start_s)
+    shape_day, shape_history, history_start_s = _load_split(jobs[0].day_start_s, jobs[0].scenario.load_shape)
     out = [ForecastJob(LOAD_KEY, tuple(shape_history), history_start_s, tuple(shape_day[:24]), jobs[0].forecast_model)]
     for job in {j.region: j for j in jobs}.values():
         out.append(ForecastJob(job.region, job.ci_history, job.ci_history_start_s, job.ci_actual[:24],
@@ -224,6 +234,7 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         "forecast_model": forecast_model, "window_s": window_s, "strategies": strategies,
         "strategy_descriptions": {s: day.STRATEGIES[s] for s in strategies},
         "scenario": [scenario_json(p) for p in scenario.pools], "grids": results, "summary": summary,
+        "load_shape": _load_shape_json(scenario.load_shape),
         "simplifications": day.__doc__.split("* **Replay**")[1].strip() if day.__doc__ else "",
         "headlines": headline_rows, "fidelity": fidelity_rows, "forecast_cpu_s": forecast_cpu_s,
     }

@@ -29,12 +29,25 @@ clover-exact solver partition the GPUs and pick a variant per instance.
 
 A pool with a draft may run SpecDecode (target and draft on the same GPU) where the ``serving_modes`` solver picks
 it; Full Cache + BASE and the strategies without that solver stay Standalone.
+
+The load shape is the shipped Azure 2024 conversation trace unless the scenario names the user's own trace::
+
+    load_shape:                       # next to pools; a CSV of request counts or rates (any unit: it is scaled)
+      csv: my_trace.csv               # relative to the scenario file
+      time_column: hour_start_utc     # ISO-8601, UTC when no offset; rows hourly or finer (averaged per UTC hour)
+      value_column: requests
+
+Its whole UTC days are used (up to 15): the last one with every hour is replayed as the evaluated day, the days
+before it are the load forecast's history (a missing hour there is skipped). A per-request trace (Azure 2023,
+Mooncake) is first counted per minute or hour.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -94,8 +107,18 @@ class PoolScenario:
 
 
 @dataclass(frozen=True)
+class LoadShape:
+    """A user's load trace (``load_shape`` in a scenario file): its values per UTC hour over whole UTC days."""
+
+    name: str
+    start_s: int  # 00:00 UTC of its first day
+    values: tuple[float, ...]  # one per hour, len a multiple of 24; NaN: missing (never in the last day)
+
+
+@dataclass(frozen=True)
 class Scenario:
     pools: tuple[PoolScenario, ...] = field(default_factory=lambda: (PoolScenario("chat"),))
+    load_shape: LoadShape | None = None  # None: the shipped Azure 2024 conversation trace (run.load_shape)
 
     @property
     def has_mig(self) -> bool:
@@ -202,6 +225,47 @@ def _variants(where: str, entries: object) -> tuple[common_pb2.ModelVariant, ...
     return tuple(sorted(out, key=lambda v: -v.quality_fraction))
 
 
+LOAD_SHAPE_KEYS = ("csv", "time_column", "value_column")
+DAY_S = 86400
+MAX_LOAD_DAYS = 15  # the replayed day and 14 days of history, as for CI (run.HISTORY_DAYS)
+
+
+def _load_shape(where: str, entry: object, folder: Path) -> LoadShape:
+    """The ``load_shape`` mapping: the trace read like a CI CSV (grids.read_csv: hourly or finer rows, a negative
+    or non-numeric value refused naming the row), cut to whole UTC days."""
+    from greenserve.evaluation import grids
+
+    if not isinstance(entry, dict):
+        raise ScenarioError(f"{where}: must be a mapping {{{', '.join(LOAD_SHAPE_KEYS)}}}")
+    unknown = sorted(set(entry) - set(LOAD_SHAPE_KEYS))
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key {unknown[0]!r}")
+    for key in LOAD_SHAPE_KEYS:
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise ScenarioError(f"{where}.{key}: required, a non-empty string")
+    path = Path(entry["csv"])
+    path = path if path.is_absolute() else folder / path
+    try:
+        (series,) = grids.read_csv(path, time_column=entry["time_column"], value_column=entry["value_column"],
+                                   region=path.stem).values()
+    except grids.GridDataError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    first = -(-series.start_s // DAY_S) * DAY_S
+    end = (series.start_s + len(series.values) * grids.HOUR_S) // DAY_S * DAY_S
+    while end - first >= DAY_S and any(math.isnan(v) for v in series.window(end - DAY_S, 24, allow_missing=True)):
+        end -= DAY_S  # the replayed day is the last whole UTC day with every hour (a trace's gaps: history only)
+    days = min(max(0, (end - first) // DAY_S), MAX_LOAD_DAYS)
+    if days < 3:
+        raise ScenarioError(f"{where}: {path.name} holds {days} whole UTC day(s) up to its last day with every hour;"
+                            f" the evaluation needs 3 (the replayed day and 2 of history for the load forecast)")
+    start = end - days * DAY_S
+    values = series.window(start, days * 24, allow_missing=True)
+    if sum(1 for v in values[:-24] if not math.isnan(v)) < 48 or max(values[-24:]) <= 0:
+        raise ScenarioError(f"{where}: {path.name}: the load forecast needs 48 known hours before the replayed day, "
+                            f"and that day a load above 0")
+    return LoadShape(path.stem, start, values)
+
+
 def load(path: str | Path) -> Scenario:
     path = Path(path)
     try:
@@ -216,6 +280,11 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(f"{path.name}: not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
     if not isinstance(document, dict) or not isinstance(document.get("pools"), list) or not document["pools"]:
         raise ScenarioError(f"{path.name}: needs a non-empty 'pools' list")
+    unknown_top = sorted(set(document) - {"pools", "load_shape"})
+    if unknown_top:
+        raise ScenarioError(f"{path.name}: unknown key {unknown_top[0]!r} (known: pools, load_shape)")
+    shape = _load_shape(f"{path.name}: load_shape", document["load_shape"], path.parent) \
+        if "load_shape" in document else None
     pools = []
     for i, entry in enumerate(document["pools"]):
         where = f"{path.name}: pools[{i}]"
@@ -285,4 +354,4 @@ def load(path: str | Path) -> Scenario:
         pools.append(pool)
     if len({p.name for p in pools}) != len(pools):
         raise ScenarioError(f"{path.name}: pool names must be unique")
-    return Scenario(tuple(pools))
+    return Scenario(tuple(pools), shape)
