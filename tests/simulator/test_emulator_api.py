@@ -144,6 +144,11 @@ async def test_metrics_move_with_requests(emu: EngineEmulator) -> None:
     assert after["vllm:e2e_request_latency_seconds_count"] - before["vllm:e2e_request_latency_seconds_count"] == 3
     # every token after the first is one inter-token latency observation
     assert after["vllm:inter_token_latency_seconds_count"] - before["vllm:inter_token_latency_seconds_count"] == gen - 3
+    # one per-request TPOT per finished request, vLLM's request_time_per_output_token_seconds
+    assert (after["vllm:request_time_per_output_token_seconds_count"]
+            - before["vllm:request_time_per_output_token_seconds_count"]) == 3
+    # no KV connector is modelled: vLLM's connector counters are there, at 0, as on a vLLM without one
+    assert after["vllm:external_prefix_cache_queries_total"] == after["vllm:external_prefix_cache_hits_total"] == 0
     assert after["vllm:e2e_request_latency_seconds_bucket:+Inf"] == after["vllm:e2e_request_latency_seconds_count"]
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0.0
 

@@ -144,6 +144,39 @@ async def test_modelled_energy_counter_and_power_gauge() -> None:
     assert "greenserve:engine_energy_joules_total{" in body and "greenserve:engine_power_watts{" in body
 
 
+def test_per_request_tpot_is_observed_when_a_request_finishes_as_vllm_observes_it() -> None:
+    """vLLM's ``request_time_per_output_token_seconds``: one observation per finished request, (e2e - TTFT) /
+    (tokens - 1), preemptions included, and 0 for a one-token request (vllm/v1/metrics/stats.py)."""
+    engine = _engine(num_blocks=12)  # 192 tokens of KV: the three long requests preempt each other
+    lengths = (1, 2, 7, 60, 60, 60)
+    reqs = [EngineRequest(f"t{i}", list(range(i * 100, i * 100 + 40)), max_tokens=n) for i, n in enumerate(lengths)]
+    engine.run_virtual([(0.001 * i, r) for i, r in enumerate(reqs)])
+    m = engine.metrics
+    assert all(r.finished for r in reqs) and m.num_preemptions > 0
+    expected = FastHistogram(m.request_tpot.bounds)
+    for r in reqs:
+        e2e, ttft = r.last_token_s - r.arrival_s, r.first_token_s - r.arrival_s
+        expected.observe((e2e - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else 0.0)
+    assert m.request_tpot.count == len(reqs) == m.e2e.count
+    assert m.request_tpot.counts == expected.counts and m.request_tpot.sum == pytest.approx(expected.sum, rel=1e-12)
+    # a one-token request is a 0 there, not left out
+    assert m.request_tpot.counts[0] >= 1
+
+
+async def test_an_aborted_request_is_no_per_request_tpot_observation() -> None:
+    """As its e2e latency, an aborted request's TPOT is not observed (vLLM's stats skip client aborts too)."""
+    engine = _engine(num_blocks=4000)
+    req = EngineRequest("a", list(range(50)), max_tokens=100_000)
+    engine.start()
+    engine.add_request(req)
+    while req.num_output_tokens < 3:
+        await asyncio.sleep(0.001)
+    engine.abort(req)
+    await engine.stop()
+    m = engine.metrics
+    assert m.request_success == {"abort": 1} and m.e2e.count == 0 and m.request_tpot.count == 0
+
+
 def test_unknown_profile_lists_choices() -> None:
     with pytest.raises(KeyError, match="choices"):
         load_perf_model("no-such-profile")
@@ -213,5 +246,6 @@ def test_emulator_scheduler_in_virtual_time_agrees_with_the_replay(prompt: int, 
     assert tpot.mean() == pytest.approx(np.nanmean(result.tpot_s), rel=0.005)
     # the histograms the profiler scrapes hold the same figures
     assert engine.metrics.ttft.sum / engine.metrics.ttft.count == pytest.approx(ttft.mean(), rel=1e-9)
+    assert engine.metrics.request_tpot.sum / engine.metrics.request_tpot.count == pytest.approx(tpot.mean(), rel=1e-9)
     # modelled energy: idle power over the clock plus the steps' draw, as the replay's fleet energy
     assert engine.energy_j() == pytest.approx(result.fleet_energy_j, rel=0.005)

@@ -538,4 +538,9 @@ class EmulatedEngine:
         self._release(req)
         m = self.metrics
         m.e2e.observe(now - req.arrival_s)
+        # vLLM's per-request TPOT (v1/metrics/stats.py): first to last token over the tokens after the first, i.e.
+        # (e2e - TTFT) / (tokens - 1); vLLM observes 0 for a one-token request, and so does the emulator
+        n = req.num_output_tokens
+        first_token_s = now if req.first_token_s is None else req.first_token_s
+        m.request_tpot.observe((now - first_token_s) / (n - 1) if n > 1 else 0.0)
         m.request_success[reason] = m.request_success.get(reason, 0) + 1

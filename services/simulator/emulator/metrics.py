@@ -11,6 +11,10 @@ Latencies are *engine* seconds: wall-clock seconds multiplied by the emulator's 
 profiler that runs the emulator 10x faster still scrapes the latencies the modelled engine would show
 (at ``time_scale=1`` they are plain wall-clock seconds, as in vLLM).
 
+KV connector: the emulator models no KV connector (no LMCache tier; its prefix cache is the GPU's, prefix_cache.py),
+so ``vllm:external_prefix_cache_queries`` / ``_hits`` stay at 0, as vLLM exports them without a
+``kv_transfer_config``: vLLM declares them unconditionally and only a connector's scheduler counts into them.
+
 Two metrics are the emulator's own, not vLLM's: ``greenserve:engine_power_watts`` (gauge, the modelled power of
 the step in flight) and ``greenserve:engine_energy_joules_total`` (counter, modelled joules on the modelled
 clock), from the simulator's power model; a profiler without NVML reads its power from them.
@@ -98,6 +102,8 @@ class EngineMetrics:
         self.request_success: dict[str, int] = {}
         self.ttft = FastHistogram(TTFT_BUCKETS_S)
         self.itl = FastHistogram(ITL_BUCKETS_S)
+        #: vLLM's per-request TPOT, observed when a request finishes; vLLM gives it the inter-token latency buckets
+        self.request_tpot = FastHistogram(ITL_BUCKETS_S)
         self.e2e = FastHistogram(REQUEST_LATENCY_BUCKETS_S)
         self.queue_time = FastHistogram(REQUEST_LATENCY_BUCKETS_S)
         self.block_size_tokens = 0
@@ -144,6 +150,19 @@ class _Collector(Collector):
         yield counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", m.prefix_cache_hits_tokens
         )
+        # vLLM counts into these only with a KV connector, which the emulator does not model: 0, as vLLM shows them
+        yield counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of "
+            "queried tokens.",
+            0,
+        )
+        yield counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached "
+            "tokens.",
+            0,
+        )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", m.generation_tokens)
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", m.num_preemptions)
@@ -155,6 +174,10 @@ class _Collector(Collector):
         yield success
         yield m.ttft.family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, values)
         yield m.itl.family("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, values)
+        yield m.request_tpot.family(
+            "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+            labels, values,
+        )
         yield m.e2e.family(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, values
         )
