@@ -86,6 +86,41 @@ def test_metrics_window_reads_the_connectors_hits_from_vllms_external_prefix_cou
     assert win.lmcache_hit_fraction == pytest.approx(100 / 400)
 
 
+async def test_a_point_on_the_emulator_reads_vllms_per_request_tpot_and_connector_counters_first() -> None:
+    """Against the emulator a point reads what it reads against vLLM 0.33: the per-request TPOT histogram (the first
+    name; before, the emulator had none and the point fell back to the per-token inter-token latency) and the
+    connector's external_prefix_cache counters, which the emulator, modelling no connector, shows at 0 as a vLLM
+    without one does (no LMCache share: the cache-hit fraction is the prefix cache's alone)."""
+    from greenserve.profiler.method import resolve
+    from greenserve.profiler.settings_view import EngineSettingsView
+
+    emu = EngineEmulator(EmulatorConfig(host="127.0.0.1", port=0, profile="llama3-8b@H100-80GB", time_scale=5.0))
+    await emu.start()
+    backend = engine_backend.EngineBackend(EngineSettingsView(nvml_power="off"))
+    try:
+        spec = profiler_pb2.SweepSpec(
+            backend=profiler_pb2.SWEEP_BACKEND_ENGINE, engine_url=emu.url, engine_modelled_s_per_wall_s=5.0,
+            workload="humaneval", request_rates_per_s=[2.0], point_duration_s=5.0, seed=3,
+            slo=common_pb2.Slo(ttft_s=1.0, tpot_s=0.1, attainment_fraction=0.9), configs=[config()],
+            method=common_pb2.ProfileMethod(warmup_s=1.0, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
+        point = await backend.measure(spec, spec.configs[0], 2.0, resolve(spec))
+        text = (await backend._http().get(f"{emu.url}/metrics")).text
+    finally:
+        await backend.close()
+        await emu.stop()
+    win = backend.last_window
+    assert win is not None and point.failed_requests == 0
+    assert win.names["tpot"] == "vllm:request_time_per_output_token_seconds"
+    # the engine's per-request TPOT is the client's (e2e - TTFT) / (tokens - 1), request by request (within 2 % on
+    # an idle host; the client's end time is late by the host's latency x the time scale)
+    assert win.tpot_mean_s == pytest.approx(point.tpot_mean_s, rel=0.2)
+    snap = engine_metrics.parse(text)
+    for quantity in ("external_queries_tokens", "external_hits_tokens"):
+        assert snap.pick(engine_metrics.COUNTERS[quantity]) == (engine_metrics.COUNTERS[quantity][0], 0.0)
+    assert win.lmcache_hit_fraction is None and win.prefix_hit_fraction is not None
+    assert point.cache_hit_fraction == pytest.approx(win.prefix_hit_fraction)
+
+
 async def test_nvml_energy_counter_then_power_samples() -> None:
     fake = FakeNvml([("H100-80GB", False)])
     fake.nvmlInit()
