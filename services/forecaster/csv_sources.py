@@ -21,6 +21,7 @@ gaps: missing, not zero load). Counts become rates (requests per second) so ever
 
 from __future__ import annotations
 
+import math
 import os
 import unicodedata
 from dataclasses import dataclass, field
@@ -168,6 +169,17 @@ def _times(raw: pd.Series, time_format: str | None = None, dayfirst: bool = Fals
     file (its header is row 1), filtered or not. pandas raised "Unknown datetime string format, unable to parse:
     garbage" without the column or the row on the first such cell, so the column is parsed leniently first and a
     cell that does not parse is then named."""
+    if time_format is None and pd.api.types.is_numeric_dtype(raw.dtype) and not pd.api.types.is_bool_dtype(raw.dtype):
+        # Unix time (a Prometheus or database export): pandas read the integers as nanoseconds, so a year of hours
+        # fell into the first second of 1970 (one hourly point). The unit is the one that puts the largest value
+        # before the year 5138: seconds, else milliseconds, microseconds, nanoseconds.
+        largest = float(np.nanmax(np.abs(raw.to_numpy(dtype=np.float64)))) if raw.notna().any() else 0.0
+        unit = next(u for limit, u in ((1e11, "s"), (1e14, "ms"), (1e17, "us"), (math.inf, "ns")) if largest < limit)
+        parsed = pd.to_datetime(raw, unit=unit, utc=True, errors="coerce")
+        if parsed.isna().any():
+            bad = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+            raise ValueError(f"column {raw.name!r}: {_row(raw, bad)}: no time ({raw.iloc[bad]!r})")
+        return _epoch_s(parsed)
     if time_format is None:
         _check_day_month_order(raw, dayfirst)
     try:

@@ -180,3 +180,13 @@ def test_a_column_typed_with_a_plain_2_finds_the_subscript_header(tmp_path) -> N
     with pytest.raises(ValueError, match=r"^filter column 'zone' not in em.csv \(columns: Datetime"):
         cs.read_csv_series(path, time_column="Datetime (UTC)", value_column="Zone Id", filter_column="zone",
                            filter_value="DE")
+
+
+def test_unix_times_in_seconds_or_milliseconds_are_read_as_such(tmp_path) -> None:
+    """A time column of Unix seconds (a Prometheus or database export) was read by pandas as nanoseconds: a week of
+    hours fell into the first second of 1970, and the backtest said 'no whole day ... (1 hourly points)'."""
+    hours = [1687219200 + 3600 * h for h in range(3)]  # 2023-06-20 00:00 UTC on
+    for scale in (1, 1000):
+        path = tmp_path / f"unix_{scale}.csv"
+        path.write_text("t,ci\n" + "".join(f"{t * scale},{i}\n" for i, t in enumerate(hours)))
+        assert list(cs.read_csv_series(path, time_column="t", value_column="ci").times_s) == hours
