@@ -169,27 +169,28 @@ def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: st
 
 
 def read_csv(path: str | Path, *, time_column: str, value_column: str, region: str | None = None,
-             region_column: str | None = None) -> dict[str, GridSeries]:
-    """CI per region and UTC hour from a CSV (one region per file unless ``region_column`` splits it)."""
+             region_column: str | None = None,
+             names: tuple[str, str] = ("--time-column", "--value-column")) -> dict[str, GridSeries]:
+    """CI per region and UTC hour from a CSV (one region per file unless ``region_column`` splits it); ``names``:
+    what the user called the two columns by (the CLI's flags, a scenario's keys), for the refusals."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
     try:
-        return _read_rows(path, handle, time_column, value_column, region, region_column)
+        return _read_rows(path, handle, time_column, value_column, region, region_column, names)
     except UnicodeDecodeError as exc:  # raised while the rows are read, a ValueError
         raise GridDataError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, region: str | None,
-               region_column: str | None) -> dict[str, GridSeries]:
+               region_column: str | None, names: tuple[str, str]) -> dict[str, GridSeries]:
     with handle:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []
         found = []
-        for name, column in (("--time-column", time_column), ("--value-column", value_column),
-                             ("region column", region_column)):
+        for name, column in ((names[0], time_column), (names[1], value_column), ("region column", region_column)):
             match = None if column is None else _column(columns, column)
             if column is not None and match is None:
                 raise GridDataError(f"{path.name}: column {column!r} ({name}) not found; columns: "

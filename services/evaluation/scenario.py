@@ -247,7 +247,8 @@ def _load_shape(where: str, entry: object, folder: Path) -> LoadShape:
     path = path if path.is_absolute() else folder / path
     try:
         (series,) = grids.read_csv(path, time_column=entry["time_column"], value_column=entry["value_column"],
-                                   region=path.stem).values()
+                                   region=path.stem,
+                                   names=("load_shape.time_column", "load_shape.value_column")).values()
     except grids.GridDataError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
     first = -(-series.start_s // DAY_S) * DAY_S
