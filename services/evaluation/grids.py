@@ -210,6 +210,8 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
                 raise GridDataError(f"{where}: column {value_column!r}: {value!r} is not a CI (finite, >= 0)")
             key = row[region_column] if region_column else (region or path.stem)
             by_region.setdefault(key, []).append((t, value, row_number))
+    if not by_region:  # a header alone evaluated nothing and exited 0 with an empty summary
+        raise GridDataError(f"{path.name}: no data rows under the header")
     return {key: series_from_rows(rows, key, path.name) for key, rows in by_region.items()}
 
 

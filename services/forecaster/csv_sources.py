@@ -198,7 +198,10 @@ def _values(raw: pd.Series) -> np.ndarray:
 
 
 def read_header(path: Path) -> list[str]:
-    return list(pd.read_csv(path, nrows=0, comment="#").columns)
+    try:
+        return list(pd.read_csv(path, nrows=0, comment="#").columns)
+    except pd.errors.EmptyDataError:  # pandas: "No columns to parse from file", naming no file
+        raise ValueError(f"{Path(path).name}: empty file (no header)") from None
 
 
 def detect_layout(columns: list[str]) -> str:
@@ -272,6 +275,9 @@ def read_csv_series(
     frame = pd.read_csv(path, usecols=usecols, comment="#")
     if filter_column:
         frame = frame[frame[filter_column].astype(str) == str(filter_value)]
+    if frame.empty:  # a header alone ended in numpy's "zero-size array to reduction operation minimum"
+        kept = f" with {filter_column} = {filter_value!r}" if filter_column else ""
+        raise ValueError(f"{path.name}: no data rows{kept}")
     times = _times(frame[time_column], time_format, dayfirst)
     values = _values(frame[value_column])
     if region is None:

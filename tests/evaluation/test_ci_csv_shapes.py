@@ -148,3 +148,10 @@ def test_several_regions_in_one_file_are_named_in_the_repeat_refusal(tmp_path: P
     rows = [(t.strftime("%Y-%m-%dT%H:%MZ"), str(v + zone)) for t, v in _hourly_rows(1) for zone in (0, 100)]
     with pytest.raises(grids.GridDataError, match=r"row 3: .* repeated .* several regions repeats every hour"):
         _read(_write(tmp_path, rows))
+
+
+def test_a_header_without_rows_is_refused(tmp_path: Path) -> None:
+    """A CI CSV with its header only evaluated no grid and exited 0 with an empty summary."""
+    (tmp_path / "grid.csv").write_text("ts,ci\n")
+    with pytest.raises(grids.GridDataError, match="grid.csv: no data rows under the header"):
+        _read(tmp_path / "grid.csv")

@@ -190,3 +190,20 @@ def test_unix_times_in_seconds_or_milliseconds_are_read_as_such(tmp_path) -> Non
         path = tmp_path / f"unix_{scale}.csv"
         path.write_text("t,ci\n" + "".join(f"{t * scale},{i}\n" for i, t in enumerate(hours)))
         assert list(cs.read_csv_series(path, time_column="t", value_column="ci").times_s) == hours
+
+
+def test_an_empty_file_or_a_header_alone_is_refused_naming_the_file(tmp_path) -> None:
+    """`forecast backtest` on a header-only CSV printed numpy's 'zero-size array to reduction operation minimum
+    which has no identity', and on an empty file pandas' 'No columns to parse from file'."""
+    import pytest
+
+    path = tmp_path / "grid.csv"
+    path.write_text("ts,ci,zone\n")
+    with pytest.raises(ValueError, match=r"^grid.csv: no data rows$"):
+        cs.to_grid(cs.read_csv_series(path, time_column="ts", value_column="ci"))
+    path.write_text("ts,ci,zone\n2023-06-20T00:00Z,1,DE\n")
+    with pytest.raises(ValueError, match=r"^grid.csv: no data rows with zone = 'FR'$"):
+        cs.read_csv_series(path, time_column="ts", value_column="ci", filter_column="zone", filter_value="FR")
+    path.write_text("")
+    with pytest.raises(ValueError, match=r"^grid.csv: empty file \(no header\)$"):
+        cs.read_csv_series(path, time_column="ts", value_column="ci")
