@@ -193,6 +193,22 @@ def _times(raw: pd.Series, time_format: str | None = None, dayfirst: bool = Fals
     return _epoch_s(parsed)
 
 
+def _check_repeated_times(raw: pd.Series, times_s: np.ndarray, values: np.ndarray) -> None:
+    """Refuse one instant given two different values, naming both rows. The usual cause is local time without
+    its offset: the hour the clocks go back appears twice, and the resampler kept the last value without a word
+    (the evaluation's reader refuses the same file). A row given twice with the same value (or a missing one)
+    passes."""
+    order = np.argsort(times_s, kind="stable")
+    t, v = times_s[order], values[order]
+    same = np.flatnonzero((t[1:] == t[:-1]) & np.isfinite(v[1:]) & np.isfinite(v[:-1]) & (v[1:] != v[:-1]))
+    if len(same):
+        first, second = int(order[same[0]]), int(order[same[0] + 1])
+        raise ValueError(f"column {raw.name!r}: {_row(raw, first)} and {_row(raw, second)} give the same time "
+                         f"{raw.iloc[second]!r} two different values ({values[first]:g}, {values[second]:g}): local "
+                         "time without its UTC offset (the hour the clocks go back, twice)? Give the times with "
+                         "their offset or in UTC")
+
+
 def _values(raw: pd.Series) -> np.ndarray:
     return pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
 
@@ -280,6 +296,7 @@ def read_csv_series(
         raise ValueError(f"{path.name}: no data rows{kept}")
     times = _times(frame[time_column], time_format, dayfirst)
     values = _values(frame[value_column])
+    _check_repeated_times(frame[time_column], times, values)
     if region is None:
         zone = _find_column(columns, "zone id")
         if zone:
@@ -411,7 +428,8 @@ def to_grid(raw: RawSeries, step_s: int = HOUR_S, min_coverage_fraction: float =
 
     Finer data: each bin is the mean of the observations in it, missing when fewer than
     ``min_coverage_fraction`` of the bin's native steps are present (a mostly-empty hour would be a guess).
-    Same step: duplicates keep the last value. Coarser data is not upsampled (refused). NaN observations count
+    Same step: duplicates keep the last value (a user's CSV with one instant given two values is refused before,
+    ``read_csv_series``). Coarser data is not upsampled (refused). NaN observations count
     as missing.
     """
     native = raw.resolution_s or infer_step_s(raw.times_s)

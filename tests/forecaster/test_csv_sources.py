@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from greenserve.forecaster import csv_sources as cs
 
@@ -207,3 +208,19 @@ def test_an_empty_file_or_a_header_alone_is_refused_naming_the_file(tmp_path) ->
     path.write_text("")
     with pytest.raises(ValueError, match=r"^grid.csv: empty file \(no header\)$"):
         cs.read_csv_series(path, time_column="ts", value_column="ci")
+
+
+def test_one_instant_given_two_values_is_refused_naming_both_rows(tmp_path) -> None:
+    """Local time without its offset repeats the hour the clocks go back; the resampler kept the last value
+    silently. A row given twice with the same value still passes."""
+    path = tmp_path / "local.csv"
+    path.write_text("time,ci\n2023-10-29 00:00,100\n2023-10-29 01:00,110\n2023-10-29 02:00,120\n"
+                    "2023-10-29 02:00,130\n2023-10-29 03:00,140\n")
+    with pytest.raises(ValueError, match=r"row 4 and row 5 .*two different values \(120, 130\).*offset"):
+        cs.read_csv_series(path, time_column="time", value_column="ci")
+    same = tmp_path / "twice.csv"
+    same.write_text("time,ci\n2023-10-29T00:00Z,100\n2023-10-29T01:00Z,110\n2023-10-29T01:00Z,110\n"
+                    "2023-10-29T02:00Z,\n2023-10-29T02:00Z,120\n")
+    raw = cs.read_csv_series(same, time_column="time", value_column="ci")
+    grid = cs.to_grid(raw)
+    assert list(grid.values) == [100.0, 110.0, 120.0]
