@@ -143,7 +143,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from greenserve_client.demo import DemoOptions, run
+    from greenserve_client.demo import DemoOptions, grid_series, run
 
     if not 0 < ns.minutes <= 24 * 60 or not 1 <= ns.hours <= 24 or ns.peak_requests_per_s <= 0 or not (
             10 <= ns.startup_s <= 3600):
@@ -154,17 +154,23 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     if ns.router_http_port <= 0:
         print("greenserve demo: error: --router-http-port: the demo needs a fixed HTTP port", file=sys.stderr)
         return 2
-    options = DemoOptions(grid=ns.grid, day=ns.day, minutes=ns.minutes, hours=ns.hours,
+    grid = ns.grid if ns.ci_csv is None else (ns.region or ns.ci_csv.stem)
+    options = DemoOptions(grid=grid, day=ns.day, minutes=ns.minutes, hours=ns.hours,
                           peak_requests_per_s=ns.peak_requests_per_s, pool=ns.pool, startup_s=ns.startup_s)
+    try:  # the CI the day replays, read before any service starts
+        series = grid_series(options, ns.ci_csv, ns.time_column, ns.value_column)
+    except ValueError as exc:
+        print(f"greenserve demo: error: {exc}", file=sys.stderr)
+        return 2
     ports = {info.name: getattr(ns, f"{info.name}_port") for info in SERVICES}
     fleet = supervisor.FleetOptions(engines=max(ns.engines, 1), engine_profile=ns.engine_profile,
                                     engine_time_scale=ns.engine_time_scale, lmcache=ns.lmcache,
                                     lmcache_l1_size_gb=ns.lmcache_l1_size_gb, pool=ns.pool,
                                     router_http_port=ns.router_http_port)
     try:
-        return run(options, out=ns.out, up_kwargs=dict(host=ns.host, ports=ports, data_dir=ns.data_dir,
-                                                        startup_timeout_s=ns.startup_timeout_s,
-                                                        extra_args=ns.service_args, fleet=fleet))
+        return run(options, out=ns.out, series=series,
+                   up_kwargs=dict(host=ns.host, ports=ports, data_dir=ns.data_dir,
+                                  startup_timeout_s=ns.startup_timeout_s, extra_args=ns.service_args, fleet=fleet))
     except ValueError as exc:
         print(f"greenserve demo: error: {exc}", file=sys.stderr)
         return 2
@@ -224,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "report (greenserve up's fleet)")
     _add_up_arguments(demo)
     demo.add_argument("--grid", default="ES", help="shipped grid whose CI the day replays: FR, FI, ES, CISO (default ES)")
+    demo.add_argument("--ci-csv", type=Path, help="replay this CI CSV instead of a shipped grid (hourly or finer rows, "
+                      "averaged per UTC hour; the day and up to 21 days before it are used)")
+    demo.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
+    demo.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh)")
+    demo.add_argument("--region", help="region name of --ci-csv (default: the file name)")
     demo.add_argument("--day", default="2022-07-06", help="the UTC day (default 2022-07-06)")
     demo.add_argument("--minutes", type=float, default=20.0, help="real minutes the day lasts (default 20)")
     demo.add_argument("--hours", type=int, default=24, help="virtual hours to run (1..24, default 24)")

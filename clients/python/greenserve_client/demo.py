@@ -14,6 +14,7 @@ plan in force, its expected carbon), what was applied (each component's enforcem
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import defaultdict
@@ -36,6 +37,7 @@ from greenserve_client.local_loop import LocalLoopOptions, ci_ref, ingest
 
 HOUR_S = 3600
 MAX_IN_FLIGHT = 64
+CI_HISTORY_DAYS = 21  # the CI the forecaster is seeded with: the shipped slice's three weeks before its day
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,11 @@ def histories(options: DemoOptions, series: grids.GridSeries, until_s: float) ->
         list[tuple[float, float]], list[tuple[float, float]], np.ndarray]:
     """CI and load points before ``until_s`` (load: the shape's days before the demo day, scaled), and the demo
     day's scaled hourly load."""
+    # the CI history the forecaster fits on: the known hours of the CI_HISTORY_DAYS before (a user's CSV may hold
+    # years, and hours it misses before the day)
+    since_s = options.day_start_s - CI_HISTORY_DAYS * 86400
     ci = [(series.start_s + HOUR_S * i, v) for i, v in enumerate(series.values)
-          if series.start_s + HOUR_S * i < until_s]
+          if since_s <= series.start_s + HOUR_S * i < until_s and math.isfinite(v)]
     shape = load_shape()
     scale = options.peak_requests_per_s / float(shape.max())
     days = len(shape) // 24
@@ -232,14 +237,31 @@ def write_report(result: dict[str, Any], out: Path) -> Path:
     return index
 
 
-def run(options: DemoOptions, *, up_kwargs: dict[str, Any], out: Path) -> int:
-    """Starts the fleet on the virtual clock, drives the day, writes the report, stops everything."""
+def grid_series(options: DemoOptions, ci_csv: Path | None = None, time_column: str | None = None,
+                value_column: str | None = None) -> grids.GridSeries:
+    """The CI the day replays: the shipped grid ``options.grid``, or a user's CSV (read as ``evaluate --ci-csv``
+    reads it: hourly or finer rows averaged per UTC hour), whose region is ``options.grid``. ValueError naming the
+    flag when the grid is unknown, the CSV unreadable or the day's hours not all there."""
+    if ci_csv is None:
+        series = grids.shipped().get(options.grid)
+        if series is None:
+            raise ValueError(f"--grid: unknown {options.grid!r}; shipped: {', '.join(grids.SHIPPED_REGIONS)}")
+    else:
+        if not time_column or not value_column:
+            raise ValueError("--ci-csv needs --time-column and --value-column")
+        (series,) = grids.read_csv(ci_csv, time_column=time_column, value_column=value_column,
+                                   region=options.grid).values()
+    series.window(options.day_start_s, options.hours)  # the day is covered (raises naming the span)
+    return series
+
+
+def run(options: DemoOptions, *, up_kwargs: dict[str, Any], out: Path, series: grids.GridSeries | None = None) -> int:
+    """Starts the fleet on the virtual clock, drives the day, writes the report, stops everything. ``series``: the
+    CI to replay (``grid_series``; default the shipped grid ``options.grid``)."""
     from greenserve_client import supervisor
 
-    series = grids.shipped().get(options.grid)
     if series is None:
-        raise ValueError(f"--grid: unknown {options.grid!r}; shipped: {', '.join(grids.SHIPPED_REGIONS)}")
-    series.window(options.day_start_s, options.hours)  # the day is covered (raises naming the span)
+        series = grid_series(options)
     anchor = time.time() + options.startup_s
     clock = VirtualClock(options.day_start_s, options.speed, anchor)
     set_clock(clock)
