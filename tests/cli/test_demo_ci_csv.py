@@ -88,3 +88,16 @@ def test_a_gap_inside_the_day_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
                        "--day", DAY], monkeypatch)
     err = capsys.readouterr().err
     assert code == 2 and not seen and "05:00" in err, err
+
+
+def test_a_file_name_that_is_no_region_name_asks_for_region(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The region becomes the pools' region and the CI series' key, which SetFleet checks as a name: a file named
+    'my grid (2023).csv' failed only once the services were up."""
+    path = _csv(tmp_path / "my grid (2023).csv", 3)
+    argv = ["demo", "--ci-csv", str(path), "--time-column", "when", "--value-column", "ci_g", "--day", DAY]
+    code, seen = _run(argv, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and not seen and "--region" in err and "my grid (2023)" in err, err
+    code, seen = _run([*argv, "--region", "my-grid"], monkeypatch)
+    assert code == 0 and seen["series"].region == "my-grid"

@@ -29,6 +29,7 @@ import numpy as np
 
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.clock import VirtualClock, hour_floor_s, set_clock
+from greenserve.common.names import is_name
 from greenserve.common.strict_json import dumps
 from greenserve.evaluation import grids
 from greenserve.evaluation.run import load_shape
@@ -249,6 +250,9 @@ def grid_series(options: DemoOptions, ci_csv: Path | None = None, time_column: s
     else:
         if not time_column or not value_column:
             raise ValueError("--ci-csv needs --time-column and --value-column")
+        if not is_name(options.grid):  # the pools' region and the CI series' key on the wire
+            raise ValueError(f"--region: {options.grid!r} (the file's name by default) is not a region name: 1-128 "
+                             "of A-Z a-z 0-9 . _ : - starting with a letter or digit; give --region")
         (series,) = grids.read_csv(ci_csv, time_column=time_column, value_column=value_column,
                                    region=options.grid).values()
     series.window(options.day_start_s, options.hours)  # the day is covered (raises naming the span)
