@@ -10,7 +10,7 @@ The CSVs a platform engineer has are rarely a clean hourly UTC column, so the re
 * a missing hour or an empty value cell: the hour is missing (NaN), refused only where the evaluation needs it
   (:meth:`GridSeries.window`: the evaluated day; the history before it may have gaps, the forecaster's models skip
   NaN), so that a gap months away from the day does not block it;
-* a column named as the user types it: "gCO2eq/kWh" for the header's "gCO₂eq/kWh", any case (``_column``);
+* a column named as the user types it: "gCO2eq/kWh" for the header's "gCO₂eq/kWh", any case (``header_column``);
 * a repeated row with the same value (kept once); a repeated hour with two values is refused, since it is what a
   local-time column without offset gives at a DST change (the whole series would then be shifted).
 """
@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import csv
 import math
-import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
+from greenserve.common.csv_input import (
+    MIN_BIN_COVERAGE_FRACTION,
+    header_column,
+    infer_step_s,
+)
+
 HOUR_S = 3600
 SHIPPED = "ci_2022-06-15_2022-07-06_lifecycle.csv"
 SHIPPED_REGIONS = ("FR", "FI", "ES", "CISO")
-#: An hour of sub-hourly rows is kept when at least this fraction of its rows have a value (the forecaster's
-#: csv_sources.to_grid uses the same rule).
-MIN_HOUR_COVERAGE_FRACTION = 0.5
 
 
 class GridDataError(ValueError):
@@ -71,20 +73,6 @@ class GridSeries:
         return values
 
 
-def _fold(name: str) -> str:
-    """A column name as a user types it: NFKC ("₂" is "2"), case and runs of spaces ignored."""
-    return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
-
-
-def _column(columns: list[str], wanted: str) -> str | None:
-    """The header's column ``wanted`` names: itself, else the one column equal to it once folded (Electricity
-    Maps' "gCO₂eq/kWh" typed as "gCO2eq/kWh": the two look alike in the refusal's list of columns)."""
-    if wanted in columns:
-        return wanted
-    folded = [c for c in columns if _fold(c) == _fold(wanted)]
-    return folded[0] if len(folded) == 1 else None
-
-
 def _instant(text: str, where: str) -> int:
     value = text.strip()
     try:
@@ -94,15 +82,6 @@ def _instant(text: str, where: str) -> int:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return int(parsed.timestamp())
-
-
-def _step_s(times: list[int]) -> int:
-    """The rows' step: the most common positive difference between consecutive distinct times."""
-    diffs: dict[int, int] = {}
-    for a, b in zip(times, times[1:], strict=False):
-        if b > a:
-            diffs[b - a] = diffs.get(b - a, 0) + 1
-    return max(diffs, key=lambda d: (diffs[d], -d)) if diffs else HOUR_S
 
 
 def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: str) -> GridSeries:
@@ -125,7 +104,7 @@ def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: st
                                 f"of several regions repeats every hour (give one region per file)")
         unique.append((t, v, row))
     times = [t for t, _, _ in unique]
-    step = _step_s(times)
+    step = infer_step_s(times, HOUR_S)
     if step > HOUR_S or HOUR_S % step:
         raise GridDataError(f"{source}: rows of {region} are {step} s apart; the evaluation needs hourly rows or "
                             f"finer ones that divide the hour (5, 15, 30 min)")
@@ -143,7 +122,7 @@ def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: st
         if not math.isnan(v):
             sums[k] += v
             counts[k] += 1
-    need = max(1, math.ceil(MIN_HOUR_COVERAGE_FRACTION * HOUR_S / step))
+    need = max(1, math.ceil(MIN_BIN_COVERAGE_FRACTION * HOUR_S / step))
     values: list[float] = []
     missing: dict[int, str] = {}
     for k in range(n):
@@ -191,7 +170,7 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
         columns = reader.fieldnames or []
         found = []
         for name, column in ((names[0], time_column), (names[1], value_column), ("region column", region_column)):
-            match = None if column is None else _column(columns, column)
+            match = None if column is None else header_column(columns, column)
             if column is not None and match is None:
                 raise GridDataError(f"{path.name}: column {column!r} ({name}) not found; columns: "
                                     f"{', '.join(columns)}")

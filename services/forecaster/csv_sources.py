@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import math
 import os
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from greenserve.common.csv_input import (
+    MIN_BIN_COVERAGE_FRACTION,
+    header_column,
+    infer_step_s,
+)
 
 HOUR_S = 3600
 
@@ -107,20 +111,6 @@ def missing_runs(start_s: int, step_s: int, values: np.ndarray) -> list[tuple[in
 
 def _fold(name: str) -> str:
     return name.strip().lower().replace("₂", "2")
-
-
-def _column(columns: list[str], wanted: str) -> str | None:
-    """The header's column a flag names: itself, else the one column equal to it once folded (NFKC, so "₂" is
-    "2"; case and runs of spaces ignored): Electricity Maps' "gCO₂eq/kWh" typed as "gCO2eq/kWh" was refused with a
-    list of columns in which the two look the same. Two columns folding alike: none is guessed."""
-    if wanted in columns:
-        return wanted
-
-    def norm(name: str) -> str:
-        return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
-
-    folded = [c for c in columns if norm(c) == norm(wanted)]
-    return folded[0] if len(folded) == 1 else None
 
 
 def _find_column(columns: list[str], *fragments: str) -> str | None:
@@ -283,7 +273,7 @@ def read_csv_series(
     for what, wanted in named.items():
         if wanted is None and what == "filter":
             continue
-        named[what] = _column(columns, wanted) if wanted else None
+        named[what] = header_column(columns, wanted) if wanted else None
         if named[what] is None:
             raise ValueError(f"{what} column {wanted!r} not in {path.name} (columns: {', '.join(columns)})")
     time_column, value_column, filter_column = named["time"], named["value"], named["filter"]
@@ -414,16 +404,8 @@ def read_azure_request_trace(path: str | Path, step_s: int = 60, name: str = "az
 # ---------------------------------------------------------------------------------------------------------
 
 
-def infer_step_s(times_s: np.ndarray) -> int:
-    """The most common positive difference between consecutive timestamps."""
-    diffs = np.diff(np.unique(times_s))
-    if len(diffs) == 0:
-        return HOUR_S
-    values, counts = np.unique(diffs, return_counts=True)
-    return int(values[np.argmax(counts)])
-
-
-def to_grid(raw: RawSeries, step_s: int = HOUR_S, min_coverage_fraction: float = 0.5) -> GridSeries:
+def to_grid(raw: RawSeries, step_s: int = HOUR_S,
+            min_coverage_fraction: float = MIN_BIN_COVERAGE_FRACTION) -> GridSeries:
     """Resample onto a regular ``step_s`` grid aligned to multiples of ``step_s`` (UTC).
 
     Finer data: each bin is the mean of the observations in it, missing when fewer than
