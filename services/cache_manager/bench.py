@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import tracemalloc
@@ -17,6 +16,7 @@ import numpy as np
 
 from greenserve.cache_manager import policies, read_or_recompute, traces
 from greenserve.cache_manager.index import CacheIndex
+from greenserve.simulator.workloads import trace_path
 
 DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 # Hit-decay time constant of the eviction benchmark's index: the online estimate on the Mooncake trace
@@ -24,16 +24,9 @@ DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 EVICTION_BENCH_TAU_S = 512.0
 
 
-def shared_dir() -> Path:
-    """`GREENSERVE_SHARED_DIR`, default `<repo root>/../shared`."""
-    env = os.environ.get("GREENSERVE_SHARED_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
-
-
 def default_trace() -> Path:
-    return shared_dir() / "data" / "mooncake_fast25" / "conversation_trace.jsonl"
+    """The Mooncake FAST'25 conversation trace shipped with the package (greenserve/simulator/data/traces/)."""
+    return trace_path("mooncake")
 
 
 def _log(msg: str) -> None:
@@ -45,8 +38,8 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
     unique blocks: the Mooncake trace (or --trace files) and GreenCache's workload shapes."""
     parser = argparse.ArgumentParser(prog=prog, description=policy_main.__doc__)
     parser.add_argument("--trace", type=Path, action="append", default=None,
-                        help="JSONL trace (Mooncake layout), repeatable; default: "
-                        "../shared/data/mooncake_fast25/conversation_trace.jsonl")
+                        help="JSONL trace (Mooncake layout), repeatable; default: the Mooncake FAST'25 "
+                        "conversation trace shipped in greenserve/simulator/data/traces/")
     parser.add_argument("--shapes", type=str, default=",".join(traces.SHAPES),
                         help=f"comma-separated synthetic trace shapes also replayed ({', '.join(traces.SHAPES)}; "
                         "'none' for none; default all)")
@@ -62,7 +55,10 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
                         help=f"also replay {', '.join(policies.ABLATIONS)} on the first trace (key 'ablations')")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
-    paths = ns.trace or [default_trace()]
+    try:
+        paths = ns.trace or [default_trace()]
+    except FileNotFoundError as exc:  # an install without the package's trace files
+        parser.error(str(exc))
     for path in paths:
         if not path.is_file():
             parser.error(f"trace file not found: {path}")

@@ -144,13 +144,11 @@ class SideJob:
 
 
 def fidelity_table() -> list[dict[str, Any]]:
-    """The simulator's fidelity table (simulator/fidelity.py; the Kareto rows only where the Mooncake trace is)."""
+    """The simulator's fidelity table (simulator/fidelity.py), its Kareto rows on the shipped Mooncake trace included."""
     from greenserve.simulator import fidelity
-    from greenserve.simulator.workloads import shared_dir
 
-    trace = (shared_dir() / "data/mooncake_fast25/conversation_trace.jsonl").is_file()
     return [{**dataclasses.asdict(r), "relative_error": r.relative_error, "holds": r.holds}
-            for r in fidelity.fidelity_rows(include_trace_rows=trace)]
+            for r in fidelity.fidelity_rows()]
 
 
 def _run_any(job: Job | SideJob) -> tuple[str, Any]:

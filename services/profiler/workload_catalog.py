@@ -10,6 +10,8 @@ Names (``SweepSpec.workload``):
 * ``azure-conv``: the Azure LLM inference trace 2023 (conversation), its token counts.
 * ``mooncake``: the Mooncake FAST'25 conversation trace, its token counts and prefix-block hashes.
 
+The two traces ship with the package (greenserve.simulator.workloads.trace_path, SOURCE.md beside them).
+
 Arrivals are open-loop at the point's rate: Poisson by default; with ``arrival = "trace"`` the trace's own
 inter-arrival times rescaled to the rate (trace workloads only). The synthetic generators' rates are in
 requests per second (the multi-turn generator's conversation rate is set so that requests arrive at the rate).
@@ -20,24 +22,20 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from greenserve.simulator.workloads import (
+    TRACE_FILES,
     Workload,
     load_azure_csv,
     load_mooncake_jsonl,
     multi_turn_workload,
     poisson_workload,
-    shared_dir,
+    trace_path,
     zipf_document_workload,
 )
 
-TRACE_FILES: dict[str, str] = {
-    "azure-conv": "data/azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
-    "mooncake": "data/mooncake_fast25/conversation_trace.jsonl",
-}
 FIXED_SIZES: dict[str, tuple[int, int]] = {  # GreenLLM Table II, P50 (input, output) tokens
     "sharegpt": (160, 140),
     "humaneval": (136, 55),
@@ -50,7 +48,7 @@ _MULTITURN_MEAN_TURNS = 4.0
 
 
 class WorkloadUnavailable(RuntimeError):
-    """A known workload whose trace file is not on this machine (FAILED_PRECONDITION)."""
+    """A known workload whose shipped trace file is missing: an incomplete install (FAILED_PRECONDITION)."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +72,15 @@ def check_workload(name: str, arrival: str) -> None:
     if arrival == "trace" and name not in TRACE_FILES:
         raise ValueError(f"arrival 'trace' needs a trace workload ({', '.join(TRACE_FILES)}), not {name!r}")
     if name in TRACE_FILES:
-        path = shared_dir() / TRACE_FILES[name]
-        if not path.is_file():
-            raise WorkloadUnavailable(f"trace of workload {name!r} not found (set GREENSERVE_SHARED_DIR to the "
-                                      f"folder holding {TRACE_FILES[name]})")
+        try:
+            trace_path(name)
+        except FileNotFoundError as exc:
+            raise WorkloadUnavailable(f"workload {name!r}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=8)
 def _trace(name: str, limit: int) -> Workload:
-    path = Path(shared_dir() / TRACE_FILES[name])
+    path = trace_path(name)
     if name == "azure-conv":
         return load_azure_csv(path, limit=limit)
     return load_mooncake_jsonl(path, limit=limit)

@@ -25,7 +25,8 @@ Figures:
   round robin). Goal: <= 2 points.
 
 The trace: the Mooncake FAST'25 conversation trace (real prefix structure: each request's 512-token
-blocks as hash ids) from the shared data folder; without it, GreenCache-style multi-turn conversations
+blocks as hash ids) shipped with the package (simulator.workloads.trace_path); with ``--trace multiturn``
+(or should an install lack the file), GreenCache-style multi-turn conversations
 (simulator.workloads.multi_turn_workload, the conversations the evaluation replays). The Azure LLM
 conversation trace has no prefix information (token counts only), so it cannot measure a hit rate.
 Each request becomes a chat: the text of its first block is the system message, of its second block
@@ -52,7 +53,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-MOONCAKE = Path("data") / "mooncake_fast25" / "conversation_trace.jsonl"
 MODEL = "bench-model"
 PROPAGATION_BOUND_MS = 1000.0
 
@@ -66,10 +66,16 @@ def _log(msg: str) -> None:
 
 def load_trace(limit: int, source: str) -> tuple[str, list[tuple[int, ...]]]:
     """(description, block-id tuples of the first ``limit`` requests)."""
-    from greenserve.simulator.workloads import multi_turn_workload, shared_dir
+    from greenserve.simulator.workloads import multi_turn_workload, trace_path
 
-    path = shared_dir() / MOONCAKE
-    if source in ("auto", "mooncake") and path.exists():
+    path = None
+    if source in ("auto", "mooncake"):
+        try:
+            path = trace_path("mooncake")
+        except FileNotFoundError as exc:
+            if source == "mooncake":
+                raise SystemExit(str(exc)) from None
+    if path is not None:
         rows = []
         with open(path) as f:
             for line in f:
@@ -77,8 +83,6 @@ def load_trace(limit: int, source: str) -> tuple[str, list[tuple[int, ...]]]:
                 if len(rows) >= limit:
                     break
         return f"Mooncake FAST'25 conversation trace, first {len(rows)} requests", rows
-    if source == "mooncake":
-        raise SystemExit(f"the Mooncake trace is not in the shared data folder ({MOONCAKE})")
     w = multi_turn_workload(max(4, limit // 4), 1.0, seed=0)
     rows = [tuple(h) for h in w.block_hashes[:limit]]
     return f"multi-turn conversations (simulator.workloads.multi_turn_workload, seed 0), {len(rows)} requests", rows
@@ -384,7 +388,8 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}requests", dest=f"{d}requests", type=int, default=600,
                    help="trace requests replayed per run (default 600)")
     p.add_argument(f"--{prefix}trace", dest=f"{d}trace", choices=("auto", "mooncake", "multiturn"), default="auto",
-                   help="conversation trace (default: Mooncake if the shared data has it)")
+                   help="conversation trace (default auto: the Mooncake trace shipped with the package; "
+                   "multiturn: synthetic multi-turn conversations)")
     p.add_argument(f"--{prefix}engines", dest=f"{d}engines", type=int, default=4,
                    help="emulated engines (default 4)")
     p.add_argument(f"--{prefix}block-tokens", dest=f"{d}block_tokens", type=int, default=32,

@@ -1,4 +1,4 @@
-"""`greenserve bench simulator`: virtual-time replay speed and latency percentiles on the shared traces.
+"""`greenserve bench simulator`: virtual-time replay speed and latency percentiles on the shipped traces.
 
 Replays the Mooncake FAST'25 conversation hour (12,031 requests with 512-token prefix-block hashes) and the
 first hour of the Azure LLM 2023 conversation trace (19,366 requests) through a fleet of engines (default 4 x
@@ -24,11 +24,8 @@ from greenserve.simulator.workloads import (
     Workload,
     load_azure_csv,
     load_mooncake_jsonl,
-    shared_dir,
+    trace_path,
 )
-
-MOONCAKE_PATH = "data/mooncake_fast25/conversation_trace.jsonl"
-AZURE_PATH = "data/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -65,12 +62,11 @@ def main(argv: list[str], prog: str = "greenserve bench simulator") -> int:
     if ns.ttft_slo_s <= 0 or ns.tpot_slo_s <= 0:
         parser.error("--ttft-slo-s/--tpot-slo-s: must be > 0")
 
-    base = shared_dir()
-    paths = {"mooncake_conversation_1h": base / MOONCAKE_PATH, "azure_conv_2023_1h": base / AZURE_PATH}
-    for name, path in paths.items():
-        if not path.exists():
-            print(f"{prog}: trace {name} not found at {path} (set GREENSERVE_SHARED_DIR)", file=sys.stderr)
-            return 2
+    try:
+        paths = {"mooncake_conversation_1h": trace_path("mooncake"), "azure_conv_2023_1h": trace_path("azure-conv")}
+    except FileNotFoundError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
 
     t0 = time.perf_counter()
     traces: dict[str, Workload] = {

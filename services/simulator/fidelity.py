@@ -25,7 +25,7 @@ from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import (
     load_mooncake_jsonl,
     multi_turn_workload,
-    shared_dir,
+    trace_path,
 )
 
 __all__ = ["FidelityRow", "fidelity_rows", "main", "render_markdown"]
@@ -91,8 +91,7 @@ def _greencache_rows() -> list[FidelityRow]:
 def _kareto_rows() -> list[FidelityRow]:
     # Kareto Table 1 (clean rows of the OCR text; the 350 MB/s and 1 GB/s rows are unreadable in the seed)
     published_ms = {5: 2995.42, 20: 1915.50, 40: 1787.81, 60: 1757.50, 100: 1744.31}
-    path = shared_dir() / "data/mooncake_fast25/conversation_trace.jsonl"
-    trace = load_mooncake_jsonl(path)
+    trace = load_mooncake_jsonl(trace_path("mooncake"))
     base = load_profile("llama3-8b@H100-80GB")
     mean_ttft: dict[int, float] = {}
     for bw in published_ms:

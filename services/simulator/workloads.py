@@ -4,12 +4,16 @@ A ``Workload`` is a set of requests sorted by arrival time, held as plain Python
 in the replay's inner loop) plus, optionally, per-request prefix-block hashes: identical leading hashes mean
 a reusable KV prefix, ``hash_block_tokens`` tokens per block.
 
-Parsers (real public traces of ``../shared/data``, see each folder's SOURCE.md):
+Parsers (real public traces; the package ships one of each in ``data/traces/`` beside this module, copied
+unchanged from GitHub ``Azure/AzurePublicDataset`` and ``kvcache-ai/Mooncake``; origin, licence and citation in
+that folder's SOURCE.md; ``trace_path`` resolves them):
 
 * ``load_azure_csv``: Azure LLM inference trace 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``;
   no prefix information).
 * ``load_mooncake_jsonl``: Mooncake FAST'25 trace (``timestamp`` ms, ``input_length``, ``output_length``,
   ``hash_ids`` of 512-token blocks).
+
+Both parsers take any path, so a user's own trace in either layout replays the same way.
 
 Generators (deterministic for a seed): Poisson or Gamma arrivals with log-normal lengths; GreenCache-style
 multi-turn conversations (each turn's prompt extends the previous turn's context, GreenCache Sec. 3.1.1) and
@@ -22,7 +26,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -31,22 +34,39 @@ import numpy as np
 import itertools
 
 __all__ = [
+    "TRACES_DIR",
+    "TRACE_FILES",
     "Workload",
     "load_azure_csv",
     "load_mooncake_jsonl",
     "multi_turn_workload",
     "poisson_workload",
-    "shared_dir",
+    "trace_path",
     "zipf_document_workload",
 ]
 
 
-def shared_dir() -> Path:
-    """The shared data folder: ``$GREENSERVE_SHARED_DIR`` or ``<repo root>/../shared``."""
-    env = os.environ.get("GREENSERVE_SHARED_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
+TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
+# The traces shipped in TRACES_DIR, by the name the profiler's workloads and the benches use (SOURCE.md there)
+TRACE_FILES: dict[str, str] = {
+    "azure-conv": "AzureLLMInferenceTrace_conv.csv",  # Azure LLM inference trace 2023, conversation service
+    "mooncake": "conversation_trace.jsonl",  # Mooncake FAST'25 conversation hour, 512-token prefix-block hashes
+}
+
+
+def trace_path(name: str) -> Path:
+    """The shipped file of trace ``name`` (a key of ``TRACE_FILES``).
+
+    The traces are package data, so every clone and install has them; a missing file means an incomplete
+    install, which FileNotFoundError says rather than a parser failing later on a path the user never gave.
+    """
+    if name not in TRACE_FILES:
+        raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACE_FILES)}")
+    path = TRACES_DIR / TRACE_FILES[name]
+    if not path.is_file():
+        raise FileNotFoundError(f"trace {name!r} is missing from the installed package ({path}); "
+                                "reinstall greenserve: it ships greenserve/simulator/data/traces/")
+    return path
 
 
 @dataclass
