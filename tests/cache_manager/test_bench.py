@@ -14,8 +14,6 @@ def _last_json(capsys) -> dict:
 
 
 def test_cache_policy_smoke(capsys) -> None:
-    if not bench.default_trace().is_file():
-        pytest.skip(f"shared Mooncake trace not found at {bench.default_trace()}")
     assert bench.policy_main(["--limit", "300", "--capacities", "0.05,1.0", "--ablations", "--shapes", "none",
                               "--json"]) == 0
     out = _last_json(capsys)

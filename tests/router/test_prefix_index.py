@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import tracemalloc
-from pathlib import Path
 
 import pytest
 from greenserve.router.prefix_index import PrefixIndex, chain_hashes, render_chat
+from greenserve.simulator.workloads import trace_path
 
-SHARED = Path(os.environ.get("GREENSERVE_SHARED_DIR", Path(__file__).resolve().parents[2].parent / "shared"))
-MOONCAKE = SHARED / "data" / "mooncake_fast25" / "conversation_trace.jsonl"
+MOONCAKE = trace_path("mooncake")
 
 
 def test_chain_hashes_are_prefix_chained_and_stable() -> None:
@@ -59,7 +57,6 @@ def test_lru_evicts_oldest_and_cap_is_global() -> None:
     assert idx.estimated_bytes() <= idx.max_bytes
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
 def test_memory_stays_under_cap_on_mooncake_trace() -> None:
     rows = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
     cap = 2 * 1024 * 1024

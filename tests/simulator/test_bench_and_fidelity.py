@@ -7,12 +7,8 @@ import json
 import pytest
 from greenserve.simulator import bench
 from greenserve.simulator.fidelity import fidelity_rows, render_markdown
-from greenserve.simulator.workloads import shared_dir
-
-needs_shared = pytest.mark.skipif(not (shared_dir() / "data/mooncake_fast25").exists(), reason="../shared/data not present")
 
 
-@needs_shared
 def test_bench_smoke_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--json", "--limit", "300"], prog="greenserve bench simulator") == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -46,7 +42,6 @@ def test_fidelity_table_without_trace_rows() -> None:
     assert table.count("\n") == len(rows) + 1 and "GreenCache" in table
 
 
-@needs_shared
 @pytest.mark.slow
 def test_fidelity_kareto_trend_is_monotone_at_low_bandwidth() -> None:
     rows = [r for r in fidelity_rows() if r.source == "Kareto Table 1" and r.unit == "ratio"]

@@ -1,28 +1,42 @@
-"""Trace parsers on slices of the real shared files, synthetic generators, bad input."""
+"""Trace parsers on slices of the real traces shipped with the package, synthetic generators, bad input."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from greenserve.simulator.workloads import (
+    TRACE_FILES,
+    TRACES_DIR,
     Workload,
     load_azure_csv,
     load_mooncake_jsonl,
     multi_turn_workload,
     poisson_workload,
-    shared_dir,
+    trace_path,
     zipf_document_workload,
 )
 import itertools
 
-MOONCAKE = shared_dir() / "data/mooncake_fast25/conversation_trace.jsonl"
-AZURE = shared_dir() / "data/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
-needs_shared = pytest.mark.skipif(not (MOONCAKE.exists() and AZURE.exists()), reason="../shared/data not present")
+MOONCAKE = trace_path("mooncake")
+AZURE = trace_path("azure-conv")
 
 
-@needs_shared
+def test_shipped_traces_are_the_upstream_files_of_source_md() -> None:
+    """Each shipped trace is byte-identical to the upstream file whose sha256 SOURCE.md records."""
+    source = (TRACES_DIR / "SOURCE.md").read_text()
+    for name, file in TRACE_FILES.items():
+        assert trace_path(name) == TRACES_DIR / file
+        row = re.search(rf"^\| `{re.escape(file)}` \|.*`([0-9a-f]{{64}})`", source, re.MULTILINE)
+        assert row, f"SOURCE.md has no row for {file}"
+        assert hashlib.sha256(trace_path(name).read_bytes()).hexdigest() == row.group(1)
+    with pytest.raises(ValueError, match="unknown trace"):
+        trace_path("azure-code")
+
+
 def test_mooncake_slice_matches_source_md() -> None:
     w = load_mooncake_jsonl(MOONCAKE, limit=500)
     assert len(w) == 500 and w.arrival_s[0] == 0.0
@@ -32,7 +46,6 @@ def test_mooncake_slice_matches_source_md() -> None:
     assert all(b >= a for a, b in zip(w.arrival_s, w.arrival_s[1:]))
 
 
-@needs_shared
 def test_mooncake_full_hour_stats() -> None:
     w = load_mooncake_jsonl(MOONCAKE)
     assert len(w) == 12031  # SOURCE.md
@@ -40,7 +53,6 @@ def test_mooncake_full_hour_stats() -> None:
     assert np.mean(w.prompt_tokens) == pytest.approx(12035, rel=0.01)
 
 
-@needs_shared
 def test_azure_first_hour_slice() -> None:
     w = load_azure_csv(AZURE, limit=300)
     assert len(w) == 300 and w.arrival_s[0] == 0.0
