@@ -13,6 +13,10 @@ The CSVs a platform engineer has are rarely a clean hourly UTC column, so the re
 * a column named as the user types it: "gCO2eq/kWh" for the header's "gCO₂eq/kWh", any case (``header_column``);
 * a repeated row with the same value (kept once); a repeated hour with two values is refused, since it is what a
   local-time column without offset gives at a DST change (the whole series would then be shifted).
+
+A load trace of one row per request (Azure's LLM inference traces, a gateway's access log exported as CSV) is
+counted per UTC hour instead (:func:`count_csv`). Either way a series spans at most ``MAX_SERIES_HOURS``: two rows
+centuries apart would otherwise make the reader allocate an hour for every hour between them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from greenserve.common.csv_input import (
 )
 
 HOUR_S = 3600
+MAX_SERIES_HOURS = 20 * 366 * 24  # 20 years of hours: far beyond any CI or load file, small enough to hold in memory
 SHIPPED = "ci_2022-06-15_2022-07-06_lifecycle.csv"
 SHIPPED_REGIONS = ("FR", "FI", "ES", "CISO")
 
@@ -115,6 +120,7 @@ def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: st
                                     f"rows must start their UTC hour)")
     start = times[0] - times[0] % HOUR_S
     n = (times[-1] - start) // HOUR_S + 1
+    _check_span(n, unique[0][2], unique[-1][2], region, source)
     sums, counts, first_row = [0.0] * n, [0] * n, [0] * n
     for t, v, row in unique:
         k = (t - start) // HOUR_S
@@ -145,6 +151,12 @@ def series_from_rows(rows: list[tuple[int, float, int]], region: str, source: st
     hi = max(k for k, v in enumerate(values) if not math.isnan(v)) + 1
     return GridSeries(region, start + lo * HOUR_S, tuple(values[lo:hi]),
                       {k - lo: why for k, why in missing.items() if lo <= k < hi})
+
+
+def _check_span(hours: int, first_row: int, last_row: int, region: str, source: str) -> None:
+    if hours > MAX_SERIES_HOURS:
+        raise GridDataError(f"{source}: rows of {region} span {hours} h (row {first_row} to row {last_row}); at most "
+                            f"{MAX_SERIES_HOURS} h (20 years) are read: is a time cell mistyped?")
 
 
 def read_csv(path: str | Path, *, time_column: str, value_column: str, region: str | None = None,
@@ -192,6 +204,52 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
     if not by_region:  # a header alone evaluated nothing and exited 0 with an empty summary
         raise GridDataError(f"{path.name}: no data rows under the header")
     return {key: series_from_rows(rows, key, path.name) for key, rows in by_region.items()}
+
+
+def count_csv(path: str | Path, *, time_column: str, region: str | None = None,
+              names: tuple[str, str] = ("--time-column", "")) -> GridSeries:
+    """Requests per UTC hour from a CSV of one row per request (its ``time_column``: when the request arrived, an
+    ISO-8601 instant, UTC without an offset; rows in any order). An hour between the first and the last request with
+    no row counts 0 requests. The first and last hours are counted as they are: a trace cut in the middle of an hour
+    undercounts that hour. Memory: one counter per hour of the trace's span, whatever its number of rows."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8-sig")
+    except OSError as exc:
+        raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
+    name = region or path.stem
+    counts: dict[int, int] = {}
+    first = last = (0, 0)  # (hour start, row number) of the earliest and the latest request
+    try:
+        with handle:
+            reader = csv.reader(handle)
+            columns = next(reader, None) or []
+            column = header_column(columns, time_column)
+            if column is None:
+                raise GridDataError(f"{path.name}: column {time_column!r} ({names[0]}) not found; columns: "
+                                    f"{', '.join(columns)}")
+            index = columns.index(column)
+            for row_number, row in enumerate(reader, start=2):
+                if not row:
+                    continue  # a blank line
+                if index >= len(row):
+                    raise GridDataError(f"{path.name}: row {row_number}: {len(row)} cells, no {column!r}")
+                t = _instant(row[index], f"{path.name}: row {row_number}")
+                hour = t - t % HOUR_S
+                counts[hour] = counts.get(hour, 0) + 1
+                if not first[1] or hour < first[0]:
+                    first = (hour, row_number)
+                if not last[1] or hour > last[0]:
+                    last = (hour, row_number)
+                if len(counts) % 4096 == 0:
+                    _check_span((last[0] - first[0]) // HOUR_S + 1, first[1], last[1], name, path.name)
+    except UnicodeDecodeError as exc:
+        raise GridDataError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not counts:
+        raise GridDataError(f"{path.name}: no data rows under the header")
+    n = (last[0] - first[0]) // HOUR_S + 1
+    _check_span(n, first[1], last[1], name, path.name)
+    return GridSeries(name, first[0], tuple(float(counts.get(first[0] + k * HOUR_S, 0)) for k in range(n)))
 
 
 def shipped() -> dict[str, GridSeries]:

@@ -37,9 +37,17 @@ The load shape is the shipped Azure 2024 conversation trace unless the scenario 
       time_column: hour_start_utc     # ISO-8601, UTC when no offset; rows hourly or finer (averaged per UTC hour)
       value_column: requests
 
+A trace of one row per request (Azure's LLM inference traces, a gateway's access log as CSV) is counted per UTC
+hour: ``per_request: true`` in place of ``value_column`` (``time_column``: the arrival instant)::
+
+    load_shape:
+      csv: AzureLLMInferenceTrace_conv_1week.csv
+      time_column: TIMESTAMP
+      per_request: true
+
 Its whole UTC days are used (up to 15): the last one with every hour is replayed as the evaluated day, the days
-before it are the load forecast's history (a missing hour there is skipped). A per-request trace (Azure 2023,
-Mooncake) is first counted per minute or hour.
+before it are the load forecast's history (a missing hour there is skipped). A trace whose times are offsets from
+its own start (Mooncake, BurstGPT) names no day and cannot be placed on the grid's: give it absolute times first.
 """
 
 from __future__ import annotations
@@ -225,14 +233,15 @@ def _variants(where: str, entries: object) -> tuple[common_pb2.ModelVariant, ...
     return tuple(sorted(out, key=lambda v: -v.quality_fraction))
 
 
-LOAD_SHAPE_KEYS = ("csv", "time_column", "value_column")
+LOAD_SHAPE_KEYS = ("csv", "time_column", "value_column", "per_request")
 DAY_S = 86400
 MAX_LOAD_DAYS = 15  # the replayed day and 14 days of history, as for CI (run.HISTORY_DAYS)
 
 
 def _load_shape(where: str, entry: object, folder: Path) -> LoadShape:
     """The ``load_shape`` mapping: the trace read like a CI CSV (grids.read_csv: hourly or finer rows, a negative
-    or non-numeric value refused naming the row), cut to whole UTC days."""
+    or non-numeric value refused naming the row) or, with ``per_request``, its rows counted per UTC hour
+    (grids.count_csv), cut to whole UTC days."""
     from greenserve.evaluation import grids
 
     if not isinstance(entry, dict):
@@ -240,15 +249,25 @@ def _load_shape(where: str, entry: object, folder: Path) -> LoadShape:
     unknown = sorted(set(entry) - set(LOAD_SHAPE_KEYS))
     if unknown:
         raise ScenarioError(f"{where}: unknown key {unknown[0]!r}")
-    for key in LOAD_SHAPE_KEYS:
+    per_request = entry.get("per_request", False)
+    if not isinstance(per_request, bool):
+        raise ScenarioError(f"{where}.per_request: true or false, got {per_request!r}")
+    if per_request and "value_column" in entry:
+        raise ScenarioError(f"{where}: per_request counts rows; a value_column cannot be given with it")
+    for key in ("csv", "time_column") if per_request else ("csv", "time_column", "value_column"):
         if not isinstance(entry.get(key), str) or not entry[key]:
-            raise ScenarioError(f"{where}.{key}: required, a non-empty string")
+            extra = " (or per_request: true for a trace of one row per request)" if key == "value_column" else ""
+            raise ScenarioError(f"{where}.{key}: required, a non-empty string{extra}")
     path = Path(entry["csv"])
     path = path if path.is_absolute() else folder / path
     try:
-        (series,) = grids.read_csv(path, time_column=entry["time_column"], value_column=entry["value_column"],
-                                   region=path.stem,
-                                   names=("load_shape.time_column", "load_shape.value_column")).values()
+        if per_request:
+            series = grids.count_csv(path, time_column=entry["time_column"], region=path.stem,
+                                     names=("load_shape.time_column", ""))
+        else:
+            (series,) = grids.read_csv(path, time_column=entry["time_column"], value_column=entry["value_column"],
+                                       region=path.stem,
+                                       names=("load_shape.time_column", "load_shape.value_column")).values()
     except grids.GridDataError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
     first = -(-series.start_s // DAY_S) * DAY_S

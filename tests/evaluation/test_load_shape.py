@@ -86,3 +86,67 @@ def test_without_load_shape_the_shipped_trace_is_replayed() -> None:
     day, history, _ = run._load_split(int(DAY.timestamp()))
     assert np.array_equal(np.concatenate([history, day]), run.load_shape()[:len(history) + 24])
     assert scenario.Scenario().load_shape is None
+
+
+def _requests(tmp_path: Path, days: int = 4) -> tuple[Path, dict[datetime, int]]:
+    """A per-request trace (Azure's layout: TIMESTAMP with 7 fractional digits, no offset), rows out of order: hour h
+    of day d has 1 + (h + d) % 5 requests, except hour 03 of day 2, which has none (a real 0, not a gap)."""
+    rows, expected = [], {}
+    for d in range(days):
+        for h in range(24):
+            at = FIRST + timedelta(days=d, hours=h)
+            n = 0 if (d, h) == (1, 3) else 1 + (h + d) % 5
+            expected[at] = n
+            rows += [f"{(at + timedelta(seconds=7 * k + 0.25)).strftime('%Y-%m-%d %H:%M:%S.%f')}0,374,44\n"
+                     for k in range(n)]
+    rows.reverse()
+    path = tmp_path / "azure_like.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    return path, expected
+
+
+PER_REQUEST = "load_shape:\n  csv: azure_like.csv\n  time_column: timestamp\n  per_request: true\n"
+
+
+def test_a_per_request_trace_is_counted_per_utc_hour(tmp_path: Path) -> None:
+    _, expected = _requests(tmp_path)
+    shape = scenario.load(_scenario(tmp_path, PER_REQUEST)).load_shape
+    assert shape is not None and shape.start_s == int(FIRST.timestamp()) and len(shape.values) == 4 * 24
+    assert list(shape.values) == [float(expected[FIRST + timedelta(hours=k)]) for k in range(4 * 24)]
+    assert shape.values[24 + 3] == 0.0  # an hour without a request is a load of 0, not a missing hour
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (PER_REQUEST + "  value_column: ContextTokens\n", "load_shape: per_request counts rows; a value_column cannot"),
+    (PER_REQUEST.replace("true", "yes please"), "load_shape.per_request: true or false"),
+    (PER_REQUEST.replace("  per_request: true\n", ""),
+     "load_shape.value_column: required, a non-empty string (or per_request: true"),
+    (PER_REQUEST.replace("timestamp", "arrival"), "column 'arrival' (load_shape.time_column) not found"),
+])
+def test_a_bad_per_request_shape_is_refused_naming_the_key(tmp_path: Path, body: str, message: str) -> None:
+    _requests(tmp_path)
+    with pytest.raises(scenario.ScenarioError) as refused:
+        scenario.load(_scenario(tmp_path, body))
+    assert message in str(refused.value)
+
+
+def test_a_bad_time_cell_or_a_span_of_centuries_is_refused_naming_the_row(tmp_path: Path) -> None:
+    path, _ = _requests(tmp_path, days=1)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:5], "yesterday,1,1", *lines[5:]]) + "\n")
+    with pytest.raises(grids.GridDataError, match=r"azure_like.csv: row 6: time 'yesterday' is not an ISO-8601"):
+        grids.count_csv(path, time_column="TIMESTAMP")
+    path.write_text("\n".join([*lines, "0001-01-01 00:00:00,1,1"]) + "\n")
+    with pytest.raises(grids.GridDataError, match=r"span \d+ h \(row \d+ to row \d+\); at most 175680 h"):
+        grids.count_csv(path, time_column="TIMESTAMP")
+    path.write_text("TIMESTAMP,ContextTokens\n")
+    with pytest.raises(grids.GridDataError, match="no data rows under the header"):
+        grids.count_csv(path, time_column="TIMESTAMP")
+
+
+def test_a_ci_file_spanning_centuries_is_refused_before_it_is_laid_out(tmp_path: Path) -> None:
+    path = tmp_path / "ci.csv"
+    hourly = "".join(f"{(DAY + timedelta(hours=h)).strftime('%Y-%m-%dT%H:%M:%SZ')},310\n" for h in range(48))
+    path.write_text("time,ci\n0001-01-01T00:00:00Z,300\n" + hourly)  # a mistyped year: 17.7 million hours
+    with pytest.raises(grids.GridDataError, match=r"ci.csv: rows of X span \d+ h \(row 2 to row 50\)"):
+        grids.read_csv(path, time_column="time", value_column="ci", region="X")
