@@ -1,4 +1,5 @@
-"""`greenserve forecast backtest ... --json` and `greenserve bench forecaster` smoke runs on real files."""
+"""`greenserve forecast backtest ... --json` and `greenserve bench forecaster` smoke runs on real files (a slice of
+an Electricity Maps CSV; the bench's shipped series)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from greenserve_client.commands import forecast
 
 
 def test_cli_backtest_prints_one_json_object(data_dir, capsys) -> None:
-    path = data_dir / "ci_electricitymaps_es" / "ES_2023_hourly.csv"
+    path = data_dir / "GB_2023_hourly.csv"
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)",
                           "--value-column", "Carbon Intensity gCO₂eq/kWh (LCA)", "--history-hours", "72",
                           "--horizon-hours", "24", "--days", "2", "--model", "sarima_fourier", "--json"])
@@ -21,7 +22,7 @@ def test_cli_backtest_prints_one_json_object(data_dir, capsys) -> None:
 
 
 def test_cli_backtest_bad_column_exits_2(data_dir, capsys) -> None:
-    path = data_dir / "ci_electricitymaps_es" / "ES_2023_hourly.csv"
+    path = data_dir / "GB_2023_hourly.csv"
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)", "--value-column",
                           "nope", "--days", "1", "--json"])
     assert code == 2 and "nope" in capsys.readouterr().err
@@ -40,7 +41,7 @@ def test_bench_smoke(capsys) -> None:
 
 
 def test_cli_backtest_unknown_holiday_country_exits_2(data_dir, capsys) -> None:
-    path = data_dir / "ci_electricitymaps_es" / "ES_2023_hourly.csv"
+    path = data_dir / "GB_2023_hourly.csv"
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)", "--value-column",
                           "Carbon Intensity gCO₂eq/kWh (LCA)", "--days", "1", "--holidays", "XX", "--json"])
     assert code == 2 and "unknown country 'XX'" in capsys.readouterr().err

@@ -1,6 +1,9 @@
-"""Each CSV layout of ../shared/data read by the ingestion code, checked against numbers from SOURCE.md."""
+"""Each CSV layout the ingestion code reads, on slices of the public datasets (data/SOURCE.md: upstream, rows kept,
+licence) or on synthetic files of the same layout where a dataset carries no licence that allows redistribution."""
 
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -9,103 +12,134 @@ import pytest
 from greenserve.forecaster import csv_sources as cs
 
 
+def _utc_s(text: str) -> int:
+    return int(pd.Timestamp(text, tz="UTC").timestamp())
+
+
 def test_electricitymaps_layout_both_signals(data_dir) -> None:
-    path = data_dir / "ci_electricitymaps_greendcc" / "GB_2024_hourly.csv"
+    path = data_dir / "GB_2023_hourly.csv"  # 2023-05-28 00:00 to 06-02 23:00 UTC
     assert cs.detect_layout(cs.read_header(path)) == "electricitymaps"
     direct = cs.read_csv_series(path, signal="direct")
     lca = cs.read_csv_series(path, signal="lifecycle")
     assert direct.region == "GB" and direct.signal == "direct" and lca.signal == "lifecycle"
-    assert len(direct.values) == 8784  # leap year, SOURCE.md
-    assert direct.values[0] == 61.34 and lca.values[0] == 96.44  # first row of the file
-    assert direct.times_s[0] == pd.Timestamp("2024-01-01T00:00Z").timestamp()
+    assert len(direct.values) == 6 * 24
+    assert direct.values[0] == 99.26 and lca.values[0] == 146.39  # first row of the slice (2023-05-28 00:00)
+    assert direct.times_s[0] == _utc_s("2023-05-28T00:00")
+    noon = int(np.flatnonzero(direct.times_s == _utc_s("2023-06-01T12:00"))[0])
+    assert direct.values[noon] == 66.73 and lca.values[noon] == 111.52
     grid = cs.to_grid(direct)
-    assert grid.step_s == 3600 and not grid.missing_runs()
+    assert grid.step_s == 3600 and not grid.missing_runs() and len(grid.values) == 6 * 24
 
 
-def test_electricitymaps_respelled_and_derived_columns(data_dir) -> None:
-    fr = cs.read_csv_series(data_dir / "ci_electricitymaps_fr2022" / "FR_2022_hourly_normalized.csv",
-                            signal="lifecycle")
-    assert fr.region == "FR" and abs(np.mean(fr.values) - 89) < 1  # SOURCE.md: LCA mean 89
-    fi = cs.read_csv_series(data_dir / "ci_em2022_derived_fi_se3" / "FI_2022_hourly_lca_derived.csv")
-    assert fi.signal == "lifecycle" and fi.region == "FI" and len(fi.values) == 8759
-    assert abs(np.mean(fi.values) - 147) < 1
+def test_electricitymaps_utc_hours_run_through_the_clock_change(data_dir) -> None:
+    # France went to summer time on 2022-03-27 at 01:00 UTC; the file is in UTC, so that day has 24 distinct hours
+    fr = cs.read_csv_series(data_dir / "FR_2022_hourly_normalized.csv", signal="lifecycle")
+    assert fr.region == "FR" and fr.signal == "lifecycle" and len(fr.values) == 72
+    assert np.all(np.diff(fr.times_s) == 3600)
+    day = (fr.times_s >= _utc_s("2022-03-27T00:00")) & (fr.times_s < _utc_s("2022-03-28T00:00"))
+    assert day.sum() == 24
+    assert list(fr.values[day][:4]) == [110.27, 112.95, 105.41, 99.12]  # 00:00-03:00 UTC, the LCA column
+    direct = cs.read_csv_series(data_dir / "FR_2022_hourly_normalized.csv", signal="direct")
+    assert direct.values[0] == 74.27 and not cs.to_grid(direct).missing_runs()
+
+
+def test_derived_lifecycle_column_and_its_absent_last_hour(data_dir) -> None:
+    fi = cs.read_csv_series(data_dir / "FI_2022_hourly_lca_derived.csv")
+    assert fi.signal == "lifecycle" and fi.region == "FI" and len(fi.values) == 47
+    assert fi.values[0] == 121.47
+    assert fi.times_s[-1] == _utc_s("2022-12-31T22:00")  # the last hour of 2022 is absent upstream
+    assert cs.to_grid(fi).times_s[-1] == _utc_s("2022-12-31T22:00")  # not invented at the end
 
 
 def test_raw_spreadsheet_file_needs_dayfirst(data_dir) -> None:
-    raw = data_dir / "ci_electricitymaps_fr2022" / "raw" / "FR_2022_hourly.csv"
-    series = cs.read_csv_series(raw, time_column="Datetime (UTC)", value_column="Carbon Intensity gCO2eq/kWh (LCA)",
-                                dayfirst=True)
-    normalized = cs.read_csv_series(data_dir / "ci_electricitymaps_fr2022" / "FR_2022_hourly_normalized.csv",
-                                    signal="lifecycle")
+    raw = data_dir / "FR_2022_hourly.csv"  # DD/MM/YYYY HH:MM, "2" for "₂", an extra CO2 column
+    lca = "Carbon Intensity gCO2eq/kWh (LCA)"
+    with pytest.raises(ValueError, match=r"row 2: '26/03/2022 00:00' is a DD/MM date: give --dayfirst"):
+        cs.read_csv_series(raw, time_column="Datetime (UTC)", value_column=lca)
+    series = cs.read_csv_series(raw, time_column="Datetime (UTC)", value_column=lca, dayfirst=True)
+    normalized = cs.read_csv_series(data_dir / "FR_2022_hourly_normalized.csv", signal="lifecycle")
     assert np.array_equal(series.times_s, normalized.times_s)
     assert np.allclose(series.values, normalized.values)
 
 
 def test_ensembleci_layout_with_and_without_utc_suffix(data_dir) -> None:
-    se = data_dir / "ci_ensembleci" / "SE_direct_emissions.csv"  # "+00:00" suffix, extra index columns
-    erco = data_dir / "ci_ensembleci" / "ERCO_direct_emissions.csv"  # no suffix
-    assert cs.detect_layout(cs.read_header(se)) == "ensembleci"
+    se = data_dir / "synthetic" / "SE_direct_emissions.csv"  # "+00:00" suffix, extra index columns
+    erco = data_dir / "synthetic" / "ERCO_direct_emissions.csv"  # no suffix, the index column first
+    assert cs.detect_layout(cs.read_header(se)) == cs.detect_layout(cs.read_header(erco)) == "ensembleci"
     a, b = cs.read_csv_series(se), cs.read_csv_series(erco)
-    assert a.values[0] == 65.6 and a.times_s[0] == pd.Timestamp("2019-01-01T00:00Z").timestamp()
-    assert b.times_s[0] == a.times_s[0]
-    assert len(cs.to_grid(b).values) == 35136
+    assert a.values[0] == 40.5 and a.times_s[0] == _utc_s("2019-01-01T00:00")  # carbon_intensity, not an index
+    assert b.values[0] == 300.25 and b.times_s[0] == a.times_s[0]
+    assert a.region == "SE" and a.source == "ensembleci-csv"
+    assert len(cs.to_grid(b).values) == 48
 
 
-def test_letswaitawhile_half_hours_resampled_to_hourly_means(data_dir) -> None:
-    raw = cs.read_csv_series(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv")
-    assert cs.detect_layout(cs.read_header(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv")) == "letswaitawhile"
+def test_letswaitawhile_half_and_quarter_hours_resampled_to_hourly_means(data_dir) -> None:
+    # as upstream GB: 30-min steps until 2020-10-31, 15-min steps after
+    path = data_dir / "synthetic" / "gb_ci.csv"
+    assert cs.detect_layout(cs.read_header(path)) == "letswaitawhile"
+    raw = cs.read_csv_series(path)
     grid = cs.to_grid(raw)
-    assert grid.step_s == 3600
+    assert grid.step_s == 3600 and len(grid.values) == 48 and not grid.missing_runs()
     assert np.isclose(grid.values[0], raw.values[:2].mean())  # 00:00 and 00:30 averaged
+    switch = int(np.flatnonzero(raw.times_s == _utc_s("2020-10-31T00:00"))[0])
+    assert np.isclose(grid.values[24], raw.values[switch:switch + 4].mean())  # four quarter hours averaged
 
 
-def test_azure_2024_minutes_sum_to_the_hourly_file(data_dir) -> None:
-    folder = data_dir / "azure_llm_2024_week"
-    grid = cs.to_grid(cs.read_azure_2024_minutes(folder / "azure2024_llm_requests_per_minute.csv", "code"))
-    hourly = pd.read_csv(folder / "azure2024_llm_requests_hourly_utc.csv")
-    code = hourly[hourly["service"] == "code"]["requests"].to_numpy(dtype=float)
-    assert len(grid.values) == 168
-    assert np.allclose(grid.values * 3600, code)
-    assert grid.start_s == pd.Timestamp("2024-05-10T00:00Z").timestamp()
+def test_azure_2024_minutes_sum_to_the_published_hourly_counts(data_dir) -> None:
+    path = data_dir / "azure2024_llm_requests_per_minute.csv"  # the first 720 minutes
+    grid = cs.to_grid(cs.read_azure_2024_minutes(path, "code"))
+    assert grid.start_s == _utc_s("2024-05-10T00:00") and len(grid.values) == 12
+    # the first 10 hourly code counts published from the raw 1-week file (data/SOURCE.md)
+    assert np.allclose(grid.values[:10] * 3600, [77540, 76895, 66953, 57781, 46575, 38670, 32595, 29267, 25758,
+                                                 28504])
+    conv = cs.read_azure_2024_minutes(path, "conv")
+    assert conv.times_s[0] == _utc_s("2024-05-12T00:00") and conv.values[0] == 1553 / 60
+    with pytest.raises(ValueError, match="service must be one of"):
+        cs.read_azure_2024_minutes(path, "chat")
 
 
 def test_servegen_all_zero_windows_are_missing(data_dir) -> None:
-    raw = cs.read_servegen_rates(data_dir / "servegen_bailian_language" / "servegen_language_total_rate_10min.csv",
-                                 "m_mid")
-    assert int(np.isnan(raw.values).sum()) >= 84  # the 84 all-zero windows of SOURCE.md, never zero load
+    path = data_dir / "servegen_language_total_rate_10min.csv"  # day 3 (local) of the 14
+    raw = cs.read_servegen_rates(path, "m_mid")
+    # the 11 all-zero windows from 15:00 local on day 3, and the partly collected window after them (14.1 req/s)
+    local_hour = (raw.times_s + cs.SERVEGEN_UTC_OFFSET_S) % 86_400 / 3600
+    assert int(np.isnan(raw.values).sum()) == 12
+    assert np.all(np.isnan(raw.values[(local_hour >= 15) & (local_hour < 17)]))
     assert np.nanmin(raw.values) > 0
     grid = cs.to_grid(raw)
-    assert grid.missing_runs(), "collection gaps must stay gaps"
+    assert [count for _, count in grid.missing_runs()] == [2], "collection gaps must stay gaps"
     assert np.nanmin(grid.values) > 100  # no hour read as (near) zero load
+    assert not np.isnan(cs.read_servegen_rates(path, "m_large").values).any()  # m-large has no gap
 
 
 def test_servegen_local_midnight_sits_on_utc(data_dir) -> None:
-    # t=0 is 00:00 local (UTC+8, SOURCE.md): the series starts at 16:00 UTC, and the trace's local day 1 starts
-    # 8 h before a UTC midnight, as the Chinese service's day did
-    raw = cs.read_servegen_rates(data_dir / "servegen_bailian_language" / "servegen_language_total_rate_10min.csv",
-                                 "m_large")
+    # t=0 is 00:00 local (UTC+8): the trace's local days start at 16:00 UTC, 8 h before a UTC midnight, as the
+    # Chinese service's day did
+    raw = cs.read_servegen_rates(data_dir / "servegen_language_total_rate_10min.csv", "m_large")
     assert (int(raw.times_s[0]) + cs.SERVEGEN_UTC_OFFSET_S) % 86_400 == 0
     assert int(raw.times_s[0]) % 86_400 == 16 * 3600
+    assert raw.values[0] == 230.773333 and raw.resolution_s == 600
 
 
 def test_worldcup_absent_minutes_are_not_zero(data_dir) -> None:
-    raw = cs.read_count_per_minute(data_dir / "worldcup98_http" / "invocation_count.csv")
+    path = data_dir / "synthetic" / "invocation_count.csv"  # minutes of 1998-05-08 00:00-05:59, 03:22 absent
+    raw = cs.read_count_per_minute(path)
     grid = cs.to_grid(raw)
-    hourly = pd.read_csv(data_dir / "worldcup98_http" / "worldcup98_requests_hourly_utc.csv")
-    start = int(pd.Timestamp(hourly["hour_start_utc"].iloc[0], tz="UTC").timestamp())
-    i0 = (start - grid.start_s) // 3600
-    ours = grid.values[i0:i0 + len(hourly)] * 3600
-    theirs = hourly["requests"].to_numpy(dtype=float)
-    same = np.isclose(ours, theirs)
-    assert same.mean() > 0.99  # equal wherever all 60 minutes exist
-    assert np.all(ours[~same] > theirs[~same])  # hours with absent minutes: mean of present ones, not zero-filled
+    assert grid.start_s == _utc_s("1998-05-08T00:00") and len(grid.values) == 6 and not grid.missing_runs()
+    counts = pd.read_csv(path)["count"].to_numpy(dtype=float)
+    assert np.isclose(grid.values[0] * 3600, counts[:60].sum())  # a whole hour: the sum of its minutes
+    present = counts[180:239]  # 59 minutes of hour 03:00
+    assert np.isclose(grid.values[3], present.mean() / 60)  # the mean of the present minutes, not zero-filled
+    assert grid.values[3] * 3600 > present.sum()
 
 
 def test_azure_2023_request_trace_to_counts(data_dir) -> None:
-    grid = cs.read_azure_request_trace(data_dir / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv", step_s=60)
-    assert grid.step_s == 60 and 55 <= len(grid.values) <= 58
-    total = grid.values.sum() * 60
-    assert 18_000 < total <= 19_366  # whole minutes only (SOURCE.md: 19,366 requests in ~58 min)
+    # the trace's first requests, 18:15:46 to 18:18:59: whole minutes 18:16 and 18:17 only
+    grid = cs.read_azure_request_trace(data_dir / "AzureLLMInferenceTrace_conv.csv", step_s=60)
+    assert grid.step_s == 60 and grid.start_s == _utc_s("2023-11-16T18:16")
+    stamps = pd.read_csv(data_dir / "AzureLLMInferenceTrace_conv.csv")["TIMESTAMP"].str[:16]
+    expected = [int((stamps == f"2023-11-16 18:{m}").sum()) for m in (16, 17)]
+    assert list(grid.values * 60) == expected and sum(expected) < len(stamps)
 
 
 def test_requests_to_counts_keeps_empty_intervals_as_zero() -> None:
@@ -113,20 +147,43 @@ def test_requests_to_counts_keeps_empty_intervals_as_zero() -> None:
     assert first == 0 and np.allclose(rates * 60, [2, 0, 1])
 
 
-def test_catalog_covers_every_ci_folder_and_the_load_traces(data_dir) -> None:
-    names = [e.name for e in cs.catalog(data_dir)]
-    for fragment in ("em/US-CAL-CISO_2024/lifecycle", "em/ES_2023/direct", "em/FR_2022/lifecycle",
-                     "em-derived/FI_2022", "ensembleci/CISO/direct", "letswaitawhile/GB_2020",
-                     "load/azure2024-code", "load/servegen-m-mid", "load/worldcup98"):
-        assert any(fragment in n for n in names), fragment
+#: Where each fixture sits in a folder laid out like the public datasets (``bench forecaster --data-dir``).
+PUBLIC_LAYOUT = {
+    "GB_2023_hourly.csv": "ci_electricitymaps_greendcc",
+    "US-CAL-CISO_2022_hourly.csv": "ci_electricitymaps_greendcc",
+    "FR_2022_hourly_normalized.csv": "ci_electricitymaps_fr2022",
+    "FI_2022_hourly_lca_derived.csv": "ci_em2022_derived_fi_se3",
+    "synthetic/SE_direct_emissions.csv": "ci_ensembleci",
+    "synthetic/ERCO_direct_emissions.csv": "ci_ensembleci",
+    "synthetic/gb_ci.csv": "ci_letswaitawhile_2020",
+    "azure2024_llm_requests_per_minute.csv": "azure_llm_2024_week",
+    "servegen_language_total_rate_10min.csv": "servegen_bailian_language",
+    "synthetic/invocation_count.csv": "worldcup98_http",
+}
+
+
+def test_catalog_of_a_public_dataset_folder_covers_every_layout(data_dir, tmp_path) -> None:
+    for name, folder in PUBLIC_LAYOUT.items():
+        (tmp_path / folder).mkdir(exist_ok=True)
+        shutil.copy(data_dir / name, tmp_path / folder / name.split("/")[-1])
+    shutil.copy(data_dir / "synthetic" / "SE_direct_emissions.csv",
+                tmp_path / "ci_ensembleci" / "DE_lifecycle_emissions.csv")  # the upstream copy of DE direct
+    entries = cs.catalog(tmp_path)
+    names = [e.name for e in entries]
+    for fragment in ("em/GB_2023/direct", "em/US-CAL-CISO_2022/lifecycle", "em/FR_2022/lifecycle",
+                     "em-derived/FI_2022/lifecycle", "ensembleci/SE/direct", "ensembleci/ERCO/direct",
+                     "letswaitawhile/GB_2020/lifecycle", "load/azure2024-code", "load/azure2024-conv",
+                     "load/servegen-m-large", "load/servegen-m-mid", "load/worldcup98"):
+        assert fragment in names, fragment
     assert "ensembleci/DE/lifecycle" not in names  # upstream duplicate of DE direct
+    by_name = {e.name: e for e in entries}
+    assert cs.load_entry(by_name["em/GB_2023/lifecycle"], tmp_path).values[0] == 146.39
+    assert len(cs.load_entry(by_name["load/worldcup98"], tmp_path).values) == 6
 
 
-def test_missing_column_is_named(data_dir, tmp_path) -> None:
-    import pytest
-
+def test_missing_column_is_named(data_dir) -> None:
     with pytest.raises(ValueError, match="nope"):
-        cs.read_csv_series(data_dir / "ci_letswaitawhile_2020" / "fr_ci.csv", time_column="Time", value_column="nope")
+        cs.read_csv_series(data_dir / "synthetic" / "gb_ci.csv", time_column="Time", value_column="nope")
 
 
 def test_a_cell_that_is_not_a_time_is_named_by_column_and_row(tmp_path) -> None:

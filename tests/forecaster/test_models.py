@@ -30,13 +30,14 @@ def test_fit_predict_interval_pickle_update(name: str) -> None:
 
 
 def test_fourier_sarima_recovers_from_an_estimate_on_the_stationarity_boundary(data_dir) -> None:
-    # A real window (CISO 2022 life-cycle, the 336 h before 2022-12-22): from statsmodels' default start L-BFGS
-    # stopped at AR roots of modulus 1 and a constant of 5e6, and the forecasts alternated between inf and 0.
-    from greenserve.forecaster.csv_sources import catalog, load_entry
+    # A real window (CISO 2022 life-cycle, the 336 h before 2022-12-22, the fixture's first 336 rows): from
+    # statsmodels' default start L-BFGS stopped at AR roots of modulus 1 and a constant of 5e6, and the forecasts
+    # alternated between inf and 0.
+    from greenserve.forecaster.csv_sources import read_csv_series, to_grid
 
-    entry = next(e for e in catalog(data_dir) if e.name == "em/US-CAL-CISO_2022/lifecycle")
-    values = load_entry(entry, data_dir).values
-    history = values[8520 - 336:8520]
+    grid = to_grid(read_csv_series(data_dir / "US-CAL-CISO_2022_hourly.csv", signal="lifecycle"))
+    assert grid.start_s == 1_670_457_600  # 2022-12-08T00:00Z
+    history = grid.values[:336]
     model = make_model("sarima_fourier").fit(history)
     mean = model.predict(24).mean
     assert np.all(np.isfinite(mean))

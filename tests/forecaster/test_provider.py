@@ -13,7 +13,7 @@ from greenserve.forecaster.service import build
 from greenserve.forecaster.settings import ForecasterSettings
 
 TOKEN = "test-token"
-NOW = pd.Timestamp("2024-06-01T12:00Z")
+NOW = pd.Timestamp("2023-06-01T12:00Z")
 
 
 def _iso(ts_s: int) -> str:
@@ -22,8 +22,9 @@ def _iso(ts_s: int) -> str:
 
 @pytest.fixture
 async def em_server(data_dir):  # noqa: ANN201
-    """Serves GB 2024 (Electricity Maps CSV) as /v3/carbon-intensity/{latest,history,forecast} at NOW."""
-    path = data_dir / "ci_electricitymaps_greendcc" / "GB_2024_hourly.csv"
+    """Serves GB (Electricity Maps CSV, 2023-05-28 to 06-02) as /v3/carbon-intensity/{latest,history,forecast} at
+    NOW."""
+    path = data_dir / "GB_2023_hourly.csv"
     data = {s: read_csv_series(path, signal=s) for s in ("direct", "lifecycle")}
     now_s = int(NOW.timestamp())
 
