@@ -22,7 +22,6 @@ gaps: missing, not zero load). Counts become rates (requests per second) so ever
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,16 +43,9 @@ LAYOUT_SIGNATURES: dict[str, tuple[str, ...]] = {
 }
 
 
-def shared_dir() -> Path:
-    """``$GREENSERVE_SHARED_DIR`` or ``<repo root>/../shared`` (the checkout's sibling folder)."""
-    env = os.environ.get("GREENSERVE_SHARED_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
-
-
-def shared_data_dir() -> Path:
-    return shared_dir() / "data"
+#: The package's root folder (``greenserve``): the series it ships (the evaluation's grids, the demo's load trace)
+#: are found under it, so that the benchmark runs on a clone or an installed package alone.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -309,13 +301,15 @@ def read_csv_series(
 # Load readers
 # ---------------------------------------------------------------------------------------------------------
 
-#: First day (00:00 UTC) of each service of the Azure 2024 per-minute file (its SOURCE.md).
+#: First day (00:00 UTC) of each service of the Azure 2024 per-minute file (minute 0, as the aggregation's header
+#: comment says: code from Friday 2024-05-10, conversation from Sunday 2024-05-12).
 AZURE_2024_START = {"code": "2024-05-10T00:00:00Z", "conv": "2024-05-12T00:00:00Z"}
 
-#: ServeGen has relative times only: t=0 is 00:00 *local* time on day 0, presumably China Standard Time (UTC+8)
-#: for an Alibaba Cloud service (SOURCE.md); no date is published. It is placed at a nominal local midnight,
-#: 2025-01-06 00:00 UTC+8 = 2025-01-05 16:00 UTC, so that the trace sits on UTC like every other series (the
-#: backtest's days are UTC days, as the optimizer's are; WorldCup98 and Azure are stored in UTC too).
+#: ServeGen has relative times only: t=0 is 00:00 *local* time on day 0 (ServeGen's README reads t = 72,000-75,600 s
+#: as 20:00-21:00), presumably China Standard Time (UTC+8) for an Alibaba Cloud service; no date is published. It is
+#: placed at a nominal local midnight, 2025-01-06 00:00 UTC+8 = 2025-01-05 16:00 UTC, so that the trace sits on UTC
+#: like every other series (the backtest's days are UTC days, as the optimizer's are; WorldCup98 and Azure are
+#: stored in UTC too).
 SERVEGEN_LOCAL_DAY0 = "2025-01-06"
 SERVEGEN_UTC_OFFSET_S = 8 * 3600
 #: A ServeGen window below this fraction of the median total rate is a partly collected window (a gap).
@@ -352,9 +346,9 @@ def read_count_per_minute(path: str | Path, *, time_column: str = "period", coun
 def read_servegen_rates(path: str | Path, model: str) -> RawSeries:
     """ServeGen per-model total rate (req/s per 10-min window) with collection gaps as NaN.
 
-    Gaps: windows where every client is 0 (SOURCE.md), and the windows at the edges of those runs whose total
-    is below :data:`SERVEGEN_PARTIAL_FRACTION` of the series median (m-mid has 1-25 req/s there against a
-    median near 2,000: a partly collected window, not a real load drop).
+    Gaps: windows where every released client is 0 (m-mid has 84 in 8 runs, m-large none), and the windows at
+    the edges of those runs whose total is below :data:`SERVEGEN_PARTIAL_FRACTION` of the series median (m-mid
+    has 1-25 req/s there against a median near 2,000: a partly collected window, not a real load drop).
     """
     frame = pd.read_csv(path)
     rate = _values(frame[f"{model}_rate_rps"])
@@ -445,25 +439,46 @@ def to_grid(raw: RawSeries, step_s: int = HOUR_S,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The benchmark catalogue: every series of ../shared/data
+# The benchmark catalogue: the series the package ships, or every series of a folder of the public datasets
 # ---------------------------------------------------------------------------------------------------------
+
+#: Shipped series (paths under :data:`PACKAGE_DIR`; provenance and licences in the SOURCE.md beside each file):
+#: the evaluation's four grids, 2022-06-15 to 2022-07-06 life-cycle (22 days: 8 backtest days behind 336 h of
+#: history), and the demo's Azure 2024 conversation week (168 h: 4 days behind 72 h). The demo's Spanish grid
+#: (14 days) and the evaluation's 24-h files are too short for the benchmark's windows and are left out.
+SHIPPED_CI_CSV = "evaluation/data/ci_2022-06-15_2022-07-06_lifecycle.csv"
+SHIPPED_CI_REGIONS = {"FR": "em/FR_2022-06", "ES": "em/ES_2022-06", "CISO": "em/US-CAL-CISO_2022-06",
+                      "FI": "em-derived/FI_2022-06"}
+SHIPPED_LOAD_CSV = "common/data/demo/azure2024_conv_requests_hourly.csv"
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
-    """One series of the shared data set and how to load it hourly."""
+    """One series of a data folder (the shipped one or a public-dataset folder) and how to load it hourly."""
 
     name: str
     kind: str  # "ci" or "load"
-    path: str  # relative to the data dir
-    loader: str  # "ci-csv", "azure2024", "worldcup", "servegen"
+    path: str  # relative to the data dir (shipped entries: to PACKAGE_DIR)
+    loader: str  # "ci-csv", "azure2024", "worldcup", "servegen"; shipped: "region-ci-csv", "hourly-counts"
     signal: str = "direct"
-    arg: str = ""
+    arg: str = ""  # the service, model or region the loader picks from a file holding several
+
+
+def shipped_catalog() -> list[CatalogEntry]:
+    """The series shipped with the package, read by :func:`load_entry` with no data dir."""
+    entries = [CatalogEntry(f"{prefix}/lifecycle", "ci", SHIPPED_CI_CSV, "region-ci-csv", "lifecycle", region)
+               for region, prefix in SHIPPED_CI_REGIONS.items()]
+    entries.append(CatalogEntry("load/azure2024-conv", "load", SHIPPED_LOAD_CSV, "hourly-counts", "requests_per_s",
+                                "azure2024-conv"))
+    return entries
 
 
 def catalog(data_dir: Path | None = None) -> list[CatalogEntry]:
-    """Every CI series (file x signal) and multi-day load trace in the shared data folder."""
-    data = data_dir or shared_data_dir()
+    """The series of ``data_dir``, a folder laid out like the public datasets (one sub-folder per dataset, the
+    upstream file names: see ``greenserve bench forecaster --help``); no folder: the shipped series."""
+    if data_dir is None:
+        return shipped_catalog()
+    data = data_dir
     entries: list[CatalogEntry] = []
     for folder in ("ci_electricitymaps_greendcc", "ci_electricitymaps_es"):
         for path in sorted((data / folder).glob("*_hourly.csv")):
@@ -480,7 +495,7 @@ def catalog(data_dir: Path | None = None) -> list[CatalogEntry]:
     for path in sorted((data / "ci_ensembleci").glob("*_emissions.csv")):
         region, signal = path.stem.split("_")[0], path.stem.split("_")[1]
         if region == "DE" and signal == "lifecycle":
-            continue  # upstream bug: identical to DE direct (SOURCE.md); scoring it twice would double-count
+            continue  # upstream bug: its values repeat DE direct row for row; scoring it twice would double-count
         entries.append(CatalogEntry(f"ensembleci/{region}/{signal}", "ci", str(path.relative_to(data)), "ci-csv",
                                     signal))
     for path in sorted((data / "ci_letswaitawhile_2020").glob("*_ci.csv")):
@@ -504,11 +519,18 @@ def catalog(data_dir: Path | None = None) -> list[CatalogEntry]:
 
 
 def load_entry(entry: CatalogEntry, data_dir: Path | None = None, step_s: int = HOUR_S) -> GridSeries:
-    """Load one catalogue entry onto an hourly grid."""
-    data = data_dir or shared_data_dir()
-    path = data / entry.path
+    """Load one catalogue entry onto an hourly grid (``data_dir`` None: a shipped entry)."""
+    path = (data_dir or PACKAGE_DIR) / entry.path
     if entry.loader == "ci-csv":
         raw = read_csv_series(path, signal=entry.signal)
+    elif entry.loader == "region-ci-csv":  # time_utc, region, ci_<signal>_g_per_kwh: one region's rows
+        raw = read_csv_series(path, time_column="time_utc", value_column=f"ci_{entry.signal}_g_per_kwh",
+                              signal=entry.signal, region=entry.arg, filter_column="region", filter_value=entry.arg)
+    elif entry.loader == "hourly-counts":  # hour_start_utc, requests (in that hour): requests/s
+        raw = read_csv_series(path, time_column="hour_start_utc", value_column="requests", kind="load",
+                              region=entry.arg)
+        raw.values = raw.values / HOUR_S
+        raw.resolution_s = HOUR_S
     elif entry.loader == "azure2024":
         raw = read_azure_2024_minutes(path, entry.arg)
     elif entry.loader == "servegen":

@@ -40,6 +40,13 @@ def test_bench_smoke(capsys) -> None:
         row["interval_coverage_fraction"]
 
 
+def test_bench_data_dir_that_is_no_folder_exits_2(tmp_path, capsys) -> None:
+    code = bench.main(["--data-dir", str(tmp_path / "absent"), "--rpc-calls", "0", "--json"])
+    assert code == 2 and "is not a folder" in capsys.readouterr().err
+    code = bench.main(["--data-dir", str(tmp_path), "--rpc-calls", "0", "--json"])  # no dataset sub-folder
+    assert code == 2 and f"no series selected in {tmp_path}" in capsys.readouterr().err
+
+
 def test_cli_backtest_unknown_holiday_country_exits_2(data_dir, capsys) -> None:
     path = data_dir / "GB_2023_hourly.csv"
     code = forecast.main(["backtest", "--csv", str(path), "--time-column", "Datetime (UTC)", "--value-column",

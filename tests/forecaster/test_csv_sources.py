@@ -181,6 +181,22 @@ def test_catalog_of_a_public_dataset_folder_covers_every_layout(data_dir, tmp_pa
     assert len(cs.load_entry(by_name["load/worldcup98"], tmp_path).values) == 6
 
 
+def test_shipped_catalog_loads_without_a_data_folder() -> None:
+    entries = cs.catalog()
+    assert [e.name for e in entries] == ["em/FR_2022-06/lifecycle", "em/ES_2022-06/lifecycle",
+                                         "em/US-CAL-CISO_2022-06/lifecycle", "em-derived/FI_2022-06/lifecycle",
+                                         "load/azure2024-conv"]
+    grids = {e.name: cs.load_entry(e) for e in entries}
+    for name, grid in grids.items():
+        assert grid.step_s == 3600 and not grid.missing_runs(), name
+    ciso = grids["em/US-CAL-CISO_2022-06/lifecycle"]
+    assert len(ciso.values) == 22 * 24 and ciso.start_s == _utc_s("2022-06-15T00:00") and ciso.region == "CISO"
+    assert ciso.signal == "lifecycle" and grids["em/FR_2022-06/lifecycle"].values[0] == 86.58
+    load = grids["load/azure2024-conv"]
+    assert load.kind == "load" and len(load.values) == 168 and load.start_s == _utc_s("2024-05-12T00:00")
+    assert np.isclose(load.values[0], 91156 / 3600)  # requests in the first hour, as requests per second
+
+
 def test_missing_column_is_named(data_dir) -> None:
     with pytest.raises(ValueError, match="nope"):
         cs.read_csv_series(data_dir / "synthetic" / "gb_ci.csv", time_column="Time", value_column="nope")
