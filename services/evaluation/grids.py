@@ -161,22 +161,24 @@ def _check_span(hours: int, first_row: int, last_row: int, region: str, source: 
 
 def read_csv(path: str | Path, *, time_column: str, value_column: str, region: str | None = None,
              region_column: str | None = None,
-             names: tuple[str, str] = ("--time-column", "--value-column")) -> dict[str, GridSeries]:
+             names: tuple[str, str] = ("--time-column", "--value-column"),
+             value_scale: float = 1.0) -> dict[str, GridSeries]:
     """CI per region and UTC hour from a CSV (one region per file unless ``region_column`` splits it); ``names``:
-    what the user called the two columns by (the CLI's flags, a scenario's keys), for the refusals."""
+    what the user called the two columns by (the CLI's flags, a scenario's keys), for the refusals; ``value_scale``:
+    what each value is multiplied by (a unit's factor to gCO2e/kWh, common/ci_units.py)."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
     try:
-        return _read_rows(path, handle, time_column, value_column, region, region_column, names)
+        return _read_rows(path, handle, time_column, value_column, region, region_column, names, value_scale)
     except UnicodeDecodeError as exc:  # raised while the rows are read, a ValueError
         raise GridDataError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, region: str | None,
-               region_column: str | None, names: tuple[str, str]) -> dict[str, GridSeries]:
+               region_column: str | None, names: tuple[str, str], value_scale: float) -> dict[str, GridSeries]:
     with handle:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []
@@ -197,6 +199,7 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
                 value = float(text) if text else math.nan  # an empty cell: no value for that time
             except ValueError:
                 raise GridDataError(f"{where}: column {value_column!r}: {text[:40]!r} is not a number") from None
+            value *= value_scale
             if math.isinf(value) or value < 0:
                 raise GridDataError(f"{where}: column {value_column!r}: {value!r} is not a CI (finite, >= 0)")
             key = row[region_column] if region_column else (region or path.stem)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import grpc
 
+from greenserve.common.ci_units import G_PER_KWH_PER_UNIT
 from greenserve.common.client import ChannelConfig, check_health, create_channel
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, DependencyAddresses
 from greenserve_client import supervisor
@@ -158,7 +159,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     options = DemoOptions(grid=grid, day=ns.day, minutes=ns.minutes, hours=ns.hours,
                           peak_requests_per_s=ns.peak_requests_per_s, pool=ns.pool, startup_s=ns.startup_s)
     try:  # the CI the day replays, read before any service starts
-        series = grid_series(options, ns.ci_csv, ns.time_column, ns.value_column)
+        series = grid_series(options, ns.ci_csv, ns.time_column, ns.value_column, ns.ci_unit)
     except ValueError as exc:
         print(f"greenserve demo: error: {exc}", file=sys.stderr)
         return 2
@@ -233,7 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--ci-csv", type=Path, help="replay this CI CSV instead of a shipped grid (hourly or finer rows, "
                       "averaged per UTC hour; the day and up to 21 days before it are used)")
     demo.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
-    demo.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh)")
+    demo.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh unless --ci-unit says otherwise)")
+    demo.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
+                      help="unit of --value-column (default g/kWh; a header naming another unit is refused without "
+                           "this flag)")
     demo.add_argument("--region", help="region name of --ci-csv (default: the file name)")
     demo.add_argument("--day", default="2022-07-06", help="the UTC day (default 2022-07-06)")
     demo.add_argument("--minutes", type=float, default=20.0, help="real minutes the day lasts (default 20)")

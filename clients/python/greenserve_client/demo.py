@@ -27,6 +27,7 @@ import grpc
 import httpx
 import numpy as np
 
+from greenserve.common.ci_units import ci_unit_factor
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.clock import VirtualClock, hour_floor_s, set_clock
 from greenserve.common.names import is_name
@@ -239,10 +240,11 @@ def write_report(result: dict[str, Any], out: Path) -> Path:
 
 
 def grid_series(options: DemoOptions, ci_csv: Path | None = None, time_column: str | None = None,
-                value_column: str | None = None) -> grids.GridSeries:
+                value_column: str | None = None, ci_unit: str | None = None) -> grids.GridSeries:
     """The CI the day replays: the shipped grid ``options.grid``, or a user's CSV (read as ``evaluate --ci-csv``
-    reads it: hourly or finer rows averaged per UTC hour), whose region is ``options.grid``. ValueError naming the
-    flag when the grid is unknown, the CSV unreadable or the day's hours not all there."""
+    reads it: hourly or finer rows averaged per UTC hour, in ``ci_unit``), whose region is ``options.grid``.
+    ValueError naming the flag when the grid is unknown, the CSV unreadable, its unit unclear or the day's hours not
+    all there."""
     if ci_csv is None:
         series = grids.shipped().get(options.grid)
         if series is None:
@@ -254,7 +256,8 @@ def grid_series(options: DemoOptions, ci_csv: Path | None = None, time_column: s
             raise ValueError(f"--region: {options.grid!r} (the file's name by default) is not a region name: 1-128 "
                              "of A-Z a-z 0-9 . _ : - starting with a letter or digit; give --region")
         (series,) = grids.read_csv(ci_csv, time_column=time_column, value_column=value_column,
-                                   region=options.grid).values()
+                                   region=options.grid,
+                                   value_scale=ci_unit_factor(ci_unit, value_column)).values()
     series.window(options.day_start_s, options.hours)  # the day is covered (raises naming the span)
     return series
 

@@ -15,6 +15,7 @@ DEFAULT_DAY = "2022-07-06"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from greenserve.common.ci_units import G_PER_KWH_PER_UNIT
     from greenserve.evaluation.day import STRATEGIES
     from greenserve.evaluation.grids import SHIPPED_REGIONS
 
@@ -24,7 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ci-csv", type=Path, help="evaluate this CI CSV (hourly or finer rows, averaged per UTC "
                         "hour) instead of the shipped grids")
     parser.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
-    parser.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh)")
+    parser.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh unless --ci-unit says otherwise)")
+    parser.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
+                        help="unit of --value-column (default g/kWh; a header naming another unit is refused "
+                             "without this flag)")
     parser.add_argument("--region", help="region name of --ci-csv (default: the file name)")
     parser.add_argument("--day", default=DEFAULT_DAY, help=f"the UTC day to evaluate (default {DEFAULT_DAY}, "
                         "GreenCache's evaluation day); the 14 days before it are the CI history")
@@ -51,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    from greenserve.common.ci_units import ci_unit_factor
     from greenserve.evaluation import grids, report, run, scenario
     from greenserve.evaluation.day import STRATEGIES
     from greenserve.evaluation.executor import RayUnavailable
@@ -82,7 +87,7 @@ def main(argv: list[str]) -> int:
             if not ns.time_column or not ns.value_column:
                 parser.error("--ci-csv needs --time-column and --value-column")
             series = grids.read_csv(ns.ci_csv, time_column=ns.time_column, value_column=ns.value_column,
-                                    region=ns.region)
+                                    region=ns.region, value_scale=ci_unit_factor(ns.ci_unit, ns.value_column))
         else:
             shipped = grids.shipped()
             wanted = [g.strip() for g in ns.grids.split(",") if g.strip()]
@@ -91,7 +96,7 @@ def main(argv: list[str]) -> int:
                 parser.error(f"--grids: unknown {missing or 'none given'}; shipped: {', '.join(shipped)}")
             series = {g: shipped[g] for g in wanted}
         chosen = scenario.load(ns.scenario) if ns.scenario else scenario.Scenario()
-    except (grids.GridDataError, scenario.ScenarioError) as exc:
+    except (ValueError, scenario.ScenarioError) as exc:  # GridDataError and a unit refusal are ValueErrors
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if ns.strategies is None:  # the default: every strategy the scenario can run

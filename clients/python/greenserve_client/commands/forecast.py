@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from greenserve.common import strict_json
+from greenserve.common.ci_units import G_PER_KWH_PER_UNIT, ci_unit_factor
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--region", help="carbon-intensity series of this region")
     target.add_argument("--pool", help="load series of this model/pool (values in requests/s)")
     ing.add_argument("--signal", choices=["direct", "lifecycle"], default="direct", help="CI signal")
+    ing.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
+                     help="unit of the CI column with --region (default g/kWh; the forecaster stores gCO2e/kWh; a "
+                          "header naming another unit is refused without this flag)")
     ing.add_argument("--batch-points", type=int, default=5000, help="points per IngestPoints call")
     ing.add_argument("--json", action="store_true", help="print one JSON object")
     _connection(ing)
@@ -162,9 +166,12 @@ async def _ingest(ns: argparse.Namespace) -> dict[str, object]:
 
     from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc
 
+    if ns.pool and ns.ci_unit:
+        raise ValueError("--ci-unit is the unit of a CI series (--region); a load series (--pool) is in requests/s")
+    scale = ci_unit_factor(ns.ci_unit, ns.value_column) if ns.region else 1.0
     series = _read_series(ns, kind="ci" if ns.region else "load")
     times = series.times_s[np.isfinite(series.values)]
-    values = series.values[np.isfinite(series.values)]
+    values = series.values[np.isfinite(series.values)] * scale
     inserted = duplicates = 0
     gaps: list[dict[str, object]] = []
     channel = _channel(ns)
