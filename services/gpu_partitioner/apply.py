@@ -141,7 +141,8 @@ class ApplyCoordinator:
         plan = planner.plan(geo, gpu.layout, target, mig_enabled=gpu.mig_enabled, driver=driver)
         if any(s.kind == planner.ENABLE_MIG for s in plan.steps) and geo.mode_change_needs_reset:
             # A100: the mode change only takes effect after a GPU reset, which this service never triggers on
-            # a shared GPU (reference 3.4). The operator enables MIG (nvidia-smi -i N -mig 1 + reset) first.
+            # a shared GPU (MIG User Guide, "Enable MIG Mode"). The operator enables MIG (nvidia-smi -i N -mig 1 +
+            # reset) first.
             raise ApplyPreconditionError(
                 f"MIG mode is disabled on GPU {gpu_uuid} ({geo.model}); enabling it needs a GPU reset: run "
                 "`nvidia-smi -i <index> -mig 1` and reset the GPU when it is idle, then apply again")

@@ -1,9 +1,10 @@
 """What a MIG backend is: the state it reports, the operations it offers and the errors it raises.
 
 Two implementations follow this contract: `backend_nvml.NvmlBackend` (real NVML through pynvml) and
-`backend_sim.SimulatedBackend` (the same rules and errors, persisted in the service database). The
-errors mirror the NVML return codes of ``../shared/reference/mig-nvml-reference.md`` section 3, so the
-apply protocol handles both backends with one code path.
+`backend_sim.SimulatedBackend` (the same rules and errors, persisted in the service database). The errors mirror
+the NVML return codes (``nvmlReturn_t`` in the NVML API reference, https://docs.nvidia.com/deploy/nvml-api/, as
+nvidia-ml-py raises them: ``NVMLError_InUse``, ...), so the apply protocol handles both backends with one code
+path.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Real MIG backend over NVML through pynvml (PyPI nvidia-ml-py).
 
-Calls and traps follow ``../shared/reference/mig-nvml-reference.md`` section 3:
+Calls and traps follow the NVML API reference (https://docs.nvidia.com/deploy/nvml-api/, "Multi Instance GPU
+Management") as nvidia-ml-py's ``pynvml.py`` wraps it:
 
 * ``NVML_GPU_INSTANCE_PROFILE_*`` constants are only the argument of
   ``nvmlDeviceGetGpuInstanceProfileInfo``; every later call takes ``info.id`` (19, 20, 15, 14, 9, 5, 0).

@@ -1,7 +1,10 @@
 """Simulated MIG backend: the NVML rules and errors of the real backend, state kept in the service database.
 
-It follows `geometry` (profiles, placements, overlap, counts, compute, +me, driver rules) and NVML's
-behaviour around them (``../shared/reference/mig-nvml-reference.md`` sections 1.4, 3.2, 3.4):
+It follows `geometry` (profiles, placements, overlap, counts, compute, +me, driver rules) and NVML's behaviour
+around them: the placement rules of NVIDIA's MIG User Guide
+(https://docs.nvidia.com/datacenter/tesla/mig-user-guide/, "Supported MIG Profiles"), the return codes of the NVML
+API reference (https://docs.nvidia.com/deploy/nvml-api/, "Multi Instance GPU Management" functions) and the MIG
+mode and reset rules of the user guide's "Getting Started with MIG" (enable MIG mode):
 
 * creating a GI needs MIG mode on (NOT_SUPPORTED otherwise); an illegal start or size is
   INVALID_ARGUMENT; an overlap or a limit is INSUFFICIENT_RESOURCES;

@@ -1,8 +1,10 @@
 """Power and energy per GPU, and the documented split of a GPU's energy among its MIG instances.
 
 NVML reports power (``nvmlDeviceGetPowerUsage``, mW) and an energy counter (``...TotalEnergyConsumption``,
-mJ since driver load) for the whole GPU only; there is no per-MIG power (reference section 5.2). The
-partitioner therefore attributes each interval's energy with the rule of reference section 5.4:
+mJ since driver load) for the whole GPU only; there is no per-MIG power (Zeus refuses MIG devices because
+"NVML ... currently does not support measuring the power or energy consumption of MIG slices"; Kepler's design
+notes "NVML returns N/A for MIG power"). The partitioner therefore attributes each interval's energy with this rule
+(idle share by reserved compute slices, the rest by activity, as Kepler splits GPU power):
 
     E_gpu  = counter(t1) - counter(t0)                     (a negative delta means a driver reload: E_gpu = counter(t1))
     E_idle = min(E_gpu, P_idle * dt)                        P_idle = minimum power seen on this GPU (Kepler's method)

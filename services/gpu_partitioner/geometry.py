@@ -1,9 +1,10 @@
 """MIG geometry: GPU-instance profiles and placements per GPU model, layout validation and enumeration.
 
-A GPU has 8 memory slices and 7 compute slices. A GPU instance (GI) of a profile occupies the memory
-slices ``[start, start + size)`` where ``size`` is the profile's *memory* slice count (a 3g takes 4) and
-``start`` is one of the profile's legal starts. A layout (set of placed GIs) is valid when (the rules of
-``../shared/reference/mig-nvml-reference.md`` section 1.4):
+A GPU has 8 memory slices and 7 compute slices. A GPU instance (GI) of a profile occupies the memory slices
+``[start, start + size)`` where ``size`` is the profile's *memory* slice count (a 3g takes 4) and ``start`` is one
+of the profile's legal starts. A layout (set of placed GIs) is valid when (the rules of NVIDIA's MIG User Guide,
+https://docs.nvidia.com/datacenter/tesla/mig-user-guide/, "Supported MIG Profiles" and "Concepts", and of the NVML
+API reference, https://docs.nvidia.com/deploy/nvml-api/, ``nvmlDeviceCreateGpuInstanceWithPlacement``):
 
 1. every profile is one the GPU model offers (and the driver is new enough for it);
 2. every placement uses the profile's memory size and a legal start;

@@ -1,6 +1,6 @@
 """Import and export NVIDIA mig-parted configuration files (``version: v1``, ``mig-configs``).
 
-Format (``NVIDIA/mig-parted api/spec/v1/spec.go``, summarised in reference section 2.1)::
+Format (``NVIDIA/mig-parted api/spec/v1/spec.go`` and the examples of its README)::
 
     version: v1
     mig-configs:

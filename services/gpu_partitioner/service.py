@@ -92,7 +92,7 @@ class GpuPartitionerSettings(ServiceSettings, DependencyAddresses, PlanFollowSet
         True, description="refuse to destroy GPU instances when the router cannot be asked to drain their engines")
     energy_sample_interval_s: float = Field(
         15.0, ge=0, le=3600, description="seconds between energy samples (0: only on GetEnergy and applies); "
-        "15 s is CodeCarbon's default measure_power_secs (reference 5.3)")
+        "15 s is CodeCarbon's default measure_power_secs (codecarbon EmissionsTracker)")
     node_name: str = Field(default_factory=socket.gethostname, description="node name reported in the inventory")
 
 

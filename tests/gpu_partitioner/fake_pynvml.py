@@ -5,11 +5,13 @@ same ctypes objects (``byref`` counts and placements, pointer arrays) it would p
 Constants, struct types and the NVMLError classes are the real ones from pynvml; only the functions
 that would reach libnvidia-ml are replaced.
 
-The device model is written independently of ``greenserve.gpu_partitioner.geometry``: the placement
-table is the `nvidia-smi mig -lgipp` output quoted in ``../shared/reference/mig-nvml-reference.md``
-section 1.1, the profiles are the `-lgip` rows of section 1.3, and the errors are the NVML return codes
-of section 3.2 (INSUFFICIENT_RESOURCES on overlap, IN_USE with processes or compute instances, a pending
-mode change until reset on A100, NOT_SUPPORTED when MIG is off).
+The device model is written independently of ``greenserve.gpu_partitioner.geometry``: the placement table is the
+`nvidia-smi mig -lgipp` output printed in NVIDIA's MIG User Guide
+(https://docs.nvidia.com/datacenter/tesla/mig-user-guide/, "Getting Started with MIG", List GPU Instance Profiles),
+the profiles are its `-lgip` rows, and the errors are the NVML return codes of the NVML API reference
+(https://docs.nvidia.com/deploy/nvml-api/, "Multi Instance GPU Management": INSUFFICIENT_RESOURCES on overlap,
+IN_USE with processes or compute instances, a pending mode change until reset on A100, NOT_SUPPORTED when MIG is
+off).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ H100_80GB = {
 DEVICES = {
     "A100-40GB": ("NVIDIA A100-SXM4-40GB", 0x20B010DE, 40960, A100_40GB, True),
     "H100-80GB": ("NVIDIA H100 80GB HBM3", 0x233010DE, 81559, H100_80GB, False),
-    # no MIG (Turing): nvmlDeviceGetMigMode and every MIG call answer NOT_SUPPORTED (reference section 5)
+    # no MIG (Turing): nvmlDeviceGetMigMode and every MIG call answer NOT_SUPPORTED (NVML API reference)
     "T4": ("Tesla T4", 0x1EB810DE, 15360, {}, False),
 }
 

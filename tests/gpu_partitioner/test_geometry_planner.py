@@ -14,7 +14,7 @@ CLASSIC = ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
 
 
 def _brute_force_maximal(cands: list[tuple[int, int, int]], r510: bool) -> set[frozenset[tuple[int, int, int]]]:
-    """Independent check: all subsets of (compute, start, size) placements, the reference's rules 1-5."""
+    """Independent check: all subsets of (compute, start, size) placements, geometry's rules 1-5."""
     valid = []
     for n in range(1, 8):
         for combo in itertools.combinations(cands, n):
@@ -60,7 +60,8 @@ def test_every_model_has_the_reference_profile_table(model: str) -> None:
     assert (by_id[15].compute_slices, by_id[15].memory_slices, by_id[15].starts) == (1, 2, (0, 2, 4, 6))
     assert by_id[20].media_extensions and by_id[20].max_instances == 1
     assert by_id[20].nvml_value == 7 and by_id[15].nvml_value == 9 and by_id[0].nvml_value == 4
-    # 78 maximal layouts with the 2-memory-slice 1g (reference section 1.4), same on every model
+    # 78 maximal layouts with the 2-memory-slice 1g (enumerated from the user guide's placements), same on every
+    # model
     no_me = [p.name for p in geo.profiles if not p.media_extensions]
     assert len(geo.maximal_layouts(no_me)) == 78
     assert by_id[9].kubernetes_resource == f"nvidia.com/mig-{by_id[9].name}"

@@ -34,8 +34,9 @@ from greenserve.v1 import common_pb2
 CATALOGUE_FILE = Path(__file__).resolve().parent.parent / "data" / "variants.toml"
 NO_VARIANT = ""  # an instance without an engine
 
-# SMs of each GPU-instance profile and of the whole GPU (../reference mig-nvml-reference.md section 1.3, the
-# `SMs` column: NVIDIA's "GPU Instance Profiles" tables and `nvidia-smi mig -lgip`). H100/H200: SXM5 counts.
+# SMs of each GPU-instance profile and of the whole GPU (NVIDIA's MIG User Guide,
+# https://docs.nvidia.com/datacenter/tesla/mig-user-guide/, "Supported MIG Profiles" tables, and the SMs that
+# `nvidia-smi mig -lgip` prints). H100/H200: SXM5 counts.
 GPU_SMS = {"A100-40GB": 108, "A100-80GB": 108, "H100-80GB": 132, "H200-141GB": 132}
 PROFILE_SMS = {
     "A100-40GB": {"1g.5gb": 14, "1g.10gb": 14, "2g.10gb": 28, "3g.20gb": 42, "4g.20gb": 56, "7g.40gb": 98},
