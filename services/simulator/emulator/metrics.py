@@ -3,9 +3,9 @@
 The engine updates plain Python numbers on its hot path (one bucket increment per token, no locks,
 no label lookups); a custom collector turns them into metric families when ``/metrics`` is scraped.
 Names, types, labels (``model_name``, ``engine``) and histogram buckets follow vLLM V1's
-``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``); see
-``../shared/reference/vllm-lmcache-reference.md`` section B.2. Counters are declared without the
-``_total`` suffix, which the exposition adds, exactly as vLLM declares them.
+``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``); see vLLM's production-metrics page
+(https://docs.vllm.ai, Usage: Production Metrics; design notes in the repository's ``docs/design/metrics.md``).
+Counters are declared without the ``_total`` suffix, which the exposition adds, exactly as vLLM declares them.
 
 Latencies are *engine* seconds: wall-clock seconds multiplied by the emulator's ``time_scale``, so a
 profiler that runs the emulator 10x faster still scrapes the latencies the modelled engine would show
