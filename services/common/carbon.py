@@ -3,7 +3,7 @@ formulas and the CLOVER objective; ``embodied_carbon`` the embodied carbon of de
 ``carbon_params`` the parameters (``CarbonParams``, the cited defaults), ``carbon_units`` the units, conversions and
 argument checks.
 
-Formulas (the papers are the seeds named in DESIGN.md, section "Carbon model"):
+Formulas (the papers are listed in docs/papers.md):
 
 * Operational carbon, GreenCache Eq. 2 / GreenLLM Eq. 2::
 

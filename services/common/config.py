@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "GREENSERVE_"
 
-# Default gRPC ports, one per service, in the order of DESIGN.md.
+# Default gRPC ports, one per service, in the order of the loop (README's services table).
 DEFAULT_PORTS: dict[str, int] = {
     "forecaster": 50051,
     "profiler": 50052,

@@ -1,7 +1,7 @@
 """Unit tests of greenserve.common.carbon and its parts (carbon_units, embodied_carbon, carbon_params) against the
 worked numbers in the seed papers.
 
-Paper names as in DESIGN.md: GreenCache (seed 000), GreenLLM (seed 003), CLOVER (seed 004).
+Paper names as in docs/papers.md: GreenCache (000), GreenLLM (003), CLOVER (004).
 Numbers that the papers do not give are computed by hand in the comments next to the assertion.
 """
 
