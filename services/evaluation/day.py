@@ -122,13 +122,17 @@ class HourRecord:
     accuracy_loss_fraction: float = 0.0
 
 
-def forecast_day(history: np.ndarray, history_start_s: int, truth: np.ndarray, model: str) -> SeriesForecast:
-    """Day-ahead forecast from ``history`` only (``oracle``: the truth)."""
+def forecast_day(history: np.ndarray, history_start_s: int, truth: np.ndarray, model: str,
+                 hours: int = 24) -> SeriesForecast:
+    """Forecast of the ``hours`` after the history, from ``history`` only; ``oracle``: the truth, which must then
+    hold those hours (a model's forecast does not look at it: a day evaluated in part needs only its hours)."""
     if model == "oracle":
-        values = tuple(float(v) for v in truth)
+        if len(truth) < hours:
+            raise ValueError(f"the oracle forecast needs the actual values of {hours} h, got {len(truth)}")
+        values = tuple(float(v) for v in truth[:hours])
         return SeriesForecast(values, values, values, "oracle")
     fitted = make_model(model).fit(np.asarray(history, dtype=np.float64), start_s=history_start_s)
-    pred = fitted.predict(len(truth))
+    pred = fitted.predict(hours)
     clean = [tuple(max(0.0, float(v)) if math.isfinite(v) else 0.0 for v in arr)
              for arr in (pred.mean, pred.lower, pred.upper)]
     return SeriesForecast(clean[0], clean[1], clean[2], pred.model)
@@ -158,8 +162,8 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     params = params or load_default_params()
     fleet = scenario.fleet(region)
     peak = float(max(np.nanmax(load_shape_history), np.max(load_shape_day), 1e-9))  # a user's trace may miss hours
-    ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual[:24], forecast_model)
-    load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day[:24],
+    ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual, forecast_model)
+    load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day,
                                                   forecast_model)
     planner = Planner(solvers_for(strategy, scenario.has_mig), solver_timeout_s=120.0)
     # A pool with count_prefix_hits: the planner's capacity per engine counts prefix reuse. The prefix-cache hit

@@ -92,7 +92,9 @@ def jobs_for(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
              forecast_model: str, window_s: float, hours: int) -> list[Job]:
     jobs = []
     for region, grid in series.items():
-        actual = grid.window(day_start_s, 24)
+        # the hours replayed (the forecasts and plans cover the whole day from the history alone); the oracle
+        # forecast plans on the actual values of the whole day, so it needs them all
+        actual = grid.window(day_start_s, 24 if forecast_model == "oracle" else hours)
         history_start = day_start_s - HISTORY_DAYS * 86400
         first = max(grid.start_s, history_start)
         # the history may miss hours (NaN: the forecaster's models skip them); the day may not (grids.py)
@@ -168,7 +170,7 @@ def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
     shape_day, shape_history, history_start_s = _load_split(jobs[0].day_start_s, jobs[0].scenario.load_shape)
     out = [ForecastJob(LOAD_KEY, tuple(shape_history), history_start_s, tuple(shape_day[:24]), jobs[0].forecast_model)]
     for job in {j.region: j for j in jobs}.values():
-        out.append(ForecastJob(job.region, job.ci_history, job.ci_history_start_s, job.ci_actual[:24],
+        out.append(ForecastJob(job.region, job.ci_history, job.ci_history_start_s, job.ci_actual,
                                job.forecast_model))
     return out
 

@@ -40,7 +40,7 @@ def _read(path: Path, time_column: str = "ts", value_column: str = "ci") -> grid
 
 def _jobs(series: grids.GridSeries) -> list[run.Job]:
     return run.jobs_for({"X": series}, day_start_s=int(DAY.timestamp()), strategies=["base_full_cache"],
-                        scenario=Scenario(), forecast_model="seasonal_naive", window_s=120, hours=4)
+                        scenario=Scenario(), forecast_model="seasonal_naive", window_s=120, hours=24)
 
 
 def test_rows_every_15_min_are_averaged_per_utc_hour(tmp_path: Path) -> None:
