@@ -489,7 +489,8 @@ class EngineBackend:
                 power_source += "_whole_gpu"  # no split for the window: the whole GPU's power, said so
         after = await self._scrape(base)
         await asyncio.gather(*tasks[: pw.warmup], return_exceptions=True)
-        win = engine_metrics.window(before, after) if before and after else engine_metrics.WindowMetrics()
+        single = sum(1 for r in results if r[3] == 1)  # one output token: vLLM's per-request TPOT of 0
+        win = engine_metrics.window(before, after, single) if before and after else engine_metrics.WindowMetrics()
         self.last_window = win
         if not math.isfinite(power_w) and win.energy_j is not None and wall_s > 0:
             power_w, power_source = win.energy_j / (wall_s * scale), "engine_metric"

@@ -94,8 +94,13 @@ class WindowMetrics:
     names: dict[str, str] = field(default_factory=dict)
 
 
-def window(before: Snapshot, after: Snapshot) -> WindowMetrics:
-    """What happened between two scrapes."""
+PER_REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
+
+
+def window(before: Snapshot, after: Snapshot, single_token_requests: int = 0) -> WindowMetrics:
+    """What happened between two scrapes. ``single_token_requests``: requests of one output token that finished in
+    the window; vLLM observes a TPOT of 0 for each in its per-request histogram (``mean_time_per_output_token`` is 0
+    when there is no second token), which would pull the mean down, so they are taken out of its count."""
     out = WindowMetrics()
     for quantity, names in HISTOGRAMS.items():
         for name in names:
@@ -104,6 +109,8 @@ def window(before: Snapshot, after: Snapshot) -> WindowMetrics:
             if s1 is None or c1 is None:
                 continue
             dc = c1 - (c0 or 0.0)
+            if name == PER_REQUEST_TPOT:
+                dc -= single_token_requests  # their zeros add nothing to the sum
             if dc > 0:
                 setattr(out, f"{quantity}_mean_s", (s1 - (s0 or 0.0)) / dc)
                 out.names[quantity] = name
