@@ -260,9 +260,16 @@ class PlanStore:
                 out.append(msg)
             return out
 
-    def known_components(self, before_version: int) -> set[tuple[str, str]]:
-        """Component instances that reported on any plan up to ``before_version`` (they are expected to report)."""
+    def previous_reporters(self, version: int) -> set[tuple[str, str]]:
+        """Component instances that reported on the latest plan before ``version`` that has reports: the ones
+        expected to report on it. Not every instance that ever reported: a router replica is named after its pod,
+        which a rollout renames, and an instance gone for good would then keep every later plan pending. One that
+        missed a whole plan (down, or gone) is no longer expected after it."""
         with self.db.session(readonly=True) as s:
+            previous = s.scalar(select(func.max(EnforcementReport.plan_version))
+                                .where(EnforcementReport.plan_version < version))
+            if previous is None:
+                return set()
             rows = s.execute(select(EnforcementReport.component, EnforcementReport.instance)
-                             .where(EnforcementReport.plan_version <= before_version).distinct())
+                             .where(EnforcementReport.plan_version == previous))
             return {(c, i) for c, i in rows}

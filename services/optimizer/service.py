@@ -274,7 +274,7 @@ def plan_status(plans: PlanStore, version: int) -> optimizer_pb2.GetPlanStatusRe
     plan = plans.get(version)
     reports = plans.reports(plan.version)
     reported = {(r.component, r.instance) for r in reports}
-    expected = plans.known_components(plan.version) | reported
+    expected = plans.previous_reporters(plan.version) | reported
     pending = sorted(f"{c}/{i}" if i else c for c, i in expected - reported)
     matches = bool(reports) and not pending and all(
         r.state == optimizer_pb2.ENFORCEMENT_STATE_APPLIED for r in reports)

@@ -237,3 +237,30 @@ async def test_ci_moving_more_than_5_percent_from_the_plan_triggers(forecaster, 
         assert await loop.check_ci() in ("ci_change", "forecast")
     finally:
         set_clock(previous)
+
+
+async def test_an_instance_that_is_gone_is_pending_on_the_next_plan_only(forecaster, optimizer) -> None:
+    """A router replica is named after its pod: a rollout renames every replica. The old names were expected on every
+    later plan for ever (any instance that had ever reported), so the fleet never matched a plan again."""
+    _, stub, _ = await _setup(forecaster, optimizer, schedule_plans=False)
+    await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=FLEET))
+
+    async def plan_with(*instances: str) -> optimizer_pb2.GetPlanStatusResponse:
+        version = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2))).plan.version
+        for instance in instances:
+            await stub.ReportEnforcement(optimizer_pb2.ReportEnforcementRequest(report=optimizer_pb2.EnforcementReport(
+                component="router", instance=instance, plan_version=version,
+                state=optimizer_pb2.ENFORCEMENT_STATE_APPLIED)))
+        return await stub.GetPlanStatus(optimizer_pb2.GetPlanStatusRequest(version=version))
+
+    assert (await plan_with("router-7d9f-a", "router-7d9f-b")).fleet_matches_plan
+    rolled = await plan_with("router-5c2e-a", "router-5c2e-b")  # the rollout: new pod names
+    assert rolled.pending_components == ["router/router-7d9f-a", "router/router-7d9f-b"]
+    assert not rolled.fleet_matches_plan
+    settled = await plan_with("router-5c2e-a", "router-5c2e-b")
+    assert settled.pending_components == [] and settled.fleet_matches_plan
+    # one replica down for a plan: pending on it; and a later plan without any report still expects the live ones
+    down = await plan_with("router-5c2e-a")
+    assert down.pending_components == ["router/router-5c2e-b"]
+    silent = await plan_with()
+    assert silent.pending_components == ["router/router-5c2e-a"] and not silent.fleet_matches_plan
