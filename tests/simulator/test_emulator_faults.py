@@ -150,3 +150,25 @@ async def test_admin_endpoint(emu: EngineEmulator) -> None:
             await c.get(emu.url + "/health")
     with pytest.raises(ValueError, match="slow_factor"):
         emu.set_faults(slow_factor=-1)
+
+
+async def test_a_connection_that_escaped_the_crash_is_not_served(emu: EngineEmulator,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection the server accepted while the crash ran (its connection_made came after the crash aborted the
+    open ones) stayed open, and a client's keep-alive pool kept getting 200 from /health on it: a router's health
+    probes never failed, and it never ejected the "crashed" engine (a replicas test waited 15 s for it in CI). A
+    crashed engine now answers nothing on any connection."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{emu.url}/health") as resp:  # the connection is now in the client's pool
+            assert resp.status == 200
+            await resp.read()
+        monkeypatch.setattr(emu, "_abort_connections", lambda: None)  # as if this one had escaped the abort
+        emu.set_faults(crash=True)
+        with pytest.raises(aiohttp.ClientError):
+            async with session.get(f"{emu.url}/health") as resp:
+                await resp.read()
+    monkeypatch.undo()
+    emu.set_faults(crash=False)
+    await emu.wait_listening()

@@ -130,7 +130,7 @@ class EngineEmulator:
         if not self.faults.hang:
             self._unhung.set()
         self.crashed = asyncio.Event()
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._dead_while_crashed])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
@@ -238,6 +238,17 @@ class EngineEmulator:
         self._abort_connections()
         assert self.crashed is not None
         self.crashed.set()
+
+    @web.middleware
+    async def _dead_while_crashed(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """A crashed engine answers nothing. The crash aborts the open connections, but one the server accepted as
+        it ran (its ``connection_made`` still queued) escapes that; a client's keep-alive pool would then get 200
+        from /health on it for as long as it reuses it, and a router would never eject the engine."""
+        if self.faults.crash:
+            if request.transport is not None:
+                request.transport.abort()  # the client sees the connection reset; the answer below is never sent
+            return web.Response(status=503)
+        return await handler(request)
 
     def _abort_connections(self) -> None:
         if self._runner is None or self._runner.server is None:
