@@ -21,8 +21,10 @@ centuries apart would otherwise make the reader allocate an hour for every hour 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -167,87 +169,88 @@ def read_csv(path: str | Path, *, time_column: str, value_column: str, region: s
     what the user called the two columns by (the CLI's flags, a scenario's keys), for the refusals; ``value_scale``:
     what each value is multiplied by (a unit's factor to gCO2e/kWh, common/ci_units.py)."""
     path = Path(path)
+    with _text(path) as handle:
+        return _read_rows(path, handle, time_column, value_column, region, region_column, names, value_scale)
+
+
+@contextlib.contextmanager
+def _text(path: Path) -> Iterator[TextIO]:
+    """The file opened as UTF-8 text (a BOM skipped); GridDataError naming it when it cannot be read or is not
+    UTF-8 (raised while the rows are read)."""
     try:
         handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
     try:
-        return _read_rows(path, handle, time_column, value_column, region, region_column, names, value_scale)
-    except UnicodeDecodeError as exc:  # raised while the rows are read, a ValueError
+        with handle:
+            yield handle
+    except UnicodeDecodeError as exc:  # a ValueError, not an OSError
         raise GridDataError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, region: str | None,
                region_column: str | None, names: tuple[str, str], value_scale: float) -> dict[str, GridSeries]:
-    with handle:
-        reader = csv.DictReader(handle)
-        columns = reader.fieldnames or []
-        found = []
-        for name, column in ((names[0], time_column), (names[1], value_column), ("region column", region_column)):
-            match = None if column is None else header_column(columns, column)
-            if column is not None and match is None:
-                raise GridDataError(f"{path.name}: column {column!r} ({name}) not found; columns: "
-                                    f"{', '.join(columns)}")
-            found.append(match)
-        time_column, value_column, region_column = found
-        by_region: dict[str, list[tuple[int, float, int]]] = {}
-        for row_number, row in enumerate(reader, start=2):
-            where = f"{path.name}: row {row_number}"
-            t = _instant(row[time_column] or "", where)
-            text = (row[value_column] or "").strip()
-            try:
-                value = float(text) if text else math.nan  # an empty cell: no value for that time
-            except ValueError:
-                raise GridDataError(f"{where}: column {value_column!r}: {text[:40]!r} is not a number") from None
-            value *= value_scale
-            if math.isinf(value) or value < 0:
-                raise GridDataError(f"{where}: column {value_column!r}: {value!r} is not a CI (finite, >= 0)")
-            key = row[region_column] if region_column else (region or path.stem)
-            by_region.setdefault(key, []).append((t, value, row_number))
+    reader = csv.DictReader(handle)
+    columns = reader.fieldnames or []
+    found = []
+    for name, column in ((names[0], time_column), (names[1], value_column), ("region column", region_column)):
+        match = None if column is None else header_column(columns, column)
+        if column is not None and match is None:
+            raise GridDataError(f"{path.name}: column {column!r} ({name}) not found; columns: "
+                                f"{', '.join(columns)}")
+        found.append(match)
+    time_column, value_column, region_column = found
+    by_region: dict[str, list[tuple[int, float, int]]] = {}
+    for row_number, row in enumerate(reader, start=2):
+        where = f"{path.name}: row {row_number}"
+        t = _instant(row[time_column] or "", where)
+        text = (row[value_column] or "").strip()
+        try:
+            value = float(text) if text else math.nan  # an empty cell: no value for that time
+        except ValueError:
+            raise GridDataError(f"{where}: column {value_column!r}: {text[:40]!r} is not a number") from None
+        value *= value_scale
+        if math.isinf(value) or value < 0:
+            raise GridDataError(f"{where}: column {value_column!r}: {value!r} is not a CI (finite, >= 0)")
+        key = row[region_column] if region_column else (region or path.stem)
+        by_region.setdefault(key, []).append((t, value, row_number))
     if not by_region:  # a header alone evaluated nothing and exited 0 with an empty summary
         raise GridDataError(f"{path.name}: no data rows under the header")
     return {key: series_from_rows(rows, key, path.name) for key, rows in by_region.items()}
 
 
 def count_csv(path: str | Path, *, time_column: str, region: str | None = None,
-              names: tuple[str, str] = ("--time-column", "")) -> GridSeries:
+              time_name: str = "--time-column") -> GridSeries:
     """Requests per UTC hour from a CSV of one row per request (its ``time_column``: when the request arrived, an
     ISO-8601 instant, UTC without an offset; rows in any order). An hour between the first and the last request with
     no row counts 0 requests. The first and last hours are counted as they are: a trace cut in the middle of an hour
     undercounts that hour. Memory: one counter per hour of the trace's span, whatever its number of rows."""
     path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8-sig")
-    except OSError as exc:
-        raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
     name = region or path.stem
     counts: dict[int, int] = {}
     first = last = (0, 0)  # (hour start, row number) of the earliest and the latest request
-    try:
-        with handle:
-            reader = csv.reader(handle)
-            columns = next(reader, None) or []
-            column = header_column(columns, time_column)
-            if column is None:
-                raise GridDataError(f"{path.name}: column {time_column!r} ({names[0]}) not found; columns: "
-                                    f"{', '.join(columns)}")
-            index = columns.index(column)
-            for row_number, row in enumerate(reader, start=2):
-                if not row:
-                    continue  # a blank line
-                if index >= len(row):
-                    raise GridDataError(f"{path.name}: row {row_number}: {len(row)} cells, no {column!r}")
-                t = _instant(row[index], f"{path.name}: row {row_number}")
-                hour = t - t % HOUR_S
-                counts[hour] = counts.get(hour, 0) + 1
-                if not first[1] or hour < first[0]:
-                    first = (hour, row_number)
-                if not last[1] or hour > last[0]:
-                    last = (hour, row_number)
-                if len(counts) % 4096 == 0:
-                    _check_span((last[0] - first[0]) // HOUR_S + 1, first[1], last[1], name, path.name)
-    except UnicodeDecodeError as exc:
-        raise GridDataError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    with _text(path) as handle:
+        reader = csv.reader(handle)
+        columns = next(reader, None) or []
+        column = header_column(columns, time_column)
+        if column is None:
+            raise GridDataError(f"{path.name}: column {time_column!r} ({time_name}) not found; columns: "
+                                f"{', '.join(columns)}")
+        index = columns.index(column)
+        for row_number, row in enumerate(reader, start=2):
+            if not row:
+                continue  # a blank line
+            if index >= len(row):
+                raise GridDataError(f"{path.name}: row {row_number}: {len(row)} cells, no {column!r}")
+            t = _instant(row[index], f"{path.name}: row {row_number}")
+            hour = t - t % HOUR_S
+            counts[hour] = counts.get(hour, 0) + 1
+            if not first[1] or hour < first[0]:
+                first = (hour, row_number)
+            if not last[1] or hour > last[0]:
+                last = (hour, row_number)
+            if len(counts) % 4096 == 0:
+                _check_span((last[0] - first[0]) // HOUR_S + 1, first[1], last[1], name, path.name)
     if not counts:
         raise GridDataError(f"{path.name}: no data rows under the header")
     n = (last[0] - first[0]) // HOUR_S + 1

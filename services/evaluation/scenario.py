@@ -263,7 +263,7 @@ def _load_shape(where: str, entry: object, folder: Path) -> LoadShape:
     try:
         if per_request:
             series = grids.count_csv(path, time_column=entry["time_column"], region=path.stem,
-                                     names=("load_shape.time_column", ""))
+                                     time_name="load_shape.time_column")
         else:
             (series,) = grids.read_csv(path, time_column=entry["time_column"], value_column=entry["value_column"],
                                        region=path.stem,
