@@ -9,6 +9,7 @@ given or defaulted is refused, asking for the flag (``ci_unit_factor``).
 
 from __future__ import annotations
 
+import argparse
 import re
 
 LB_G = 453.59237  # grams per avoirdupois pound (exact, by definition)
@@ -54,3 +55,10 @@ def ci_unit_factor(unit: str | None, column: str | None = None, flag: str = "--c
         raise ValueError(f"column {column!r} looks like {stated}, not gCO2e/kWh: pass {flag} {stated} (or "
                          f"{flag} {DEFAULT_CI_UNIT} if the values are gCO2e/kWh)")
     return G_PER_KWH_PER_UNIT[unit or DEFAULT_CI_UNIT]
+
+
+def add_ci_unit_flag(parser: argparse.ArgumentParser, column: str = "--value-column") -> None:
+    """The ``--ci-unit`` flag of a command that reads a user's CI column (evaluate, demo, forecast ingest)."""
+    parser.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
+                        help=f"unit of {column} (default g/kWh, what the product stores; a header naming another "
+                             "unit is refused without this flag)")

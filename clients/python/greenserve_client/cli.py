@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from greenserve.common.ci_units import G_PER_KWH_PER_UNIT
+from greenserve.common.ci_units import add_ci_unit_flag
 from greenserve.common.client import ChannelConfig, check_health, create_channel
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, DependencyAddresses
 from greenserve_client import supervisor
@@ -235,9 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "averaged per UTC hour; the day and up to 21 days before it are used)")
     demo.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
     demo.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh unless --ci-unit says otherwise)")
-    demo.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
-                      help="unit of --value-column (default g/kWh; a header naming another unit is refused without "
-                           "this flag)")
+    add_ci_unit_flag(demo)
     demo.add_argument("--region", help="region name of --ci-csv (default: the file name)")
     demo.add_argument("--day", default="2022-07-06", help="the UTC day (default 2022-07-06)")
     demo.add_argument("--minutes", type=float, default=20.0, help="real minutes the day lasts (default 20)")

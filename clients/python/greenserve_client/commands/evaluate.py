@@ -15,7 +15,7 @@ DEFAULT_DAY = "2022-07-06"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from greenserve.common.ci_units import G_PER_KWH_PER_UNIT
+    from greenserve.common.ci_units import add_ci_unit_flag
     from greenserve.evaluation.day import STRATEGIES
     from greenserve.evaluation.grids import SHIPPED_REGIONS
 
@@ -26,9 +26,7 @@ def _parser() -> argparse.ArgumentParser:
                         "hour) instead of the shipped grids")
     parser.add_argument("--time-column", help="time column of --ci-csv (ISO-8601, UTC when no offset)")
     parser.add_argument("--value-column", help="CI column of --ci-csv (gCO2e/kWh unless --ci-unit says otherwise)")
-    parser.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
-                        help="unit of --value-column (default g/kWh; a header naming another unit is refused "
-                             "without this flag)")
+    add_ci_unit_flag(parser)
     parser.add_argument("--region", help="region name of --ci-csv (default: the file name)")
     parser.add_argument("--day", default=DEFAULT_DAY, help=f"the UTC day to evaluate (default {DEFAULT_DAY}, "
                         "GreenCache's evaluation day); the 14 days before it are the CI history")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from greenserve.common import strict_json
-from greenserve.common.ci_units import G_PER_KWH_PER_UNIT, ci_unit_factor
+from greenserve.common.ci_units import add_ci_unit_flag, ci_unit_factor
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -67,9 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--region", help="carbon-intensity series of this region")
     target.add_argument("--pool", help="load series of this model/pool (values in requests/s)")
     ing.add_argument("--signal", choices=["direct", "lifecycle"], default="direct", help="CI signal")
-    ing.add_argument("--ci-unit", choices=list(G_PER_KWH_PER_UNIT), default=None,
-                     help="unit of the CI column with --region (default g/kWh; the forecaster stores gCO2e/kWh; a "
-                          "header naming another unit is refused without this flag)")
+    add_ci_unit_flag(ing, "the CI column (--region only)")
     ing.add_argument("--batch-points", type=int, default=5000, help="points per IngestPoints call")
     ing.add_argument("--json", action="store_true", help="print one JSON object")
     _connection(ing)
