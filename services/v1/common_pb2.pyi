@@ -97,6 +97,12 @@ class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_STATE_ACTIVE: _ClassVar[PlanState]
     PLAN_STATE_SUPERSEDED: _ClassVar[PlanState]
 
+class EngineRunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_RUN_STATE_UNSPECIFIED: _ClassVar[EngineRunState]
+    ENGINE_RUN_STATE_AWAKE: _ClassVar[EngineRunState]
+    ENGINE_RUN_STATE_SLEEPING: _ClassVar[EngineRunState]
+
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
@@ -156,6 +162,9 @@ PLAN_STATE_UNSPECIFIED: PlanState
 PLAN_STATE_PROPOSED: PlanState
 PLAN_STATE_ACTIVE: PlanState
 PLAN_STATE_SUPERSEDED: PlanState
+ENGINE_RUN_STATE_UNSPECIFIED: EngineRunState
+ENGINE_RUN_STATE_AWAKE: EngineRunState
+ENGINE_RUN_STATE_SLEEPING: EngineRunState
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_FIELD: ErrorReason
 ERROR_REASON_NOT_FOUND: ErrorReason
@@ -653,8 +662,30 @@ class ServingModeTarget(_message.Message):
     link_bandwidth_bytes_per_s: float
     def __init__(self, pool: _Optional[str] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ..., old_hardware: _Optional[str] = ..., link_bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
+class EngineRunTarget(_message.Message):
+    __slots__ = ("pool", "engine_id", "state")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    engine_id: str
+    state: EngineRunState
+    def __init__(self, pool: _Optional[str] = ..., engine_id: _Optional[str] = ..., state: _Optional[_Union[EngineRunState, str]] = ...) -> None: ...
+
+class GpuPowerTarget(_message.Message):
+    __slots__ = ("pool", "power_limit_w", "max_sm_clock_mhz", "sm_clock_fraction")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    MAX_SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    power_limit_w: float
+    max_sm_clock_mhz: int
+    sm_clock_fraction: float
+    def __init__(self, pool: _Optional[str] = ..., power_limit_w: _Optional[float] = ..., max_sm_clock_mhz: _Optional[int] = ..., sm_clock_fraction: _Optional[float] = ...) -> None: ...
+
 class PlanInterval(_message.Message):
-    __slots__ = ("start", "end", "ci_g_per_kwh", "load_requests_per_s", "cache_targets", "mig_layouts", "serving_modes", "routing_weights", "expected_carbon", "expected_slo_attainment_fraction", "pools")
+    __slots__ = ("start", "end", "ci_g_per_kwh", "load_requests_per_s", "cache_targets", "mig_layouts", "serving_modes", "routing_weights", "expected_carbon", "expected_slo_attainment_fraction", "pools", "engine_runs", "gpu_power")
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     CI_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
@@ -666,6 +697,8 @@ class PlanInterval(_message.Message):
     EXPECTED_CARBON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_RUNS_FIELD_NUMBER: _ClassVar[int]
+    GPU_POWER_FIELD_NUMBER: _ClassVar[int]
     start: _timestamp_pb2.Timestamp
     end: _timestamp_pb2.Timestamp
     ci_g_per_kwh: float
@@ -677,10 +710,12 @@ class PlanInterval(_message.Message):
     expected_carbon: CarbonBreakdown
     expected_slo_attainment_fraction: float
     pools: _containers.RepeatedCompositeFieldContainer[PoolInterval]
-    def __init__(self, start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., cache_targets: _Optional[_Iterable[_Union[CacheTarget, _Mapping]]] = ..., mig_layouts: _Optional[_Iterable[_Union[MigLayout, _Mapping]]] = ..., serving_modes: _Optional[_Iterable[_Union[ServingModeTarget, _Mapping]]] = ..., routing_weights: _Optional[_Iterable[_Union[RoutingWeight, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., pools: _Optional[_Iterable[_Union[PoolInterval, _Mapping]]] = ...) -> None: ...
+    engine_runs: _containers.RepeatedCompositeFieldContainer[EngineRunTarget]
+    gpu_power: _containers.RepeatedCompositeFieldContainer[GpuPowerTarget]
+    def __init__(self, start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., cache_targets: _Optional[_Iterable[_Union[CacheTarget, _Mapping]]] = ..., mig_layouts: _Optional[_Iterable[_Union[MigLayout, _Mapping]]] = ..., serving_modes: _Optional[_Iterable[_Union[ServingModeTarget, _Mapping]]] = ..., routing_weights: _Optional[_Iterable[_Union[RoutingWeight, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., pools: _Optional[_Iterable[_Union[PoolInterval, _Mapping]]] = ..., engine_runs: _Optional[_Iterable[_Union[EngineRunTarget, _Mapping]]] = ..., gpu_power: _Optional[_Iterable[_Union[GpuPowerTarget, _Mapping]]] = ...) -> None: ...
 
 class PoolInterval(_message.Message):
-    __slots__ = ("pool", "ci_g_per_kwh", "load_requests_per_s", "load_upper_requests_per_s", "capacity_requests_per_s", "expected_carbon", "expected_slo_attainment_fraction")
+    __slots__ = ("pool", "ci_g_per_kwh", "load_requests_per_s", "load_upper_requests_per_s", "capacity_requests_per_s", "expected_carbon", "expected_slo_attainment_fraction", "expected_slo_attainment_at_upper_fraction", "engines_awake")
     POOL_FIELD_NUMBER: _ClassVar[int]
     CI_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
     LOAD_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -688,6 +723,8 @@ class PoolInterval(_message.Message):
     CAPACITY_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_CARBON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SLO_ATTAINMENT_AT_UPPER_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_AWAKE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     ci_g_per_kwh: float
     load_requests_per_s: float
@@ -695,7 +732,9 @@ class PoolInterval(_message.Message):
     capacity_requests_per_s: float
     expected_carbon: CarbonBreakdown
     expected_slo_attainment_fraction: float
-    def __init__(self, pool: _Optional[str] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., load_upper_requests_per_s: _Optional[float] = ..., capacity_requests_per_s: _Optional[float] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ...) -> None: ...
+    expected_slo_attainment_at_upper_fraction: float
+    engines_awake: int
+    def __init__(self, pool: _Optional[str] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., load_upper_requests_per_s: _Optional[float] = ..., capacity_requests_per_s: _Optional[float] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., expected_slo_attainment_at_upper_fraction: _Optional[float] = ..., engines_awake: _Optional[int] = ...) -> None: ...
 
 class SolverOutcome(_message.Message):
     __slots__ = ("knob", "solver", "status", "detail", "solve_s")
