@@ -58,6 +58,10 @@ DEFAULT_HORIZON_STEPS = 24
 #: Most points one GetPoints reply carries (about 4.4 MB; the default message limit is 16 MiB): a wider range is
 #: refused with RESOURCE_EXHAUSTED, never built whole in memory.
 MAX_POINTS_PER_REPLY = 200_000
+#: Range of GetForecast's interval_coverage_fraction (0 means the default): the normal quantile of the widest is
+#: about 7.1, of the narrowest about 1.3e-12; outside it the interval maths is no longer exact in float64.
+MIN_COVERAGE = 1e-12
+MAX_COVERAGE = 1 - 1e-12
 
 
 def ts_proto(seconds: int) -> Timestamp:
@@ -118,8 +122,7 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
         for i, p in enumerate(request.points):
             if not p.HasField("time"):
                 raise InvalidArgument(f"points[{i}].time", "is required")
-            if p.time.nanos:
-                raise InvalidArgument(f"points[{i}].time", "sub-second timestamps are not on any step")
+            _check_whole_second(f"points[{i}].time", p.time)
         times = np.array([p.time.seconds for p in request.points], dtype=np.int64)
         values = np.array([p.value for p in request.points], dtype=np.float64)
         result = await self.ingest_arrays(key, resolution_s, times, values)
@@ -254,9 +257,7 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
         steps = request.horizon_steps or DEFAULT_HORIZON_STEPS
         if not 1 <= steps <= MAX_HORIZON_STEPS:
             raise InvalidArgument("horizon_steps", f"must be in 1..{MAX_HORIZON_STEPS}")
-        coverage = request.interval_coverage_fraction or DEFAULT_COVERAGE_FRACTION
-        if not 0.0 < coverage < 1.0:
-            raise InvalidArgument("interval_coverage_fraction", f"must be in (0, 1) (0 means 0.9), got {coverage!r}")
+        coverage = check_coverage(request.interval_coverage_fraction or DEFAULT_COVERAGE_FRACTION)
         state = self._state_for(key)
         if state.model is not None:
             cache_key = (state.fit_version, state.updates, steps, coverage)
@@ -324,11 +325,31 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
                   for d in result.days])
 
 
+def check_coverage(coverage: float) -> float:
+    """A requested interval coverage the interval maths can use: in [MIN_COVERAGE, MAX_COVERAGE], else
+    InvalidArgument naming ``interval_coverage_fraction``. Inside (0, 1) is not enough: the normal quantile of a
+    central interval is taken at ``0.5 + coverage / 2``, which rounds to 1.0 (an infinite z-score, INTERNAL
+    before this check) for any coverage above ``1 - 2**-53``."""
+    if not MIN_COVERAGE <= coverage <= MAX_COVERAGE:  # NaN fails both comparisons
+        raise InvalidArgument("interval_coverage_fraction",
+                              f"must be in [{MIN_COVERAGE:g}, 1 - {1 - MAX_COVERAGE:.0e}] (0 means "
+                              f"{DEFAULT_COVERAGE_FRACTION}), got {coverage!r}")
+    return coverage
+
+
+def _check_whole_second(field: str, time: Timestamp) -> None:
+    if time.nanos:
+        raise InvalidArgument(field, f"sub-second timestamps are not on any step (nanos {time.nanos})")
+
+
 def _range_end(request: forecaster_pb2.GetPointsRequest, field: str) -> int | None:
     """A GetPoints range end, checked against the documented time range; None when unset."""
     if not request.HasField(field):
         return None
-    return ingest.check_time_s(field, getattr(request, field).seconds)
+    time = getattr(request, field)
+    if not 0 <= time.nanos < 1_000_000_000:
+        raise InvalidArgument(field, f"nanos must be in 0..999999999, got {time.nanos}")
+    return ingest.check_time_s(field, time.seconds)
 
 
 def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> GridSeries:
@@ -338,6 +359,8 @@ def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> Grid
         raise InvalidArgument("inline.points", "must not be empty")
     if len(inline.name) > 255:
         raise InvalidArgument("inline.name", "longer than 255 characters")
+    for i, p in enumerate(inline.points):
+        _check_whole_second(f"inline.points[{i}].time", p.time)
     times = np.array([p.time.seconds for p in inline.points], dtype=np.int64)
     values = np.array([p.value for p in inline.points], dtype=np.float64)
     try:

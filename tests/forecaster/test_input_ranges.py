@@ -88,6 +88,41 @@ async def test_numeric_fields_have_checked_ranges(start_inprocess) -> None:
             inline=forecaster_pb2.InlineSeries(points=request([DAY0_S], [1e300]).points))), "inline.points[0].value")
 
 
+@pytest.mark.parametrize("coverage", [1 - 1e-16, 1 - 2**-53, 1 - 1e-13, 1e-13, 5e-324, float("inf"), -0.0 - 1e-300])
+async def test_a_coverage_the_interval_maths_cannot_use_is_invalid_argument(start_inprocess, coverage) -> None:
+    """Issue 36: 1 - 1e-16 is inside (0, 1) but 0.5 + coverage / 2 rounds to 1.0, whose normal quantile is
+    infinite: the call answered INTERNAL. Now it is refused naming the field, and the bounds themselves work."""
+    svc = await start_inprocess(ForecasterSettings, build, **SETTINGS)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        await stub.IngestPoints(request([DAY0_S + i * 3600 for i in range(48)], daily_series(2)))
+        message = await refused(stub.GetForecast(forecaster_pb2.GetForecastRequest(
+            series=CI_FR, interval_coverage_fraction=coverage)), "interval_coverage_fraction")
+        assert "1e-12" in message, message
+        for edge in (service_module.MIN_COVERAGE, service_module.MAX_COVERAGE):
+            reply = await stub.GetForecast(forecaster_pb2.GetForecastRequest(
+                series=CI_FR, interval_coverage_fraction=edge))
+            values = np.array([(p.lower, p.mean, p.upper) for p in reply.forecast.points])
+            assert len(values) == 24 and np.isfinite(values).all()
+            assert reply.forecast.interval_coverage_fraction == edge
+
+
+async def test_sub_second_and_malformed_times_are_refused_in_every_rpc(start_inprocess) -> None:
+    """Issue 36: the nanos of GetPoints' range ends and of a backtest's inline points are checked too (they were
+    ignored: an inline point at t + 0.5 s was read as t)."""
+    svc = await start_inprocess(ForecasterSettings, build, **SETTINGS)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        await stub.IngestPoints(request([DAY0_S + i * 3600 for i in range(48)], daily_series(2)))
+        for nanos in (-1, 1_000_000_000):
+            await refused(stub.GetPoints(forecaster_pb2.GetPointsRequest(
+                series=CI_FR, start=Timestamp(seconds=DAY0_S, nanos=nanos))), "start")
+        points = request([DAY0_S + i * 3600 for i in range(96)], daily_series(4)).points
+        points[3].time.nanos = 500_000_000
+        await refused(stub.Backtest(forecaster_pb2.BacktestRequest(
+            inline=forecaster_pb2.InlineSeries(points=points), history_hours=24, days=1)), "inline.points[3].time")
+
+
 async def test_forecasts_are_finite_at_extreme_values_and_coverage(start_inprocess) -> None:
     svc = await start_inprocess(ForecasterSettings, build, **SETTINGS)
     wild = np.where(np.arange(96) % 2 == 0, 0.0, MAX_POINT_VALUE)  # 0 and the largest value, hour by hour
