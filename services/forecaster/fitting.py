@@ -84,5 +84,23 @@ class FitPool:
         return await loop.run_in_executor(self._executor, _backtest, series, history_hours, horizon_hours, days,
                                           model, holidays)
 
-    def shutdown(self) -> None:
+    def shutdown(self, kill_after_s: float = 1.0) -> None:
+        """Stop now, whatever the workers are doing: queued work is cancelled and running fits and backtests are
+        ended (SIGTERM, SIGKILL after ``kill_after_s``); their awaiters get ``BrokenProcessPool`` (a fit cut so is
+        not stored). Blocks up to about ``kill_after_s`` + 1 s: call it off the event loop.
+
+        ``ProcessPoolExecutor.shutdown(wait=False)`` alone let a running work item finish: the executor's
+        manager thread, joined at interpreter exit, waited for it, so a forecaster stopped with SIGTERM during a
+        fit ran on with its workers for as long as the fit took (issue 36). Python 3.14 has
+        ``terminate_workers()``; before it the executor's process table is the only handle on its workers."""
+        processes = list((getattr(self._executor, "_processes", None) or {}).values())
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + kill_after_s
+        for proc in processes:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)

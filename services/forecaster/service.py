@@ -395,8 +395,8 @@ async def build(ctx: ServiceContext) -> list[Registration]:
 
     async def stop() -> None:
         for task in [*tasks, *servicer._tasks]:
-            task.cancel()
-        pool.shutdown()
+            task.cancel()  # a refit awaiting its worker ends here: an interrupted fit is not stored
+        await asyncio.to_thread(pool.shutdown)  # ends the workers even mid-fit (within about a second)
 
     ctx.on_stop.append(stop)
     return [registration(forecaster_pb2, forecaster_pb2_grpc, "ForecasterService", servicer)]
