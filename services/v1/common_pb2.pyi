@@ -289,7 +289,14 @@ class CarbonBreakdown(_message.Message):
     def __init__(self, operational_g: _Optional[float] = ..., embodied_compute_g: _Optional[float] = ..., embodied_storage_g: _Optional[float] = ..., total_g: _Optional[float] = ..., energy_kwh: _Optional[float] = ..., ci_g_per_kwh: _Optional[float] = ...) -> None: ...
 
 class MigInstance(_message.Message):
-    __slots__ = ("uuid", "profile", "placement_start", "placement_size", "gpu_instance_id", "memory_bytes", "engine_id", "kubernetes_resource", "engine_ids")
+    __slots__ = ("uuid", "profile", "placement_start", "placement_size", "gpu_instance_id", "memory_bytes", "engine_id", "kubernetes_resource", "engine_ids", "engine_urls")
+    class EngineUrlsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     UUID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_START_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +306,7 @@ class MigInstance(_message.Message):
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     KUBERNETES_RESOURCE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_URLS_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     profile: str
     placement_start: int
@@ -308,7 +316,8 @@ class MigInstance(_message.Message):
     engine_id: str
     kubernetes_resource: str
     engine_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, uuid: _Optional[str] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., engine_id: _Optional[str] = ..., kubernetes_resource: _Optional[str] = ..., engine_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    engine_urls: _containers.ScalarMap[str, str]
+    def __init__(self, uuid: _Optional[str] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., engine_id: _Optional[str] = ..., kubernetes_resource: _Optional[str] = ..., engine_ids: _Optional[_Iterable[str]] = ..., engine_urls: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("uuid", "index", "model", "name", "memory_bytes", "mig_enabled", "instances", "node", "pool", "hardware", "reported_by")
@@ -751,7 +760,7 @@ class SolverOutcome(_message.Message):
     def __init__(self, knob: _Optional[str] = ..., solver: _Optional[str] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., solve_s: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "state", "created_at", "valid_from", "valid_until", "intervals", "expected_carbon", "expected_slo_attainment_fraction", "explanation", "trigger", "solver_outcomes", "input_notes", "previous_version")
+    __slots__ = ("version", "state", "created_at", "valid_from", "valid_until", "intervals", "expected_carbon", "expected_slo_attainment_fraction", "explanation", "trigger", "solver_outcomes", "input_notes", "previous_version", "forecasts")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -765,6 +774,7 @@ class Plan(_message.Message):
     SOLVER_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     INPUT_NOTES_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORECASTS_FIELD_NUMBER: _ClassVar[int]
     version: int
     state: PlanState
     created_at: _timestamp_pb2.Timestamp
@@ -778,7 +788,24 @@ class Plan(_message.Message):
     solver_outcomes: _containers.RepeatedCompositeFieldContainer[SolverOutcome]
     input_notes: _containers.RepeatedScalarFieldContainer[str]
     previous_version: int
-    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[PlanInterval, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., explanation: _Optional[str] = ..., trigger: _Optional[str] = ..., solver_outcomes: _Optional[_Iterable[_Union[SolverOutcome, _Mapping]]] = ..., input_notes: _Optional[_Iterable[str]] = ..., previous_version: _Optional[int] = ...) -> None: ...
+    forecasts: _containers.RepeatedCompositeFieldContainer[PlanForecast]
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[PlanInterval, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., explanation: _Optional[str] = ..., trigger: _Optional[str] = ..., solver_outcomes: _Optional[_Iterable[_Union[SolverOutcome, _Mapping]]] = ..., input_notes: _Optional[_Iterable[str]] = ..., previous_version: _Optional[int] = ..., forecasts: _Optional[_Iterable[_Union[PlanForecast, _Mapping]]] = ...) -> None: ...
+
+class PlanForecast(_message.Message):
+    __slots__ = ("series", "model", "generated_at", "history_end", "source", "stale_s")
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_END_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STALE_S_FIELD_NUMBER: _ClassVar[int]
+    series: SeriesRef
+    model: str
+    generated_at: _timestamp_pb2.Timestamp
+    history_end: _timestamp_pb2.Timestamp
+    source: str
+    stale_s: float
+    def __init__(self, series: _Optional[_Union[SeriesRef, _Mapping]] = ..., model: _Optional[str] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history_end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., stale_s: _Optional[float] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason", "field", "message", "service")
