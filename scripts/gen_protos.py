@@ -56,7 +56,8 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # plain argparse: this script must run before greenserve's own modules import (it generates their stubs)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, help="write DIR/greenserve/v1 instead of services/v1")
     ns = parser.parse_args(argv)
     out_dir = ns.out / "greenserve" / "v1" if ns.out else STUB_DIR

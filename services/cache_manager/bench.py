@@ -5,7 +5,6 @@ Both print progress to stderr and one JSON object as the last line of stdout.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -16,6 +15,7 @@ import numpy as np
 
 from greenserve.cache_manager import policies, read_or_recompute, traces
 from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cli_parser import Parser
 from greenserve.simulator.workloads import trace_path
 
 DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
@@ -36,7 +36,7 @@ def _log(msg: str) -> None:
 def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") -> int:
     """Token hit rate of FIFO / LRU / LCS / LCS+TTL / Adaptive at capacities 1 %..100 % of each trace's
     unique blocks: the Mooncake trace (or --trace files) and GreenCache's workload shapes."""
-    parser = argparse.ArgumentParser(prog=prog, description=policy_main.__doc__)
+    parser = Parser(prog=prog, description=policy_main.__doc__)
     parser.add_argument("--trace", type=Path, action="append", default=None,
                         help="JSONL trace (Mooncake layout), repeatable; default: the Mooncake FAST'25 "
                         "conversation trace shipped in greenserve/simulator/data/traces/")
@@ -166,7 +166,7 @@ def _lmcache_like_keys(count: int, rng: np.random.Generator) -> list[str]:
 def eviction_main(argv: list[str], prog: str = "greenserve bench cache-eviction") -> int:
     """Latency of choosing the lowest-LCS entry over an index of N entries, index bytes per entry, and the
     read-or-recompute decision time for a long prompt."""
-    parser = argparse.ArgumentParser(prog=prog, description=eviction_main.__doc__)
+    parser = Parser(prog=prog, description=eviction_main.__doc__)
     parser.add_argument("--entries", type=int, default=1_000_000, help="index size (default 1,000,000)")
     parser.add_argument("--choices", type=int, default=1000, help="eviction choices timed")
     parser.add_argument("--batch", type=int, default=1, help="victims per choice")

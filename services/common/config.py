@@ -7,6 +7,7 @@ and adds its own fields; `load_settings` turns a bad value into a one-line error
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsConfigDict
 
+from greenserve.common.cli_parser import Parser
 from greenserve.common.clock import Clock, make_clock
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ _SETTINGS_CONFIG = SettingsConfigDict(
     cli_kebab_case=True,
     cli_implicit_flags=True,
     cli_exit_on_error=True,
+    cli_hide_none_type=True,  # `--port int`, not `--port {int,null}`
     extra="ignore",
 )
 
@@ -163,6 +166,20 @@ class DependencyAddresses(BaseSettings):
 S = TypeVar("S", bound=BaseSettings)
 
 
+def _root_parser(cls: type[BaseSettings], prog: str) -> Parser:
+    """The parser the settings' flags go on: greenserve's (no abbreviations; an unknown flag gets one line naming the
+    closest real one), the class docstring as it is written."""
+    return Parser(prog=prog, description=cls.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _plain_defaults(parser: argparse.ArgumentParser) -> None:
+    """Drop pydantic's "(default: null)" from the help of optional fields: "null" is no value a user types, and
+    each such field's description says what leaving it unset means."""
+    for action in parser._actions:
+        if action.help:
+            action.help = action.help.replace(" (default: null)", "").replace("(default: null)", "")
+
+
 def load_settings(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -> S:
     """Parse flags (argv, default sys.argv[1:]) and GREENSERVE_* env vars into `cls`.
 
@@ -171,7 +188,8 @@ def load_settings(cls: type[S], argv: list[str] | None = None, prog: str | None 
     args = sys.argv[1:] if argv is None else argv
     name = prog or getattr(cls, "service_name", "") or "greenserve"
     try:
-        source = CliSettingsSource(cls, cli_prog_name=name, cli_parse_args=args, cli_kebab_case=True)
+        source = CliSettingsSource(cls, cli_prog_name=name, cli_kebab_case=True, root_parser=_root_parser(cls, name))
+        _plain_defaults(source.root_parser)
         return CliApp.run(cls, cli_args=args, cli_settings_source=source)
     except ValidationError as exc:
         for err in exc.errors():

@@ -20,13 +20,13 @@ estimate uses the pool's whole-GPU profile (the split is then approximate; the t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from greenserve.common.carbon_params import CarbonParams, load_default_params
+from greenserve.common.cli_parser import Parser
 from greenserve.evaluation.scenario import WORKLOAD_PROMPT_TOKENS
 from greenserve.simulator.engine_profile import load_profile
 from greenserve.simulator.perf_model import PerfModel
@@ -95,7 +95,7 @@ def table(result: dict[str, Any], region: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m greenserve.evaluation.breakdown", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m greenserve.evaluation.breakdown", description=__doc__.split("\n")[0])
     parser.add_argument("result", type=Path, help="result.json of greenserve evaluate")
     parser.add_argument("--grids", default="", help="comma-separated grids (default: all in the file)")
     args = parser.parse_args(argv)

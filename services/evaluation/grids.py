@@ -179,8 +179,8 @@ def _text(path: Path) -> Iterator[TextIO]:
     UTF-8 (raised while the rows are read)."""
     try:
         handle = path.open(newline="", encoding="utf-8-sig")
-    except OSError as exc:
-        raise GridDataError(f"{path.name}: cannot read: {exc.strerror}") from None
+    except OSError as exc:  # the whole path: where it was looked for, not only its base name
+        raise GridDataError(f"{path.absolute()}: cannot read: {exc.strerror}") from None
     try:
         with handle:
             yield handle

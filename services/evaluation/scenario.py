@@ -290,8 +290,8 @@ def load(path: str | Path) -> Scenario:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{path.name}: cannot read: {exc.strerror}") from None
+    except OSError as exc:  # the whole path: where it was looked for, not only its base name
+        raise ScenarioError(f"{path.absolute()}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:  # a ValueError, not an OSError
         raise ScenarioError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:

@@ -14,7 +14,6 @@ JSON object with per-series results and a summary (max and mean MAPE ratio to na
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve.common.parent_death import exit_with_parent
 from greenserve.forecaster.backtest import limit_native_threads, run_backtest
 from greenserve.forecaster.forecast_models.holiday_calendar import holidays_for_region
@@ -158,7 +158,7 @@ async def _rpc_latency(series_values: list[float], start_s: int, calls: int, mod
 
 
 def main(argv: list[str], prog: str = "greenserve bench forecaster") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="(the last line is always JSON; kept for symmetry)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--series", action="append", default=[], metavar="SUBSTRING",

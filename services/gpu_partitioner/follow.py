@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings
 
 from greenserve.common.app import ServiceContext
 from greenserve.common.client import ChannelConfig, create_channel
+from greenserve.common.config import ServiceSettings
 from greenserve.common.plan_follow import FAILED, PlanFollower, plan_file_store
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.gpu_partitioner.apply import DEFAULT_DRAIN_TIMEOUT_S, ApplyCoordinator
@@ -50,9 +51,13 @@ PLAN_FILE = "gpu_partitioner_plan.pb"
 class PlanFollowSettings(BaseSettings):
     """Flags of the gpu-partitioner's part of the control loop (mixed into GpuPartitionerSettings)."""
 
+    # the services' configuration: as the last base of GpuPartitionerSettings, BaseSettings' own (no env prefix,
+    # no --flag/--no-flag) won over it, and GREENSERVE_SIM_GPUS was ignored while SIM_GPUS was read
+    model_config = ServiceSettings.model_config
+
     follow_plans: bool = Field(
         True, description="watch the optimizer's plans and apply this node's MIG layouts with engines on them; "
-        "also report the node's GPUs (--follow-plans false: neither)")
+        "also report the node's GPUs (--no-follow-plans: neither)")
     engine_launcher: Literal["auto", "vllm", "emulator", "none"] = Field(
         "auto", description="how engines on MIG instances are started: vllm (`vllm serve`), emulator "
         "(greenserve-engine-sim) or none; auto: vllm with the NVML backend, emulator with the simulated one")

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve.v1 import common_pb2
 
 REGIONS = (("FR", 50.0, 25.0), ("DE", 350.0, 120.0), ("ES", 150.0, 70.0), ("PL", 650.0, 80.0))
@@ -360,7 +361,7 @@ async def _run(ns: argparse.Namespace, addresses: dict[str, str], optimizer: Any
 
 
 def main(argv: list[str], prog: str = "greenserve bench plan") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog, description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--json", action="store_true", help="(the last line is always JSON; kept for symmetry)")
     parser.add_argument("--pools", type=int, default=16, help="pools (default 16)")
     parser.add_argument("--gpus", type=int, default=64, help="GPUs, shared out among the pools (default 64)")

@@ -13,7 +13,6 @@ through PuLP; ``--restart-g`` charges resizes as a DRAM pool's restarts are char
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import os
@@ -22,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+from greenserve.common.cli_parser import Parser
 from greenserve.common.strict_json import dumps
 from greenserve.optimizer.solvers.cache_greencache import PoolCacheModel, solve_ilp
 from greenserve.optimizer.solvers.cache_ilp import BACKENDS
@@ -128,7 +128,7 @@ def kareto_figures(rate: float, with_grid: bool, history: str = "none", media: t
 
 
 def main(argv: list[str] | None = None, prog: str = "greenserve bench cache-plan") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="solves of the small instance (median reported)")
     parser.add_argument("--large-pools", type=int, default=16)
     parser.add_argument("--large-hours", type=int, default=168)

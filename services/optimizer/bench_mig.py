@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve.optimizer.solvers import mig_patterns as mp
 from greenserve.optimizer.solvers import mig_milp, mig_problem, mig_search, mig_setup
 from greenserve.v1 import common_pb2
@@ -153,7 +154,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None, prog: str = "greenserve bench mig-plan") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON line on stdout")
     parser.add_argument("--gpus", type=int, default=10)
     parser.add_argument("--large-gpus", type=int, default=1000)

@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 
@@ -42,7 +43,7 @@ GIB = 1 << 30
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = Parser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     p.add_argument("--model", default="llama3-8b", help="simulator model (default llama3-8b)")
     p.add_argument("--hardware", default="H100-80GB", help="hardware (default H100-80GB)")

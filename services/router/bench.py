@@ -51,7 +51,6 @@ This module keeps the command line and its phases (``main``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -60,6 +59,7 @@ import sys
 import tempfile
 from typing import Any
 
+from greenserve.common.cli_parser import Parser
 from greenserve.router import bench_launch
 from greenserve.router.bench_launch import (
     VLLM_ROUTER_VERSION,
@@ -84,7 +84,7 @@ from greenserve.router.bench_measure import (
 
 
 def main(argv: list[str], prog: str = "greenserve bench router") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
     p.add_argument("--quick", action="store_true", help="smoke test: levels 1 and 8, few requests, no peer")
     p.add_argument("--levels", default=None, help="concurrency levels, comma-separated (default 1,16,64,256,1000)")

@@ -12,13 +12,14 @@ them (file-backed).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
 import sys
 import time
 from typing import Any
+
+from greenserve.common.cli_parser import Parser
 
 STAGES = ("hash", "choose", "insert", "start", "end", "finish", "flush")
 
@@ -95,8 +96,8 @@ async def measure(requests: int, prompt_chars: int, engines: int, metric_reader:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m greenserve.router.bench_bookkeeping",
-                                     description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m greenserve.router.bench_bookkeeping",
+                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000, help="requests per run")
     parser.add_argument("--prompt-chars", type=int, default=1024, help="prompt length (the router bench's default)")
     parser.add_argument("--engines", type=int, default=2, help="engines in the pool")

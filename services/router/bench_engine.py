@@ -30,7 +30,6 @@ streamed token against the emulator's under the same load (one JSON line).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -38,6 +37,8 @@ from collections import deque
 from typing import Any
 
 import httptools
+
+from greenserve.common.cli_parser import Parser
 
 DEFAULT_MODEL = "noop"
 DEFAULT_TPOT_S = 0.02
@@ -536,7 +537,7 @@ def generation_tokens(url: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m greenserve.router.bench_engine", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m greenserve.router.bench_engine", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run an engine until killed")
     s.add_argument("--host", default="127.0.0.1")

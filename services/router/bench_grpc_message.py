@@ -34,6 +34,7 @@ import time
 from concurrent import futures
 
 import grpc
+from greenserve.common.cli_parser import Parser
 from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import router_pb2
 
@@ -210,7 +211,7 @@ def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m greenserve.router.bench_grpc_message", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m greenserve.router.bench_grpc_message", description=__doc__.split("\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     p.add_argument("--streams", type=int, default=64, help="concurrent streams")
     p.add_argument("--messages", type=int, default=200, help="messages per stream")

@@ -53,6 +53,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from greenserve.common.cli_parser import Parser
+
 MODEL = "bench-model"
 PROPAGATION_BOUND_MS = 1000.0
 
@@ -371,7 +373,7 @@ async def propagation_run(work: Path, db: Database, replicas: int, trials: int,
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     add_arguments(p)
     return p
 

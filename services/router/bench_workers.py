@@ -16,7 +16,6 @@ Alone: ``python -m greenserve.router.bench_workers --workers 2`` (last line: one
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenserve.common.cli_parser import Parser
 from greenserve.router.bench_engine import DEFAULT_MODEL, serve_args
 
 NOOP_MODEL = DEFAULT_MODEL
@@ -173,7 +173,7 @@ def phase_or_error(workers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m greenserve.router.bench_workers", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m greenserve.router.bench_workers", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2, help="workers of the run compared with --workers 1")
     p.add_argument("--concurrency", type=int, default=64, help="streams of the closed loop")
     p.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per run (after the ramp)")

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve.simulator.engine_profile import list_profiles
 from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import FleetConfig
@@ -29,7 +30,7 @@ from greenserve.simulator.workloads import (
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests of each trace")
     parser.add_argument("--engines", type=int, default=4, help="engines in the fleet (default 4)")

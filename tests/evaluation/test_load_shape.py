@@ -69,7 +69,7 @@ def test_the_scenario_trace_is_replayed_its_last_complete_day_as_the_day(tmp_pat
     ("load_shap:\n  csv: x.csv\n", 5, "s.yaml: unknown key 'load_shap' (known: pools, load_shape)"),
     (SHAPE + "  unit: rps\n", 5, "s.yaml: load_shape: unknown key 'unit'"),
     (SHAPE.replace("  value_column: rate_rps\n", ""), 5, "s.yaml: load_shape.value_column: required"),
-    (SHAPE.replace("servegen_like", "absent"), 5, "s.yaml: load_shape: absent.csv: cannot read"),
+    (SHAPE.replace("servegen_like", "absent"), 5, "/absent.csv: cannot read"),
     (SHAPE.replace("rate_rps", "rps"), 5,
      "load_shape: servegen_like.csv: column 'rps' (load_shape.value_column) not found"),
     (SHAPE, 2, "servegen_like.csv holds 2 whole UTC day(s) up to its last day with every hour; the evaluation "

@@ -129,7 +129,7 @@ async def test_plan_from_watch_is_enforced_and_sigterm_leaves_no_engine(start_in
         [sys.executable, "-m", "greenserve.gpu_partitioner", "--host=127.0.0.1", "--port=0",
          f"--data-dir={tmp_path / 'gp'}", "--backend=simulated", "--sim-gpus=A100-40GB", "--node-name=gpu-node-1",
          f"--optimizer-addr=127.0.0.1:{opt_port}", f"--router-addr={router.address}", "--engine-launcher=emulator",
-         f"--engine-port-range={base}-{base + 99}", "--energy-sample-interval-s=0", "--log-json=false",
+         f"--engine-port-range={base}-{base + 99}", "--energy-sample-interval-s=0", "--no-log-json",
          "--log-level=WARNING"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     channel = grpc.aio.insecure_channel(router.address)

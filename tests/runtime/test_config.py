@@ -49,3 +49,23 @@ def test_bad_values_exit_2_naming_flag_and_env(argv: list[str], flag: str, capsy
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert flag in err and "GREENSERVE_" in err
+
+
+def test_gpu_partitioner_reads_greenserve_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its plan-following mixin, listed last, used to bring BaseSettings' own configuration: no env prefix, so
+    compose's GREENSERVE_DB_URL was ignored and a bare SIM_GPUS read instead."""
+    from greenserve.gpu_partitioner.service import GpuPartitionerSettings
+
+    monkeypatch.setenv("GREENSERVE_SIM_GPUS", "H100-80GB")
+    monkeypatch.setenv("SIM_GPUS", "T4")
+    monkeypatch.setenv("GREENSERVE_FOLLOW_PLANS", "false")
+    s = load_settings(GpuPartitionerSettings, ["--no-log-json"])
+    assert (s.sim_gpus, s.follow_plans, s.log_json) == ("H100-80GB", False, False)
+
+
+def test_unknown_flag_is_one_line_naming_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_settings(RouterSettings, ["--prot", "6001"], prog="greenserve-router")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "greenserve-router: error: unknown flag --prot (did you mean --port?)"]

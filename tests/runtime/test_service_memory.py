@@ -104,7 +104,7 @@ async def test_gpu_partitioner_memory_levels_off(tmp_path) -> None:
     proc = await asyncio.to_thread(
         start_service_process, "greenserve.gpu_partitioner", "greenserve.v1.GpuPartitionerService",
         tmp_path / "gp", port, env={}, log_name="gp.log",
-        extra_args=["--backend=simulated", "--sim-gpus=A100-40GB,H100-80GB", "--follow-plans=false",
+        extra_args=["--backend=simulated", "--sim-gpus=A100-40GB,H100-80GB", "--no-follow-plans",
                     "--energy-sample-interval-s=0", "--log-level=WARNING"])
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from greenserve.common.ci_units import add_ci_unit_flag
+from greenserve.common.cli_parser import Parser
 from greenserve.common.client import ChannelConfig, check_health, create_channel
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, DependencyAddresses
 from greenserve_client import supervisor
@@ -221,7 +222,7 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="greenserve", description="greenserve: carbon-aware control plane for LLM serving")
+    parser = Parser(prog="greenserve", description="greenserve: carbon-aware control plane for LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="start all six services on this machine and stop them on Ctrl-C")

@@ -16,7 +16,6 @@ Files are written to a temporary name and renamed, so neither side ever reads ha
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -26,6 +25,8 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+from greenserve.common.cli_parser import Parser
 
 REQUEST_PREFIX = "request-"
 RESPONSE_PREFIX = "response-"
@@ -89,8 +90,8 @@ def request_restart(control_dir: Path, l1_size_gb: float, timeout_s: float) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m greenserve_client.lmcache_control",
-                                     description="Ask `greenserve up` to restart its LMCache server at a new L1 size.")
+    parser = Parser(prog="python -m greenserve_client.lmcache_control",
+                    description="Ask `greenserve up` to restart its LMCache server at a new L1 size.")
     parser.add_argument("--control-dir", required=True, type=Path)
     parser.add_argument("--l1-size-gb", required=True, type=float)
     parser.add_argument("--timeout-s", type=float, default=110.0)

@@ -13,13 +13,14 @@ last line; ``greenserve evaluate`` puts the same table in its report (``--headli
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from greenserve.common.cli_parser import Parser
 
 HEADLINES: dict[str, str] = {
     "greencache": "greenserve.evaluation.headlines.greencache",  # issue 18
@@ -108,7 +109,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def main(argv: list[str], prog: str = "greenserve bench headlines") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="the seeds' headlines reproduced in their own settings")
+    parser = Parser(prog=prog, description="the seeds' headlines reproduced in their own settings")
     parser.add_argument("--quick", action="store_true", help="each module's quick setting (tests, CI)")
     parser.add_argument("--only", help=f"comma-separated subset of {', '.join(HEADLINES)}")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry: the last line is always JSON")

@@ -15,6 +15,7 @@ import math
 import signal
 import sys
 
+from greenserve.common.cli_parser import Parser
 from greenserve.simulator.emulator.config import EmulatorConfig
 from greenserve.simulator.emulator.modes import MODES, ModeSettings
 
@@ -70,7 +71,7 @@ def _port(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's flags (names follow ``vllm serve`` where vLLM has the same knob)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG,
         description="Emulated vLLM engine: OpenAI-compatible HTTP API, vLLM /metrics, paced by the "
         "greenserve performance model, with a real prefix cache and fault injection.",

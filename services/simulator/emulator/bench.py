@@ -17,7 +17,6 @@ Last line of stdout is one JSON object (``greenserve bench`` convention).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -28,6 +27,8 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from greenserve.common.cli_parser import Parser
 
 PREFIX = "greenserve-engine-sim listening on "
 
@@ -122,7 +123,7 @@ async def _run_load(url: str, model: str, streams: int, max_tokens: int, prompt_
 
 def main(argv: list[str], prog: str = "greenserve bench engine-sim") -> int:
     """Run the load benchmark; prints progress to stderr and one JSON object last on stdout."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = Parser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--streams", type=int, default=1000, help="concurrent streaming requests (default 1000)")
     p.add_argument("--max-tokens", type=int, default=200, help="tokens per request (default 200)")
     p.add_argument("--prompt-words", type=int, default=100, help="prompt length in words (default 100)")

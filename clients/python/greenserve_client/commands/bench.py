@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from greenserve.common.cli_parser import Parser
+
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "simulator": ("greenserve.simulator.bench:main", "virtual-time replay speed and latency percentiles"),
     "engine-sim": ("greenserve.simulator.emulator.bench:main", "concurrent streams and tokens/s one emulated engine sustains"),
@@ -31,7 +33,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="greenserve bench",
         description="Run a benchmark; its last line of output is one JSON object.",
         epilog="benchmarks: " + "; ".join(f"{name}: {help_text}" for name, (_, help_text) in BENCHMARKS.items()),

@@ -9,6 +9,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from greenserve.common.cli_parser import Parser
 from greenserve.common.strict_json import dumps
 
 DEFAULT_DAY = "2022-07-06"
@@ -19,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     from greenserve.evaluation.day import STRATEGIES
     from greenserve.evaluation.grids import SHIPPED_REGIONS
 
-    parser = argparse.ArgumentParser(prog="greenserve evaluate", description=__doc__.splitlines()[0])
+    parser = Parser(prog="greenserve evaluate", description=" ".join(__doc__.split()))
     parser.add_argument("--grids", default=",".join(SHIPPED_REGIONS),
                         help=f"shipped grids to evaluate, comma-separated (default {','.join(SHIPPED_REGIONS)})")
     parser.add_argument("--ci-csv", type=Path, help="evaluate this CI CSV (hourly or finer rows, averaged per UTC "

@@ -31,6 +31,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message_factory import GetMessageClass
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve_client.cli import print_table
 from greenserve_client.commands import optimizer_client
 
@@ -187,7 +188,7 @@ def print_fleet(fleet: Any, updated_at: str = "") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="the fleet inventory the optimizer plans over")
+    parser = Parser(prog=PROG, description="the fleet inventory the optimizer plans over")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     set_ = sub.add_parser("set", help="declare the fleet from a YAML or JSON file")
     set_.add_argument("file", type=Path, metavar="FILE", help="FleetInventory in YAML or JSON (snake_case keys)")

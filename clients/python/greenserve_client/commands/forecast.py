@@ -22,6 +22,7 @@ import numpy as np
 
 from greenserve.common import strict_json
 from greenserve.common.ci_units import add_ci_unit_flag, ci_unit_factor
+from greenserve.common.cli_parser import Parser
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -47,7 +48,7 @@ def _csv_flags(parser: argparse.ArgumentParser, *, required_columns: bool) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="greenserve forecast", description="CI and load forecasts and backtests")
+    parser = Parser(prog="greenserve forecast", description="CI and load forecasts and backtests")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     bt = sub.add_parser("backtest", help="day-ahead backtest of a model on a CSV column (runs locally)")

@@ -25,6 +25,7 @@ import json
 import sys
 
 import grpc
+from greenserve.common.cli_parser import Parser
 from greenserve.common.config import DependencyAddresses
 from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.gpu_partitioner import geometry as geometry_mod
@@ -37,7 +38,7 @@ MODELS = geometry_mod.MODEL_NAMES
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="greenserve mig", description="MIG layouts: enumerate, diff, show and apply")
+    parser = Parser(prog="greenserve mig", description="MIG layouts: enumerate, diff, show and apply")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     layouts = sub.add_parser("layouts", help="list every maximal valid layout of a GPU model")

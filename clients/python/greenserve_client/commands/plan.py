@@ -31,6 +31,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve_client.cli import print_table
 from greenserve_client.commands import optimizer_client
 
@@ -51,7 +52,7 @@ def _version(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="the optimizer's plans: compute, inspect, activate")
+    parser = Parser(prog=PROG, description="the optimizer's plans: compute, inspect, activate")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     compute = sub.add_parser("compute", help="compute a plan now")

@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 from greenserve.common import strict_json
+from greenserve.common.cli_parser import Parser
 from greenserve.common.config import DependencyAddresses
 
 from greenserve_client.cli import _add_connection_flags, _channel_config, print_table
@@ -69,7 +70,7 @@ def _profile_version(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="profiling sweeps and stored profiles")
+    parser = Parser(prog=PROG, description="profiling sweeps and stored profiles")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     sweep = sub.add_parser("sweep", help="run a sweep (configurations x request rates) and follow it")

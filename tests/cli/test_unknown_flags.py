@@ -1,0 +1,50 @@
+"""Flags are never abbreviated (`--grid ES` is not `--grids ES`), an unknown flag is answered in one line naming the
+closest real one of the command that read it, and a missing input file is named by its whole path (issue 35)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from greenserve_client.cli import main
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err  # no usage block
+    return err.strip()
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["evaluate", "--grid", "ES", "--hours", "1"], "greenserve evaluate: error: unknown flag --grid (did you mean --grids?)"),
+    (["evaluate", "--csv", "x.csv"], "greenserve evaluate: error: unknown flag --csv (did you mean --ci-csv?)"),
+    (["forecast", "backtest", "--ci-csv=x.csv"],
+     "greenserve forecast backtest: error: unknown flag --ci-csv (did you mean --csv?)"),
+    (["plan", "status", "--optimizer-adr", "h:1"],
+     "greenserve plan status: error: unknown flag --optimizer-adr (did you mean --optimizer-addr?)"),
+    (["up", "--engine", "3"], "greenserve up: error: unknown flag --engine (did you mean --engines?)"),
+    (["status", "--zzz"], "greenserve status: error: unknown flag --zzz (greenserve status --help lists the flags)"),
+])
+def test_unknown_flag_gets_one_line_and_the_closest_flag(argv: list[str], line: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert _refused(argv, capsys) == line
+
+
+def test_a_mistyped_command_is_suggested(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "statsu"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith("did you mean 'status'?")
+
+
+@pytest.mark.parametrize("flag", ["--ci-csv", "--scenario"])
+def test_a_missing_file_is_named_by_its_whole_path(flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["evaluate", flag, "nope/absent.file", "--time-column", "t", "--value-column", "v", "--grids", "ES"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nope' / 'absent.file'}: cannot read: No such file or directory" in err
