@@ -20,6 +20,7 @@ This module holds the servicer's RPCs and ``build``; the settings are in setting
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
 
@@ -55,6 +56,9 @@ log = logging.getLogger("greenserve.forecaster")
 
 MAX_HORIZON_STEPS = 168
 DEFAULT_HORIZON_STEPS = 24
+#: Longest a forecast waits for a series' first fit (``_first_fit``), and what it leaves of the call's deadline.
+FIRST_FIT_WAIT_S = 20.0
+DEADLINE_MARGIN_S = 0.5
 #: Most points one GetPoints reply carries (about 4.4 MB; the default message limit is 16 MiB): a wider range is
 #: refused with RESOURCE_EXHAUSTED, never built whole in memory.
 MAX_POINTS_PER_REPLY = 200_000
@@ -237,7 +241,18 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
         last = await asyncio.to_thread(self._last_time, state.series_id)
         if last is None:
             raise NotFound(f"series {region}/{key.signal} has no points", field="region")
-        if last >= step_now or state.model is None:
+        if last < step_now:
+            await self._first_fit(state, context)
+        naive = None
+        if last < step_now and state.model is None and (step_now - last) // state.resolution_s <= MAX_HORIZON_STEPS:
+            # No fit: the hour as GetForecast answers it (seasonal naive), so that a receipt and a plan agree.
+            with contextlib.suppress(FailedPrecondition):  # too short a history: the latest measurement
+                naive, _ = await asyncio.to_thread(self._naive_prediction, state,
+                                                   int((step_now - last) // state.resolution_s),
+                                                   DEFAULT_COVERAGE_FRACTION)
+        if naive is not None:
+            value, at, forecast = float(naive.mean[-1]), step_now, True
+        elif last >= step_now or state.model is None:
             _, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, state.resolution_s,
                                               last, last + 1)
             value, at, forecast = float(grid[-1]), last, False
@@ -251,6 +266,23 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
             region=region, carbon_signal=signal, ci_g_per_kwh=value, time=ts_proto(at), forecast=forecast))
 
     # ---------------------------------------------------------------- forecasts
+    async def _first_fit(self, state: SeriesState, context: grpc.aio.ServicerContext) -> None:
+        """A series without a fitted model: start its first fit if none runs, and wait for it, within
+        ``FIRST_FIT_WAIT_S`` and the call's deadline. The fit starts with the first ingest and takes seconds; a
+        forecast asked meanwhile (the optimizer's first plan, right after `greenserve up` seeded the history) was
+        seasonal naive, while every later call (``forecast get``, the router's receipts) answered from the fit: two
+        CIs for one hour. Past the wait the caller answers seasonal naive (and names it as the model)."""
+        if state.model is not None:
+            return
+        if not state.fitting:
+            self._spawn(self.refit(state))
+            await asyncio.sleep(0)  # the refit marks the series as fitting before its first await
+        remaining = context.time_remaining()
+        budget = FIRST_FIT_WAIT_S if remaining is None else min(FIRST_FIT_WAIT_S, remaining - DEADLINE_MARGIN_S)
+        deadline = asyncio.get_running_loop().time() + budget
+        while state.model is None and state.fitting and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+
     async def GetForecast(self, request: forecaster_pb2.GetForecastRequest,
                           context: grpc.aio.ServicerContext) -> forecaster_pb2.GetForecastResponse:
         key = ingest.series_key(request.series)
@@ -259,15 +291,14 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
             raise InvalidArgument("horizon_steps", f"must be in 1..{MAX_HORIZON_STEPS}")
         coverage = check_coverage(request.interval_coverage_fraction or DEFAULT_COVERAGE_FRACTION)
         state = self._state_for(key)
+        await self._first_fit(state, context)
         if state.model is not None:
             cache_key = (state.fit_version, state.updates, steps, coverage)
             pred = state.cache.get(cache_key) or await asyncio.to_thread(self._prediction, state, steps, coverage)
             history_end = state.history_end_s
         else:
-            # No fit yet (it runs in the background): answer with seasonal naive, and say so.
+            # No fit (too short a history, or the first fit outlasted the wait): seasonal naive, and say so.
             pred, history_end = await asyncio.to_thread(self._naive_prediction, state, steps, coverage)
-            if not state.fitting:
-                self._spawn(self.refit(state))
         res = state.resolution_s
         points = [common_pb2.ForecastPoint(time=ts_proto(history_end + (i + 1) * res), mean=float(m),
                                            lower=float(lo), upper=float(hi))

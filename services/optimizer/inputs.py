@@ -10,6 +10,7 @@ not answer, every engine is planned on simulator predictions and the plan says s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -133,7 +134,7 @@ class ForecastSource:
                 await self._prepend_actuals(ref, forecast, start_s)
                 self.cache[label] = (now_s, forecast)
                 await asyncio.to_thread(self._store, label, now_s, forecast)
-                return align(forecast, start_s, hours, model=forecast.model)
+                return _made(align(forecast, start_s, hours, model=forecast.model), forecast)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
                                   grpc.StatusCode.INVALID_ARGUMENT):
@@ -155,7 +156,39 @@ class ForecastSource:
                 f"forecaster does not answer ({error}): refusing to plan on it")
         notes.append(f"forecast for {label} is stale: {age_s / 60:.0f} min old ({error})")
         fc = align(forecast, start_s, hours, model=forecast.model)
-        return SeriesForecast(fc.mean, fc.lower, fc.upper, fc.model, stale_s=age_s, source="cache")
+        return _made(SeriesForecast(fc.mean, fc.lower, fc.upper, fc.model, stale_s=age_s, source="cache"), forecast)
+
+
+def _made(fc: SeriesForecast, forecast: common_pb2.Forecast) -> SeriesForecast:
+    """``fc`` with when ``forecast`` was made and the history it had seen."""
+    return dataclasses.replace(fc, made_s=forecast.generated_at.ToNanoseconds() / 1e9,
+                               history_end_s=float(forecast.history_end.seconds))
+
+
+def ci_series_ref(region: str, signal: int) -> common_pb2.SeriesRef:
+    return common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region, carbon_signal=signal,
+                                unit=common_pb2.UNIT_G_PER_KWH)
+
+
+def load_series_ref(pool: common_pb2.Pool) -> common_pb2.SeriesRef:
+    return common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool.load_series_key or pool.name,
+                                unit=common_pb2.UNIT_REQUESTS_PER_S)
+
+
+def plan_forecasts(inputs: PlanningInputs, ci_signal: int) -> list[common_pb2.PlanForecast]:
+    """The forecasts a plan was computed on (``Plan.forecasts``): the CI of each region, the load of each pool."""
+    out = []
+    pools = {pool.name: pool for pool in inputs.fleet.pools}
+    series = [(ci_series_ref(region, ci_signal), fc) for region, fc in sorted(inputs.ci.items())]
+    series += [(load_series_ref(pools[name]), fc) for name, fc in inputs.load.items() if name in pools]
+    for ref, fc in series:
+        item = common_pb2.PlanForecast(series=ref, model=fc.model, source=fc.source, stale_s=fc.stale_s)
+        if fc.made_s > 0:
+            item.generated_at.FromNanoseconds(int(round(fc.made_s * 1e9)))
+        if fc.history_end_s > 0:
+            item.history_end.FromSeconds(int(fc.history_end_s))
+        out.append(item)
+    return out
 
 
 def align(forecast: common_pb2.Forecast, start_s: float, hours: int, model: str = "") -> SeriesForecast:
@@ -386,11 +419,8 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
     if not fleet.pools:
         raise FailedPrecondition("the fleet has no pools: set one with SetFleet (greenserve fleet set)")
     regions = sorted({p.region for p in fleet.pools})
-    ci_refs = [common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region,
-                                    carbon_signal=forecasts.ci_signal, unit=common_pb2.UNIT_G_PER_KWH)
-               for region in regions]
-    load_refs = [common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_LOAD, key=pool.load_series_key or pool.name,
-                                      unit=common_pb2.UNIT_REQUESTS_PER_S) for pool in fleet.pools]
+    ci_refs = [ci_series_ref(region, forecasts.ci_signal) for region in regions]
+    load_refs = [load_series_ref(pool) for pool in fleet.pools]
     # Every series at once (one round trip's latency, not one per series); notes keep the series order.
     per_series_notes: list[list[str]] = [[] for _ in ci_refs + load_refs]
     fetched = await asyncio.gather(*(forecasts.get(ref, start_s, hours, now_s, per_series_notes[i])

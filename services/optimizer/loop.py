@@ -101,6 +101,7 @@ class OptimizerLoop:
             traffic_history=any(getattr(s, "wants_traffic_history", False) for s in self.planner.solvers))
         result = await asyncio.to_thread(self.planner.plan, inputs, trigger=trigger, created_s=now)
         plan = result.plan
+        plan.forecasts.extend(planning_inputs.plan_forecasts(inputs, self.forecasts.ci_signal))
         if dry_run:
             return plan, time.perf_counter() - started
         activate = not (self.hold_plans if hold is None else hold)

@@ -52,6 +52,8 @@ class SeriesForecast:
     model: str = ""
     stale_s: float = 0.0  # age of the forecast when it was not refreshed for this computation (0: fresh)
     source: str = "forecaster"  # "forecaster", "cache" (the forecaster was down), "constant"
+    made_s: float = 0.0  # when the forecaster computed it (Unix seconds; 0: unknown)
+    history_end_s: float = 0.0  # the last observed point its model had seen (Unix seconds; 0: unknown)
 
 
 @dataclass

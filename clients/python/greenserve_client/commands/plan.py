@@ -146,6 +146,30 @@ def _header(plan: Any) -> str:
             f"attainment {plan.expected_slo_attainment_fraction:.3f}{prev}")
 
 
+def _model_text(model: str, short: bool) -> str:
+    """A forecast model's name; ``short``: an ensemble's long name as its kind and size."""
+    if not short or len(model) <= 48:
+        return model or "-"
+    if model.startswith("weighted[") and "]" in model:
+        return f"weighted ensemble of {model[:model.index(']')].count('+') + 1} models"
+    return model[:45] + "..."
+
+
+def forecast_lines(plan: Any, short: bool = False) -> list[str]:
+    """One line per forecast the plan was computed on: series, model, when it was made, the history it had seen."""
+    from greenserve.v1 import common_pb2
+
+    out = []
+    for f in plan.forecasts:
+        kind = "CI" if f.series.kind == common_pb2.SERIES_KIND_CARBON_INTENSITY else "load"
+        made = (datetime.fromtimestamp(f.generated_at.ToSeconds(), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+                if f.HasField("generated_at") else "at an unknown time")
+        seen = f" from history to {_when(f.history_end)} UTC" if f.HasField("history_end") else ""
+        cached = f" (cached: the forecaster did not answer; {f.stale_s / 60:.0f} min old)" if f.source == "cache" else ""
+        out.append(f"forecast of {kind} {f.series.key}: {_model_text(f.model, short)}, made {made}{seen}{cached}")
+    return out
+
+
 def _weights(interval: Any) -> dict[str, dict[str, float]]:
     """Per pool, engine -> weight normalised over the pool."""
     raw: dict[str, dict[str, float]] = {}
@@ -245,6 +269,8 @@ def cmd_compute(ns: argparse.Namespace) -> int:
         print(_header(plan))
         print(f"computed in {reply.solve_s:.2f} s" + ("; held for approval: greenserve plan activate "
                                                        f"{plan.version}" if _state(plan) == "proposed" else ""))
+    for line in forecast_lines(plan, short=True):
+        print(line)
     print()
     print(plan.explanation)
     return 0
@@ -285,6 +311,8 @@ def cmd_list(ns: argparse.Namespace) -> int:
 
 def print_plan(plan: Any) -> None:
     print(_header(plan))
+    for line in forecast_lines(plan, short=True):
+        print(line)
     rows = []
     for iv in plan.intervals:
         capacity = sum(p.capacity_requests_per_s for p in iv.pools)
@@ -337,9 +365,12 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     if ns.json:
         print(strict_json.dumps({"version": plan.version, "explanation": plan.explanation,
                                  "solver_outcomes": [_as_dict(o) for o in plan.solver_outcomes],
-                                 "input_notes": list(plan.input_notes)}))
+                                 "input_notes": list(plan.input_notes),
+                                 "forecasts": [_as_dict(f) for f in plan.forecasts]}))
         return 0
     print(_header(plan))
+    for line in forecast_lines(plan):
+        print(line)
     print()
     print(plan.explanation)
     if plan.solver_outcomes:
