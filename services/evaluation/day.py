@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from greenserve.optimizer import capacity
 from greenserve.optimizer.inputs import GPU_FAMILY
 from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
+from greenserve.optimizer.solvers.coupled import DEFAULT_HEADROOM, CoupledSolver
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
@@ -43,6 +45,7 @@ from greenserve.optimizer.solvers.serving_modes import (
     engine_profile,
 )
 from greenserve.optimizer.solvers import mig_patterns as mp
+from greenserve.simulator.clocks import clocked_profile
 from greenserve.simulator.engine_profile import list_profiles, load_profile
 from greenserve.simulator.mode_configs import SpecDecodeConfig
 from greenserve.simulator.perf_model import PerfModel
@@ -50,6 +53,14 @@ from greenserve.v1 import common_pb2
 
 HOUR_S = 3600
 DEFAULT_WINDOW_S = 600.0
+# The load margin the coupled plan carries is learned from day-ahead backtests of the load forecast on the history.
+MARGIN_BACKTEST_DAYS = 2
+MARGIN_QUANTILE = 0.9
+MAX_LOAD_MARGIN = 2.0
+# When the load of an hour runs above what its plan carries, the live loop re-plans on the observed load
+# (optimizer/loop.py); the evaluation replays that reaction: the plan in force runs the hour's first part, the
+# re-plan the rest.
+REACTION_FRACTION = 1.0 / 6.0  # ten minutes of the hour
 
 STRATEGIES: dict[str, str] = {
     "base_full_cache": "today's static fleet: every engine weighted equally, the largest cache (Full Cache + BASE)",
@@ -88,7 +99,7 @@ def solvers_for(strategy: str, mig: bool = False) -> list[Any]:
     if strategy == "serving_modes":
         return [EvenRouting(), FixedCache(full=True), keep[0], GreenLlmModes()]
     if strategy == "joint":
-        return [MinCarbonRouting(), GreenCacheIlp(), clover if mig else keep[0], GreenLlmModes()]
+        return [CoupledSolver(), clover if mig else keep[0], GreenLlmModes()]
     raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
@@ -120,6 +131,14 @@ class HourRecord:
     # traffic-weighted quality loss of the variants that served the hour: sum of requests x (1 - quality_fraction)
     # over requests (the window's requests per engine, each pool weighted by its hour's traffic)
     accuracy_loss_fraction: float = 0.0
+    # what the plan predicted for the hour (its first interval, at the forecast load) and at the interval's upper load
+    attainment_predicted_fraction: float = 0.0
+    attainment_predicted_at_upper_fraction: float = 0.0
+    sm_clock_fraction: dict[str, float] = field(default_factory=dict)  # pool -> SM clock the plan locked (1: unlocked)
+    engines_asleep: dict[str, int] = field(default_factory=dict)  # pool -> engines the plan put to sleep
+    replanned: bool = False  # the load ran above what the plan carries: re-planned after the hour's first part
+    pool_dram_restarts: dict[str, int] = field(default_factory=dict)  # pool -> its LMCache DRAM resizes this hour
+    attainment_first_part_fraction: float | None = None  # attainment before the re-plan landed
 
 
 def forecast_day(history: np.ndarray, history_start_s: int, truth: np.ndarray, model: str,
@@ -156,16 +175,25 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             load_history_start_s: int, strategy: str, forecast_model: str = "auto",
             window_s: float = DEFAULT_WINDOW_S, hours: int = 24,
             params: CarbonParams | None = None, ci_forecast: SeriesForecast | None = None,
-            load_forecast: SeriesForecast | None = None) -> list[HourRecord]:
+            load_forecast: SeriesForecast | None = None, actual_load_scale: float = 1.0) -> list[HourRecord]:
     """Plans and replays ``hours`` hours of one day (see the module docstring); ``ci_forecast`` /
-    ``load_forecast``: the day's forecasts when already made (``forecast_day``), shared by the strategies."""
+    ``load_forecast``: the day's forecasts when already made (``forecast_day``), shared by the strategies;
+    ``actual_load_scale``: the replayed load is this multiple of the day's (a forecast that much too low)."""
+    if not (actual_load_scale > 0 and math.isfinite(actual_load_scale)):
+        raise ValueError(f"actual_load_scale: must be a finite number > 0, got {actual_load_scale!r}")
     params = params or load_default_params()
     fleet = scenario.fleet(region)
     peak = float(max(np.nanmax(load_shape_history), np.max(load_shape_day), 1e-9))  # a user's trace may miss hours
     ci_fc = ci_forecast or forecast_day(ci_history, ci_history_start_s, ci_actual, forecast_model)
     load_fc_shape = load_forecast or forecast_day(load_shape_history, load_history_start_s, load_shape_day,
                                                   forecast_model)
-    planner = Planner(solvers_for(strategy, scenario.has_mig), solver_timeout_s=120.0)
+    # A stress run: the day's actual load runs at actual_load_scale x its shape while the forecasts, the pools'
+    # scaling to their peak and the learned margin see the shape as it is.
+    load_shape_day = np.asarray(load_shape_day, dtype=np.float64) * actual_load_scale
+    solvers = solvers_for(strategy, scenario.has_mig)
+    planner = Planner(solvers, solver_timeout_s=120.0)
+    coupled = any(isinstance(s, CoupledSolver) for s in solvers)
+    margin = learn_load_margin(load_shape_history, load_history_start_s, forecast_model) if coupled else 1.0
     # A pool with count_prefix_hits: the planner's capacity per engine counts prefix reuse. The prefix-cache hit
     # fraction the system measured, the pool's in the window replayed last (what the cache-manager sees), rounded
     # down (capacity.hit_fraction_step; none before the first hour is measured), sets the conversations' shape; how
@@ -202,7 +230,9 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                 start_s=day_start_s + HOUR_S * h, horizon_hours=left, fleet=fleet,
                 ci={region: SeriesForecast(ci_fc.mean[h:], ci_fc.lower[h:], ci_fc.upper[h:], ci_fc.model)},
                 load=load, capabilities=caps, params=params, gpu_platform={}, current=current,
-                prefix_hit_fraction=hits)
+                prefix_hit_fraction=hits, load_margin={p.name: margin for p in scenario.pools},
+                dram_restarts_last_day={p.name: sum(1 for r in records if r.pool_dram_restarts.get(p.name))
+                                        for p in scenario.pools})
             plan = planner.plan(inputs, trigger="schedule", created_s=day_start_s + HOUR_S * h).plan
             plan.version = h + 1
             interval = plan.intervals[0]
@@ -223,10 +253,44 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                     warm_start(pool_s.profile, engines.ids, rate, engines.weights, engines.cache_bytes, seed, window_s,
                                states[pool_s.name], spec=_spec_for(pool_s, mode), engine_profiles=engines.profiles)
                     states[pool_s.name].engines = frozenset(engines.ids)
-            record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
-                                   load_shape_day, load_fc_shape, peak, params, window_s, seed, states,
-                                   measured_hits)
+            actual = {p.name: float(load_shape_day[h]) * p.peak_requests_per_s / peak for p in scenario.pools}
+            carried = {p.pool: p.capacity_requests_per_s * DEFAULT_HEADROOM for p in interval.pools}
+            over = coupled and any(actual[name] > carried.get(name, math.inf) for name in actual)
+            if not over:
+                record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
+                                       load_shape_day, load_fc_shape, peak, params, window_s, seed, states,
+                                       measured_hits)
+            else:
+                # The hour's load runs above what its plan carries: the plan in force runs the first part, then the
+                # loop's re-plan on the observed load (mean and upper bound of this hour) runs the rest.
+                first = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
+                                      load_shape_day, load_fc_shape, peak, params, window_s * REACTION_FRACTION,
+                                      seed, states, measured_hits)
+                observed = {name: SeriesForecast((rate, *fc.mean[1:]), (rate, *fc.lower[1:]),
+                                                 (rate, *fc.upper[1:]), fc.model)
+                            for name, fc in load.items() for rate in (actual[name],)}
+                caps, hits = capabilities()
+                replan = planner.plan(dataclasses.replace(inputs, load=observed, current=plan, capabilities=caps,
+                                                          prefix_hit_fraction=hits, interval_capabilities=None),
+                                      trigger="slo_breach", created_s=day_start_s + HOUR_S * (h + REACTION_FRACTION))
+                plan = replan.plan
+                plan.version = h + 1
+                interval = plan.intervals[0]
+                second = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
+                                       load_shape_day, load_fc_shape, peak, params,
+                                       window_s * (1.0 - REACTION_FRACTION), seed + 104729, states, measured_hits,
+                                       replay_id=h + 1000)
+                record = combine_parts(first, second, REACTION_FRACTION)
+                record.replanned = True
+                current = plan
             record.plan_changed = changed
+            record.attainment_predicted_fraction = interval.expected_slo_attainment_fraction
+            uppers = [p.expected_slo_attainment_at_upper_fraction for p in interval.pools
+                      if p.HasField("expected_slo_attainment_at_upper_fraction")]
+            record.attainment_predicted_at_upper_fraction = min(uppers) if uppers else 0.0
+            record.sm_clock_fraction = {g.pool: g.sm_clock_fraction or 1.0 for g in interval.gpu_power}
+            record.engines_asleep = {p.name: sum(1 for r in interval.engine_runs if r.pool == p.name and r.state
+                                                 == common_pb2.ENGINE_RUN_STATE_SLEEPING) for p in scenario.pools}
             records.append(record)
     finally:
         planner.close()
@@ -315,7 +379,12 @@ def pool_engines(pool: PoolScenario, interval: common_pb2.PlanInterval, weights:
         share = int(cache_bytes * pool.engines / len(ids))
         return PoolEngines(ids, inst_weights, share, quality, profiles, layout)
     ids = _engine_ids(pool)
-    return PoolEngines(ids, weights, cache_bytes, {eid: top.quality_fraction for eid in ids}, None,
+    power = next((g for g in interval.gpu_power if g.pool == pool.name), None)
+    clocked = None
+    if power is not None and 0 < power.sm_clock_fraction < 1.0:  # the plan locks the pool's SM clocks
+        slow = clocked_profile(load_profile(pool.profile), power.sm_clock_fraction)
+        clocked = {eid: slow for eid in ids}
+    return PoolEngines(ids, weights, cache_bytes, {eid: top.quality_fraction for eid in ids}, clocked,
                        {f"whole {top.name}": pool.engines} if pool.mig else {})
 
 
@@ -344,8 +413,10 @@ def _spec_for(pool: PoolScenario, mode: int) -> SpecDecodeConfig | None:
 def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int, ci: float, ci_forecast: float,
                   shape_day: np.ndarray, shape_fc: SeriesForecast, peak: float, params: CarbonParams,
                   window_s: float, seed: int, states: dict[str, PoolState],
-                  hits_out: dict[str, float] | None = None) -> HourRecord:
-    """One hour replayed under ``interval``; ``hits_out`` (pool -> prefix-hit fraction measured) is filled."""
+                  hits_out: dict[str, float] | None = None, replay_id: int | None = None) -> HourRecord:
+    """One hour replayed under ``interval``; ``hits_out`` (pool -> prefix-hit fraction measured) is filled.
+    ``replay_id``: the id the replay's conversations are numbered by (default ``h``; a second part of a split hour
+    takes another so that its conversations are new ones)."""
     energy_j = 0.0
     embodied_compute = embodied_storage = 0.0
     requests_total = ok_t = ok_p = ok_both = 0.0
@@ -357,6 +428,7 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
     modes: dict[str, str] = {}
     layouts: dict[str, dict[str, int]] = {}
     loss_weighted = 0.0
+    pool_restarts: dict[str, int] = {}
     for pool in scenario.pools:
         scale = pool.peak_requests_per_s / peak
         rate = float(shape_day[h]) * scale
@@ -376,8 +448,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         state = states[pool.name]
         layout_restarts = restart_changed(state, engines.ids)
         out = replay_hour(pool.profile, engines.ids, rate, engines.weights, engines.cache_bytes, pool.ttft_s,
-                          pool.tpot_s, seed, h, window_s, state, spec=_spec_for(pool, mode),
-                          engine_profiles=engines.profiles)
+                          pool.tpot_s, seed, h if replay_id is None else replay_id, window_s, state,
+                          spec=_spec_for(pool, mode), engine_profiles=engines.profiles)
         served = sum(out.requests_by_engine.values())
         if served:
             loss_weighted += rate * HOUR_S * sum(n * (1.0 - engines.quality.get(eid, 1.0))
@@ -388,6 +460,7 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         if hits_out is not None and out.requests_measured:
             hits_out[pool.name] = out.prefix_hit_fraction
         restarts += out.cache_restarts
+        pool_restarts[pool.name] = 1 if out.cache_restarts else 0
         engine_restarts += out.engine_restarts + layout_restarts
         idle_w = PerfModel(load_profile(pool.profile)).power_w(0.0)
         requests = rate * HOUR_S
@@ -414,7 +487,45 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         prefix_hit_fraction=hit_weighted / norm if requests_total else 0.0, cache_restarts=restarts,
         engine_restarts=engine_restarts,
         cache_bytes=cache_bytes, engines_weighted=engines_weighted, serving_modes=modes, mig_layout=layouts,
-        accuracy_loss_fraction=loss_weighted / norm if requests_total else 0.0)
+        accuracy_loss_fraction=loss_weighted / norm if requests_total else 0.0, pool_dram_restarts=pool_restarts)
+
+
+def learn_load_margin(history: np.ndarray, history_start_s: int, model: str, days: int = MARGIN_BACKTEST_DAYS,
+                      quantile: float = MARGIN_QUANTILE) -> float:
+    """The load a plan must carry per unit of forecast mean, learned from day-ahead backtests on the history: for
+    each of its last ``days`` days the model is fitted on the days before and forecasts that day; the margin is the
+    ``quantile`` of actual / forecast over those hours, within [1, ``MAX_LOAD_MARGIN``]. The oracle forecast needs
+    none (1)."""
+    if model == "oracle":
+        return 1.0
+    ratios: list[float] = []
+    for d in range(days, 0, -1):
+        cut = len(history) - 24 * d
+        if cut < 48:
+            continue
+        fc = forecast_day(history[:cut], history_start_s, history[cut:cut + 24], model)
+        for actual, mean in zip(history[cut:cut + 24], fc.mean):
+            if math.isfinite(actual) and mean > 0:
+                ratios.append(float(actual) / mean)
+    if not ratios:
+        return 1.0
+    return float(min(MAX_LOAD_MARGIN, max(1.0, np.quantile(ratios, quantile))))
+
+
+def combine_parts(first: HourRecord, second: HourRecord, fraction: float) -> HourRecord:
+    """One hour of which ``fraction`` ran as ``first`` and the rest as ``second`` (a re-plan landed in between):
+    carbon, energy and attainment in proportion to the time each part ran, counts added, the state the second
+    part ended in."""
+    out = dataclasses.replace(second)
+    for name in ("operational_g", "embodied_compute_g", "embodied_storage_g", "total_g", "energy_kwh",
+                 "ttft_attainment_fraction", "tpot_attainment_fraction", "attainment_fraction",
+                 "prefix_hit_fraction", "accuracy_loss_fraction"):
+        setattr(out, name, fraction * getattr(first, name) + (1.0 - fraction) * getattr(second, name))
+    for name in ("requests_measured", "cache_restarts", "engine_restarts"):
+        setattr(out, name, getattr(first, name) + getattr(second, name))
+    out.pool_dram_restarts = {p: first.pool_dram_restarts.get(p, 0) + n for p, n in second.pool_dram_restarts.items()}
+    out.attainment_first_part_fraction = first.attainment_fraction
+    return out
 
 
 def records_json(records: list[HourRecord]) -> list[dict[str, Any]]:

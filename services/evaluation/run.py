@@ -45,6 +45,7 @@ class Job:
     hours: int
     ci_forecast: SeriesForecast | None = None  # made once per grid (None: run_day makes it)
     load_forecast: SeriesForecast | None = None
+    actual_load_scale: float = 1.0  # a stress run: the replayed load is this multiple of the day's (run_day)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def _run(job: Job) -> tuple[str, str, list[dict[str, Any]], float]:
         ci_history=np.array(job.ci_history), ci_history_start_s=job.ci_history_start_s,
         load_shape_day=shape_day, load_shape_history=shape_history, load_history_start_s=history_start_s,
         strategy=job.strategy, forecast_model=job.forecast_model, window_s=job.window_s, hours=job.hours,
-        ci_forecast=job.ci_forecast, load_forecast=job.load_forecast)
+        ci_forecast=job.ci_forecast, load_forecast=job.load_forecast, actual_load_scale=job.actual_load_scale)
     return job.region, job.strategy, day.records_json(records), time.process_time() - started
 
 
@@ -178,8 +179,9 @@ def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
 def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: list[str], scenario: Scenario,
              forecast_model: str = "auto", window_s: float = day.DEFAULT_WINDOW_S, hours: int = 24,
              workers: int | None = None, progress: Any = None, ray_address: str | None = None,
-             headlines: str = "none", fidelity: bool = True) -> dict[str, Any]:
+             headlines: str = "none", fidelity: bool = True, actual_load_scale: float = 1.0) -> dict[str, Any]:
     """Every (grid, strategy) day; ``progress`` is called with each finished job's (region, strategy).
+    ``actual_load_scale``: replay the load at this multiple of the day's while forecasts see the day as it is.
     ``ray_address``: run the jobs on that Ray cluster (``local``: a local Ray instance) instead of local processes.
     ``headlines`` (``none``, ``quick``, ``full``): the seeds' headline table, run next to the days; ``fidelity``:
     the simulator's fidelity table."""
@@ -187,6 +189,7 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         raise ValueError(f"headlines: must be none, quick or full, got {headlines!r}")
     jobs = jobs_for(series, day_start_s=day_start_s, strategies=strategies, scenario=scenario,
                     forecast_model=forecast_model, window_s=window_s, hours=hours)
+    jobs = [dataclasses.replace(j, actual_load_scale=actual_load_scale) for j in jobs]
     results: dict[str, dict[str, Any]] = {region: {} for region in series}
 
     headline_rows: list[dict[str, Any]] = []

@@ -62,15 +62,37 @@ class Capability:
     source: str  # "measured", "published", "predicted"
     detail: str  # profile key or simulator profile name
     predicted_hit_fraction: float = 0.0  # prompt tokens found in a cache tier at the capacity (conversation replays)
+    # (rate per s, attainment, dynamic J per request) of every replay the prediction ran, by rate: what the engine
+    # does below and above its capacity (predictions only; empty for stored profiles)
+    curve: tuple[tuple[float, float, float], ...] = ()
 
     def power_w(self, rate_per_s: float) -> float:
         return self.idle_power_w + self.energy_per_request_j * max(0.0, rate_per_s)
 
     def attainment(self, rate_per_s: float, target: float) -> float:
-        """Expected attainment at ``rate_per_s``: the target up to capacity, then falling as capacity / rate."""
+        """Expected attainment at ``rate_per_s``. With a prediction's ``curve``: the replayed attainment
+        interpolated in rate (made non-increasing in rate: the replays' sampling noise must not promise more at a
+        higher load), and beyond the highest rate replayed falling as that rate / ``rate_per_s``. Without one (a
+        stored profile): the target up to capacity, then falling as capacity / rate."""
+        if self.curve:
+            rates = [c[0] for c in self.curve]
+            shaped = np.minimum.accumulate([c[1] for c in self.curve])
+            if rate_per_s <= rates[0]:
+                return float(shaped[0])
+            if rate_per_s >= rates[-1]:
+                return float(shaped[-1] * rates[-1] / rate_per_s)
+            return float(np.interp(rate_per_s, rates, shaped))
         if rate_per_s <= self.capacity_requests_per_s or rate_per_s <= 0:
             return target
         return target * self.capacity_requests_per_s / rate_per_s
+
+    def energy_per_request_at_j(self, rate_per_s: float) -> float:
+        """Dynamic energy of one request at ``rate_per_s`` per engine: the prediction's replays interpolated in rate
+        (fewer requests per second batch less, so each costs more), else the figure at capacity."""
+        points = [(c[0], c[2]) for c in self.curve if math.isfinite(c[2]) and c[2] > 0]
+        if not points:
+            return self.energy_per_request_j
+        return float(np.interp(rate_per_s, [p[0] for p in points], [p[1] for p in points]))
 
 
 def simulator_profile_name(simulator_model: str, hardware: str) -> tuple[str, bool]:
@@ -230,8 +252,12 @@ def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: 
                           f"{tpot0:.4f} s miss the SLO")
     shape = conversation_shape(prefix_hit_fraction, prompt, output) if prefix_hit_fraction > 0 else None
 
+    seen: dict[float, tuple[float, float]] = {}
+
     def run(rate: float) -> tuple[float, float, float]:
-        return _attainment_and_energy(profile, rate, (ttft_s, tpot_s), prompt, output, shape, dram_bytes)
+        ok, energy, hit = _attainment_and_energy(profile, rate, (ttft_s, tpot_s), prompt, output, shape, dram_bytes)
+        seen[rate] = (ok, energy)
+        return ok, energy, hit
 
     lo, hi = 0.0, max(1.0 / max(e2e0, 1e-3), 0.05)
     energy_lo, hit_lo = math.nan, 0.0
@@ -254,8 +280,9 @@ def predict(profile: str | EngineProfile, ttft_s: float, tpot_s: float, target: 
     if shape is not None:
         label = (f"{label}, conversations of {shape[0]:g} turns ({prefix_hit_fraction:.0%} of prompts reusable), "
                  f"{hit_lo:.0%} hit in its KV memory at capacity")
+    curve = tuple((rate, ok, energy) for rate, (ok, energy) in sorted(seen.items()))
     return Capability(lo, idle_w, energy_lo if math.isfinite(energy_lo) else 0.0, "predicted", label,
-                      hit_lo if shape is not None else 0.0)
+                      hit_lo if shape is not None else 0.0, curve)
 
 
 def _percentile_for(target: float) -> str:

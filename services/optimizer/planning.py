@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("greenserve.optimizer.planning")
 
-KNOBS = ("routing_weights", "cache_targets", "mig_layouts", "serving_modes")
-KNOB_LABELS = {"routing_weights": "routing", "cache_targets": "cache", "mig_layouts": "MIG", "serving_modes": "modes"}
+KNOBS = ("routing_weights", "cache_targets", "mig_layouts", "serving_modes", "engine_runs", "gpu_power")
+KNOB_LABELS = {"routing_weights": "routing", "cache_targets": "cache", "mig_layouts": "MIG", "serving_modes": "modes",
+               "engine_runs": "engine sleep", "gpu_power": "GPU clocks"}
 DEFAULT_SOLVER_TIMEOUT_S = 10.0
 
 
@@ -83,6 +84,12 @@ class PlanningInputs:
     # Per interval, the engines' capabilities as another knob's choice leaves them (a cache solver's DRAM size per
     # hour changes the prefix hits and so the capacity: ``KnobPlan.capabilities``); None: ``capabilities`` throughout.
     interval_capabilities: list[dict[str, Capability]] | None = None
+    # pool -> the load the plan must carry per unit of forecast mean, learned from backtests of the load forecast
+    # (actual / forecast); a pool without one takes the solver's default
+    load_margin: dict[str, float] = field(default_factory=dict)
+    # pool -> DRAM (L1) resizes, each an LMCache restart, in the 24 h before ``start_s``: a solver that bounds
+    # restarts per day counts them against its budget
+    dram_restarts_last_day: dict[str, int] = field(default_factory=dict)
 
     def capabilities_at(self, hour: int) -> dict[str, Capability]:
         """The engines' capabilities in hour ``hour`` of the horizon (``interval_capabilities``, else
@@ -124,6 +131,8 @@ class PoolFigures:
     # dynamic J per request of engines the fleet does not list yet (MIG instances a layout creates; their GPU's
     # idle power is charged with the pool's listed engines)
     new_engine_energy_per_request_j: dict[str, float] = field(default_factory=dict)
+    attainment_at_upper_fraction: float | None = None  # predicted if the load reaches its interval's upper bound
+    engines_awake: int = 0  # engines the plan keeps awake (0: the plan does not put engines to sleep)
 
 
 @dataclass
@@ -148,6 +157,22 @@ class Solver(Protocol):
     def solve(self, inputs: PlanningInputs) -> KnobPlan: ...
 
 
+class JointSolver(Protocol):
+    """A solver that decides several knobs together (``knobs``) and answers one ``KnobPlan`` per knob. ``knob`` is
+    the one whose answer carries the pool figures (``routing_weights``); the planner runs it first, in one call."""
+
+    knob: str
+    knobs: tuple[str, ...]
+    name: str
+
+    def solve_knobs(self, inputs: PlanningInputs) -> dict[str, KnobPlan]: ...
+
+
+def solver_knobs(solver: Any) -> tuple[str, ...]:
+    """The knobs ``solver`` fills: its ``knobs`` (a joint solver) or its one ``knob``."""
+    return tuple(getattr(solver, "knobs", None) or (solver.knob,))
+
+
 def keep_current_messages(inputs: PlanningInputs, knob: str) -> list[list[Message]]:
     """Per interval, the knob's messages of the plan in force (empty without one)."""
     out: list[list[Message]] = []
@@ -167,7 +192,7 @@ class Planner:
     """Runs the solvers over the inputs and assembles the plan (not stored: the service stores it)."""
 
     def __init__(self, solvers: Sequence[Any], solver_timeout_s: float = DEFAULT_SOLVER_TIMEOUT_S) -> None:
-        knobs = [s.knob for s in solvers]
+        knobs = [k for s in solvers for k in solver_knobs(s)]
         if sorted(knobs) != sorted(set(knobs)) or not set(knobs) <= set(KNOBS):
             raise ValueError(f"solvers: one per knob of {KNOBS}, got {knobs}")
         self.solvers = list(solvers)
@@ -198,13 +223,60 @@ class Planner:
         outcome.solve_s = time.perf_counter() - started
         return result, outcome
 
+    def _run_joint(self, solver: Any, inputs: PlanningInputs) -> tuple[dict[str, KnobPlan],
+                                                                        dict[str, common_pb2.SolverOutcome]]:
+        """A joint solver's answers, one per knob; when it fails or times out, every one of its knobs is kept as
+        in force, and each knob's outcome says so."""
+        started = time.perf_counter()
+        future = self._pool.submit(solver.solve_knobs, inputs)
+        status, detail = "ok", ""
+        try:
+            answers = future.result(timeout=self.solver_timeout_s)
+            missing = [k for k in solver.knobs if k not in answers]
+            if missing:
+                raise ValueError(f"no answer for {', '.join(missing)}")
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            status, detail = "timeout", f"no answer within {self.solver_timeout_s:g} s"
+            answers = {}
+        except Exception as exc:  # noqa: BLE001 - a failing solver leaves its knobs as they are
+            log.exception("solver %s failed", solver.name)
+            status, detail = "failed", f"{type(exc).__name__}: {exc}"[:1800]
+            answers = {}
+        solve_s = time.perf_counter() - started
+        results: dict[str, KnobPlan] = {}
+        outcomes: dict[str, common_pb2.SolverOutcome] = {}
+        for knob in solver.knobs:
+            if knob in answers:
+                results[knob] = answers[knob]
+                outcomes[knob] = common_pb2.SolverOutcome(knob=knob, solver=solver.name, status=answers[knob].status,
+                                                          detail=answers[knob].detail, solve_s=solve_s)
+            else:
+                results[knob] = KnobPlan(keep_current_messages(inputs, knob))
+                outcomes[knob] = common_pb2.SolverOutcome(
+                    knob=knob, solver=solver.name, status=status, solve_s=solve_s,
+                    detail=f"{detail}; {KNOB_LABELS[knob]} left as in force")
+        return results, outcomes
+
     def plan(self, inputs: PlanningInputs, *, trigger: str, created_s: float) -> PlannerResult:
         started = time.perf_counter()
         results: dict[str, KnobPlan] = {}
         outcomes: dict[str, common_pb2.SolverOutcome] = {}
-        # The cache solver runs first: its sizes set the engines' capacity (prefix hits in a DRAM tier), which the
-        # routing solver and the plan's figures must then see (``KnobPlan.capabilities``).
-        for solver in sorted(self.solvers, key=lambda s: s.knob != "cache_targets"):
+        # A joint solver runs first, then the cache solver: their sizes set the engines' capacity (prefix hits in a
+        # DRAM tier), which the routing solver and the plan's figures must then see (``KnobPlan.capabilities``).
+        for solver in [s for s in self.solvers if hasattr(s, "knobs")]:
+            answers, knob_outcomes = self._run_joint(solver, inputs)
+            for knob, result in answers.items():
+                if len(result.per_interval) != inputs.horizon_hours:
+                    knob_outcomes[knob].status, knob_outcomes[knob].detail = "failed", (
+                        f"answered {len(result.per_interval)} intervals for a {inputs.horizon_hours} h horizon; kept")
+                    result = answers[knob] = KnobPlan(keep_current_messages(inputs, knob))
+                if result.capabilities is not None and len(result.capabilities) == inputs.horizon_hours:
+                    inputs = dataclasses.replace(inputs, interval_capabilities=result.capabilities)
+            results.update(answers)
+            outcomes.update(knob_outcomes)
+        for solver in sorted((s for s in self.solvers if not hasattr(s, "knobs")),
+                             key=lambda s: s.knob != "cache_targets"):
             result, outcome = self._run(solver, inputs)
             if len(result.per_interval) != inputs.horizon_hours:
                 outcome.status, outcome.detail = "failed", (
@@ -214,14 +286,14 @@ class Planner:
             outcomes[solver.knob] = outcome
             if result.capabilities is not None and len(result.capabilities) == inputs.horizon_hours:
                 inputs = dataclasses.replace(inputs, interval_capabilities=result.capabilities)
-        outcomes = [outcomes[s.knob] for s in self.solvers]
+        outcomes = [outcomes[k] for s in self.solvers for k in solver_knobs(s)]
         if "routing_weights" in results and "mig_layouts" in results:
             # The routing knob follows the layouts: a partitioned GPU's weight goes to its instances' engines.
             from greenserve.optimizer.solvers.routing_weights import onto_mig_instances
             try:
                 results["routing_weights"] = onto_mig_instances(
                     inputs, results["routing_weights"], results["mig_layouts"],
-                    solver=next(s for s in self.solvers if s.knob == "routing_weights"))
+                    solver=next(s for s in self.solvers if "routing_weights" in solver_knobs(s)))
             except Exception:  # the whole-GPU weights stay; the plan still goes out
                 log.exception("routing weights not split over MIG instances")
         plan = assemble(inputs, results, outcomes, trigger=trigger, created_s=created_s)
@@ -271,14 +343,17 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
             upper = fc.upper[h] if fc else 0.0
             fig = figures.get(pool.name)
             rates = fig.engine_rates if fig else {}
+            asleep = {r.engine_id for r in interval.engine_runs
+                      if r.pool == pool.name and r.state == common_pb2.ENGINE_RUN_STATE_SLEEPING}
             energy_j = 0.0
             for engine in pool.engines:
                 cap = inputs.capabilities_at(h).get(engine.id)
                 if cap is None:
                     continue
                 rate = rates.get(engine.id, 0.0)
-                # An engine with no planned load still idles for the hour: it is not switched off by this plan.
-                energy_j += cap.power_w(rate) * 3600.0
+                # An engine with no planned load still idles for the hour unless the plan puts it to sleep, when its
+                # GPU draws its idle power (a sleeping engine holds no weights, the GPU stays powered).
+                energy_j += (cap.idle_power_w if engine.id in asleep else cap.power_w(rate)) * 3600.0
             if fig:
                 energy_j += sum(j * rates.get(eid, 0.0) * 3600.0
                                 for eid, j in fig.new_engine_energy_per_request_j.items())
@@ -296,7 +371,10 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
             pi = interval.pools.add(pool=pool.name, ci_g_per_kwh=ci, load_requests_per_s=load,
                                     load_upper_requests_per_s=upper,
                                     capacity_requests_per_s=fig.capacity_requests_per_s if fig else 0.0,
-                                    expected_slo_attainment_fraction=attainment)
+                                    expected_slo_attainment_fraction=attainment,
+                                    engines_awake=fig.engines_awake if fig else 0)
+            if fig is not None and fig.attainment_at_upper_fraction is not None:
+                pi.expected_slo_attainment_at_upper_fraction = fig.attainment_at_upper_fraction
             pi.expected_carbon.CopyFrom(breakdown_to_proto(
                 operational_g=operational, embodied_compute_g=embodied, embodied_storage_g=storage,
                 energy_kwh=energy_kwh, ci_g_per_kwh=ci))

@@ -1,0 +1,403 @@
+"""One coupled decision per pool and hour: the engines that carry traffic, the DRAM cache size, the SM clock and which
+idle engines sleep, chosen together by one MILP on HiGHS, robust to the load forecast's error.
+
+Why coupled. The capacity of an engine depends on the other knobs: a DRAM tier raises the prefix-hit fraction, which
+cuts prefill work and raises the rate an engine carries within the SLO; a lower SM clock lowers the energy of every
+token and the capacity with it. Solved apart (routing on one engine while the cache solver drops the cache in the
+same hour) the knobs can pair an engine with a cache too small for its load. Here each pool-hour picks one
+**option** ``(engines carrying traffic n, DRAM size k, clock f)``; the option's capacity is the simulator's prediction
+for that cache size and clock (``capacity.predict`` on the pool's measured prefix reuse: conversations replayed
+through one engine with its own HBM and that DRAM tier, its SM clock locked at ``f``, ``greenserve.simulator.
+clocks``), so no option can promise a capacity that its own cache and clock do not give.
+
+Robust. An option is allowed only when the hour's **planning load** ``L = max(upper bound of the forecast interval,
+mean x load margin)`` stays within ``headroom x n x capacity``, with the capacity predicted at the **attainment
+floor** (``max(pool target, attainment_floor_fraction)``). The load margin is learned from backtests of the load
+forecast (``PlanningInputs.load_margin``: the quantile of actual / forecast over past days; ``DEFAULT_LOAD_MARGIN``
+until one is known). An hour where no option carries ``L`` takes every engine, the largest cache and the full clock
+(the most capacity there is) and the plan says the SLO is at risk.
+
+Objective over the horizon, per pool ``p``:
+
+    minimise  sum_{t,o} x[t,o] (operational_g[t,o] + storage_g[t,o])                     (carbon of the hour)
+            + sum_t restart_g[t] r[t] + wake_g w[t] + switch_g (s[t] + c[t])            (change costs)
+    s.t.      sum_o x[t,o] = 1                                                           (one option per hour)
+              r[t] >= sum_{o: k(o)=k} x[t,o] - sum_{o: k(o)=k} x[t-1,o]   for every size k   (a DRAM restart)
+              c[t] >= sum_{o: f(o)=f} x[t,o] - sum_{o: f(o)=f} x[t-1,o]   for every clock f  (a clock change)
+              w[t] >= sum_o n(o) x[t,o] - sum_o n(o) x[t-1,o]                           (engines woken / loaded)
+              s[t] >= sum_o n(o) x[t-1,o] - sum_o n(o) x[t,o]                           (engines unloaded)
+              sum_t r[t] <= max DRAM restarts over the horizon (4 per day)
+
+``t-1`` of hour 0 is the state in force. ``operational_g = (n (idle + e(L_mean/n, k, f) L_mean/n) + (N - n)
+P_rest) x 1 h x PUE x CI``, with ``e`` the dynamic energy per request the prediction replayed at that per-engine rate
+and ``P_rest`` the draw of an engine without traffic: its idle power awake, ``asleep_power_w`` asleep; it sleeps
+(``engine_runs``) only when that saves more than waking it costs (``wake_energy_j`` charged per engine woken).
+``storage_g`` is the DRAM's embodied carbon for the hour on each of the pool's LMCache servers (GreenCache Eq. 4).
+A restart is charged what the emptied L1 would have saved while it refills (as ``GreenCacheIlp.charge_restarts``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+from greenserve.common import carbon
+from greenserve.optimizer import capacity
+from greenserve.optimizer.capacity import Capability
+from greenserve.optimizer.inputs import engine_hardware
+from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
+from greenserve.optimizer.solvers.cache_greencache import pool_profile
+from greenserve.simulator.clocks import CLOCK_FRACTIONS, clocked_profile, max_sm_clock_mhz
+from greenserve.simulator.engine_profile import load_profile
+from greenserve.v1 import common_pb2
+
+DEFAULT_ATTAINMENT_FLOOR = 0.95
+DEFAULT_HEADROOM = 0.9
+DEFAULT_LOAD_MARGIN = 1.15  # actual / forecast mean the plan carries until backtests give the pool's own
+MAX_RESTARTS_PER_DAY = 4
+DRAM_SIZES = 3  # DRAM sizes weighed: none, half and the pool's largest (each a capacity prediction per clock)
+SWITCH_G = 0.5  # a nominal charge per change of clock or of loaded engines, so equal-cost plans do not flap
+DEFAULT_WAKE_S = 30.0  # vLLM wake-up from sleep level 1 (weights back from host memory) at full power, assumption
+TIME_LIMIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Option:
+    engines: int  # engines carrying traffic
+    size_index: int
+    clock_index: int
+
+
+@dataclass
+class PoolModel:
+    """One pool's options, costs and predictions over the horizon."""
+
+    pool: str
+    n_engines: int
+    sizes: list[int]
+    clocks: list[float]
+    capabilities: dict[tuple[int, int], Capability]  # (size index, clock index) -> one engine's capability
+    options: list[list[Option]]  # per hour, the options allowed
+    cost_g: list[list[float]]  # per hour and option: operational + storage carbon
+    restart_g: list[float]  # per hour: charge of a DRAM restart at its start
+    wake_g: float  # per engine woken (0 when engines do not sleep)
+    sleeps: bool  # engines without traffic sleep (asleep draw + wake-up cost below the idle draw)
+    plan_load: list[float]
+    mean_load: list[float]
+    upper_load: list[float]
+    ci: list[float]
+    at_risk: list[bool] = field(default_factory=list)  # hours where no option carries the planning load
+    in_force: Option | None = None
+    restarts_done: int = 0  # DRAM restarts in the 24 h before the horizon
+
+
+def _sizes(limit: int) -> list[int]:
+    if limit <= 0:
+        return [0]
+    return sorted({int(limit * i / (DRAM_SIZES - 1)) for i in range(DRAM_SIZES)})
+
+
+class CoupledSolver:
+    """The coupled decision: routing weights, cache sizes, engine run states and GPU clocks from one model."""
+
+    knob = "routing_weights"
+    knobs = ("routing_weights", "cache_targets", "engine_runs", "gpu_power")
+    name = "coupled.milp"
+
+    def __init__(self, *, attainment_floor_fraction: float = DEFAULT_ATTAINMENT_FLOOR,
+                 headroom_fraction: float = DEFAULT_HEADROOM, clocks: tuple[float, ...] = CLOCK_FRACTIONS,
+                 max_restarts_per_day: int = MAX_RESTARTS_PER_DAY, asleep_power_w: float | None = None,
+                 wake_s: float = DEFAULT_WAKE_S, time_limit_s: float = TIME_LIMIT_S) -> None:
+        if not 0 < attainment_floor_fraction < 1:
+            raise ValueError("attainment_floor_fraction: must be in (0, 1)")
+        if not 0 < headroom_fraction <= 1:
+            raise ValueError("headroom_fraction: must be in (0, 1]")
+        if not clocks or any(not 0 < f <= 1 for f in clocks):
+            raise ValueError("clocks: fractions in (0, 1]")
+        if max_restarts_per_day < 0:
+            raise ValueError("max_restarts_per_day: must be >= 0")
+        if asleep_power_w is not None and not (asleep_power_w >= 0 and math.isfinite(asleep_power_w)):
+            raise ValueError("asleep_power_w: must be a finite number >= 0")
+        self.floor = attainment_floor_fraction
+        self.headroom = headroom_fraction
+        self.clocks = tuple(sorted(set(clocks), reverse=True))
+        self.max_restarts_per_day = max_restarts_per_day
+        # What a sleeping engine's GPU draws. None: the profile's idle power (the simulator's idle is the bare GPU
+        # idle an awake engine also draws, so by default sleeping saves nothing and no engine is put to sleep).
+        self.asleep_power_w = asleep_power_w
+        self.wake_s = wake_s
+        self.time_limit_s = time_limit_s
+
+    # -- the model ------------------------------------------------------------------------------------------------
+    def _capabilities(self, inputs: PlanningInputs, pool: common_pb2.Pool, sizes: list[int],
+                      clocks: list[float]) -> dict[tuple[int, int], Capability]:
+        engine_cap = inputs.capabilities.get(pool.engines[0].id)
+        target = max(pool.slo.attainment_fraction, self.floor)
+        if engine_cap is not None and engine_cap.source != "predicted":
+            # A measured or published profile: its capacity as measured, no cache or clock to vary.
+            return {(0, 0): engine_cap}
+        profile = load_profile(pool_profile(inputs, pool))
+        hits = inputs.prefix_hit_fraction.get(pool.name, 0.0)
+        prompt = pool.mean_prompt_tokens or capacity.DEFAULT_PROMPT_TOKENS
+        output = pool.mean_output_tokens or capacity.DEFAULT_OUTPUT_TOKENS
+        out = {}
+        for ki, size in enumerate(sizes):
+            for ci, f in enumerate(clocks):
+                out[(ki, ci)] = capacity.predict(clocked_profile(profile, f), pool.slo.ttft_s, pool.slo.tpot_s,
+                                                 target, prompt, output, hits, size if hits > 0 else 0)
+        return out
+
+    def pool_model(self, inputs: PlanningInputs, pool: common_pb2.Pool) -> PoolModel | None:
+        if not pool.engines:
+            return None
+        hours = inputs.horizon_hours
+        limit = int(pool.max_cache_dram_bytes)
+        sizes = _sizes(limit)
+        clocks = list(self.clocks)
+        in_force_dram = inputs.cache_sizes.get(pool.name, (None, 0))[0]
+        if inputs.prefix_hit_fraction.get(pool.name, 0.0) <= 0 and len(sizes) > 1:
+            # No prefix reuse measured yet: what a DRAM tier is worth is unknown, so the size in force is kept (the
+            # largest when none is known: today's Full Cache), not dropped for a saving nobody can predict.
+            sizes = [in_force_dram if in_force_dram is not None else sizes[-1]]
+        caps = self._capabilities(inputs, pool, sizes, clocks)
+        if len(caps) == 1 and len(sizes) * len(clocks) > 1:  # a measured profile: no size or clock to vary
+            sizes, clocks = [in_force_dram if in_force_dram is not None else sizes[-1]], [1.0]
+        n_engines = len(pool.engines)
+        fc = inputs.load.get(pool.name)
+        margin = inputs.load_margin.get(pool.name, DEFAULT_LOAD_MARGIN)
+        mean = [fc.mean[h] if fc else 0.0 for h in range(hours)]
+        upper = [max(fc.upper[h], fc.mean[h]) if fc else 0.0 for h in range(hours)]
+        plan_load = [max(upper[h], mean[h] * margin) for h in range(hours)]
+        ci = [inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0 for h in range(hours)]
+        pue = inputs.params.pue
+        idle_w = next(iter(caps.values())).idle_power_w
+        asleep_w = idle_w if self.asleep_power_w is None else min(self.asleep_power_w, idle_w)
+        peak_w = max(c.power_w(c.capacity_requests_per_s) for c in caps.values())
+        wake_kwh = peak_w * self.wake_s / 3.6e6
+        mean_ci = float(np.mean(ci)) if ci else 0.0
+        wake_g = carbon.operational_g(energy_kwh=wake_kwh, ci_g_per_kwh=mean_ci, pue=pue)
+        sleeps = idle_w - asleep_w > 0 and (idle_w - asleep_w) * 3600.0 / 3.6e6 * mean_ci * pue > wake_g
+        rest_w = asleep_w if sleeps else idle_w
+        options, costs, at_risk, restart_g = [], [], [], []
+        for h in range(hours):
+            allowed, row = [], []
+            for (ki, fi), cap in caps.items():
+                for n in range(1, n_engines + 1):
+                    if plan_load[h] > self.headroom * n * cap.capacity_requests_per_s + 1e-12:
+                        continue
+                    row.append(self._hour_cost(inputs, pool, cap, n, n_engines, mean[h], rest_w, sizes[ki], ci[h],
+                                               pue))
+                    allowed.append(Option(n, ki, fi))
+            risk = not allowed
+            if risk:  # no option carries the planning load: the most capacity there is
+                ki, fi = max(caps, key=lambda key: caps[key].capacity_requests_per_s)
+                allowed = [Option(n_engines, ki, fi)]
+                row = [self._hour_cost(inputs, pool, caps[(ki, fi)], n_engines, n_engines, mean[h], rest_w,
+                                       sizes[ki], ci[h], pue)]
+            options.append(allowed)
+            costs.append(row)
+            at_risk.append(risk)
+            # A restart empties L1: charged what the largest cache saves in the hour over half a 10-minute refill.
+            best_no_cache = min((c for o, c in zip(allowed, row) if o.size_index == 0), default=0.0)
+            best_cache = min((c for o, c in zip(allowed, row) if o.size_index > 0), default=best_no_cache)
+            restart_g.append(max(0.0, best_no_cache - best_cache) * 0.5 * 600.0 / 3600.0 + SWITCH_G)
+        model = PoolModel(pool.name, n_engines, sizes, clocks, caps, options, costs, restart_g,
+                          wake_g if sleeps else 0.0, sleeps, plan_load, mean, upper, ci, at_risk)
+        model.in_force = self._in_force(inputs, pool, model)
+        model.restarts_done = max(0, int(inputs.dram_restarts_last_day.get(pool.name, 0)))
+        return model
+
+    @staticmethod
+    def _hour_cost(inputs: PlanningInputs, pool: common_pb2.Pool, cap: Capability, n: int, n_engines: int,
+                   mean_load: float, rest_w: float, size: int, ci: float, pue: float) -> float:
+        rate = mean_load / n
+        loaded_w = cap.idle_power_w + cap.energy_per_request_at_j(rate) * rate
+        energy_kwh = (n * loaded_w + (n_engines - n) * rest_w) * 3600.0 / 3.6e6
+        storage = n_engines * carbon.cache_tiers_embodied_g(dram_bytes=size, disk_bytes=0, duration_s=3600.0,
+                                                            params=inputs.params)
+        return carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=pue) + storage
+
+    @staticmethod
+    def _in_force(inputs: PlanningInputs, pool: common_pb2.Pool, m: PoolModel) -> Option | None:
+        """The option the plan in force runs now (its first interval), matched to the nearest candidate."""
+        interval = inputs.current_interval(0)
+        if interval is None:
+            return None
+        weights = [w for w in interval.routing_weights if w.pool == pool.name]
+        loaded = sum(1 for w in weights if w.weight > 0) or m.n_engines
+        dram = inputs.cache_sizes.get(pool.name, (None, 0))[0]
+        if dram is None:
+            dram = next((t.dram_bytes for t in interval.cache_targets if t.pool == pool.name), m.sizes[-1])
+        ki = min(range(len(m.sizes)), key=lambda i: abs(m.sizes[i] - dram))
+        if m.sizes[ki] != dram:
+            ki = -1  # a size that is no candidate: any size is a restart
+        power = next((g for g in interval.gpu_power if g.pool == pool.name), None)
+        f = power.sm_clock_fraction if power is not None and power.sm_clock_fraction > 0 else 1.0
+        fi = min(range(len(m.clocks)), key=lambda i: abs(m.clocks[i] - f))
+        return Option(min(loaded, m.n_engines), ki, fi)
+
+    # -- the MILP -------------------------------------------------------------------------------------------------
+    def solve_pool(self, m: PoolModel) -> tuple[list[Option], str]:
+        """The option per hour minimising carbon plus change costs (see the module docstring), by HiGHS."""
+        hours = len(m.options)
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("time_limit", self.time_limit_s)
+        h.setOptionValue("threads", 1)
+        inf = highspy.kHighsInf
+        x_index: list[list[int]] = []
+        col = 0
+        costs, lower, upper, integrality = [], [], [], []
+
+        def add(cost: float, hi: float, integer: bool) -> int:
+            nonlocal col
+            costs.append(cost)
+            lower.append(0.0)
+            upper.append(hi)
+            integrality.append(highspy.HighsVarType.kInteger if integer else highspy.HighsVarType.kContinuous)
+            col += 1
+            return col - 1
+
+        for t in range(hours):
+            x_index.append([add(c, 1.0, True) for c in m.cost_g[t]])
+        r = [add(m.restart_g[t], 1.0, False) for t in range(hours)]
+        c = [add(SWITCH_G, 1.0, False) for t in range(hours)]
+        w = [add(m.wake_g + SWITCH_G, m.n_engines, False) for t in range(hours)]
+        s = [add(SWITCH_G, m.n_engines, False) for t in range(hours)]
+        rows: list[tuple[list[int], list[float], float, float]] = []
+        for t in range(hours):
+            rows.append((x_index[t], [1.0] * len(x_index[t]), 1.0, 1.0))
+
+        def level(t: int, pred) -> tuple[list[int], list[float], float]:
+            """Columns and coefficients of sum_{o: pred(o)} x[t,o] (or its constant for the state in force)."""
+            if t >= 0:
+                idx = [x_index[t][j] for j, o in enumerate(m.options[t]) if pred(o)]
+                return idx, [1.0] * len(idx), 0.0
+            return [], [], 1.0 if m.in_force is not None and pred(m.in_force) else 0.0
+
+        def engines(t: int) -> tuple[list[int], list[float], float]:
+            if t >= 0:
+                return x_index[t], [float(o.engines) for o in m.options[t]], 0.0
+            return [], [], float(m.in_force.engines) if m.in_force is not None else float(m.n_engines)
+
+        for t in range(hours):
+            if t == 0 and m.in_force is None:
+                continue  # nothing in force: the first hour changes nothing
+            for attr, values, var in (("size_index", range(len(m.sizes)), r), ("clock_index", range(len(m.clocks)), c)):
+                for v in values:
+                    now_i, now_c, _ = level(t, lambda o, a=attr, v=v: getattr(o, a) == v)
+                    prev_i, prev_c, prev_k = level(t - 1, lambda o, a=attr, v=v: getattr(o, a) == v)
+                    # var[t] - now + prev >= 0  (prev may be a constant)
+                    rows.append(([var[t], *now_i, *prev_i], [1.0, *[-x for x in now_c], *prev_c], -prev_k, inf))
+            now_i, now_c, _ = engines(t)
+            prev_i, prev_c, prev_k = engines(t - 1)
+            rows.append(([w[t], *now_i, *prev_i], [1.0, *[-x for x in now_c], *prev_c], -prev_k, inf))
+            rows.append(([s[t], *now_i, *prev_i], [1.0, *now_c, *[-x for x in prev_c]], prev_k, inf))
+        # At most max_restarts_per_day in any day: in the first 24 h of the horizon those already made in the day
+        # before it count; each further day of the horizon has its own budget.
+        for day_start in range(0, hours, 24):
+            cols = r[day_start:day_start + 24]
+            budget = max(0, self.max_restarts_per_day - (m.restarts_done if day_start == 0 else 0))
+            rows.append((cols, [1.0] * len(cols), -inf, float(budget)))
+        h.addVars(col, np.array(lower), np.array(upper))
+        h.changeColsCost(col, np.arange(col, dtype=np.int32), np.array(costs))
+        h.changeColsIntegrality(col, np.arange(col, dtype=np.int32), np.array(integrality))
+        for idx, vals, lo, hi in rows:
+            h.addRow(lo, hi, len(idx), np.array(idx, dtype=np.int32), np.array(vals))
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
+        if status not in ("Optimal", "Time limit reached") or h.getInfo().primal_solution_status != 2:
+            # Infeasible (the restart budget cannot be kept): the cheapest option of each hour.
+            return [m.options[t][int(np.argmin(m.cost_g[t]))] for t in range(hours)], status
+        values = h.getSolution().col_value
+        return [m.options[t][int(np.argmax([values[i] for i in x_index[t]]))] for t in range(hours)], status
+
+    # -- the answer -----------------------------------------------------------------------------------------------
+    def solve_knobs(self, inputs: PlanningInputs) -> dict[str, KnobPlan]:
+        started = time.perf_counter()
+        hours = inputs.horizon_hours
+        routing: list[list[common_pb2.RoutingWeight]] = [[] for _ in range(hours)]
+        caches: list[list[common_pb2.CacheTarget]] = [[] for _ in range(hours)]
+        runs: list[list[common_pb2.EngineRunTarget]] = [[] for _ in range(hours)]
+        power: list[list[common_pb2.GpuPowerTarget]] = [[] for _ in range(hours)]
+        figures: list[dict[str, PoolFigures]] = [{} for _ in range(hours)]
+        capabilities = [dict(inputs.capabilities_at(t)) for t in range(hours)]
+        lines: list[str] = []
+        statuses: list[str] = []
+        model_s = milp_s = 0.0
+        for pool in inputs.fleet.pools:
+            t0 = time.perf_counter()
+            m = self.pool_model(inputs, pool)
+            model_s += time.perf_counter() - t0
+            if m is None:
+                continue
+            t0 = time.perf_counter()
+            picks, status = self.solve_pool(m)
+            milp_s += time.perf_counter() - t0
+            statuses.append(status)
+            top_mhz = max_sm_clock_mhz(engine_hardware(pool.engines[0], inputs.fleet) or "A100")
+            engine_ids = sorted(e.id for e in pool.engines)
+            for t, o in enumerate(picks):
+                cap = m.capabilities[(o.size_index, o.clock_index)]
+                loaded = engine_ids[:o.engines]
+                share = 1.0 / o.engines
+                routing[t].extend(common_pb2.RoutingWeight(pool=pool.name, engine_id=eid,
+                                                           weight=round(share if eid in loaded else 0.0, 6))
+                                  for eid in engine_ids)
+                dram_now, disk_now = inputs.cache_sizes.get(pool.name, (0, 0))
+                caches[t].append(common_pb2.CacheTarget(pool=pool.name, dram_bytes=m.sizes[o.size_index]
+                                                        if pool.max_cache_dram_bytes > 0 else dram_now,
+                                                        disk_bytes=disk_now))
+                if m.sleeps:
+                    runs[t].extend(common_pb2.EngineRunTarget(
+                        pool=pool.name, engine_id=eid,
+                        state=common_pb2.ENGINE_RUN_STATE_AWAKE if eid in loaded
+                        else common_pb2.ENGINE_RUN_STATE_SLEEPING) for eid in engine_ids)
+                f = m.clocks[o.clock_index]
+                power[t].append(common_pb2.GpuPowerTarget(
+                    pool=pool.name, sm_clock_fraction=f,
+                    max_sm_clock_mhz=0 if f >= 1.0 else int(round(top_mhz * f))))
+                rate = m.mean_load[t] / o.engines
+                attained = cap.attainment(rate, max(pool.slo.attainment_fraction, self.floor))
+                figures[t][pool.name] = PoolFigures(
+                    m.mean_load[t], o.engines * cap.capacity_requests_per_s, attained,
+                    {eid: (rate if eid in loaded else 0.0) for eid in engine_ids})
+                figures[t][pool.name].attainment_at_upper_fraction = cap.attainment(
+                    m.upper_load[t] / o.engines, max(pool.slo.attainment_fraction, self.floor))
+                figures[t][pool.name].engines_awake = o.engines if m.sleeps else m.n_engines
+                for eid in engine_ids:
+                    capabilities[t][eid] = cap
+            lines.extend(self._explain(pool, m, picks))
+        detail = (f"{len(statuses)} pool(s) x {hours} h, one MILP per pool (HiGHS: "
+                  f"{', '.join(sorted(set(statuses))) or 'nothing to solve'}); model {model_s:.2f} s, "
+                  f"MILP {milp_s:.3f} s, total {time.perf_counter() - started:.2f} s")
+        base = dict(detail=detail)
+        return {
+            "routing_weights": KnobPlan(routing, explanation=lines, pool_figures=figures, capabilities=capabilities,
+                                        **base),
+            "cache_targets": KnobPlan(caches, **base),
+            "engine_runs": KnobPlan(runs, **base),
+            "gpu_power": KnobPlan(power, **base),
+        }
+
+    def _explain(self, pool: common_pb2.Pool, m: PoolModel, picks: list[Option]) -> list[str]:
+        o = picks[0]
+        cap = m.capabilities[(o.size_index, o.clock_index)]
+        restarts = sum(1 for a, b in zip(picks, picks[1:]) if a.size_index != b.size_index)
+        risk = [t for t, r in enumerate(m.at_risk) if r]
+        text = (f"pool {pool.name}: hour 0 runs {o.engines} of {m.n_engines} engines with "
+                f"{m.sizes[o.size_index] / (1 << 30):.0f} GiB DRAM each at SM clock {m.clocks[o.clock_index]:.0%}: "
+                f"{cap.capacity_requests_per_s:.2f} req/s per engine at attainment "
+                f"{max(pool.slo.attainment_fraction, self.floor):.2f} ({cap.source}), planned for "
+                f"{m.plan_load[0]:.2f} req/s (forecast {m.mean_load[0]:.2f}, upper {m.upper_load[0]:.2f}) within "
+                f"{self.headroom:.0%} headroom; CI {m.ci[0]:.0f} g/kWh, {m.cost_g[0][m.options[0].index(o)]:.0f} g "
+                f"expected for the hour; {restarts} DRAM restart(s) over {len(picks)} h")
+        lines = [text]
+        if risk:
+            lines.append(f"pool {pool.name}: no option carries the planning load in {len(risk)} hour(s) "
+                         f"(first: hour {risk[0]}); every engine, the largest cache and the full clock run there and "
+                         f"the SLO is at risk")
+        return lines
