@@ -29,11 +29,15 @@ class RouterEngines:
         return router_pb2_grpc.RouterServiceStub(self._channel)
 
     async def engines_by_mig_uuid(self) -> dict[str, list[str]]:
+        return {uuid: [engine_id for engine_id, _ in engines] for uuid, engines in (await self.mig_engines()).items()}
+
+    async def mig_engines(self) -> dict[str, list[tuple[str, str]]]:
+        """MIG UUID -> (id, URL) of each engine the router knows on it."""
         reply = await self._stub().ListEngines(router_pb2.ListEnginesRequest(), timeout=5.0)
-        out: dict[str, list[str]] = {}
+        out: dict[str, list[tuple[str, str]]] = {}
         for status in reply.engines:
             if status.engine.mig_uuid:
-                out.setdefault(status.engine.mig_uuid, []).append(status.engine.id)
+                out.setdefault(status.engine.mig_uuid, []).append((status.engine.id, status.engine.url))
         return out
 
     async def undrained_engines(self, mig_uuids: Sequence[str]) -> list[tuple[str, str]]:

@@ -170,13 +170,13 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
         self.energy = energy
         self.router = router
         self.backend_note = backend_note
-        self._engines: dict[str, list[str]] = {}  # last good ListEngines answer
+        self._engines: dict[str, list[tuple[str, str]]] = {}  # last good ListEngines answer: (id, URL) per MIG UUID
 
-    async def _engine_map(self) -> dict[str, list[str]]:
+    async def _engine_map(self) -> dict[str, list[tuple[str, str]]]:
         if self.router is None:
             return self._engines
         try:
-            self._engines = await asyncio.wait_for(self.router.engines_by_mig_uuid(), timeout=2.0)
+            self._engines = await asyncio.wait_for(self.router.mig_engines(), timeout=2.0)
         except Exception as exc:  # noqa: BLE001 - keep the last good answer
             log.info("router ListEngines failed; inventory uses the last known engines", extra={"error": str(exc)})
         return self._engines
@@ -197,11 +197,14 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
                 name=gpu.name, memory_bytes=gpu.memory_bytes, mig_enabled=gpu.mig_enabled, node=node,
             )
             for inst in gpu.instances:
-                on_instance = engines.get(inst.uuid, [])  # one id each; engine_id: the first, for old readers
+                # one id each (engine_id: the first, for old readers), and the URL of each the router has one for
+                on_instance = [engine_id for engine_id, _ in engines.get(inst.uuid, [])]
                 msg.instances.append(common_pb2.MigInstance(
                     uuid=inst.uuid, profile=inst.profile, placement_start=inst.start, placement_size=inst.size,
                     gpu_instance_id=inst.gpu_instance_id, memory_bytes=inst.memory_bytes,
                     engine_ids=on_instance, engine_id=on_instance[0] if on_instance else "",
+                    engine_urls={engine_id: url for engine_id, url in engines.get(inst.uuid, [])
+                                 if url.startswith(("http://", "https://"))},
                     kubernetes_resource=geo.profile(inst.profile).kubernetes_resource
                     if geo is not None and geo.has_profile(inst.profile) else "",
                 ))

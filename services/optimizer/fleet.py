@@ -269,9 +269,14 @@ def _instance_engines(path: str, inst: common_pb2.MigInstance) -> None:
         if inst.engine_id and inst.engine_id != inst.engine_ids[0]:
             raise InvalidArgument(f"{path}.engine_id", f"must be empty or engine_ids[0] ({inst.engine_ids[0]!r}), "
                                   f"got {inst.engine_id[:64]!r}")
-        return
-    for engine_id in inst.engine_id.split(",") if inst.engine_id else ():  # an old sender's engines on it
-        _name(f"{path}.engine_id", engine_id)
+    else:
+        for engine_id in inst.engine_id.split(",") if inst.engine_id else ():  # an old sender's engines on it
+            _name(f"{path}.engine_id", engine_id)
+    ids = set(instance_engine_ids(inst))
+    for engine_id, url in inst.engine_urls.items():  # each an engine of the instance, an http(s) URL
+        if engine_id not in ids:
+            raise InvalidArgument(f"{path}.engine_urls", f"{engine_id[:64]!r} is not an engine of the instance")
+        _url(f"{path}.engine_urls[{engine_id}]", url)
 
 
 def validate_gpu_report(request: optimizer_pb2.ReportGpusRequest) -> None:
@@ -334,7 +339,8 @@ def merge_fleet(declared: common_pb2.FleetInventory,
                 if engine_id not in known:
                     known.add(engine_id)
                     pool.engines.add(id=engine_id, pool=pool.name, model=pool.model, gpu_uuid=gpu.uuid,
-                                     mig_uuid=inst.uuid, hardware=f"{gpu_hardware(gpu)}-MIG-{inst.profile}")
+                                     mig_uuid=inst.uuid, hardware=f"{gpu_hardware(gpu)}-MIG-{inst.profile}",
+                                     url=inst.engine_urls.get(engine_id, ""))
     return merged
 
 

@@ -63,6 +63,7 @@ def harness(request: pytest.FixtureRequest, db: Database) -> Harness:
 @dataclass
 class FakeRouterState:
     engines: dict[str, str] = field(default_factory=dict)  # engine id -> MIG uuid
+    urls: dict[str, str] = field(default_factory=dict)  # engine id -> URL (none: the engine has no URL)
     busy: set[str] = field(default_factory=set)
     drained: set[str] = field(default_factory=set)
     calls: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
@@ -83,7 +84,8 @@ class InTestRouter(router_pb2_grpc.RouterServiceServicer):
             return common_pb2.ENGINE_STATE_HEALTHY
 
         return router_pb2.ListEnginesResponse(engines=[
-            router_pb2.EngineStatus(engine=common_pb2.Engine(id=eid, mig_uuid=mig, state=state(eid)))
+            router_pb2.EngineStatus(engine=common_pb2.Engine(id=eid, mig_uuid=mig, state=state(eid),
+                                                             url=self.state.urls.get(eid, "")))
             for eid, mig in sorted(self.state.engines.items())
         ])
 
