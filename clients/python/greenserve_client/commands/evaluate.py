@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="forecaster model (auto, seasonal_naive, ...) or 'oracle' (the actual values)")
     parser.add_argument("--hours", type=int, default=24, help="hours of the day to replay (1..24)")
     parser.add_argument("--window-s", type=float, default=600.0, help="seconds of traffic replayed per hour (60..3600)")
+    parser.add_argument("--actual-load-scale", type=float, default=1.0,
+                        help="stress: replay each hour's load at this multiple of the day's (0.1..5) while forecasts "
+                             "and plans see the day as it is; 1.3 is a load 30 %% above its forecast")
     parser.add_argument("--workers", type=int, default=0, help="processes (default: one per usable core)")
     parser.add_argument("--out", type=Path, default=Path("evaluation-report"), help="report folder")
     parser.add_argument("--ray-address", help="run the days on a Ray cluster instead of local processes: the cluster's "
@@ -71,6 +74,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--forecast: unknown model {ns.forecast!r}; known: oracle, {', '.join(MODELS)}")
     if not 1 <= ns.hours <= 24:
         parser.error("--hours: must be in 1..24")
+    if not 0.1 <= ns.actual_load_scale <= 5.0:
+        parser.error(f"--actual-load-scale: must be in [0.1, 5], got {ns.actual_load_scale:g}")
     if not 60 <= ns.window_s <= 3600:
         parser.error("--window-s: must be in 60..3600")
     if ns.workers < 0:
@@ -112,6 +117,7 @@ def main(argv: list[str]) -> int:
         try:
             result = run.evaluate(series, day_start_s=int(day.timestamp()), strategies=strategies, scenario=chosen,
                                   forecast_model=ns.forecast, window_s=ns.window_s, hours=ns.hours,
+                                  actual_load_scale=ns.actual_load_scale,
                                   workers=ns.workers or None, ray_address=ns.ray_address, headlines=ns.headlines,
                                   progress=lambda region, strategy: (bar.set_postfix_str(f"{region}/{strategy}"),
                                                                      bar.update(1)))
