@@ -28,7 +28,7 @@ from greenserve.common.ci_units import add_ci_unit_flag
 from greenserve.common.cli_parser import Parser
 from greenserve.common.client import ChannelConfig, check_health, create_channel
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, DependencyAddresses
-from greenserve_client import supervisor
+from greenserve_client import rpc_errors, supervisor
 from greenserve_client.services import SERVICES
 
 
@@ -93,7 +93,8 @@ async def _check(ns: argparse.Namespace, info_name: str, grpc_service: str, addr
         return {"service": info_name, "address": address, "status": state, "detail": ""}
     except grpc.aio.AioRpcError as exc:
         status = "UNREACHABLE" if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else exc.code().name
-        return {"service": info_name, "address": address, "status": status, "detail": exc.details() or ""}
+        detail = rpc_errors.reason(exc.details() or "") if rpc_errors.unreachable(exc) else exc.details() or ""
+        return {"service": info_name, "address": address, "status": status, "detail": detail}
     finally:
         await channel.close()
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
 from greenserve.optimizer.solvers import mig_patterns as mp
@@ -116,7 +117,8 @@ class MigVariantsSolver:
                 layouts, new_states = to_layouts(setup, problem, solution)
                 hours[h].update(layouts)
                 if h == 0 or solution.restarts or problem.notes:
-                    lines.append(explain_line(pool.name, h, problem, solution, previous))
+                    lines.append(explain_line(pool.name, h, problem, solution, previous, PoolLoad(
+                        fc.mean[h] if fc else 0.0, load, self.load_bound, setup.fixed_capacity_rps, base_ci)))
                 lines.extend(problem.notes)
                 states = new_states
                 previous_graph = graph_of(problem, solution)
@@ -163,7 +165,20 @@ def order_key(inputs: PlanningInputs, uuid: str) -> int:
     return len(inputs.fleet.gpus)
 
 
-def explain_line(pool: str, hour: int, problem: Problem, solution: Solution, previous: Solution | None) -> str:
+@dataclass(frozen=True)
+class PoolLoad:
+    """What an hour's MIG line says of the pool beside the MIG problem: its load (the forecast's mean, and the bound
+    planned for), the load its engines on other GPUs carry first, and the CI BASE is priced at."""
+
+    mean_rps: float
+    planned_rps: float
+    bound: str  # "upper" or "mean": which of the forecast's figures ``planned_rps`` is
+    fixed_capacity_rps: float
+    base_ci: float
+
+
+def explain_line(pool: str, hour: int, problem: Problem, solution: Solution, previous: Solution | None,
+                 load: PoolLoad | None = None) -> str:
     parts = []
     for gi, group in enumerate(problem.groups):
         used = sorted(((p, n) for (g, p), n in solution.counts.items() if g == gi), key=lambda t: -t[1])
@@ -176,7 +191,21 @@ def explain_line(pool: str, hour: int, problem: Problem, solution: Solution, pre
     sources = sorted({o.source for o in problem.options.values()})
     change = (f"; {solution.restarts} engine(s) restarted, change cost {solution.change_g:.1f} g"
               if solution.restarts else "; no engine restarted")
-    return (f"pool {pool}, hour {hour}: {'; '.join(parts)}; CI {problem.ci_g_per_kwh:.0f} g/kWh, load "
-            f"{solution.served_rps:.2f} req/s: carbon {solution.d_carbon:+.1f} % vs BASE, accuracy "
-            f"{solution.d_accuracy:+.2f} % (objective {solution.f:.2f}, lambda {problem.weight:g}){change}; "
-            f"{solution.status}; capacities {', '.join(sources)}")
+    if load is None:
+        served = f"load {solution.served_rps:.2f} req/s"
+    else:  # the pool's load first: the MIG GPUs take what its other engines leave (0 when they carry it all)
+        served = (f"pool load {load.mean_rps:.2f} req/s (planned for {load.planned_rps:.2f}, the forecast's "
+                  f"{load.bound}), {solution.served_rps:.2f} req/s of it on the MIG GPUs"
+                  + (f" (the pool's other engines carry up to {load.fixed_capacity_rps:.2f} req/s first)"
+                     if load.fixed_capacity_rps > 0 else ""))
+    base = (f" at the horizon's mean CI {load.base_ci:.0f} g/kWh" if load is not None else "")
+    return (f"pool {pool}, hour {hour}: {'; '.join(parts)}; CI {problem.ci_g_per_kwh:.0f} g/kWh, {served}: "
+            f"MIG GPUs {_grams(solution.carbon_g)}/h vs BASE {_grams(problem.base_carbon_g)}/h{base}, carbon "
+            f"{solution.d_carbon:+.1f} % vs BASE, accuracy {solution.d_accuracy:+.2f} % (objective "
+            f"{solution.f:.2f}, lambda {problem.weight:g}){change}; {solution.status}; capacities "
+            f"{', '.join(sources)}")
+
+
+def _grams(g: float) -> str:
+    """Grams to three significant digits (4.47 g, 0.00342 g: never 0.0 g for a small figure)."""
+    return f"{g:.0f} g" if abs(g) >= 100 else f"{g:.3g} g"
