@@ -121,6 +121,9 @@ def cmd_status(ns: argparse.Namespace) -> int:
         print(json.dumps({"services": rows}))
     else:
         print_table(rows, ["service", "address", "status", "detail"])
+        if any(r["status"] == "UNREACHABLE" for r in rows):
+            print("`greenserve up` starts the six services; --<service>-addr or GREENSERVE_<SERVICE>_ADDR gives "
+                  "another address", file=sys.stderr)
     return 0 if all(r["status"] == "SERVING" for r in rows) else 1
 
 

@@ -216,7 +216,7 @@ def cmd_set(ns: argparse.Namespace) -> int:
     try:
         reply = asyncio.run(optimizer_client.call(ns, "SetFleet", optimizer_pb2.SetFleetRequest(fleet=fleet)))
     except grpc.aio.AioRpcError as exc:
-        return optimizer_client.rpc_error(f"{PROG} set", exc)
+        return optimizer_client.rpc_error(f"{PROG} set", exc, ns)
     merged = reply.fleet  # type: ignore[attr-defined]
     if ns.json:
         print(strict_json.dumps({"fleet": _as_dict(merged)}))
@@ -232,7 +232,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
     try:
         reply = asyncio.run(optimizer_client.call(ns, "GetFleet", optimizer_pb2.GetFleetRequest()))
     except grpc.aio.AioRpcError as exc:
-        return optimizer_client.rpc_error(f"{PROG} show", exc)
+        return optimizer_client.rpc_error(f"{PROG} show", exc, ns)
     updated = reply.updated_at.ToJsonString() if reply.HasField("updated_at") else ""  # type: ignore[attr-defined]
     if ns.json:
         print(strict_json.dumps({"fleet": _as_dict(reply.fleet), "updated_at": updated or None}))  # type: ignore[attr-defined]

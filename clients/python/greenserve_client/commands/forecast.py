@@ -225,8 +225,9 @@ def _remote(ns: argparse.Namespace) -> int:
     try:
         out = asyncio.run(action(ns))
     except grpc.aio.AioRpcError as exc:
-        print(f"greenserve forecast {ns.action}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+        from greenserve_client import rpc_errors
+
+        return rpc_errors.report(f"greenserve forecast {ns.action}", exc, "forecaster", ns.addr, "--addr")
     except (OSError, ValueError) as exc:
         print(f"greenserve forecast {ns.action}: error: {exc}", file=sys.stderr)
         return 2

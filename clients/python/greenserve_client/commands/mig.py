@@ -32,6 +32,7 @@ from greenserve.gpu_partitioner import geometry as geometry_mod
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError
 
+from greenserve_client import rpc_errors
 from greenserve_client.cli import _add_connection_flags, _channel_config, print_table
 
 MODELS = geometry_mod.MODEL_NAMES
@@ -151,9 +152,9 @@ async def _call(ns: argparse.Namespace, method: str, request: object) -> object:
         await channel.close()
 
 
-def _rpc_error(exc: grpc.aio.AioRpcError) -> int:
-    print(f"greenserve mig: {exc.code().name}: {exc.details()}", file=sys.stderr)
-    return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+def _rpc_error(exc: grpc.aio.AioRpcError, ns: argparse.Namespace) -> int:
+    return rpc_errors.report(f"greenserve mig {ns.action}", exc, "gpu-partitioner", _address(ns),
+                             "--gpu-partitioner-addr")
 
 
 def cmd_show(ns: argparse.Namespace) -> int:
@@ -163,7 +164,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
     try:
         reply = asyncio.run(_call(ns, "GetInventory", gpu_partitioner_pb2.GetInventoryRequest()))
     except grpc.aio.AioRpcError as exc:
-        return _rpc_error(exc)
+        return _rpc_error(exc, ns)
     assert isinstance(reply, gpu_partitioner_pb2.GetInventoryResponse)
     if ns.json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True)))
@@ -211,7 +212,7 @@ def cmd_apply(ns: argparse.Namespace) -> int:
                                                          drain_timeout_s=ns.drain_timeout_s)
         reply = asyncio.run(_call(ns, "ApplyLayout", request))
     except grpc.aio.AioRpcError as exc:
-        return _rpc_error(exc)
+        return _rpc_error(exc, ns)
     assert isinstance(reply, gpu_partitioner_pb2.ApplyLayoutResponse)
     record = reply.record
     if ns.json:

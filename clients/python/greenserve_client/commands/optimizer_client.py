@@ -9,6 +9,7 @@ import sys
 import grpc
 
 from greenserve.common.config import DependencyAddresses
+from greenserve_client import rpc_errors
 from greenserve_client.cli import _add_connection_flags, _channel_config
 
 
@@ -40,9 +41,10 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
-def rpc_error(prog: str, exc: grpc.aio.AioRpcError) -> int:
-    print(f"{prog}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-    return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+def rpc_error(prog: str, exc: grpc.aio.AioRpcError, ns: argparse.Namespace | None = None) -> int:
+    """One line on stderr; an optimizer that cannot be reached is named with its address (from ``ns``)."""
+    return rpc_errors.report(prog, exc, "optimizer", address(ns) if ns is not None else "its address",
+                             "--optimizer-addr")
 
 
 def check_timeout(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:

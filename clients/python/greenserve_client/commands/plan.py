@@ -520,7 +520,7 @@ def main(argv: list[str]) -> int:
     try:
         return int(COMMANDS[ns.action](ns))
     except grpc.aio.AioRpcError as exc:
-        return optimizer_client.rpc_error(f"{PROG} {ns.action}", exc)
+        return optimizer_client.rpc_error(f"{PROG} {ns.action}", exc, ns)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from greenserve.common import strict_json
 from greenserve.common.cli_parser import Parser
 from greenserve.common.config import DependencyAddresses
 
+from greenserve_client import rpc_errors
 from greenserve_client.cli import _add_connection_flags, _channel_config, print_table
 
 GIB = 1 << 30
@@ -152,15 +153,19 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _rpc_error(exc: grpc.aio.AioRpcError) -> int:
-    print(f"{PROG}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-    return 2 if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) else 1
+def _rpc_error(exc: grpc.aio.AioRpcError, ns: argparse.Namespace) -> int:
+    return rpc_errors.report(PROG, exc, "profiler", _address(ns), "--profiler-addr",
+                             (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND))
+
+
+def _address(ns: argparse.Namespace) -> str:
+    return ns.profiler_addr or DependencyAddresses().profiler_addr
 
 
 def _channel(ns: argparse.Namespace) -> grpc.aio.Channel:
     from greenserve.common.client import create_channel
 
-    return create_channel(_channel_config(ns, ns.profiler_addr or DependencyAddresses().profiler_addr))
+    return create_channel(_channel_config(ns, _address(ns)))
 
 
 def _dict(message: Any) -> dict[str, Any]:
@@ -239,7 +244,7 @@ async def _sweep(ns: argparse.Namespace, spec: Any) -> int:
                 print(line if tty else line.strip("\r ") + "\n", end="", file=sys.stderr, flush=True)
             print("", file=sys.stderr)
     except grpc.aio.AioRpcError as exc:
-        return _rpc_error(exc)
+        return _rpc_error(exc, ns)
     finally:
         await channel.close()
     state = profiler_pb2.SweepState.Name(sweep.state)
@@ -439,12 +444,12 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
                 reply = asyncio.run(_unary(ns, "PutProfile", profiler_pb2.PutProfileRequest(profile=profile)))
             except grpc.aio.AioRpcError as exc:
                 print(f"{PROG}: profiles[{i}] of {ns.file} (after {len(stored)} stored):", file=sys.stderr)
-                return _rpc_error(exc)
+                return _rpc_error(exc, ns)
             stored.append(f"{reply.profile.config_key}@{reply.profile.version}")
         print(strict_json.dumps({"stored": stored}) if ns.json else "\n".join(stored))
         return 0
     except grpc.aio.AioRpcError as exc:
-        return _rpc_error(exc)
+        return _rpc_error(exc, ns)
 
 
 if __name__ == "__main__":
