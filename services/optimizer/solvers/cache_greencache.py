@@ -381,9 +381,11 @@ class GreenCacheIlp:
             chosen = {m.pool: fallback_best_attainment(m) for m in models}
         current = inputs.current_interval(0)
         for m in models:
-            picks = chosen[m.pool]
             # The tier not sized keeps what is in force (a 0 would ask LMCache to drop it).
             dram_now, disk_now = inputs.cache_sizes.get(m.pool, (0, 0))
+            size_now = (disk_now if m.tier == "disk" else dram_now) if m.pool in inputs.cache_sizes else None
+            picks, kept_why = keep_unless_it_matters(m, chosen[m.pool], size_now, self.per_hour_slo)
+            chosen[m.pool] = picks
             for h, k in enumerate(picks):
                 size = m.sizes[k]
                 per_interval[h].append(common_pb2.CacheTarget(
@@ -400,16 +402,7 @@ class GreenCacheIlp:
                     old_size = old.disk_bytes if m.tier == "disk" else old.dram_bytes
                     if old_size != size0:
                         was = f", was {_size_text(old_size)}"
-            k0 = picks[0] if picks[0] > 0 else min(1, len(m.sizes) - 1)
-            storage_g = self._storage_g(m, m.sizes[k0], inputs)
-            saved_g = m.carbon_g[0][0] - (m.carbon_g[0][k0] - storage_g)
-            if picks[0] == 0:
-                why = (f"CI forecast {m.ci[0]:.0f} g/kWh, so the {m.tier} tier's embodied carbon "
-                       f"({storage_g:.1f} g/h for {_size_text(m.sizes[k0])}) outweighs the energy it would save "
-                       f"({saved_g:.1f} g/h) or the SLO holds without it")
-            else:
-                why = (f"CI forecast {m.ci[0]:.0f} g/kWh: it saves {saved_g:.1f} gCO2e/h of energy for "
-                       f"{storage_g:.1f} g/h of embodied carbon, or the SLO needs it")
+            why = kept_why or self._why(m, picks, size_now, inputs)
             lines.append(
                 f"pool {m.pool}: {m.tier} cache {_size_text(size0)}{was}: {why}; expected attainment "
                 f"{attainment(m, picks):.2f} (target {m.rho:.2f}); over {hours} h saves "
@@ -438,26 +431,91 @@ class GreenCacheIlp:
         return KnobPlan(per_interval, explanation=lines, detail=detail, capabilities=caps_per_interval)
 
 
+    def _why(self, m: PoolCacheModel, picks: list[int], size_now: int | None, inputs: PlanningInputs) -> str:
+        """The figures of hour 0 that decided: the chosen size's embodied carbon and energy against the size in
+        force (else against the next size up, or no cache), and over the horizon what the choice saves."""
+        k0 = picks[0]
+        k_now = m.sizes.index(size_now) if size_now in m.sizes else None
+        ref = k_now if k_now is not None and k_now != k0 else (min(1, len(m.sizes) - 1) if k0 == 0 else 0)
+
+        def figures(k: int) -> str:
+            storage = self._storage_g(m, m.sizes[k], inputs)
+            return (f"{_size_text(m.sizes[k])}: {_grams(storage)}/h embodied + {_grams(m.carbon_g[0][k] - storage)}"
+                    f"/h of energy")
+
+        why = f"CI forecast {m.ci[0]:.0f} g/kWh; {figures(k0)}" + ("" if ref == k0 else f", against {figures(ref)}")
+        a0, a_ref = min(m.ttft[0][k0], m.tpot[0][k0]), min(m.ttft[0][ref], m.tpot[0][ref])
+        if ref != k0 and abs(a0 - a_ref) > 0.005:
+            why += f"; hour 0 attainment {a0:.3f} against {a_ref:.3f}"
+        if k_now is not None and picks != [k_now] * len(picks):
+            gain = plan_cost(m, [k_now] * len(picks)) - plan_cost(m, picks)
+            why += (f"; over {len(picks)} h the sizes chosen emit {_grams(abs(gain))} "
+                    f"{'less' if gain >= 0 else 'more (the SLO needs them)'} than keeping {_size_text(size_now)}")
+        return why
+
     def _restart_text(self, m: PoolCacheModel, picks: list[int], unreachable: list[str]) -> str:
         """What the plan's L1 restarts cost, and what the plan would do if they were free."""
         if m.restart_g is None:
             return ""
         count, charge = restart_charge(m, picks)
-        text = (f"; {count} L1 resize(s), each a restart that empties L1: charged {charge:.1f} g (lost hits "
-                f"recomputed over a {self.restart_warmup_s:.0f} s refill)")
+        text = (f"; {count} L1 resize(s), each a restart that empties L1: charged "
+                + (f"{_grams(charge)} (lost hits recomputed over a {self.restart_warmup_s:.0f} s refill)" if count
+                   else "nothing"))
         if m.pool in unreachable:
             return text
         free = PoolCacheModel(m.pool, m.tier, m.sizes, m.requests, m.carbon_g, m.ttft, m.tpot, m.rho, m.source, m.ci)
         free_picks, status, _, _ = solve_ilp([free], per_hour_slo=self.per_hour_slo, time_limit_s=self.time_limit_s)
-        if status == "Optimal" and free_picks[m.pool] != picks:
+        saved = total_carbon(m, picks) - total_carbon(m, free_picks[m.pool]) if status == "Optimal" else 0.0
+        if saved > MIN_RESIZE_GAIN_FRACTION * total_carbon(m, picks):  # a difference that tells, not noise
             n_free, charge_free = restart_charge(m, free_picks[m.pool])
-            saved = total_carbon(m, picks) - total_carbon(m, free_picks[m.pool])
-            text += (f"; with free restarts the plan would resize {n_free} time(s), {saved:.1f} g less carbon "
-                     f"but {charge_free:.1f} g of restarts")
+            text += (f"; with free restarts the plan would resize {n_free} time(s), {_grams(saved)} less carbon "
+                     f"but {_grams(charge_free)} of restarts")
         return text
+
+
+# A resize must change the pool's modelled carbon over the horizon by more than this fraction (of keeping the size
+# in force), else the size in force is kept: below it the deciding figures are noise of the model (the demo's 1 GiB
+# L1 at 0.0015 g/h embodied against no energy saved), and each DRAM resize restarts LMCache and empties L1.
+MIN_RESIZE_GAIN_FRACTION = 1e-3
+
+
+def _grams(g: float) -> str:
+    """Grams to three significant digits (0.00147 g, not 0.0 g)."""
+    return f"{g:.0f} g" if abs(g) >= 100 else f"{g:.3g} g"
+
+
+def plan_cost(m: PoolCacheModel, picks: list[int]) -> float:
+    """What the ILP minimises for one pool: carbon plus the restart charges of the resizes."""
+    return total_carbon(m, picks) + restart_charge(m, picks)[1]
+
+
+def meets_slo(m: PoolCacheModel, picks: list[int], per_hour_slo: bool) -> bool:
+    if per_hour_slo:
+        return all(min(m.ttft[t][k], m.tpot[t][k]) >= m.rho - 1e-9 for t, k in enumerate(picks))
+    return attainment(m, picks) >= m.rho - 1e-9
+
+
+def keep_unless_it_matters(m: PoolCacheModel, picks: list[int], size_now: int | None,
+                           per_hour_slo: bool) -> tuple[list[int], str]:
+    """``picks``, or the size in force throughout when it meets the SLO and the picks would save no more than
+    ``MIN_RESIZE_GAIN_FRACTION`` of its carbon (then with the reason, figures included). Nothing changes when the
+    size in force is unknown or not a candidate size."""
+    if size_now is None or size_now not in m.sizes:
+        return picks, ""
+    keep = [m.sizes.index(size_now)] * len(picks)
+    if picks == keep or not meets_slo(m, keep, per_hour_slo):
+        return picks, ""
+    keep_g = plan_cost(m, keep)
+    gain = keep_g - plan_cost(m, picks)
+    if gain > MIN_RESIZE_GAIN_FRACTION * keep_g:
+        return picks, ""
+    return keep, (f"kept: the best resize ({_size_text(m.sizes[picks[0]])} in hour 0) would save {_grams(gain)} over "
+                  f"{len(picks)} h, {gain / keep_g if keep_g > 0 else 0:.2%} of the pool's {_grams(keep_g)} (a resize "
+                  f"needs over {MIN_RESIZE_GAIN_FRACTION:.1%}); CI forecast {m.ci[0]:.0f} g/kWh")
 
 
 def _pct(base: float, plan: float) -> str:
     if base <= 0:
         return "0 %"
-    return f"{(base - plan) / base:.1%}"
+    saved = (base - plan) / base
+    return f"{saved:.1%}" if abs(saved) >= 0.0005 or saved == 0 else f"{saved * 100:.2g} %"  # not "-0.0%"
