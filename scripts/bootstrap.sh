@@ -33,8 +33,9 @@ if command -v npm >/dev/null 2>&1; then
             log "npm ci in $dir"
             # A registry mirror may lack other platforms' optional packages (buf ships one per OS/CPU);
             # npm ci then refuses the lock file, and npm install resolves what this platform needs.
-            (cd "$REPO/$dir" && { npm ci --no-audit --no-fund --loglevel=error 2>/dev/null \
-                || npm install --no-save --no-audit --no-fund --loglevel=error; })
+            # Quiet: npm's "added N packages" summary goes to stdout, its errors still to stderr.
+            (cd "$REPO/$dir" && { npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 \
+                || npm install --no-save --no-audit --no-fund --loglevel=error >/dev/null; })
             touch "$REPO/$dir/node_modules"
         fi
     done
