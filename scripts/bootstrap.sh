@@ -22,8 +22,9 @@ stamp="$VENV/.greenserve-installed"
 want="$(sha256sum "$REPO/pyproject.toml" "$REPO/setup.py" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing greenserve and its dev dependencies"
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e "$REPO[dev]"
+    # -qq: errors only (a local wheel mirror makes pip warn once per package otherwise), as install-lmcache.sh
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check --upgrade pip
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e "$REPO[dev]"
     echo "$want" > "$stamp"
 fi
 
