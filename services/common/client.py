@@ -71,6 +71,10 @@ def service_config(max_attempts: int = 4) -> str:
     )
 
 
+#: Longest wait between two connection attempts of a channel to a peer that is down.
+RECONNECT_BACKOFF_MAX_MS = 10_000
+
+
 @dataclass(frozen=True)
 class ChannelConfig:
     """How to reach a service."""
@@ -135,6 +139,9 @@ def create_channel(config: ChannelConfig, *, options: Sequence[tuple[str, Any]] 
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
+        # A peer back from an outage is reached within 10 s: gRPC's default backoff grows to 120 s, and calls on a
+        # channel in backoff fail at once, so a restarted peer could stay unreachable for up to two minutes.
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
         *options,
     ]
     if config.server_name_override:

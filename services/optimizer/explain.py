@@ -34,8 +34,29 @@ def _share_text(shares: dict[str, float]) -> str:
     return ", ".join(parts) + (f"; {idle} engine(s) unweighted" if idle else "")
 
 
+def degraded_lines(inputs: PlanningInputs) -> list[str]:
+    """The first lines when forecasts were not fresh: the safe plan (a forecast older than the age a plan may use,
+    safe_plan.py) or the cached forecasts the plan was made on, each with its age."""
+    from greenserve.optimizer.inputs import EXPIRED  # local: inputs imports planning, which imports this module
+
+    series = [(f"ci:{k}", fc) for k, fc in sorted(inputs.ci.items())] + [
+        (f"load:{k}", fc) for k, fc in sorted(inputs.load.items())]
+    expired = [f"{label} {fc.stale_s / 3600:.1f} h old" for label, fc in series if fc.source == EXPIRED]
+    cached = [f"{label} {fc.stale_s / 60:.0f} min old" for label, fc in series if fc.source == "cache"]
+    lines = []
+    if expired:
+        lines.append("SAFE PLAN: the forecaster does not answer and the last forecasts of " + ", ".join(expired)
+                     + " are past the age a plan may use (--forecast-max-age-s): every engine awake and weighted "
+                     "equally, cache sizes, MIG layouts and serving modes kept as in force, until the forecaster "
+                     "answers again")
+    if cached:
+        lines.append("stale forecasts: the forecaster does not answer; planned on the last forecasts of "
+                     + ", ".join(cached))
+    return lines
+
+
 def explain(plan: common_pb2.Plan, inputs: PlanningInputs, results: dict[str, KnobPlan]) -> str:
-    lines: list[str] = []
+    lines: list[str] = degraded_lines(inputs)
     first = plan.intervals[0] if plan.intervals else None
     before = inputs.current_interval(0)
     prev = f"plan v{inputs.current.version}" if inputs.current is not None else "no plan"

@@ -1,10 +1,12 @@
 """Gathering the planning inputs once per computation: forecasts (forecaster), profiles (profiler, else the
 simulator's predictions), the fleet, carbon parameters.
 
-Degraded modes: when the forecaster does not answer, the last forecast of each series (kept in memory and in the
-``forecast_cache`` table) is used, aligned on its timestamps and marked stale in the plan, up to
-``forecast_max_age_s``; older than that the computation is refused with FAILED_PRECONDITION. When the profiler does
-not answer, every engine is planned on simulator predictions and the plan says so.
+Degraded modes: when the forecaster does not answer (down, or late past ``timeout_s``), the last forecast of each
+series (kept in memory and in the ``forecast_cache`` table) is used, aligned on its timestamps and marked stale in
+the plan (source "cache", its age), up to ``forecast_max_age_s``; older than that it is marked expired and the loop
+makes the safe plan instead (safe_plan.py). With no forecast cached at all the computation is refused with
+FAILED_PRECONDITION. When the profiler does not answer, every engine is planned on simulator predictions and the
+plan says so.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from greenserve.v1 import (
 log = logging.getLogger("greenserve.optimizer.inputs")
 
 MAX_HORIZON_STEPS = 168
+#: ``SeriesForecast.source`` of a cached forecast older than ``forecast_max_age_s``: the loop then makes the safe
+#: plan (safe_plan.py); "cache" is one within that age.
+EXPIRED = "expired"
+DEGRADED_SOURCES = ("cache", EXPIRED)
 GPU_FAMILY = {"A100": "A100", "H100": "H100", "H200": "H200", "L40": "L40", "T4": "T4", "V100": "V100"}
 # Served model names -> the simulator's model families (used when a pool names no variant with simulator_model).
 SIMULATOR_MODELS = (
@@ -150,13 +156,15 @@ class ForecastSource:
             raise FailedPrecondition(f"no forecast for {label} ({error}) and none cached: cannot plan")
         fetched_s, forecast = cached
         age_s = max(0.0, now_s - fetched_s)
-        if age_s > self.max_age_s:
-            raise FailedPrecondition(
-                f"forecast for {label} is {age_s / 3600:.1f} h old (max {self.max_age_s / 3600:.1f} h) and the "
-                f"forecaster does not answer ({error}): refusing to plan on it")
-        notes.append(f"forecast for {label} is stale: {age_s / 60:.0f} min old ({error})")
         fc = align(forecast, start_s, hours, model=forecast.model)
-        return _made(SeriesForecast(fc.mean, fc.lower, fc.upper, fc.model, stale_s=age_s, source="cache"), forecast)
+        if age_s > self.max_age_s:  # too old to plan on: the loop makes the safe plan (safe_plan.py)
+            notes.append(f"forecast for {label} is {age_s / 3600:.2f} h old, past the {self.max_age_s / 3600:.2f} h "
+                         f"a plan may use (--forecast-max-age-s), and the forecaster does not answer ({error})")
+            source = EXPIRED
+        else:
+            notes.append(f"forecast for {label} is stale: {age_s / 60:.0f} min old ({error})")
+            source = "cache"
+        return _made(SeriesForecast(fc.mean, fc.lower, fc.upper, fc.model, stale_s=age_s, source=source), forecast)
 
 
 def _made(fc: SeriesForecast, forecast: common_pb2.Forecast) -> SeriesForecast:

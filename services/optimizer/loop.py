@@ -2,9 +2,13 @@
 servicer calls.
 
 ``compute(trigger)`` gathers the inputs once (``inputs.gather``), runs the planner, stores the plan and activates it
-unless plans are held for approval. The CI monitor compares, every ``monitor_interval_s`` of the clock, the actual
+unless plans are held for approval. When a forecast the computation needs is older than ``forecast_max_age_s`` and
+the forecaster does not answer, it runs the safe planner instead (safe_plan.py: every engine awake and weighted
+equally, the rest kept as in force). The CI monitor compares, every ``monitor_interval_s`` of the clock, the actual
 CI of each region (GetCurrentCarbonIntensity) and a fresh forecast with what the plan in force assumed, and asks the
-scheduler for a new plan when one moved by more than ``ci_change_fraction``.
+scheduler for a new plan when one moved by more than ``ci_change_fraction``, debounced, with hysteresis and at most
+once per ``ci_change_cooldown_s`` per region and signal (triggers.py); and, once the forecaster answers again, when
+the plan in force was made on cached or expired forecasts (the loop converges back without an operator).
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import interval_at
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.optimizer import inputs as planning_inputs
+from greenserve.optimizer import safe_plan
 from greenserve.optimizer.fleet import FleetStore
 from greenserve.optimizer.plan_store import PlanStore
 from greenserve.optimizer.planning import Planner
 from greenserve.optimizer.scheduler import PlanScheduler, plan_start_s
 from greenserve.optimizer.solvers import default_solvers
+from greenserve.optimizer.triggers import ThresholdTrigger, relative_deviation
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, optimizer_pb2
 
 log = logging.getLogger("greenserve.optimizer.loop")
@@ -43,7 +49,8 @@ class OptimizerLoop:
                  ci_change_fraction: float = 0.05, monitor_interval_s: float = 900.0,
                  forecast_max_age_s: float = 6 * 3600.0, solver_timeout_s: float = 10.0,
                  ci_signal: int = common_pb2.CARBON_SIGNAL_DIRECT, solvers: list | None = None,
-                 slo_breach_cooldown_s: float = 900.0) -> None:
+                 slo_breach_cooldown_s: float = 900.0, forecast_timeout_s: float = 10.0,
+                 ci_change_confirm_checks: int = 2, ci_change_cooldown_s: float = 3600.0) -> None:
         self.db = db
         self.fleet = FleetStore(db)
         self.plans = PlanStore(db)
@@ -58,9 +65,12 @@ class OptimizerLoop:
         self.monitor_interval_s = monitor_interval_s
         self.slo_breach_cooldown_s = slo_breach_cooldown_s
         self.forecasts = planning_inputs.ForecastSource(db, forecaster, ci_signal=ci_signal,
-                                                        max_age_s=forecast_max_age_s)
+                                                        max_age_s=forecast_max_age_s, timeout_s=forecast_timeout_s)
         self.planner = Planner(solvers if solvers is not None else default_solvers(),
                                solver_timeout_s=solver_timeout_s)
+        self.safe_planner = safe_plan.safe_planner(self.planner)
+        self.ci_trigger = ThresholdTrigger(ci_change_fraction, confirm_checks=ci_change_confirm_checks,
+                                           cooldown_s=ci_change_cooldown_s)
         self.scheduler = PlanScheduler(self._scheduled_compute, lead_s=lead_s, debounce_s=debounce_s,
                                        enabled=schedule)
         self._monitor_task: asyncio.Task[None] | None = None
@@ -80,6 +90,7 @@ class OptimizerLoop:
         await self.scheduler.stop()
         await cancel_and_wait(self._monitor_task)
         self.planner.close()
+        self.safe_planner.close()
 
     # -- computing ------------------------------------------------------------------------------------
 
@@ -99,7 +110,12 @@ class OptimizerLoop:
             carbon_weight_fraction=carbon_weight_fraction, declared=self.fleet.declared,
             cache_manager=self.cache_manager,
             traffic_history=any(getattr(s, "wants_traffic_history", False) for s in self.planner.solvers))
-        result = await asyncio.to_thread(self.planner.plan, inputs, trigger=trigger, created_s=now)
+        expired = safe_plan.expired_series(inputs)
+        if expired:
+            log.warning("forecasts of %s older than %.0f s and the forecaster does not answer: safe plan",
+                        ", ".join(expired), self.forecasts.max_age_s)
+        planner = self.safe_planner if expired else self.planner
+        result = await asyncio.to_thread(planner.plan, inputs, trigger=trigger, created_s=now)
         plan = result.plan
         plan.forecasts.extend(planning_inputs.plan_forecasts(inputs, self.forecasts.ci_signal))
         if dry_run:
@@ -143,13 +159,13 @@ class OptimizerLoop:
             breached = True
         return breached and self.scheduler.trigger("slo_breach")
 
-    def ci_moved(self, assumed: float, actual: float) -> bool:
-        if assumed <= 0:
-            return actual > 0
-        return abs(actual - assumed) / assumed > self.ci_change_fraction
-
     async def check_ci(self) -> str | None:
-        """One look at actual and forecast CI against the plan in force; the trigger to fire, if any."""
+        """One look at actual and forecast CI against the plan in force; the trigger to fire, if any.
+
+        Every region of the interval in force is looked at (each look counts for its debounce, triggers.py):
+        ``ci_change`` when a region's actual CI moved from what the plan assumed, ``forecast`` when its fresh
+        forecast did, or when the plan in force was made on cached or expired forecasts and the forecaster answers
+        again."""
         plan = self.plans.active
         if plan is None or self.forecaster is None:
             return None
@@ -158,20 +174,26 @@ class OptimizerLoop:
         if interval is None:
             return None
         stub = forecaster_pb2_grpc.ForecasterServiceStub(self.forecaster)
+        degraded = [f for f in plan.forecasts if f.source in planning_inputs.DEGRADED_SOURCES]
+        region_of = {p.name: p.region for p in self.fleet.merged().pools}
+        regions: dict[str, str] = {}  # region -> the first pool of the interval in it
         for pool in interval.pools:
-            region = next((p.region for p in self.fleet.merged().pools if p.name == pool.pool), "")
-            if not region:
-                continue
+            if region_of.get(pool.pool):
+                regions.setdefault(region_of[pool.pool], pool.pool)
+        reason: str | None = None
+        for region, pool_name in sorted(regions.items()):
+            assumed_now = next(pp.ci_g_per_kwh for pp in interval.pools if pp.pool == pool_name)
             try:
                 reply = await stub.GetCurrentCarbonIntensity(
                     forecaster_pb2.GetCurrentCarbonIntensityRequest(region=region), timeout=5.0)
                 actual = reply.carbon_intensity.ci_g_per_kwh if reply.HasField("carbon_intensity") else None
             except grpc.aio.AioRpcError:
                 actual = None
-            if actual is not None and self.ci_moved(pool.ci_g_per_kwh, actual):
-                log.info("region %s: actual CI %.0f vs %.0f assumed by plan v%d", region, actual, pool.ci_g_per_kwh,
+            if actual is not None and self.ci_trigger.look(("actual", region), relative_deviation(assumed_now, actual),
+                                                           now):
+                log.info("region %s: actual CI %.0f vs %.0f assumed by plan v%d", region, actual, assumed_now,
                          plan.version)
-                return "ci_change"
+                reason = reason or "ci_change"
             ref = common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region,
                                        carbon_signal=self.forecasts.ci_signal, unit=common_pb2.UNIT_G_PER_KWH)
             remaining = len(plan.intervals) - idx
@@ -179,23 +201,33 @@ class OptimizerLoop:
                 fresh = await self.forecasts.get(ref, interval.start.ToSeconds(), remaining, now, [])
             except FailedPrecondition:
                 fresh = None
-            if fresh is None:
+            if fresh is None or fresh.source != "forecaster":  # a cached forecast is no news
                 continue
-            assumed = [next((pp.ci_g_per_kwh for pp in iv.pools if pp.pool == pool.pool), 0.0)
+            if degraded:
+                log.info("the forecaster answers again; plan v%d was made on %s forecasts: re-planning", plan.version,
+                         "/".join(sorted({f.source for f in degraded})))
+                reason = reason or "forecast"
+                continue
+            assumed = [next((pp.ci_g_per_kwh for pp in iv.pools if pp.pool == pool_name), 0.0)
                        for iv in plan.intervals[idx:]]
-            if assumed and self.ci_moved(sum(assumed) / len(assumed), sum(fresh.mean) / len(fresh.mean)):
-                return "forecast"
-        return None
+            if assumed and self.ci_trigger.look(("forecast", region), relative_deviation(
+                    sum(assumed) / len(assumed), sum(fresh.mean) / len(fresh.mean)), now):
+                reason = reason or "forecast"
+        return reason
+
+    async def monitor_once(self) -> str | None:
+        """One round of the CI monitor: look (``check_ci``) and ask the scheduler for a plan when it says so."""
+        reason = await self.check_ci()
+        if reason:
+            self.scheduler.trigger(reason)
+        return reason
 
     async def _monitor(self) -> None:
         while True:
             await clock().sleep(self.monitor_interval_s)
             try:
-                reason = await self.check_ci()
+                await self.monitor_once()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
                 log.warning("CI monitor: %s", exc)
-                continue
-            if reason:
-                self.scheduler.trigger(reason)

@@ -42,7 +42,15 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     ci_change_fraction: float = Field(0.05, gt=0, le=10, description="re-plan when CI moves more than this from the plan")
     ci_monitor_interval_s: float = Field(900.0, ge=0, le=86400, description="how often actual/forecast CI is checked (0: never)")
     forecast_max_age_s: float = Field(6 * 3600.0, gt=0, le=7 * 86400,
-                                      description="plan on cached forecasts up to this age while the forecaster is down")
+                                      description="plan on cached forecasts up to this age while the forecaster is "
+                                      "down; past it the plan is the safe plan (every engine awake and weighted "
+                                      "equally, cache, MIG and modes kept)")
+    forecast_timeout_s: float = Field(10.0, gt=0, le=600, description="a forecaster answering later than this is "
+                                      "down for the computation (its cached forecasts are used)")
+    ci_change_confirm_checks: int = Field(2, ge=1, le=100, description="a CI move beyond --ci-change-fraction (but "
+                                          "under twice it) re-plans once seen at this many consecutive looks")
+    ci_change_cooldown_s: float = Field(3600.0, ge=0, le=86400, description="at most one CI re-plan per region and "
+                                        "signal (actual, forecast) per this")
     solver_timeout_s: float = Field(10.0, gt=0, le=600, description="a solver taking longer leaves its knob as it is")
     ci_signal: str = Field("direct", pattern="^(direct|lifecycle)$", description="carbon signal of the CI series planned on")
     routing_headroom_fraction: float = Field(0.9, gt=0, le=1, description="share of an engine's SLO capacity the plan fills")
@@ -308,7 +316,8 @@ async def build(ctx: ServiceContext) -> list[Registration]:
                                 cache_kareto_ttl_max_s=settings.cache_kareto_ttl_max_s,
                                 mig=settings.mig_solver, mig_options=mig_options(settings),
                                 modes=settings.modes_solver),
-        slo_breach_cooldown_s=settings.slo_breach_cooldown_s,
+        slo_breach_cooldown_s=settings.slo_breach_cooldown_s, forecast_timeout_s=settings.forecast_timeout_s,
+        ci_change_confirm_checks=settings.ci_change_confirm_checks, ci_change_cooldown_s=settings.ci_change_cooldown_s,
     )
     await loop.start()
 

@@ -126,24 +126,34 @@ async def test_reported_gpus_merge_and_conflict(forecaster, optimizer) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fleet.gpus[0].node" in err.value.details()
 
 
-async def test_forecaster_down_plans_on_stale_forecasts_then_refuses(forecaster, optimizer) -> None:
+async def test_forecaster_down_plans_on_stale_forecasts_then_makes_the_safe_plan(forecaster, optimizer) -> None:
+    """Up to --forecast-max-age-s the plan is made on the cached forecasts, their age stated; past it (issue 36:
+    it was refused, leaving whatever the last plan did in force, e.g. engines unloaded on a low forecast) the
+    plan is the safe plan: every engine weighted equally, and the explanation opens with it."""
     running, stub, _ = await _setup(forecaster, optimizer, schedule_plans=False, forecast_max_age_s=3600)
     await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=FLEET))
     await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=3))
     await forecaster.server.stop(0)
     plan = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=3))).plan
     assert any("stale" in note for note in plan.input_notes) and "stale" in plan.explanation
-    # Older than the maximum age: refused.
+    assert {f.source for f in plan.forecasts} == {"cache"} and "SAFE PLAN" not in plan.explanation
+    # Older than the maximum age: the safe plan.
     from greenserve.common.clock import VirtualClock, set_clock
     import time
 
     previous = set_clock(VirtualClock(time.time() + 7200, 1.0))
     try:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=3))
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "old" in err.value.details()
+        safe = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=3))).plan
     finally:
         set_clock(previous)
+    assert safe.explanation.startswith("SAFE PLAN:"), safe.explanation
+    assert {f.source for f in safe.forecasts} == {"expired"} and all(f.stale_s > 3600 for f in safe.forecasts)
+    engines = {e.id for p in FLEET.pools for e in p.engines}
+    for interval in safe.intervals:
+        assert {w.engine_id for w in interval.routing_weights} == engines
+        assert len({w.weight for w in interval.routing_weights}) == 1
+    routing = next(o for o in safe.solver_outcomes if o.knob == "routing_weights")
+    assert routing.solver == "routing_weights.even"
     del running
 
 
