@@ -131,6 +131,7 @@ def cmd_up(ns: argparse.Namespace) -> int:
     ports = {info.name: getattr(ns, f"{info.name}_port") for info in SERVICES}
     fleet = supervisor.FleetOptions(
         engines=ns.engines,
+        engine=ns.engine,
         engine_profile=ns.engine_profile,
         engine_time_scale=ns.engine_time_scale,
         lmcache=ns.lmcache,
@@ -169,7 +170,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         print(f"greenserve demo: error: {exc}", file=sys.stderr)
         return 2
     ports = {info.name: getattr(ns, f"{info.name}_port") for info in SERVICES}
-    fleet = supervisor.FleetOptions(engines=max(ns.engines, 1), engine_profile=ns.engine_profile,
+    fleet = supervisor.FleetOptions(engines=max(ns.engines, 1), engine=ns.engine, engine_profile=ns.engine_profile,
                                     engine_time_scale=ns.engine_time_scale, lmcache=ns.lmcache,
                                     lmcache_l1_size_gb=ns.lmcache_l1_size_gb, pool=ns.pool,
                                     router_http_port=ns.router_http_port)
@@ -212,7 +213,11 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
                         help=f"gRPC port of the {info.display} (default {info.default_port})")
     fleet = up.add_argument_group("local fleet (emulated engines and an LMCache server beside the services)")
     fleet.add_argument("--engines", type=int, default=2, metavar="N",
-                       help="emulated vLLM engines (greenserve-engine-sim) given to the router (default 2; 0: none)")
+                       help="vLLM engines given to the router (default 2; 0: none)")
+    fleet.add_argument("--engine", choices=["sim", "vllm"], default="sim",
+                       help="sim: emulated engines (greenserve-engine-sim); vllm: real vLLM (CPU build from "
+                       "scripts/install-vllm.sh) on a tiny random-weight Llama made in DATA_DIR/models, about 2.8 GB "
+                       "of RAM and 30-60 s to start each (default sim)")
     fleet.add_argument("--engine-profile", default=None, help="performance profile of the engines (default: the simulator's)")
     fleet.add_argument("--engine-time-scale", type=float, default=1.0, help="engines run this much faster than real time")
     fleet.add_argument("--lmcache", choices=["auto", "on", "off"], default="auto",

@@ -1,9 +1,11 @@
-"""Processes that `greenserve up` runs beside the six services on one machine: emulated vLLM engines
-(`greenserve-engine-sim`, since vLLM itself needs a GPU) and a real LMCache server (`lmcache server`, from
-its own virtualenv because its pins clash with ours).
+"""Processes that `greenserve up` runs beside the six services on one machine: vLLM engines, emulated
+(`greenserve-engine-sim`, the default) or real (vLLM's CPU build on a tiny local model, `--engine vllm`:
+greenserve.vllm_cpu), and a real LMCache server (`lmcache server`, from its own virtualenv because its pins clash
+with ours).
 
 Each sidecar gets a free port chosen here, logs to DATA_DIR/logs/<name>.log, and is ready when its HTTP
-health endpoint answers 200 (`/health` for an engine, `/healthcheck` for LMCache).
+health endpoint answers 200 (`/health` for an engine, `/healthcheck` for LMCache). A real vLLM engine is a tree of
+processes (API server, EngineCore, worker) in a session of its own: it is stopped by signalling its process group.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Sidecar:
     process: subprocess.Popen[bytes]
     log_path: Path
     ports: tuple[int, ...] = ()
+    #: signal the whole process group it leads (its children too), not only the process
+    process_group: bool = False
+    #: how long it may take to become healthy, when longer than the caller's start-up timeout
+    start_timeout_s: float = 0.0
 
 
 def free_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
@@ -86,6 +92,32 @@ def start_engines(count: int, *, profile: str | None, time_scale: float, logs: P
     return engines
 
 
+def start_vllm_engines(count: int, *, data_dir: Path, logs: Path, aliases: tuple[str, ...] = (),
+                       avoid: frozenset[int] = frozenset()) -> list[Sidecar]:
+    """`count` real vLLM engines (CPU build) on the tiny model, made first in DATA_DIR/models/tiny-llama, on free
+    ports of 127.0.0.1 (not yet waited for: see `wait_ready`). Each engine's worker is bound to its own share of
+    this process's CPUs, so that two engines do not both take core 0 (vLLM's automatic binding). RuntimeError
+    when vLLM is not installed or the model cannot be made."""
+    from greenserve.vllm_cpu import engines as vllm
+
+    model = vllm.ensure_model(data_dir / "models" / "tiny-llama")
+    binds = vllm.cpu_binds(count)
+    taken = set(avoid)
+    out: list[Sidecar] = []
+    try:
+        for i in range(count):
+            port = free_port(avoid=frozenset(taken))
+            taken.add(port)
+            engine = vllm.start(model, port=port, log_path=logs / f"engine-{i}.log", scratch=data_dir / "vllm-cache",
+                                aliases=aliases, cpu_bind=binds[i])
+            out.append(Sidecar(f"engine-{i}", engine.url, "/health", engine.process, engine.log_path,
+                               process_group=True, start_timeout_s=vllm.START_TIMEOUT_S))
+    except BaseException:
+        stop(out, vllm.STOP_GRACE_S)
+        raise
+    return out
+
+
 def start_lmcache(binary: Path, *, l1_size_gb: float, logs: Path, ports: tuple[int, int] | None = None,
                   avoid: frozenset[int] = frozenset()) -> Sidecar:
     """One LMCache server in multiprocess mode on CPU (L1 DRAM, LRU), its admin API on a free port (or on
@@ -123,7 +155,7 @@ def restart_lmcache(car: Sidecar, binary: Path, *, l1_size_gb: float, previous_g
 
 def wait_ready(sidecars: list[Sidecar], timeout_s: float) -> None:
     """Poll every sidecar's health URL until 200; RuntimeError naming the first that died or timed out."""
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     pending = list(sidecars)
     with httpx.Client(timeout=1.0) as client:
         while pending:
@@ -136,22 +168,49 @@ def wait_ready(sidecars: list[Sidecar], timeout_s: float) -> None:
                         pending.remove(car)
                 except httpx.HTTPError:
                     pass
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(c.name for c in pending)
-                raise TimeoutError(f"{names} not healthy after {timeout_s:.0f} s")
+            late = [c for c in pending if time.monotonic() - start > max(timeout_s, c.start_timeout_s)]
+            if late:
+                names = ", ".join(c.name for c in late)
+                raise TimeoutError(f"{names} not healthy after {max(timeout_s, late[0].start_timeout_s):.0f} s")
             if pending:
                 time.sleep(0.1)
 
 
+def _signal(car: Sidecar, sig: int) -> None:
+    try:
+        if car.process_group:
+            os.killpg(car.process.pid, sig)
+        elif car.process.poll() is None:
+            car.process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def stop(sidecars: list[Sidecar], grace_s: float) -> None:
-    """SIGTERM, then SIGKILL whatever outlives `grace_s`."""
+    """SIGTERM, then SIGKILL whatever outlives `grace_s`; a process-group sidecar's whole group (a vLLM engine's
+    EngineCore and worker) is signalled, and its members left after the leader exits are killed too."""
     for car in sidecars:
         if car.process.poll() is None:
-            car.process.terminate()
+            _signal(car, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for car in sidecars:
         try:
             car.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            car.process.kill()
+            _signal(car, signal.SIGKILL)
             car.process.wait()
+    for car in sidecars:
+        if not car.process_group:
+            continue
+        while _group_alive(car.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(car.process.pid):
+            _signal(car, signal.SIGKILL)

@@ -2,7 +2,8 @@
 
 Each service is its own process (`python -m greenserve.<service>`), with its SQLite file in the data dir
 and its log in DATA_DIR/logs/<service>.log. Beside them run the sidecars of a local fleet
-(`greenserve_client.sidecars`): emulated vLLM engines that the router is given with `--engines`, and a real
+(`greenserve_client.sidecars`): vLLM engines that the router is given with `--engines` (emulated, or real vLLM on
+CPU with `--engine vllm`), and a real
 LMCache server that is registered with the cache-manager once it is SERVING. `up` waits until everything is
 healthy, prints the addresses, and on Ctrl-C/SIGTERM (or when any process dies) stops the services, then
 the sidecars, with SIGTERM, then SIGKILL for any that outlive the grace period.
@@ -53,6 +54,7 @@ class FleetOptions:
     """The local fleet beside the services: emulated engines and an LMCache server."""
 
     engines: int = 2
+    engine: str = "sim"  # "sim": greenserve-engine-sim; "vllm": real vLLM (CPU build) on the tiny local model
     engine_profile: str | None = None
     engine_time_scale: float = 1.0
     lmcache: str = "auto"  # "auto": start it when the lmcache executable is found; "on": required; "off"
@@ -154,8 +156,18 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
                   "running without an LMCache server", file=sys.stderr)
         # The services bind their ports after the sidecars start: no sidecar may take one of them meanwhile.
         promised = frozenset([*ports.values(), fleet.router_http_port])
-        engines = sidecars.start_engines(fleet.engines, profile=fleet.engine_profile,
-                                         time_scale=fleet.engine_time_scale, logs=logs, avoid=promised)
+        if fleet.engine == "vllm":
+            # the engines also answer to the model name the local loop's fleet declares (and the demo sends)
+            alias = (loop_options or LocalLoopOptions(pool=fleet.pool)).model
+            try:
+                engines = sidecars.start_vllm_engines(fleet.engines, data_dir=data_dir, logs=logs, aliases=(alias,),
+                                                      avoid=promised)
+            except RuntimeError as exc:
+                print(f"greenserve up: error: --engine vllm: {exc}", file=sys.stderr)
+                return 2
+        else:
+            engines = sidecars.start_engines(fleet.engines, profile=fleet.engine_profile,
+                                             time_scale=fleet.engine_time_scale, logs=logs, avoid=promised)
         cars.extend(engines)
         promised |= {int(e.url.rsplit(":", 1)[1]) for e in engines}
         lmcache = sidecars.start_lmcache(lmcache_bin, l1_size_gb=fleet.lmcache_l1_size_gb, logs=logs,
