@@ -133,8 +133,17 @@ def test_a_mig_pools_expected_capacity_and_attainment_describe_its_instances(rep
     _, plan = _plan(fleet, load)
     line = plan.intervals[0].pools[0]
     assert line.capacity_requests_per_s == pytest.approx(expected_cap, rel=1e-6)
-    # beyond the pool's capacity every engine is filled to capacity: attainment target x capacity / load
-    assert line.expected_slo_attainment_fraction == pytest.approx(0.9 * expected_cap / load, rel=1e-4)
+    # beyond the pool's capacity every engine is loaded past it: the attainment the capacity model predicts at each
+    # engine's rate, weighted by its requests (issue 35): the whole engine's simulator replays at its rate; an
+    # instance known by its slice's capacity only meets the target up to it, then target x capacity / rate
+    weights = {w.engine_id: w.weight for w in plan.intervals[0].routing_weights if w.pool == "chat"}
+    instance_cap = {(engine_id if reported else placement_engine_id("GPU-0", p, s)):
+                    instances[p].capacity_requests_per_s for p, s, _, _, engine_id in SLICES}
+    rates = {eid: load * w / sum(weights.values()) for eid, w in weights.items() if w > 0}
+    expected = sum(rate * (whole.attainment(rate, 0.9) if eid == "chat-1" else 0.9 * min(1.0, instance_cap[eid] / rate))
+                   for eid, rate in rates.items()) / load
+    assert set(rates) == {"chat-1", *instance_cap}
+    assert line.expected_slo_attainment_fraction == pytest.approx(expected, rel=1e-4)
     # energy: the whole engine at its rate, plus each instance's requests at its own dynamic energy (idle charged
     # once per GPU, with the pool's listed engines)
     hours_j = 3600.0

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
+from greenserve.optimizer.solvers.routing_weights import expected_attainment
 from greenserve.v1 import common_pb2
 
 
@@ -27,10 +28,8 @@ class EvenRouting:
                 mean = fc.mean[h] if fc else 0.0
                 caps = {e.id: inputs.capabilities[e.id].capacity_requests_per_s for e in engines}
                 rates = {e.id: mean / len(engines) for e in engines}
-                served = sum(min(rates[i], caps[i]) for i in rates)
-                target = pool.slo.attainment_fraction
-                figs[pool.name] = PoolFigures(mean, sum(caps.values()),
-                                              target if mean <= 0 else target * min(1.0, served / mean), rates)
+                figs[pool.name] = PoolFigures(mean, sum(caps.values()), expected_attainment(
+                    rates, inputs.capabilities, caps, pool.slo.attainment_fraction), rates)
                 weights += [common_pb2.RoutingWeight(pool=pool.name, engine_id=e.id, weight=1.0) for e in engines]
             per_interval.append(weights)
             figures.append(figs)

@@ -13,13 +13,15 @@ meets the SLO). One equality and box constraints: filling the engines in increas
 (the LP's dual is one price; this is the fractional-knapsack argument), so no LP solver is needed here.
 
 When ``L`` exceeds the pool's headroom capacity, the engines are filled to full capacity; beyond that the load is
-spread in proportion to capacity and the expected attainment falls as capacity / load (the plan says so).
+spread in proportion to capacity (the plan says so). The expected attainment is a prediction at the planned rates
+(``expected_attainment``: each engine's capability at its rate), not the pool's target.
 Weights are the shares ``x_e / L``; an engine with weight 0 gets no requests while the plan is in force.
 """
 
 from __future__ import annotations
 
 from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
 from greenserve.optimizer.solvers.mig_setup import (
     OptionTable,
@@ -51,6 +53,26 @@ def fill(load: float, engines: list[tuple[str, float, float]], headroom: float) 
         for engine_id, _, _ in order:
             rates[engine_id] += left / len(order)
     return rates
+
+
+def expected_attainment(rates: dict[str, float], caps: dict[str, Capability], capacity: dict[str, float],
+                        target: float) -> float:
+    """The attainment the engines are predicted to reach at their planned rates (requests per second each),
+    weighted by their requests: an engine's ``Capability.attainment`` at its rate (a simulator prediction replays
+    that rate: at a light load the engine meets the SLO for more requests than the target); an engine known only by
+    its capacity (in ``capacity``, not ``caps``: an instance a MIG layout creates) meets the target up to its capacity,
+    then falls as capacity / rate. Without load: what the engines reach at a rate of zero."""
+
+    def at(eid: str, rate: float) -> float:
+        if eid in caps:
+            return caps[eid].attainment(rate, target)
+        cap = capacity.get(eid, 0.0)
+        return target if rate <= cap else target * cap / rate
+
+    total = sum(rates.values())
+    if total <= 0:
+        return max((at(eid, 0.0) for eid in capacity), default=target)
+    return sum(rate * at(eid, rate) for eid, rate in rates.items() if rate > 0) / total
 
 
 class MinCarbonRouting:
@@ -93,12 +115,8 @@ class MinCarbonRouting:
                 # The mean load is served in the same shares as the planned (upper-bound) load.
                 share = {eid: (r / total if total > 0 else 1.0 / len(engines)) for eid, r in plan_rates.items()}
                 mean_rates = {eid: mean * s for eid, s in share.items()}
-                served = 0.0
-                for engine_id, _, cap in engines:
-                    rate = mean_rates[engine_id]
-                    served += min(rate, cap)
-                target = pool.slo.attainment_fraction
-                attainment = target if mean <= 0 else target * min(1.0, served / mean)
+                attainment = expected_attainment(mean_rates, inputs.capabilities_at(h),
+                                                 {e[0]: e[2] for e in engines}, pool.slo.attainment_fraction)
                 if load > capacity:
                     short[pool.name] = short.get(pool.name, 0) + 1
                 if total <= 0:  # no load: keep every engine eligible, equally
@@ -281,9 +299,8 @@ def _instance_figures(inputs: PlanningInputs, h: int, pool: common_pb2.Pool, cap
     weights = {w.engine_id: w.weight for w in out if w.pool == pool.name and w.engine_id in capacity}
     total_w = sum(weights.values())
     rates = {eid: (mean * wt / total_w if total_w > 0 else 0.0) for eid, wt in weights.items()}
-    served = sum(min(rate, capacity[eid]) for eid, rate in rates.items())
-    target = pool.slo.attainment_fraction
-    attainment = target if mean <= 0 else target * min(1.0, served / mean)
+    caps_h = {eid: cap for eid, cap in inputs.capabilities_at(h).items() if eid in capacity and eid not in dict(caps)}
+    attainment = expected_attainment(rates, caps_h, capacity, pool.slo.attainment_fraction)
     return PoolFigures(mean, sum(capacity.values()), attainment, rates)
 
 
