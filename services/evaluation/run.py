@@ -14,10 +14,12 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+from greenserve.common.quiet_highs import silence_banner
 from greenserve.evaluation import day
 from greenserve.evaluation.executor import map_jobs, ray_session
 from greenserve.evaluation.grids import HOUR_S, GridSeries
 from greenserve.evaluation.headlines import HEADLINES, landed
+from greenserve.evaluation.progress import Progress
 from greenserve.evaluation.scenario import LoadShape, Scenario
 from greenserve.optimizer.planning import SeriesForecast
 
@@ -155,6 +157,7 @@ def fidelity_table() -> list[dict[str, Any]]:
 
 
 def _run_any(job: Job | SideJob) -> tuple[str, Any]:
+    silence_banner()  # each worker process's first solver would print HiGHS's banner through the progress bar
     if isinstance(job, Job):
         return "day", _run(job)
     if job.kind == "fidelity":
@@ -162,6 +165,12 @@ def _run_any(job: Job | SideJob) -> tuple[str, Any]:
     from greenserve.evaluation import headlines
 
     return "headline", headlines.run_one(job.name, quick=job.quick)
+
+
+def _step_name(job: Job | SideJob) -> str:
+    if isinstance(job, Job):
+        return f"{job.region}/{job.strategy}"
+    return "simulator fidelity" if job.kind == "fidelity" else f"headline {job.name}"
 
 
 def forecast_jobs(jobs: list[Job]) -> list[ForecastJob]:
@@ -180,7 +189,8 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
              forecast_model: str = "auto", window_s: float = day.DEFAULT_WINDOW_S, hours: int = 24,
              workers: int | None = None, progress: Any = None, ray_address: str | None = None,
              headlines: str = "none", fidelity: bool = True, actual_load_scale: float = 1.0) -> dict[str, Any]:
-    """Every (grid, strategy) day; ``progress`` is called with each finished job's (region, strategy).
+    """Every (grid, strategy) day; ``progress(done, total, doing)`` is called as the steps (forecasts, days, the
+    method's checks) start and finish, ``doing`` saying what runs (progress.py).
     ``actual_load_scale``: replay the load at this multiple of the day's while forecasts see the day as it is.
     ``ray_address``: run the jobs on that Ray cluster (``local``: a local Ray instance) instead of local processes.
     ``headlines`` (``none``, ``quick``, ``full``): the seeds' headline table, run next to the days; ``fidelity``:
@@ -201,24 +211,30 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
                          for n in HEADLINES if n not in ready]
         side += [SideJob("headline", n, headlines == "quick") for n in ready]
 
+    fjobs = forecast_jobs(jobs)
+    steps = Progress(progress, len(fjobs) + len(jobs) + len(side))
+
     def done(outcome: tuple[str, Any]) -> None:
         kind, body = outcome
         if kind == "day":
             region, strategy, records, cpu_s = body
             results[region][strategy] = {"hours": records, "totals": totals(records), "cpu_s": cpu_s}
-            if progress:
-                progress(region, strategy)
+            steps.finished(f"{region}/{strategy}")
         elif kind == "headline":
             headline_rows.append(body)
+            steps.finished(f"headline {body.get('name', '')}")
         else:
             fidelity_rows.extend(body)
+            steps.finished("simulator fidelity")
 
     with ray_session(ray_address):
-        made = map_jobs(_forecast, forecast_jobs(jobs), workers=workers, ray_address=ray_address)
+        steps.forecasting(series, forecast_model)
+        made = map_jobs(_forecast, fjobs, workers=workers, ray_address=ray_address, on_done=lambda _: steps.finished())
         forecasts = {key: fc for key, fc, _ in made}
         forecast_cpu_s = {key: cpu for key, _, cpu in made}
         jobs = [dataclasses.replace(j, ci_forecast=forecasts[j.region], load_forecast=forecasts[LOAD_KEY])
                 for j in jobs]
+        steps.running([_step_name(j) for j in jobs], hours, [_step_name(j) for j in side])
         map_jobs(_run_any, [*jobs, *side], workers=workers, ray_address=ray_address, on_done=done)
     order = {n: i for i, n in enumerate(HEADLINES)}
     headline_rows.sort(key=lambda r: order.get(r["name"], len(order)))

@@ -112,15 +112,19 @@ def main(argv: list[str]) -> int:
                      "(gpus: {model, count, mig: true})")
     from tqdm import tqdm
 
-    total = len(series) * len(strategies)
-    with tqdm(total=total, desc="evaluate", unit="day", file=sys.stderr, disable=None) as bar:
+    # steps: each forecast, each (grid, strategy) day, each check of the method; what runs in the description (no
+    # rate: a step is a forecast, a whole day or a table, not a unit to count per second)
+    with tqdm(total=1, file=sys.stderr, disable=None, bar_format="{n_fmt}/{total_fmt} steps [{elapsed}] {desc}") as bar:
+        def show(done: int, total: int, doing: str) -> None:
+            bar.total, bar.n = total, done
+            bar.set_description_str(doing)
+
         try:
             result = run.evaluate(series, day_start_s=int(day.timestamp()), strategies=strategies, scenario=chosen,
                                   forecast_model=ns.forecast, window_s=ns.window_s, hours=ns.hours,
                                   actual_load_scale=ns.actual_load_scale,
                                   workers=ns.workers or None, ray_address=ns.ray_address, headlines=ns.headlines,
-                                  progress=lambda region, strategy: (bar.set_postfix_str(f"{region}/{strategy}"),
-                                                                     bar.update(1)))
+                                  progress=show)
         except RayUnavailable as exc:
             print(f"{prog}: error: --ray-address: {exc}", file=sys.stderr)
             return 2

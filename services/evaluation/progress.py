@@ -1,0 +1,60 @@
+"""What an evaluation is doing, for its progress bar: the steps (each grid's CI forecast and the load forecast, each
+(grid, strategy) day planned and replayed hour by hour, each table of the method's checks) and, as each finishes,
+what still runs. ``report(done, total, doing)`` is called at each change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+Report = Callable[[int, int, str], None]
+SHOWN = 3  # names listed per kind of step; the rest as "+N"
+
+
+def _names(names: list[str]) -> str:
+    more = f" +{len(names) - SHOWN}" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+class Progress:
+    def __init__(self, report: Report | None, total: int) -> None:
+        self._report = report
+        self.total = total
+        self.done = 0
+        self._doing = ""
+        self._days: list[str] = []
+        self._checks: list[str] = []
+        self._hours = 0
+
+    def forecasting(self, regions: Iterable[str], model: str) -> None:
+        self._doing = f"forecasting the day's CI of {_names(list(regions))} and its load ({model})"
+        self._emit()
+
+    def running(self, days: list[str], hours: int, checks: list[str]) -> None:
+        """The days (``REGION/strategy``) and the method's checks now running."""
+        self._days, self._hours, self._checks = list(days), hours, list(checks)
+        self._emit_running()
+
+    def finished(self, name: str = "") -> None:
+        """One step done: a forecast (no name), a day or a check (by its name)."""
+        self.done += 1
+        for names in (self._days, self._checks):
+            if name in names:
+                names.remove(name)
+        if self._days or self._checks:
+            self._emit_running()
+        else:  # a forecast (the days have not started), or the last step
+            self._doing = "done" if self.done == self.total else self._doing
+            self._emit()
+
+    def _emit_running(self) -> None:
+        parts = []
+        if self._days:
+            parts.append(f"planning and replaying {self._hours} h of {_names(self._days)}")
+        if self._checks:
+            parts.append(f"checking the method: {_names(self._checks)}")
+        self._doing = "; ".join(parts)
+        self._emit()
+
+    def _emit(self) -> None:
+        if self._report:
+            self._report(self.done, self.total, self._doing)
