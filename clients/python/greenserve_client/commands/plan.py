@@ -151,7 +151,7 @@ def _model_text(model: str, short: bool) -> str:
     if not short or len(model) <= 48:
         return model or "-"
     if model.startswith("weighted[") and "]" in model:
-        return f"weighted ensemble of {model[:model.index(']')].count('+') + 1} models"
+        return f"weighted ensemble of {model[len('weighted['):model.rindex(']')].count('+') + 1} models"
     return model[:45] + "..."
 
 
