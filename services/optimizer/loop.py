@@ -171,8 +171,8 @@ class OptimizerLoop:
             return None
         now = clock().now_s()
         idx, interval = interval_at(plan, now)
-        if interval is None:
-            return None
+        if interval is None or not interval.start.ToSeconds() <= now < interval.end.ToSeconds():
+            return None  # no interval of the plan covers now: nothing it assumed to compare (the schedule re-plans)
         stub = forecaster_pb2_grpc.ForecasterServiceStub(self.forecaster)
         degraded = [f for f in plan.forecasts if f.source in planning_inputs.DEGRADED_SOURCES]
         region_of = {p.name: p.region for p in self.fleet.merged().pools}
@@ -187,10 +187,11 @@ class OptimizerLoop:
                 reply = await stub.GetCurrentCarbonIntensity(
                     forecaster_pb2.GetCurrentCarbonIntensityRequest(region=region), timeout=5.0)
                 actual = reply.carbon_intensity.ci_g_per_kwh if reply.HasField("carbon_intensity") else None
+                sample = (reply.carbon_intensity.time.seconds, actual)  # the hour read, and its value
             except grpc.aio.AioRpcError:
                 actual = None
             if actual is not None and self.ci_trigger.look(("actual", region), relative_deviation(assumed_now, actual),
-                                                           now):
+                                                           now, sample):
                 log.info("region %s: actual CI %.0f vs %.0f assumed by plan v%d", region, actual, assumed_now,
                          plan.version)
                 reason = reason or "ci_change"
@@ -211,7 +212,8 @@ class OptimizerLoop:
             assumed = [next((pp.ci_g_per_kwh for pp in iv.pools if pp.pool == pool_name), 0.0)
                        for iv in plan.intervals[idx:]]
             if assumed and self.ci_trigger.look(("forecast", region), relative_deviation(
-                    sum(assumed) / len(assumed), sum(fresh.mean) / len(fresh.mean)), now):
+                    sum(assumed) / len(assumed), sum(fresh.mean) / len(fresh.mean)), now,
+                    fresh.history_end_s or None):  # a forecast is news when its history grew
                 reason = reason or "forecast"
         return reason
 
