@@ -48,7 +48,7 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     forecast_timeout_s: float = Field(10.0, gt=0, le=600, description="a forecaster answering later than this is "
                                       "down for the computation (its cached forecasts are used)")
     ci_change_confirm_checks: int = Field(2, ge=1, le=100, description="a CI move beyond --ci-change-fraction (but "
-                                          "under twice it) re-plans once seen at this many consecutive looks")
+                                          "under twice it) re-plans once seen in this many consecutive samples")
     ci_change_cooldown_s: float = Field(3600.0, ge=0, le=86400, description="at most one CI re-plan per region and "
                                         "signal (actual, forecast) per this")
     solver_timeout_s: float = Field(10.0, gt=0, le=600, description="a solver taking longer leaves its knob as it is")
