@@ -106,11 +106,13 @@ def serve_args(model_dir: Path, *, host: str = "127.0.0.1", port: int, served_mo
                aliases: Sequence[str] = (), max_model_len: int = MAX_MODEL_LEN) -> list[str]:
     """The OpenAI server's flags for the tiny model on CPU (without the interpreter). ``aliases``: more names the
     engine answers to (vLLM's ``--served-model-name`` takes several; the first is the one it reports in responses,
-    ``/v1/models`` and its metrics' ``model_name``), e.g. the model name a fleet's requests carry."""
+    ``/v1/models`` and its metrics' ``model_name``), e.g. the model name a fleet's requests carry.
+    ``--enable-prompt-tokens-details``: usage then has ``prompt_tokens_details.cached_tokens``, the prefix-cache
+    hits of the request, which the router's carbon receipt reads (without it vLLM sends null)."""
     names = [served_model_name, *(a for a in aliases if a != served_model_name)]
     return ["-m", "vllm.entrypoints.openai.api_server", f"--model={model_dir}", "--served-model-name", *names,
             f"--host={host}", f"--port={port}", "--dtype=float32", "--enforce-eager", "--enable-prefix-caching",
-            f"--max-model-len={max_model_len}", "--disable-uvicorn-access-log"]
+            f"--max-model-len={max_model_len}", "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
 
 
 def cpu_binds(count: int) -> list[str | None]:

@@ -98,7 +98,7 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_preemptions = 0
-        #: finished requests by finish reason ("stop", "length", "abort", "error")
+        #: finished requests by finish reason ("stop", "length", "abort", "error"; "repetition" is exported at 0)
         self.request_success: dict[str, int] = {}
         self.ttft = FastHistogram(TTFT_BUCKETS_S)
         self.itl = FastHistogram(ITL_BUCKETS_S)
@@ -169,7 +169,9 @@ class _Collector(Collector):
         success = CounterMetricFamily(
             "vllm:request_success", "Count of successfully processed requests.", labels=[*labels, "finished_reason"]
         )
-        for reason in sorted({"stop", "length", "abort", *m.request_success}):
+        # vLLM exports every finish reason from the start, at 0 until one happens ("error" and "repetition" too:
+        # FinishReason in vllm/v1/engine/__init__.py); the emulator ends requests by stop, length, abort or error
+        for reason in sorted({"stop", "length", "abort", "error", "repetition", *m.request_success}):
             success.add_metric([*values, reason], m.request_success.get(reason, 0))
         yield success
         yield m.ttft.family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, values)
