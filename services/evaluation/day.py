@@ -25,13 +25,19 @@ from greenserve.common import carbon
 from greenserve.common.carbon_params import CarbonParams, load_default_params
 from greenserve.common.embodied_carbon import amortised_embodied_g
 from greenserve.evaluation.hour import PoolState, replay_hour, restart_changed, warm_start
-from greenserve.evaluation.scenario import WORKLOAD_OUTPUT_TOKENS, WORKLOAD_PROMPT_TOKENS, PoolScenario, Scenario
+from greenserve.evaluation.scenario import (
+    GIB,
+    WORKLOAD_OUTPUT_TOKENS,
+    WORKLOAD_PROMPT_TOKENS,
+    PoolScenario,
+    Scenario,
+)
 from greenserve.forecaster.forecast_models import make_model
 from greenserve.optimizer import capacity
 from greenserve.optimizer.inputs import GPU_FAMILY
 from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
-from greenserve.optimizer.solvers.coupled import DEFAULT_HEADROOM, CoupledSolver
+from greenserve.optimizer.solvers.coupled import CoupledSolver
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
@@ -61,6 +67,11 @@ MAX_LOAD_MARGIN = 2.0
 # (optimizer/loop.py); the evaluation replays that reaction: the plan in force runs the hour's first part, the
 # re-plan the rest.
 REACTION_FRACTION = 1.0 / 6.0  # ten minutes of the hour
+# The capacity derate after an SLO breach, and how a good hour wins it back (the live loop's rule: loop.py).
+DERATE_STEP = 0.85
+DERATE_RECOVERY = 0.95
+MIN_DERATE = 0.5
+RECOVERY_MARGIN = 0.02
 
 STRATEGIES: dict[str, str] = {
     "base_full_cache": "today's static fleet: every engine weighted equally, the largest cache (Full Cache + BASE)",
@@ -138,6 +149,11 @@ class HourRecord:
     engines_asleep: dict[str, int] = field(default_factory=dict)  # pool -> engines the plan put to sleep
     replanned: bool = False  # the load ran above what the plan carries: re-planned after the hour's first part
     pool_dram_restarts: dict[str, int] = field(default_factory=dict)  # pool -> its LMCache DRAM resizes this hour
+    # carbon the plan expected to save in the hour against the static fleet, by lever (routing, cache, clock,
+    # sleep), as the planner's model predicted it at the forecast load and CI (the coupled planner only)
+    saved_g_by_lever_predicted: dict[str, float] = field(default_factory=dict)
+    pool_attainment: dict[str, float] = field(default_factory=dict)  # pool -> TTFT and TPOT attainment
+    capacity_derate: dict[str, float] = field(default_factory=dict)  # pool -> derate in force after the hour
     attainment_first_part_fraction: float | None = None  # attainment before the re-plan landed
 
 
@@ -192,8 +208,9 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     load_shape_day = np.asarray(load_shape_day, dtype=np.float64) * actual_load_scale
     solvers = solvers_for(strategy, scenario.has_mig)
     planner = Planner(solvers, solver_timeout_s=120.0)
-    coupled = any(isinstance(s, CoupledSolver) for s in solvers)
+    coupled = next((s for s in solvers if isinstance(s, CoupledSolver)), None)
     margin = learn_load_margin(load_shape_history, load_history_start_s, forecast_model) if coupled else 1.0
+    derate = {p.name: 1.0 for p in scenario.pools}  # capacity the planner may count, learned from breaches
     # A pool with count_prefix_hits: the planner's capacity per engine counts prefix reuse. The prefix-cache hit
     # fraction the system measured, the pool's in the window replayed last (what the cache-manager sees), rounded
     # down (capacity.hit_fraction_step; none before the first hour is measured), sets the conversations' shape; how
@@ -216,6 +233,16 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     records: list[HourRecord] = []
     current: common_pb2.Plan | None = None
     states = {pool.name: PoolState() for pool in scenario.pools}
+    # The hit rate the system measured in the hour before the day, under the static fleet that ran then (every
+    # engine, the largest cache): what the first plan knows of prefix reuse, as a live loop knows its last hour's.
+    for pool_s in scenario.pools:
+        if pool_s.count_prefix_hits:
+            ids = _engine_ids(pool_s)
+            before = replay_hour(pool_s.profile, ids, float(load_shape_day[0]) * pool_s.peak_requests_per_s / peak,
+                                 dict.fromkeys(ids, 1.0), int(pool_s.max_cache_dram_gib * GIB), pool_s.ttft_s,
+                                 pool_s.tpot_s, int(day_start_s // HOUR_S) + 15485863, -2, window_s, PoolState())
+            if before.requests_measured:
+                measured_hits[pool_s.name] = before.prefix_hit_fraction
     try:
         for h in range(hours):
             left = 24 - h
@@ -231,6 +258,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                 ci={region: SeriesForecast(ci_fc.mean[h:], ci_fc.lower[h:], ci_fc.upper[h:], ci_fc.model)},
                 load=load, capabilities=caps, params=params, gpu_platform={}, current=current,
                 prefix_hit_fraction=hits, load_margin={p.name: margin for p in scenario.pools},
+                capacity_derate=dict(derate),
                 dram_restarts_last_day={p.name: sum(1 for r in records if r.pool_dram_restarts.get(p.name))
                                         for p in scenario.pools})
             plan = planner.plan(inputs, trigger="schedule", created_s=day_start_s + HOUR_S * h).plan
@@ -254,41 +282,56 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                                states[pool_s.name], spec=_spec_for(pool_s, mode), engine_profiles=engines.profiles)
                     states[pool_s.name].engines = frozenset(engines.ids)
             actual = {p.name: float(load_shape_day[h]) * p.peak_requests_per_s / peak for p in scenario.pools}
-            carried = {p.pool: p.capacity_requests_per_s * DEFAULT_HEADROOM for p in interval.pools}
-            over = coupled and any(actual[name] > carried.get(name, math.inf) for name in actual)
-            if not over:
+            if coupled is None:
                 record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
                                        load_shape_day, load_fc_shape, peak, params, window_s, seed, states,
                                        measured_hits)
             else:
-                # The hour's load runs above what its plan carries: the plan in force runs the first part, then the
-                # loop's re-plan on the observed load (mean and upper bound of this hour) runs the rest.
+                # The live loop watches the hour: the plan in force runs its first minutes; when the pool's load runs
+                # above what the plan carries, or its measured attainment falls below the floor (the router's
+                # attainment report), the loop re-plans on the observed load (and, after a breach, with the pool's
+                # capacity derated: the model promised more than the engines gave) and that plan runs the rest.
                 first = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
                                       load_shape_day, load_fc_shape, peak, params, window_s * REACTION_FRACTION,
                                       seed, states, measured_hits)
-                observed = {name: SeriesForecast((rate, *fc.mean[1:]), (rate, *fc.lower[1:]),
-                                                 (rate, *fc.upper[1:]), fc.model)
-                            for name, fc in load.items() for rate in (actual[name],)}
-                caps, hits = capabilities()
-                replan = planner.plan(dataclasses.replace(inputs, load=observed, current=plan, capabilities=caps,
-                                                          prefix_hit_fraction=hits, interval_capabilities=None),
-                                      trigger="slo_breach", created_s=day_start_s + HOUR_S * (h + REACTION_FRACTION))
-                plan = replan.plan
-                plan.version = h + 1
-                interval = plan.intervals[0]
+                carried = {p.pool: p.capacity_requests_per_s * coupled.headroom for p in interval.pools}
+                over = [name for name in actual if actual[name] > carried.get(name, math.inf)]
+                breached = [name for name, a in first.pool_attainment.items() if a < coupled.floor]
+                if over or breached:
+                    for name in breached:
+                        derate[name] = max(MIN_DERATE, derate[name] * DERATE_STEP)
+                    observed = {name: SeriesForecast((rate, *fc.mean[1:]), (rate, *fc.lower[1:]),
+                                                     (rate, *fc.upper[1:]), fc.model)
+                                for name, fc in load.items() for rate in (actual[name],)}
+                    caps, hits = capabilities()
+                    plan = planner.plan(dataclasses.replace(inputs, load=observed, current=plan, capabilities=caps,
+                                                            prefix_hit_fraction=hits, interval_capabilities=None,
+                                                            capacity_derate=dict(derate)),
+                                        trigger="slo_breach" if breached else "load",
+                                        created_s=day_start_s + HOUR_S * (h + REACTION_FRACTION)).plan
+                    plan.version = h + 1
+                    interval = plan.intervals[0]
+                    current = plan
                 second = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
                                        load_shape_day, load_fc_shape, peak, params,
                                        window_s * (1.0 - REACTION_FRACTION), seed + 104729, states, measured_hits,
                                        replay_id=h + 1000)
                 record = combine_parts(first, second, REACTION_FRACTION)
-                record.replanned = True
-                current = plan
+                record.replanned = bool(over or breached)
+                for name, a in record.pool_attainment.items():  # a good hour wins back part of a derate
+                    if a >= coupled.floor + RECOVERY_MARGIN:
+                        derate[name] = min(1.0, derate[name] / DERATE_RECOVERY)
+                record.capacity_derate = dict(derate)
             record.plan_changed = changed
             record.attainment_predicted_fraction = interval.expected_slo_attainment_fraction
             uppers = [p.expected_slo_attainment_at_upper_fraction for p in interval.pools
                       if p.HasField("expected_slo_attainment_at_upper_fraction")]
             record.attainment_predicted_at_upper_fraction = min(uppers) if uppers else 0.0
             record.sm_clock_fraction = {g.pool: g.sm_clock_fraction or 1.0 for g in interval.gpu_power}
+            record.saved_g_by_lever_predicted = {}
+            for p in interval.pools:
+                for lever, grams in p.expected_saved_g_by_lever.items():
+                    record.saved_g_by_lever_predicted[lever] = record.saved_g_by_lever_predicted.get(lever, 0.0) + grams
             record.engines_asleep = {p.name: sum(1 for r in interval.engine_runs if r.pool == p.name and r.state
                                                  == common_pb2.ENGINE_RUN_STATE_SLEEPING) for p in scenario.pools}
             records.append(record)
@@ -429,6 +472,7 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
     layouts: dict[str, dict[str, int]] = {}
     loss_weighted = 0.0
     pool_restarts: dict[str, int] = {}
+    pool_attainment: dict[str, float] = {}
     for pool in scenario.pools:
         scale = pool.peak_requests_per_s / peak
         rate = float(shape_day[h]) * scale
@@ -470,6 +514,7 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
             dram_bytes=target.dram_bytes if target else 0, disk_bytes=target.disk_bytes if target else 0,
             duration_s=HOUR_S, params=params)
         requests_total += requests
+        pool_attainment[pool.name] = a_b
         ok_t += requests * a_t
         ok_p += requests * a_p
         ok_both += requests * a_b
@@ -487,7 +532,8 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
         prefix_hit_fraction=hit_weighted / norm if requests_total else 0.0, cache_restarts=restarts,
         engine_restarts=engine_restarts,
         cache_bytes=cache_bytes, engines_weighted=engines_weighted, serving_modes=modes, mig_layout=layouts,
-        accuracy_loss_fraction=loss_weighted / norm if requests_total else 0.0, pool_dram_restarts=pool_restarts)
+        accuracy_loss_fraction=loss_weighted / norm if requests_total else 0.0, pool_dram_restarts=pool_restarts,
+        pool_attainment=pool_attainment)
 
 
 def learn_load_margin(history: np.ndarray, history_start_s: int, model: str, days: int = MARGIN_BACKTEST_DAYS,
@@ -524,6 +570,8 @@ def combine_parts(first: HourRecord, second: HourRecord, fraction: float) -> Hou
     for name in ("requests_measured", "cache_restarts", "engine_restarts"):
         setattr(out, name, getattr(first, name) + getattr(second, name))
     out.pool_dram_restarts = {p: first.pool_dram_restarts.get(p, 0) + n for p, n in second.pool_dram_restarts.items()}
+    out.pool_attainment = {p: fraction * first.pool_attainment.get(p, a) + (1.0 - fraction) * a
+                           for p, a in second.pool_attainment.items()}
     out.attainment_first_part_fraction = first.attainment_fraction
     return out
 

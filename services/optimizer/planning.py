@@ -90,6 +90,9 @@ class PlanningInputs:
     # pool -> DRAM (L1) resizes, each an LMCache restart, in the 24 h before ``start_s``: a solver that bounds
     # restarts per day counts them against its budget
     dram_restarts_last_day: dict[str, int] = field(default_factory=dict)
+    # pool -> share of the predicted capacity a plan may count (1: all), lowered after a measured SLO breach showed
+    # that the prediction promised more than the engines gave, won back by good hours (optimizer/loop.py)
+    capacity_derate: dict[str, float] = field(default_factory=dict)
 
     def capabilities_at(self, hour: int) -> dict[str, Capability]:
         """The engines' capabilities in hour ``hour`` of the horizon (``interval_capabilities``, else
@@ -133,6 +136,7 @@ class PoolFigures:
     new_engine_energy_per_request_j: dict[str, float] = field(default_factory=dict)
     attainment_at_upper_fraction: float | None = None  # predicted if the load reaches its interval's upper bound
     engines_awake: int = 0  # engines the plan keeps awake (0: the plan does not put engines to sleep)
+    saved_g_by_lever: dict[str, float] = field(default_factory=dict)  # vs the static fleet, by lever (predicted)
 
 
 @dataclass
@@ -375,6 +379,8 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
                                     engines_awake=fig.engines_awake if fig else 0)
             if fig is not None and fig.attainment_at_upper_fraction is not None:
                 pi.expected_slo_attainment_at_upper_fraction = fig.attainment_at_upper_fraction
+            if fig is not None:
+                pi.expected_saved_g_by_lever.update(fig.saved_g_by_lever)
             pi.expected_carbon.CopyFrom(breakdown_to_proto(
                 operational_g=operational, embodied_compute_g=embodied, embodied_storage_g=storage,
                 energy_kwh=energy_kwh, ci_g_per_kwh=ci))

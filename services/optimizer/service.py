@@ -75,6 +75,12 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
     mig_resolve_change_fraction: float = Field(0.05, ge=0, le=10, description="within a plan, re-solve an hour's MIG "
                                                "layouts when its CI or load moved more than this since the last "
                                                "solve (CLOVER: 5 %; 0: every hour)")
+    planner: str = Field("coupled", pattern="^(coupled|per-knob)$",
+                         description="coupled: engines, DRAM sizes, SM clocks and sleeping engines decided together "
+                         "by one MILP per pool-hour; per-knob: one solver per knob, one after another")
+    attainment_floor_fraction: float = Field(0.95, gt=0, lt=1, description="coupled planner: capacity is planned "
+                                             "where the predicted attainment stays at or above this (and the "
+                                             "pool's target)")
     modes_solver: str = Field("greenllm", pattern="^(greenllm|keep)$",
                               description="serving modes: GreenLLM's choice per pool and hour (Standalone, SpecDecode, "
                               "DPD, DSD), or keep the modes in force")
@@ -315,7 +321,8 @@ async def build(ctx: ServiceContext) -> list[Registration]:
                                 cache=settings.cache_solver, cache_per_hour_slo=settings.cache_slo_per_hour,
                                 cache_kareto_ttl_max_s=settings.cache_kareto_ttl_max_s,
                                 mig=settings.mig_solver, mig_options=mig_options(settings),
-                                modes=settings.modes_solver),
+                                modes=settings.modes_solver, planner=settings.planner,
+                                attainment_floor_fraction=settings.attainment_floor_fraction),
         slo_breach_cooldown_s=settings.slo_breach_cooldown_s, forecast_timeout_s=settings.forecast_timeout_s,
         ci_change_confirm_checks=settings.ci_change_confirm_checks, ci_change_cooldown_s=settings.ci_change_cooldown_s,
     )

@@ -724,7 +724,14 @@ class PlanInterval(_message.Message):
     def __init__(self, start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., cache_targets: _Optional[_Iterable[_Union[CacheTarget, _Mapping]]] = ..., mig_layouts: _Optional[_Iterable[_Union[MigLayout, _Mapping]]] = ..., serving_modes: _Optional[_Iterable[_Union[ServingModeTarget, _Mapping]]] = ..., routing_weights: _Optional[_Iterable[_Union[RoutingWeight, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., pools: _Optional[_Iterable[_Union[PoolInterval, _Mapping]]] = ..., engine_runs: _Optional[_Iterable[_Union[EngineRunTarget, _Mapping]]] = ..., gpu_power: _Optional[_Iterable[_Union[GpuPowerTarget, _Mapping]]] = ...) -> None: ...
 
 class PoolInterval(_message.Message):
-    __slots__ = ("pool", "ci_g_per_kwh", "load_requests_per_s", "load_upper_requests_per_s", "capacity_requests_per_s", "expected_carbon", "expected_slo_attainment_fraction", "expected_slo_attainment_at_upper_fraction", "engines_awake")
+    __slots__ = ("pool", "ci_g_per_kwh", "load_requests_per_s", "load_upper_requests_per_s", "capacity_requests_per_s", "expected_carbon", "expected_slo_attainment_fraction", "expected_slo_attainment_at_upper_fraction", "engines_awake", "expected_saved_g_by_lever")
+    class ExpectedSavedGByLeverEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     POOL_FIELD_NUMBER: _ClassVar[int]
     CI_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
     LOAD_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -734,6 +741,7 @@ class PoolInterval(_message.Message):
     EXPECTED_SLO_ATTAINMENT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SLO_ATTAINMENT_AT_UPPER_FRACTION_FIELD_NUMBER: _ClassVar[int]
     ENGINES_AWAKE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SAVED_G_BY_LEVER_FIELD_NUMBER: _ClassVar[int]
     pool: str
     ci_g_per_kwh: float
     load_requests_per_s: float
@@ -743,7 +751,8 @@ class PoolInterval(_message.Message):
     expected_slo_attainment_fraction: float
     expected_slo_attainment_at_upper_fraction: float
     engines_awake: int
-    def __init__(self, pool: _Optional[str] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., load_upper_requests_per_s: _Optional[float] = ..., capacity_requests_per_s: _Optional[float] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., expected_slo_attainment_at_upper_fraction: _Optional[float] = ..., engines_awake: _Optional[int] = ...) -> None: ...
+    expected_saved_g_by_lever: _containers.ScalarMap[str, float]
+    def __init__(self, pool: _Optional[str] = ..., ci_g_per_kwh: _Optional[float] = ..., load_requests_per_s: _Optional[float] = ..., load_upper_requests_per_s: _Optional[float] = ..., capacity_requests_per_s: _Optional[float] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., expected_slo_attainment_at_upper_fraction: _Optional[float] = ..., engines_awake: _Optional[int] = ..., expected_saved_g_by_lever: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SolverOutcome(_message.Message):
     __slots__ = ("knob", "solver", "status", "detail", "solve_s")

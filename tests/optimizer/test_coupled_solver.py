@@ -12,7 +12,7 @@ from greenserve.common.carbon_params import load_default_params
 from greenserve.evaluation.scenario import Scenario
 from greenserve.optimizer import capacity
 from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
-from greenserve.optimizer.solvers.coupled import CoupledSolver
+from greenserve.optimizer.solvers.coupled import CoupledSolver, affinity_imbalance
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.simulator.clocks import clocked_profile
 from greenserve.simulator.engine_profile import load_profile
@@ -70,9 +70,17 @@ def test_every_hour_carries_its_planning_load_with_its_own_cache_and_clock() -> 
     answers = _solver().solve_knobs(_inputs(mean, upper, [300.0] * 6))
     for h in range(6):
         engines, dram, clock = _chosen(answers, h)
-        assert upper[h] <= 0.9 * engines * _capacity(dram, clock) + 1e-9, (h, engines, dram, clock)
+        busiest = upper[h] / engines * affinity_imbalance(engines, upper[h])
+        assert busiest <= 0.9 * _capacity(dram, clock) + 1e-9, (h, engines, dram, clock)
     # a heavier hour never runs on fewer engines x capacity than a lighter one needs
     assert _chosen(answers, 3)[0] >= _chosen(answers, 5)[0]
+
+
+def test_the_busiest_engine_carries_more_than_its_share_under_affinity() -> None:
+    assert affinity_imbalance(1, 10.0) == 1.0
+    assert affinity_imbalance(4, 0.0) == 1.0
+    assert 1.0 < affinity_imbalance(2, 10.0) < affinity_imbalance(4, 10.0)  # more engines, a larger spread
+    assert affinity_imbalance(4, 20.0) < affinity_imbalance(4, 5.0)  # more conversations, a smaller spread
 
 
 def test_the_learned_margin_raises_the_capacity_planned() -> None:
@@ -81,7 +89,8 @@ def test_the_learned_margin_raises_the_capacity_planned() -> None:
     robust = _solver().solve_knobs(_inputs(mean, mean, [300.0] * 3, margin=1.5))
     for h in range(3):
         engines, dram, clock = _chosen(robust, h)
-        assert 1.5 * mean[h] <= 0.9 * engines * _capacity(dram, clock) + 1e-9
+        busiest = 1.5 * mean[h] / engines * affinity_imbalance(engines, 1.5 * mean[h])
+        assert busiest <= 0.9 * _capacity(dram, clock) + 1e-9
     cap_plain = sum(f.capacity_requests_per_s for f in (plain["routing_weights"].pool_figures[0].values()))
     cap_robust = sum(f.capacity_requests_per_s for f in (robust["routing_weights"].pool_figures[0].values()))
     assert cap_robust > cap_plain

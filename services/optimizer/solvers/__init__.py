@@ -1,8 +1,10 @@
 """Solver modules of the planner, one per knob (see ``greenserve.optimizer.planning``).
 
-``default_solvers()`` is the set the optimizer runs: the min-carbon routing weights, the GreenCache ILP (cache
-sizes), CLOVER's objective solved exactly (variants on MIG slices) and GreenLLM's mode choice (serving modes); each
-knob but routing can be set to ``keep`` (what is in force).
+``default_solvers()`` is the set the optimizer runs: the coupled decision (``coupled.py``: engines loaded, DRAM
+sizes, SM clocks and sleeping engines from one MILP), CLOVER's objective solved exactly (variants on MIG slices) and
+GreenLLM's mode choice (serving modes). ``planner="per-knob"`` runs one solver per knob instead: the min-carbon
+routing weights, the GreenCache ILP (cache sizes), CLOVER and GreenLLM; each knob but routing can be set to
+``keep`` (what is in force).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp
 from greenserve.optimizer.solvers.cache_kareto import KaretoSearch
+from greenserve.optimizer.solvers.coupled import CoupledSolver
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.mig_variants import MigVariantsSolver
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
@@ -51,7 +54,20 @@ def modes_solver(name: str, load_bound: str = "upper") -> Any:
 def default_solvers(routing_headroom_fraction: float = 0.9, routing_load: str = "upper",
                     cache: str = "greencache", cache_per_hour_slo: bool = False, mig: str = "clover-exact",
                     mig_options: dict[str, Any] | None = None, modes: str = "greenllm",
-                    cache_kareto_ttl_max_s: float = 0.0) -> list[Any]:
+                    cache_kareto_ttl_max_s: float = 0.0, planner: str = "coupled",
+                    attainment_floor_fraction: float = 0.95) -> list[Any]:
+    """``planner``: ``coupled`` (engines, DRAM size, clocks and sleep decided together by ``CoupledSolver``; the
+    MIG and serving-mode solvers beside it) or ``per-knob`` (one solver per knob, one after another: ``cache``
+    chooses the cache solver)."""
+    if planner == "coupled":
+        return [
+            CoupledSolver(attainment_floor_fraction=attainment_floor_fraction,
+                          headroom_fraction=routing_headroom_fraction),
+            mig_solver(mig, routing_headroom_fraction, routing_load, **(mig_options or {})),
+            modes_solver(modes, routing_load),
+        ]
+    if planner != "per-knob":
+        raise ValueError(f"planner: must be coupled or per-knob, got {planner!r}")
     return [
         MinCarbonRouting(headroom_fraction=routing_headroom_fraction, load_bound=routing_load),
         cache_solver(cache, cache_per_hour_slo, cache_kareto_ttl_max_s),

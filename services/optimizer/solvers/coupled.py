@@ -10,9 +10,11 @@ for that cache size and clock (``capacity.predict`` on the pool's measured prefi
 through one engine with its own HBM and that DRAM tier, its SM clock locked at ``f``, ``greenserve.simulator.
 clocks``), so no option can promise a capacity that its own cache and clock do not give.
 
-Robust. An option is allowed only when the hour's **planning load** ``L = max(upper bound of the forecast interval,
-mean x load margin)`` stays within ``headroom x n x capacity``, with the capacity predicted at the **attainment
-floor** (``max(pool target, attainment_floor_fraction)``). The load margin is learned from backtests of the load
+Robust. An option is allowed only when the busiest of its ``n`` engines stays within ``headroom x capacity`` at the
+hour's **planning load** ``L = max(upper bound of the forecast interval, mean x load margin)``, with the capacity
+predicted at the **attainment floor** (``max(pool target, attainment_floor_fraction)``). The busiest engine carries
+more than ``L / n``: the router keeps a conversation on one engine for its prefix, so the engines share
+conversations, not requests (``affinity_imbalance``). The load margin is learned from backtests of the load
 forecast (``PlanningInputs.load_margin``: the quantile of actual / forecast over past days; ``DEFAULT_LOAD_MARGIN``
 until one is known). An hour where no option carries ``L`` takes every engine, the largest cache and the full clock
 (the most capacity there is) and the plan says the SLO is at risk.
@@ -62,6 +64,7 @@ DRAM_SIZES = 3  # DRAM sizes weighed: none, half and the pool's largest (each a 
 SWITCH_G = 0.5  # a nominal charge per change of clock or of loaded engines, so equal-cost plans do not flap
 DEFAULT_WAKE_S = 30.0  # vLLM wake-up from sleep level 1 (weights back from host memory) at full power, assumption
 TIME_LIMIT_S = 5.0
+IMBALANCE_Z = 1.645  # the busiest engine sized for the 95th percentile of its share of conversations
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,21 @@ class PoolModel:
     at_risk: list[bool] = field(default_factory=list)  # hours where no option carries the planning load
     in_force: Option | None = None
     restarts_done: int = 0  # DRAM restarts in the 24 h before the horizon
+    rest_w: float = 0.0  # draw of an engine without traffic (asleep when ``sleeps``)
+    derate: float = 1.0  # share of the predicted capacity the plan counts (``PlanningInputs.capacity_derate``)
+    idle_w: float = 0.0  # draw of an awake engine without traffic
+
+
+def affinity_imbalance(engines: int, load_per_s: float, think_s: float = capacity.THINK_TIME_S,
+                       z: float = IMBALANCE_Z) -> float:
+    """How much more than ``load / engines`` the busiest engine carries when a conversation's turns stay on one
+    engine (prefix affinity spreads conversations, not requests): with ``A = load x think_s`` conversations active
+    at once, each engine's count is Binomial(A, 1 / n), whose standard deviation relative to its mean is
+    ``sqrt((n - 1) / A)``; the plan sizes for ``z`` of them above the mean (1 for one engine or no load)."""
+    active = load_per_s * think_s
+    if engines <= 1 or active <= 0:
+        return 1.0
+    return 1.0 + z * math.sqrt((engines - 1) / active)
 
 
 def _sizes(limit: int) -> list[int]:
@@ -132,13 +150,19 @@ class CoupledSolver:
         self.time_limit_s = time_limit_s
 
     # -- the model ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def uniform(inputs: PlanningInputs, pool: common_pb2.Pool) -> bool:
+        """The pool's engines are alike (same hardware and variant, capabilities predicted by the simulator): one
+        engine's prediction per cache size and clock stands for each of them."""
+        first = pool.engines[0]
+        cap = inputs.capabilities.get(first.id)
+        return (cap is not None and cap.source == "predicted" and not first.mig_uuid
+                and all(e.hardware == first.hardware and e.model_variant == first.model_variant and not e.mig_uuid
+                        and inputs.capabilities.get(e.id) is not None for e in pool.engines))
+
     def _capabilities(self, inputs: PlanningInputs, pool: common_pb2.Pool, sizes: list[int],
                       clocks: list[float]) -> dict[tuple[int, int], Capability]:
-        engine_cap = inputs.capabilities.get(pool.engines[0].id)
         target = max(pool.slo.attainment_fraction, self.floor)
-        if engine_cap is not None and engine_cap.source != "predicted":
-            # A measured or published profile: its capacity as measured, no cache or clock to vary.
-            return {(0, 0): engine_cap}
         profile = load_profile(pool_profile(inputs, pool))
         hits = inputs.prefix_hit_fraction.get(pool.name, 0.0)
         prompt = pool.mean_prompt_tokens or capacity.DEFAULT_PROMPT_TOKENS
@@ -151,7 +175,9 @@ class CoupledSolver:
         return out
 
     def pool_model(self, inputs: PlanningInputs, pool: common_pb2.Pool) -> PoolModel | None:
-        if not pool.engines:
+        """The pool's options over the horizon; None for a pool this model does not cover (no engines, or engines
+        that are not alike: ``solve_knobs`` fills those cheapest engine first)."""
+        if not pool.engines or not self.uniform(inputs, pool):
             return None
         hours = inputs.horizon_hours
         limit = int(pool.max_cache_dram_bytes)
@@ -163,8 +189,6 @@ class CoupledSolver:
             # largest when none is known: today's Full Cache), not dropped for a saving nobody can predict.
             sizes = [in_force_dram if in_force_dram is not None else sizes[-1]]
         caps = self._capabilities(inputs, pool, sizes, clocks)
-        if len(caps) == 1 and len(sizes) * len(clocks) > 1:  # a measured profile: no size or clock to vary
-            sizes, clocks = [in_force_dram if in_force_dram is not None else sizes[-1]], [1.0]
         n_engines = len(pool.engines)
         fc = inputs.load.get(pool.name)
         margin = inputs.load_margin.get(pool.name, DEFAULT_LOAD_MARGIN)
@@ -181,12 +205,14 @@ class CoupledSolver:
         wake_g = carbon.operational_g(energy_kwh=wake_kwh, ci_g_per_kwh=mean_ci, pue=pue)
         sleeps = idle_w - asleep_w > 0 and (idle_w - asleep_w) * 3600.0 / 3.6e6 * mean_ci * pue > wake_g
         rest_w = asleep_w if sleeps else idle_w
+        derate = min(1.0, max(0.0, inputs.capacity_derate.get(pool.name, 1.0)))
         options, costs, at_risk, restart_g = [], [], [], []
         for h in range(hours):
             allowed, row = [], []
             for (ki, fi), cap in caps.items():
                 for n in range(1, n_engines + 1):
-                    if plan_load[h] > self.headroom * n * cap.capacity_requests_per_s + 1e-12:
+                    busiest = plan_load[h] / n * affinity_imbalance(n, plan_load[h])
+                    if busiest > self.headroom * derate * cap.capacity_requests_per_s + 1e-12:
                         continue
                     row.append(self._hour_cost(inputs, pool, cap, n, n_engines, mean[h], rest_w, sizes[ki], ci[h],
                                                pue))
@@ -206,6 +232,7 @@ class CoupledSolver:
             restart_g.append(max(0.0, best_no_cache - best_cache) * 0.5 * 600.0 / 3600.0 + SWITCH_G)
         model = PoolModel(pool.name, n_engines, sizes, clocks, caps, options, costs, restart_g,
                           wake_g if sleeps else 0.0, sleeps, plan_load, mean, upper, ci, at_risk)
+        model.rest_w, model.idle_w, model.derate = rest_w, idle_w, derate
         model.in_force = self._in_force(inputs, pool, model)
         model.restarts_done = max(0, int(inputs.dram_restarts_last_day.get(pool.name, 0)))
         return model
@@ -333,6 +360,8 @@ class CoupledSolver:
             m = self.pool_model(inputs, pool)
             model_s += time.perf_counter() - t0
             if m is None:
+                if pool.engines:
+                    lines.append(self._fill_pool(inputs, pool, routing, caches, figures))
                 continue
             t0 = time.perf_counter()
             picks, status = self.solve_pool(m)
@@ -363,11 +392,12 @@ class CoupledSolver:
                 rate = m.mean_load[t] / o.engines
                 attained = cap.attainment(rate, max(pool.slo.attainment_fraction, self.floor))
                 figures[t][pool.name] = PoolFigures(
-                    m.mean_load[t], o.engines * cap.capacity_requests_per_s, attained,
+                    m.mean_load[t], o.engines * cap.capacity_requests_per_s * m.derate, attained,
                     {eid: (rate if eid in loaded else 0.0) for eid in engine_ids})
                 figures[t][pool.name].attainment_at_upper_fraction = cap.attainment(
                     m.upper_load[t] / o.engines, max(pool.slo.attainment_fraction, self.floor))
                 figures[t][pool.name].engines_awake = o.engines if m.sleeps else m.n_engines
+                figures[t][pool.name].saved_g_by_lever = self.attribution(inputs, pool, m, t, o)
                 for eid in engine_ids:
                     capabilities[t][eid] = cap
             lines.extend(self._explain(pool, m, picks))
@@ -383,6 +413,61 @@ class CoupledSolver:
             "gpu_power": KnobPlan(power, **base),
         }
 
+    def attribution(self, inputs: PlanningInputs, pool: common_pb2.Pool, m: PoolModel, t: int,
+                    o: Option) -> dict[str, float]:
+        """Carbon the option saves in hour ``t`` against the static fleet (every engine loaded, the largest cache,
+        the full clock, nobody asleep), by lever, applied in turn: the engines loaded, then the cache size, then the
+        clock, then sleep; the parts add up to the whole saving, as the planner's model predicts it."""
+        full_k, full_f = len(m.sizes) - 1, 0
+        pue = inputs.params.pue
+
+        def cost(n: int, k: int, f: int, rest_w: float) -> float:
+            return self._hour_cost(inputs, pool, m.capabilities[(k, f)], n, m.n_engines, m.mean_load[t], rest_w,
+                                   m.sizes[k], m.ci[t], pue)
+
+        static = cost(m.n_engines, full_k, full_f, m.idle_w)
+        routed = cost(o.engines, full_k, full_f, m.idle_w)
+        cached = cost(o.engines, o.size_index, full_f, m.idle_w)
+        clocked = cost(o.engines, o.size_index, o.clock_index, m.idle_w)
+        slept = cost(o.engines, o.size_index, o.clock_index, m.rest_w)
+        return {"routing": static - routed, "cache": routed - cached, "clock": cached - clocked,
+                "sleep": clocked - slept}
+
+    def _fill_pool(self, inputs: PlanningInputs, pool: common_pb2.Pool,
+                   routing: list[list[common_pb2.RoutingWeight]], caches: list[list[common_pb2.CacheTarget]],
+                   figures: list[dict[str, PoolFigures]]) -> str:
+        """A pool whose engines differ (MIG slices beside whole GPUs, measured profiles): the planning load on the
+        engines cheapest in carbon per request first, each up to the headroom of its own capacity (the min-carbon
+        routing rule, robust to the same planning load); the cache sizes in force are kept."""
+        from greenserve.optimizer.solvers.routing_weights import fill
+
+        margin = inputs.load_margin.get(pool.name, DEFAULT_LOAD_MARGIN)
+        fc = inputs.load.get(pool.name)
+        short = 0
+        for t in range(inputs.horizon_hours):
+            caps = inputs.capabilities_at(t)
+            engines = [(e.id, caps[e.id].energy_per_request_j, caps[e.id].capacity_requests_per_s)
+                       for e in pool.engines if e.id in caps]
+            mean = fc.mean[t] if fc else 0.0
+            load = max(fc.upper[t], mean * margin) if fc else 0.0
+            total_cap = sum(e[2] for e in engines)
+            short += load > self.headroom * total_cap
+            rates = fill(load, engines, self.headroom) if engines else {}
+            planned = sum(rates.values())
+            share = {eid: (r / planned if planned > 0 else 1.0 / len(rates)) for eid, r in rates.items()}
+            routing[t].extend(common_pb2.RoutingWeight(pool=pool.name, engine_id=eid, weight=round(share[eid], 6))
+                              for eid in sorted(share))
+            target = max(pool.slo.attainment_fraction, self.floor)
+            served = sum(min(mean * share[eid], cap) for eid, _, cap in engines)
+            figures[t][pool.name] = PoolFigures(mean, total_cap, target * min(1.0, served / mean) if mean > 0
+                                                else target, {eid: mean * share[eid] for eid in share})
+            held = inputs.cache_sizes.get(pool.name)
+            if held is not None:
+                caches[t].append(common_pb2.CacheTarget(pool=pool.name, dram_bytes=held[0], disk_bytes=held[1]))
+        return (f"pool {pool.name}: engines that differ (hardware, variant or measured profiles): filled cheapest "
+                f"carbon per request first up to {self.headroom:.0%} of each one's capacity for the planning load "
+                f"(upper bound or mean x {margin:.2f}); cache sizes kept; short of capacity in {short} hour(s)")
+
     def _explain(self, pool: common_pb2.Pool, m: PoolModel, picks: list[Option]) -> list[str]:
         o = picks[0]
         cap = m.capabilities[(o.size_index, o.clock_index)]
@@ -391,7 +476,9 @@ class CoupledSolver:
         text = (f"pool {pool.name}: hour 0 runs {o.engines} of {m.n_engines} engines with "
                 f"{m.sizes[o.size_index] / (1 << 30):.0f} GiB DRAM each at SM clock {m.clocks[o.clock_index]:.0%}: "
                 f"{cap.capacity_requests_per_s:.2f} req/s per engine at attainment "
-                f"{max(pool.slo.attainment_fraction, self.floor):.2f} ({cap.source}), planned for "
+                f"{max(pool.slo.attainment_fraction, self.floor):.2f} ({cap.source}"
+                + (f"; counted at {m.derate:.0%} after a measured SLO breach" if m.derate < 1.0 else "") +
+                f"), planned for "
                 f"{m.plan_load[0]:.2f} req/s (forecast {m.mean_load[0]:.2f}, upper {m.upper_load[0]:.2f}) within "
                 f"{self.headroom:.0%} headroom; CI {m.ci[0]:.0f} g/kWh, {m.cost_g[0][m.options[0].index(o)]:.0f} g "
                 f"expected for the hour; {restarts} DRAM restart(s) over {len(picks)} h")
