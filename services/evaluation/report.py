@@ -1,41 +1,24 @@
-"""The evaluation's report folder: ``result.json``, PNG plots and ``index.html``.
+"""The evaluation's report folder: ``result.json``, PNG plots (plots.py) and ``index.html``.
 
-Every PNG carries the series it plots in its metadata (key ``greenserve-series``: JSON of ``{label: [y...]}``), so a
-test or a reader can check that a plot shows what the JSON holds.
+The page opens with what an operator decides on (per grid and strategy: carbon, energy, the SLO attainment of the
+worst hour, cache and engine changes, and one picture of the day), then the hourly plots, the strategies and how far
+to trust the replay, and last, as an appendix, how we checked the method (the seeds' headlines reproduced, the
+simulator's fidelity).
 """
 
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Any
 
 from greenserve.common.strict_json import dumps
+from greenserve.evaluation import operator_table
+from greenserve.evaluation.plots import plot_day, plot_series
 
-SERIES_KEY = "greenserve-series"
 GIB = 1 << 30
-
-
-def plot_series(path: Path, title: str, ylabel: str, series: dict[str, list[float]], hline: float | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    for label, values in series.items():
-        ax.plot(range(len(values)), values, label=label, marker="." if len(values) < 30 else None)
-    if hline is not None:
-        ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label="target")
-    ax.set_title(title)
-    ax.set_xlabel("hour of day (UTC)")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={SERIES_KEY: json.dumps(series)})
-    plt.close(fig)
+STYLE = ("body{font-family:sans-serif;max-width:60em;margin:auto}table{border-collapse:collapse}"
+         "td,th{border:1px solid #ccc;padding:2px 8px}td.n{text-align:right}img{max-width:100%}.low{color:#b00}")
 
 
 def plots_for(region: str, by_strategy: dict[str, Any], target: float) -> dict[str, tuple[str, str, dict[str, list[float]], float | None]]:
@@ -73,37 +56,68 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(dumps(result) + "\n")
     target = min((p["attainment_fraction"] for p in result["scenario"]), default=0.9)
-    sections = []
+    decide, hourly = [], []
     for region, by_strategy in result["grids"].items():
         if not by_strategy:
             continue
+        decide.append(_operator_html(region, by_strategy, target, result["hours"], out_dir))
         images = []
         for name, (title, ylabel, series, hline) in plots_for(region, by_strategy, target).items():
             plot_series(out_dir / f"{name}.png", title, ylabel, series, hline)
             images.append(f'<img src="{html.escape(name)}.png" alt="{html.escape(title)}">')
-        rows = []
-        for strategy, summary in result["summary"][region].items():
-            saved = summary["saved_vs_base_fraction"]
-            rows.append(f"<tr><td>{html.escape(strategy)}</td><td>{summary['total_g'] / 1000:.2f}</td>"
-                        f"<td>{'' if saved is None else f'{saved:.1%}'}</td>"
-                        f"<td>{summary['min_attainment_fraction']:.3f}</td>"
-                        f"<td>{summary.get('accuracy_loss_fraction', 0.0):.2%}</td></tr>")
-        sections.append(f"<h2>{html.escape(region)}</h2><table><tr><th>strategy</th><th>kgCO2e</th>"
-                        f"<th>saved vs Full Cache + BASE</th><th>min hourly attainment</th><th>accuracy loss</th></tr>{''.join(rows)}</table>"
-                        + "".join(images))
-    sections.append(_headlines_html(result.get("headlines", [])) + _fidelity_html(result.get("fidelity", [])))
+        hourly.append(f"<h3>{html.escape(region)}</h3>" + "".join(images))
     strategies = "".join(f"<li><b>{html.escape(s)}</b>: {html.escape(d)}</li>"
                          for s, d in result["strategy_descriptions"].items())
+    checks = _headlines_html(result.get("headlines", [])) + _fidelity_html(result.get("fidelity", []))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>greenserve evaluation {html.escape(result['day'])}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:auto}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}img{{max-width:100%}}</style></head>
+<style>{STYLE}</style></head>
 <body><h1>greenserve evaluation: {html.escape(result['day'])}, {result['hours']} h</h1>
-<p>Forecasts: {html.escape(result['forecast_model'])}; replay window per hour: {result['window_s']:g} s.</p>
-<ul>{strategies}</ul>
-<p><b>How far to trust it.</b> {html.escape(result.get('simplifications', ''))}</p>
-{''.join(sections)}</body></html>"""
+<section id="operator"><h2>What to decide on</h2>
+<p>Per strategy, on the simulated fleet: its carbon (operational + embodied) and energy over the {result['hours']} h
+replayed, the SLO attainment (TTFT and TPOT) of its worst hour against the target of {target:.2f}, and how many
+hours changed the cache sizes or the engines (how many are weighted or asleep, serving modes, MIG layouts) from the
+hour before. Forecasts: {html.escape(result['forecast_model'])}; traffic replayed per hour: {result['window_s']:g} s.</p>
+{''.join(decide)}</section>
+<section id="hours"><h2>Hour by hour</h2>{''.join(hourly)}</section>
+<section id="strategies"><h2>The strategies</h2><ul>{strategies}</ul>
+<p><b>How far to trust it.</b> {html.escape(result.get('simplifications', ''))}</p></section>
+<section id="appendix"><h2>Appendix: how we checked the method</h2>
+{checks or "<p>Not run this time (greenserve evaluate --headlines quick or full runs the seeds' headlines).</p>"}
+</section></body></html>"""
     index = out_dir / "index.html"
     index.write_text(page)
     return index
+
+
+def _operator_html(region: str, by_strategy: dict[str, Any], target: float, hours: int, out_dir: Path) -> str:
+    """A grid's table of what to decide on, and its picture of the day (each strategy's carbon per hour, the CI)."""
+    rows = operator_table.rows(by_strategy)
+    mig = any(r["accuracy_loss_fraction"] for r in rows)
+    span = "per day" if hours == 24 else f"in {hours} h"
+    head = ["strategy", "kgCO2e", "vs Full Cache + BASE", "kWh", "SLO attainment, worst hour", f"cache changes {span}",
+            f"engine changes {span}"] + (["accuracy loss"] if mig else [])
+    body = []
+    for r in rows:
+        saved = ("reference" if r["strategy"] == operator_table.BASE else "" if r["saved_fraction"] is None
+                 else f"{-r['saved_fraction']:+.1%}")
+        worst = "" if r["worst_attainment_fraction"] is None else (
+            f"{r['worst_attainment_fraction']:.3f} at {r['worst_hour']:02d}:00")
+        low = r["worst_attainment_fraction"] is not None and r["worst_attainment_fraction"] < target
+        cells = [html.escape(r["strategy"]), f"{r['carbon_kg']:.3f}", saved, f"{r['energy_kwh']:.2f}",
+                 f"<span class='low'>{worst} (below target)</span>" if low else worst,
+                 str(r["cache_changes"]), str(r["engine_changes"])] + (
+                    [f"{r['accuracy_loss_fraction']:.2%}"] if mig else [])
+        body.append("<tr>" + "".join(f"<td>{c}</td>" if i == 0 else f"<td class='n'>{c}</td>"
+                                     for i, c in enumerate(cells)) + "</tr>")
+    first = next(iter(by_strategy.values()))["hours"]
+    name = f"{region}_day"
+    title = f"{region}: carbon per hour by strategy, and the grid's CI"
+    plot_day(out_dir / f"{name}.png", title, "gCO2e",
+             {s: [h["total_g"] for h in r["hours"]] for s, r in by_strategy.items()},
+             [h["ci_actual_g_per_kwh"] for h in first])
+    table = ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body)
+             + "</table>")
+    return f"<h3>{html.escape(region)}</h3>{table}<img src='{html.escape(name)}.png' alt='{html.escape(title)}'>"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -121,7 +135,7 @@ def _headlines_html(rows: list[dict[str, Any]]) -> str:
     flat = table_rows(rows)
     notes = "".join(f"<li><b>{html.escape(r['name'])}</b>: {html.escape(n)}</li>" for r in rows if r["status"] == "ok"
                     for n in r["result"]["notes"])
-    return ("<h2>The seeds' headlines, reproduced in their own settings</h2>"
+    return ("<h3>The seeds' headlines, reproduced in their own settings</h3>"
             + _table(["seed", "setting", "figure", "paper", "ours", "within tolerance"],
                      [list(r.values()) for r in flat])
             + (f"<ul>{notes}</ul>" if notes else ""))
@@ -139,13 +153,5 @@ def _fidelity_html(rows: list[dict[str, Any]]) -> str:
             verdict = "n/a" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
         body.append([r["source"], r["quantity"], r["setup"], f"{r['published']:.4g}", f"{r['model']:.4g}", r["unit"],
                      verdict])
-    return ("<h2>Simulator fidelity (published figures it was not fitted on)</h2>"
+    return ("<h3>Simulator fidelity (published figures it was not fitted on)</h3>"
             + _table(["source", "quantity", "setup", "published", "model", "unit", "relative error"], body))
-
-
-def plotted_series(png: Path) -> dict[str, list[float]]:
-    """The series a report PNG plots (from its metadata)."""
-    from PIL import Image
-
-    with Image.open(png) as image:
-        return json.loads(image.info[SERIES_KEY])

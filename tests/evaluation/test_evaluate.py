@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from greenserve.evaluation import grids
-from greenserve.evaluation.report import plotted_series
+from greenserve.evaluation.plots import plotted_series
 
 CLI = [sys.executable, "-m", "greenserve_client.cli", "evaluate"]
 SHORT = ["--grids", "FR", "--hours", "2", "--window-s", "120", "--forecast", "seasonal_naive", "--workers", "1",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from greenserve.evaluation.report import plotted_series
+from greenserve.evaluation.plots import plotted_series
 from greenserve_client.sidecars import find_lmcache
 from tests.conftest import free_port
 from tests.up_process import CLI, engine_pids, port_flags, service_ports

@@ -31,10 +31,10 @@ from greenserve.common.ci_units import ci_unit_factor
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.clock import VirtualClock, hour_floor_s, set_clock
 from greenserve.common.names import is_name
-from greenserve.common.strict_json import dumps
 from greenserve.evaluation import grids
 from greenserve.evaluation.run import load_shape
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
+from greenserve_client.demo_report import write_report
 from greenserve_client.local_loop import LocalLoopOptions, ci_ref, ingest
 
 HOUR_S = 3600
@@ -165,6 +165,9 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
     load_task = asyncio.create_task(generator.run(end_s))
     fed_until = hour_floor_s(clock.now_s())
     hours: list[dict[str, Any]] = []
+    wait_s = max(0.0, (options.day_start_s - clock.now_s()) / options.speed)
+    print(f"demo: {options.grid} on {options.day}, {options.hours} virtual hours in {options.minutes:g} min, starting "
+          f"in {wait_s:.0f} s; one line per virtual hour, then the report", flush=True)
     try:
         next_hour = options.day_start_s
         while next_hour < end_s:
@@ -184,7 +187,7 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
             hours.append(record)
             print(f"demo: {datetime.fromtimestamp(next_hour, UTC):%H:%M} CI {record['ci_actual_g_per_kwh']:.0f} "
                   f"g/kWh, plan v{record.get('plan_version', '?')} ({record.get('trigger', '')}), fleet matches: "
-                  f"{record.get('fleet_matches_plan', '?')}", flush=True)
+                  f"{record.get('fleet_matches_plan', '?')} (hour {record['hour'] + 1} of {options.hours})", flush=True)
             next_hour += HOUR_S
         await load_task
     finally:
@@ -201,42 +204,6 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
         record["load_target_requests_per_s"] = float(day_rates[min(record["hour"], len(day_rates) - 1)])
     return {"grid": options.grid, "day": options.day, "minutes": options.minutes, "speed": options.speed,
             "hours": hours}
-
-
-def write_report(result: dict[str, Any], out: Path) -> Path:
-    from greenserve.evaluation.report import plot_series
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(dumps(result) + "\n")
-    hours = result["hours"]
-    plots = {
-        "ci": ("grid CI (actual, fed hour by hour)", "gCO2e/kWh", {"actual": [h["ci_actual_g_per_kwh"] for h in hours]}),
-        "plans": ("plan version in force", "version", {"plan": [h.get("plan_version", 0) for h in hours]}),
-        "expected_carbon": ("expected carbon of the hour (plan)", "gCO2e",
-                            {"planned": [h.get("expected_total_g", 0.0) for h in hours]}),
-        "requests": ("requests through the router per virtual hour", "requests",
-                     {"ok": [h["requests_ok"] for h in hours], "failed": [h["requests_failed"] for h in hours]}),
-        "latency": ("client-side latency (p50)", "s", {"p50": [h["latency_p50_s"] or 0.0 for h in hours]}),
-    }
-    images = []
-    for name, (title, ylabel, series) in plots.items():
-        plot_series(out / f"{name}.png", title, ylabel, series)
-        images.append(f'<img src="{name}.png" alt="{title}">')
-    rows = "".join(
-        f"<tr><td>{h['hour']:02d}:00</td><td>{h['ci_actual_g_per_kwh']:.0f}</td><td>{h.get('plan_version', '')}"
-        f" {h.get('trigger', '')}</td><td>{h.get('fleet_matches_plan', '')}</td>"
-        f"<td>{', '.join(f'{k}: {v}' for k, v in h.get('enforcement', {}).items())}</td>"
-        f"<td>{h['requests_ok']}/{h['requests_ok'] + h['requests_failed']}</td></tr>" for h in hours)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>greenserve demo</title>"
-            f"<style>body{{font-family:sans-serif;max-width:70em;margin:auto}}td,th{{border:1px solid #ccc;"
-            f"padding:2px 6px}}table{{border-collapse:collapse}}img{{max-width:100%}}</style></head><body>"
-            f"<h1>greenserve demo: {result['grid']} on {result['day']}</h1><p>{len(hours)} virtual hours in "
-            f"{result['minutes']:g} minutes ({result['speed']:g}x).</p><table><tr><th>hour</th><th>CI</th>"
-            f"<th>plan in force</th><th>fleet matches</th><th>enforcement</th><th>requests ok</th></tr>{rows}</table>"
-            + "".join(images) + "</body></html>")
-    index = out / "index.html"
-    index.write_text(page)
-    return index
 
 
 def grid_series(options: DemoOptions, ci_csv: Path | None = None, time_column: str | None = None,
