@@ -65,9 +65,9 @@ class Parser(argparse.ArgumentParser):
         super().error(message + hint)
 
     def _stray_flags(self) -> list[str]:
-        """The long flags given to this parser that it does not know (none for a parser with sub-commands: the
-        flags it was given may be theirs)."""
-        if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+        """The long flags given to this parser that it does not know (none for a parser with sub-commands or one
+        that passes the rest on, like `greenserve bench NAME ARGS...`: the flags it was given may be theirs)."""
+        if any(isinstance(a, argparse._SubParsersAction) or a.nargs == argparse.REMAINDER for a in self._actions):
             return []
         given = self._given[:self._given.index("--")] if "--" in self._given else self._given
         return [a for a in given if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions]
