@@ -25,7 +25,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
      "greenserve forecast backtest: error: unknown flag --ci-csv (did you mean --csv?)"),
     (["plan", "status", "--optimizer-adr", "h:1"],
      "greenserve plan status: error: unknown flag --optimizer-adr (did you mean --optimizer-addr?)"),
-    (["up", "--engine", "3"], "greenserve up: error: unknown flag --engine (did you mean --engines?)"),
+    (["up", "--engins", "3"], "greenserve up: error: unknown flag --engins (did you mean --engines?)"),
     (["status", "--zzz"], "greenserve status: error: unknown flag --zzz (greenserve status --help lists the flags)"),
 ])
 def test_unknown_flag_gets_one_line_and_the_closest_flag(argv: list[str], line: str,
