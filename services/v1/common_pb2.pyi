@@ -61,6 +61,8 @@ class EngineState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENGINE_STATE_DRAINED: _ClassVar[EngineState]
     ENGINE_STATE_EJECTED: _ClassVar[EngineState]
     ENGINE_STATE_STALE: _ClassVar[EngineState]
+    ENGINE_STATE_SLEEPING: _ClassVar[EngineState]
+    ENGINE_STATE_WAKING: _ClassVar[EngineState]
 
 class ServingMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -142,6 +144,8 @@ ENGINE_STATE_DRAINING: EngineState
 ENGINE_STATE_DRAINED: EngineState
 ENGINE_STATE_EJECTED: EngineState
 ENGINE_STATE_STALE: EngineState
+ENGINE_STATE_SLEEPING: EngineState
+ENGINE_STATE_WAKING: EngineState
 SERVING_MODE_UNSPECIFIED: ServingMode
 SERVING_MODE_STANDALONE: ServingMode
 SERVING_MODE_SPEC_DECODE: ServingMode
