@@ -190,15 +190,33 @@ def start(model_dir: Path, *, port: int, log_path: Path, scratch: Path, host: st
     return VllmEngine(f"http://{probe}:{port}", proc, log_path)
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (zombies left out: a member killed after its parent died waits for
+    whoever adopted it to reap it, and it holds nothing). Reads /proc (Linux); elsewhere asks the kernel whether
+    the group has any process, zombies included."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except ProcessLookupError:
+            return []
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(entry.name))
+    return members
+
+
 def group_alive(pgid: int) -> bool:
-    """Whether any process of process group ``pgid`` is still alive (zombies included until reaped)."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Whether any process of process group ``pgid`` is still running."""
+    return bool(group_members(pgid))
 
 
 def stop_group(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> int | None:

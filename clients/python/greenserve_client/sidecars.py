@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 from greenserve.common.parent_death import dies_with_parent
+from greenserve.vllm_cpu.engines import group_alive
 
 # <repo>/clients/python/greenserve_client/sidecars.py -> <repo>
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -186,14 +187,6 @@ def _signal(car: Sidecar, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 def stop(sidecars: list[Sidecar], grace_s: float) -> None:
     """SIGTERM, then SIGKILL whatever outlives `grace_s`; a process-group sidecar's whole group (a vLLM engine's
     EngineCore and worker) is signalled, and its members left after the leader exits are killed too."""
@@ -210,7 +203,7 @@ def stop(sidecars: list[Sidecar], grace_s: float) -> None:
     for car in sidecars:
         if not car.process_group:
             continue
-        while _group_alive(car.process.pid) and time.monotonic() < deadline:
+        while group_alive(car.process.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _group_alive(car.process.pid):
+        if group_alive(car.process.pid):
             _signal(car, signal.SIGKILL)
