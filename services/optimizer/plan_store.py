@@ -2,7 +2,10 @@
 watch, and the enforcers' reports about them.
 
 Writes are one transaction each (``Database.session``); watchers get the plan now in force and every later one
-through a bounded queue per watcher (a watcher too slow to take 16 plans is dropped and reconnects).
+through a bounded queue per watcher (a watcher too slow to take 16 plans is dropped and reconnects). A plan is
+handed to the watchers under the same lock as its activation's commit, so two activations racing (a computed plan
+and a rollback) reach every watcher in the order they were committed, and the last one a watcher gets is the plan
+in force (issue 36, fault 5).
 """
 
 from __future__ import annotations
@@ -131,8 +134,7 @@ class PlanStore:
                 ))
             if activate:
                 self.active = plan
-        if activate:
-            self._publish(plan)
+                self._publish(plan)  # under the write lock: watchers get activations in the order they committed
         return plan
 
     def activate(self, version: int) -> common_pb2.Plan:
@@ -152,7 +154,7 @@ class PlanStore:
                 row.state = "active"
                 plan = _body_with_state(bytes(row.body), "active")
             self.active = plan
-        self._publish(plan)
+            self._publish(plan)  # under the write lock (see store)
         return plan
 
     # -- watchers -------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ async def test_forecaster_late_then_down_then_back(tmp_path, start_inprocess, em
         engines = await emulators(2)
         opt_port = free_port()
         handle = await router(engines=[e.url for e in engines], watch_plans=True, optimizer_addr=f"127.0.0.1:{opt_port}",
-                              default_pool="chat", instance="r1")
+                              default_pool="chat")
         optimizer = await start_inprocess(
             OptimizerSettings, build_optimizer, port=opt_port, forecaster_addr=f"127.0.0.1:{fc_port}",
             profiler_addr="127.0.0.1:9", cache_manager_addr="127.0.0.1:9", cache_solver="keep", mig_solver="keep",
