@@ -20,6 +20,7 @@ VLLM_0_33_FAMILIES = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:engine_sleep_state": "gauge",
     "vllm:prefix_cache_queries": "counter",
     "vllm:prefix_cache_hits": "counter",
     "vllm:external_prefix_cache_queries": "counter",
@@ -88,7 +89,7 @@ VLLM_0_33_BUCKETS = {
 }
 # vLLM 0.33's label names: [model_name, engine] on every per-engine family, plus finished_reason on request_success
 # (cache_config_info, an info gauge labelled by the CacheConfig's fields, is left out)
-VLLM_0_33_EXTRA_LABELS = {"vllm:request_success": {"finished_reason"}}
+VLLM_0_33_EXTRA_LABELS = {"vllm:request_success": {"finished_reason"}, "vllm:engine_sleep_state": {"sleep_state"}}
 
 
 def test_the_emulator_exports_the_first_vllm_name_every_reader_tries() -> None:

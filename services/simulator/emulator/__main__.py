@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "decode (the prompt's KV cache over the link instead of a prefill)")
     modes.add_argument("--link-bandwidth-bytes-per-s", type=_positive_float, default=2e9,
                        help="link of the disaggregated modes (default 2e9: 16 Gbps)")
+    sleep = p.add_argument_group("sleep mode (vLLM's; sleep_mode.py)")
+    sleep.add_argument("--enable-sleep-mode", action="store_true",
+                       help="serve POST /sleep, POST /wake_up and GET /is_sleeping, as vllm serve --enable-sleep-mode")
+    sleep.add_argument("--sleep-s", type=_non_negative_float, default=None,
+                       help="engine seconds a sleep takes (default: the weights offloaded over the host link)")
+    sleep.add_argument("--wake-up-s", type=_non_negative_float, default=None,
+                       help="engine seconds a wake-up takes (default: the weights loaded back over the host link)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -183,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_on_crash=True,
         serving_mode=ModeSettings(args.mode, args.draft_profile, args.decode_profile, args.spec_acceptance,
                                   args.num_speculative_tokens, args.link_bandwidth_bytes_per_s, args.pd_role),
+        enable_sleep_mode=args.enable_sleep_mode,
+        sleep_s=args.sleep_s,
+        wake_up_s=args.wake_up_s,
     )
     try:
         config.validate()

@@ -46,6 +46,12 @@ class EmulatorConfig:
     exit_on_crash: bool = False
     #: serving mode (GreenLLM: standalone, spec_decode, dpd, dsd) and what it needs (modes.py)
     serving_mode: ModeSettings = field(default_factory=ModeSettings)
+    #: vLLM's --enable-sleep-mode: POST /sleep, POST /wake_up, GET /is_sleeping (sleep_mode.py); off, as in vLLM
+    enable_sleep_mode: bool = False
+    #: engine seconds a sleep takes (None = modelled: the weights offloaded over the host link)
+    sleep_s: float | None = None
+    #: engine seconds a wake-up takes (None = modelled: the weights loaded back over the host link)
+    wake_up_s: float | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid setting."""
@@ -73,4 +79,8 @@ class EmulatorConfig:
             raise ValueError(f"fail_after_tokens: must be >= 0, got {self.fail_after_tokens}")
         if self.crash_after_s is not None and not self.crash_after_s >= 0:
             raise ValueError(f"crash_after_s: must be >= 0, got {self.crash_after_s}")
+        for name in ("sleep_s", "wake_up_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value}")
         self.serving_mode.validate()

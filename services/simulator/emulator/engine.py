@@ -12,6 +12,10 @@ One asyncio task plays vLLM V1's scheduler and model runner:
    overhead does not add up), then applies the step: prefill progress, one token per request that
    finished its prefill or decoded, finish checks, metrics, and wakes the HTTP handlers.
 
+Sleep mode (``sleep`` / ``wake_up``, vLLM's semantics: sleep_mode.py): the scheduler is paused, the requests held
+are aborted, finished or frozen as the sleep's mode says, the KV blocks and the prefix cache are emptied, and
+requests that arrive meanwhile are held until the engine is awake again.
+
 Time: the engine keeps a modelled clock (seconds of the modelled engine). It advances by each step's
 modelled duration and, while idle, by wall-clock time x ``time_scale``. All latencies in metrics
 are on this clock, so they do not depend on the host's speed as long as the host keeps up.
@@ -35,6 +39,7 @@ from greenserve.simulator.emulator.prefix_cache import (
     block_hashes,
     blocks_for_tokens,
 )
+from greenserve.simulator.emulator.sleep_mode import SLEEP_LEVELS, SLEEP_MODES
 from greenserve.simulator.emulator.tokenizer import filler_offset, filler_text
 
 #: how far (wall seconds) the loop may fall behind its deadlines before it stops catching up.
@@ -131,6 +136,7 @@ class EmulatedEngine:
         *,
         time_scale: float = 1.0,
         max_num_seqs: int = 256,
+        transfer_power_w: float | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
@@ -157,6 +163,16 @@ class EmulatedEngine:
         self._step_extra_energy_j = 0.0
         metrics.engine_power_w = timer.idle_power_w
         metrics.energy_j = self.energy_j
+        # sleep mode (sleep_mode.py): 0 awake, else the level it sleeps at
+        self.sleep_level = 0
+        #: draw while the weights move over the host link (a sleep's offload, a wake-up's load)
+        self.transfer_power_w = timer.idle_power_w if transfer_power_w is None else float(transfer_power_w)
+        self._held: deque[EngineRequest] = deque()  # arrived while the scheduler is paused for sleep
+        self._hold_new = False  # new requests are held (a sleep is under way or in force)
+        self._paused = False  # no step runs (asleep, or going to sleep)
+        self._transferring = False
+        self._sleep_lock: asyncio.Lock | None = None  # sleep, wake-up and is_sleeping run one after another
+        self._emptied: asyncio.Event | None = None  # set whenever nothing runs or waits
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -164,6 +180,8 @@ class EmulatedEngine:
         loop = asyncio.get_running_loop()
         self._work = asyncio.Event()
         self._resume = asyncio.Event()
+        self._sleep_lock = asyncio.Lock()
+        self._emptied = asyncio.Event()
         if not self.faults.hang:
             self._resume.set()
         self._clock_wall = loop.time()
@@ -199,9 +217,14 @@ class EmulatedEngine:
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
-        """Queue a request (it shows in ``num_requests_waiting`` until admitted)."""
+        """Queue a request (it shows in ``num_requests_waiting`` until admitted); while the engine sleeps, or is
+        going to sleep, it is held until it is awake again (vLLM's paused scheduler)."""
         self._enqueue(req, self.now_s())
         req._arrival_wall = asyncio.get_running_loop().time()
+        if self._hold_new:
+            self.waiting.remove(req)
+            self._held.append(req)
+            self._update_gauges()
         assert self._work is not None
         self._work.set()
 
@@ -249,7 +272,10 @@ class EmulatedEngine:
             try:
                 self.waiting.remove(req)
             except ValueError:
-                pass
+                try:
+                    self._held.remove(req)
+                except ValueError:
+                    pass
         req.finished = True
         req.finish_reason = "abort"
         req.error = reason
@@ -259,10 +285,85 @@ class EmulatedEngine:
 
     def abort_all(self, reason: str) -> None:
         """Drop every request (engine crash or stop); the prefix cache is lost with the engine."""
-        for req in [*self.running, *self.waiting]:
+        for req in [*self.running, *self.waiting, *self._held]:
             self.abort(req, reason)
         self.pool.reset()
         self._update_gauges()
+
+    # -- sleep mode (sleep_mode.py) -------------------------------------------------------------
+    async def sleep(self, level: int, mode: str, duration_s: float) -> None:
+        """Put the engine to sleep as vLLM does: hold new requests, deal with the held ones by ``mode`` (abort,
+        wait for them, or keep them for after the wake-up), pause the scheduler, empty the KV cache and the prefix
+        cache, then take ``duration_s`` engine seconds (the weights offloaded) at the transfer power. Asleep already:
+        nothing changes."""
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"level: must be one of {SLEEP_LEVELS}, got {level!r}")
+        if mode not in SLEEP_MODES:
+            raise ValueError(f"mode: must be one of {', '.join(SLEEP_MODES)}, got {mode!r}")
+        assert self._sleep_lock is not None and self._emptied is not None and self._work is not None
+        async with self._sleep_lock:
+            if self.sleep_level:
+                return
+            self._hold_new = True
+            if mode == "abort":
+                for req in [*self.running, *self.waiting]:
+                    self.abort(req, "the engine was put to sleep (mode abort)")
+            elif mode == "wait":
+                while self.running or self.waiting:
+                    self._emptied.clear()
+                    await self._emptied.wait()
+            else:  # keep: frozen; their KV cache is discarded, so they are recomputed once awake
+                while self.running:
+                    req = self.running.pop()
+                    self._release(req)
+                    req.num_computed_tokens = 0
+                    req.prefill_target = req.prompt_tokens + req.num_output_tokens
+                    self.waiting.appendleft(req)
+            self._paused = True
+            self._work.set()  # the loop sees the pause and idles
+            self.pool.reset()
+            self._update_gauges()
+            await self._transfer(duration_s)
+            self.sleep_level = level
+            self.metrics.sleep_level = level
+
+    async def wake_up(self, duration_s: float) -> None:
+        """Wake the engine: ``duration_s`` engine seconds at the transfer power (the weights back), then the
+        scheduler runs again with the requests held meanwhile. Awake already: nothing changes."""
+        assert self._sleep_lock is not None and self._work is not None
+        async with self._sleep_lock:
+            if not self.sleep_level:
+                return
+            await self._transfer(duration_s)
+            # the engine slept in engine time too: the clock catches up with wall time, so requests held meanwhile
+            # are not stamped as served from their arrival
+            if self._idle:
+                self._sync_clock(asyncio.get_running_loop().time())
+            self.sleep_level = 0
+            self.metrics.sleep_level = 0
+            self._paused = self._hold_new = False
+            self.waiting.extend(self._held)
+            self._held.clear()
+            self._update_gauges()
+            self._work.set()
+
+    async def is_sleeping(self) -> bool:
+        """Whether the engine sleeps; asked during a sleep or a wake-up, answers once it is over (as vLLM's engine
+        core, which runs its utility calls one after another)."""
+        assert self._sleep_lock is not None
+        async with self._sleep_lock:
+            return self.sleep_level > 0
+
+    async def _transfer(self, duration_s: float) -> None:
+        """The weights move over the host link for ``duration_s`` engine seconds, at ``transfer_power_w``."""
+        self._transferring = True
+        self.metrics.engine_power_w = self.transfer_power_w
+        try:
+            await asyncio.sleep(max(0.0, duration_s) / self.time_scale)
+        finally:
+            self._transferring = False
+            self.metrics.engine_power_w = self.timer.idle_power_w
+        self._step_extra_energy_j += (self.transfer_power_w - self.timer.idle_power_w) * max(0.0, duration_s)
 
     def set_hang(self, hang: bool) -> None:
         """Pause (hang) or resume the step loop."""
@@ -286,6 +387,11 @@ class EmulatedEngine:
                 self._sync_clock(loop.time())
                 self._idle = False
                 deadline = loop.time()
+                continue
+            if self._paused:  # asleep or going to sleep: no step runs until wake_up
+                self._work.clear()
+                self._go_idle()
+                await self._work.wait()
                 continue
             if not self.running and not self.waiting:
                 self._work.clear()
@@ -340,7 +446,7 @@ class EmulatedEngine:
     def _go_idle(self) -> None:
         # the clock already counts on from the end of the last step (set when it completed)
         self._idle = True
-        self.metrics.engine_power_w = self.timer.idle_power_w
+        self.metrics.engine_power_w = self.transfer_power_w if self._transferring else self.timer.idle_power_w
 
     def _sync_clock(self, wall: float) -> None:
         self._clock_s += max(0.0, wall - self._clock_wall) * self.time_scale
@@ -450,8 +556,10 @@ class EmulatedEngine:
     def _update_gauges(self) -> None:
         m = self.metrics
         m.num_requests_running = len(self.running)
-        m.num_requests_waiting = len(self.waiting)
+        m.num_requests_waiting = len(self.waiting) + len(self._held)
         m.kv_cache_usage_perc = self.pool.usage
+        if self._emptied is not None and not self.running and not self.waiting:
+            self._emptied.set()
 
     # -- applying a step ----------------------------------------------------------------------
     def _complete(self, plan: _StepPlan) -> None:

@@ -112,6 +112,8 @@ class EngineMetrics:
         self.engine_power_w = 0.0
         #: modelled energy since the engine started, joules (the engine sets it; read when scraped)
         self.energy_j: Callable[[], float] = lambda: 0.0
+        #: sleep mode: 0 awake, 1 weights offloaded, 2 everything discarded (vllm:engine_sleep_state)
+        self.sleep_level = 0
 
     def registry(self) -> CollectorRegistry:
         """A registry holding only this engine's metrics (several engines may share a process)."""
@@ -142,6 +144,15 @@ class _Collector(Collector):
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m.num_requests_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m.num_requests_waiting)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m.kv_cache_usage_perc)
+        sleep_state = GaugeMetricFamily(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            labels=[*labels, "sleep_state"],
+        )
+        for level, state in enumerate(("awake", "weights_offloaded", "discard_all")):
+            sleep_state.add_metric([*values, state], 1.0 if m.sleep_level == level else 0.0)
+        yield sleep_state
         yield counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",

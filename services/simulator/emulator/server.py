@@ -3,7 +3,10 @@
 Routes (what clients, routers and scrapers use of ``vllm serve``): ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (JSON or SSE streaming ending with ``data: [DONE]``), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM metric names), ``GET /version``,
-``POST /tokenize``, and the emulator's own ``GET|POST /admin/faults``.
+``POST /tokenize``, and the emulator's own ``GET|POST /admin/faults``. With ``enable_sleep_mode`` (vLLM's
+``--enable-sleep-mode``) also ``POST /sleep?level=1|2&mode=abort|wait|keep``, ``POST /wake_up`` and
+``GET /is_sleeping`` (``{"is_sleeping": bool}``), with vLLM's semantics (sleep_mode.py); without it they are 404, as
+in vLLM.
 
 Output: every request generates ``max_tokens`` deterministic filler tokens (a real model would stop
 at its end-of-sequence token; the emulator cannot know when, so ``finish_reason`` is ``"length"``)
@@ -49,6 +52,7 @@ from greenserve.simulator.emulator.protocol import (
     bad,
     parse_generation,
 )
+from greenserve.simulator.emulator import sleep_mode
 from greenserve.simulator.emulator.tokenizer import (
     FILLER_CYCLE,
     FILLER_TOKENS_JSON,
@@ -102,13 +106,16 @@ class EngineEmulator:
             },
         )
         mode = config.serving_mode
+        timer = make_timer(perf_model, mode)
         self.engine = EmulatedEngine(
             self.shape,
-            make_timer(perf_model, mode),
+            timer,
             self.metrics,
             self.faults,
             time_scale=config.time_scale,
             max_num_seqs=config.max_num_seqs,
+            # moving the weights: the engine's peak draw (the planner's wake-up charge), beside any second GPU's idle
+            transfer_power_w=float(perf_model.power_w(1.0)) + timer.idle_power_w - float(perf_model.power_w(0.0)),
         )
         self.port: int | None = None
         self.url: str | None = None
@@ -140,6 +147,10 @@ class EngineEmulator:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/admin/faults", self._get_faults)
         app.router.add_post("/admin/faults", self._post_faults)
+        if self.config.enable_sleep_mode:
+            app.router.add_post("/sleep", self._sleep)
+            app.router.add_post("/wake_up", self._wake_up)
+            app.router.add_get("/is_sleeping", self._is_sleeping)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         await self._listen(self.config.port)
@@ -313,6 +324,32 @@ class EngineEmulator:
         except ApiError as err:
             return _error_response(err)
         return web.json_response({"count": len(ids), "max_model_len": self.shape.max_model_len_tokens, "tokens": ids})
+
+    # -- sleep mode (sleep_mode.py) -------------------------------------------------------------
+    async def _sleep(self, request: web.Request) -> web.Response:
+        level_text = request.query.get("level", "1")
+        mode = request.query.get("mode", "abort")
+        try:
+            level = int(level_text)
+        except ValueError:
+            return _error_response(bad("level", f"must be an integer, got {level_text!r}"))
+        if level not in sleep_mode.SLEEP_LEVELS:
+            return _error_response(bad("level", f"must be 1 or 2, got {level}"))
+        if mode not in sleep_mode.SLEEP_MODES:
+            return _error_response(bad("mode", f"must be one of {', '.join(sleep_mode.SLEEP_MODES)}, got {mode!r}"))
+        duration = self.config.sleep_s if self.config.sleep_s is not None else sleep_mode.sleep_s(self.profile, level)
+        await self.engine.sleep(level, mode, duration)
+        return web.Response(status=200)
+
+    async def _wake_up(self, request: web.Request) -> web.Response:
+        if request.query.getall("tags", []):
+            return _error_response(bad("tags", "the emulator wakes the weights and the KV cache together"))
+        duration = self.config.wake_up_s if self.config.wake_up_s is not None else sleep_mode.wake_up_s(self.profile)
+        await self.engine.wake_up(duration)
+        return web.Response(status=200)
+
+    async def _is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": await self.engine.is_sleeping()})
 
     async def _get_faults(self, request: web.Request) -> web.Response:
         return web.json_response(self.faults.as_dict())
