@@ -223,9 +223,8 @@ def test_every_metric_the_router_and_profiler_read_is_exported_with_vllms_labels
     assert snap.gauge("running") is not None
 
 
+@pytest.mark.parametrize("engine", ["vllm"], indirect=True)
 def test_the_emulators_vllm_families_exist_on_real_vllm_with_the_same_type(engine: Engine) -> None:
-    if engine.kind != "vllm":
-        pytest.skip("compares the emulator's declared families with a real engine's page")
     real = {f.name: f.type for f in text_string_to_metric_families(engine.metrics_text())}
     emulated = {f.name: f.type for f in text_string_to_metric_families(
         __import__("prometheus_client").generate_latest(EngineMetrics("m").registry()).decode())
