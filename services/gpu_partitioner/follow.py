@@ -28,7 +28,7 @@ from pydantic_settings import BaseSettings
 from greenserve.common.app import ServiceContext
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.config import ServiceSettings
-from greenserve.common.plan_follow import FAILED, PlanFollower, plan_file_store
+from greenserve.common.plan_follow import APPLIED, FAILED, PlanFollower, plan_file_store
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.gpu_partitioner.apply import DEFAULT_DRAIN_TIMEOUT_S, ApplyCoordinator
 from greenserve.gpu_partitioner.backend import MigBackend
@@ -84,6 +84,9 @@ class PlanFollowSettings(BaseSettings):
         30.0, gt=0, le=3600, description="seconds between looks at the node's inventory for a change to report")
     engine_check_interval_s: float = Field(
         15.0, gt=0, le=3600, description="seconds between checks for exited engines (reconciled again when one is)")
+    engine_retry_backoff_max_s: float = Field(
+        300.0, gt=0, le=86400, description="longest wait between two retries of engines that keep failing (the "
+        "wait doubles from --engine-check-interval-s at each retry that fails)")
 
     @field_validator("engine_port_range")
     @classmethod
@@ -178,9 +181,18 @@ class Following:
         self._closers = closers
         self._watchdog: asyncio.Task[None] | None = None
         self.startup: asyncio.Task[object] | None = None
+        self.retries = 0  # the watchdog's reconciles
 
-    def start_watchdog(self, interval_s: float) -> None:
+    def start_watchdog(self, interval_s: float, backoff_max_s: float = 300.0) -> None:
+        """Every ``interval_s``, reconcile again when an engine exited or the last reconcile FAILED (an engine that
+        did not start). Retries back off (issue 36, fault 4: an engine failing its health check after every launch
+        was launched again at every check, for ever): after ``n`` consecutive retries that did not fix it, the next
+        waits ``interval_s x 2^n``, at most ``backoff_max_s``; a new plan or interval, or a check that finds
+        nothing to do, starts again at once."""
+
         async def watch() -> None:
+            loop = asyncio.get_running_loop()
+            failures, next_try, key = 0, 0.0, None
             while True:
                 await asyncio.sleep(interval_s)
                 follower = self.follower
@@ -189,13 +201,30 @@ class Following:
                 exited = self.supervisor is not None and any(
                     e.returncode is not None and not e.reported_exit for e in self.supervisor.engines.values())
                 failed = follower.last_outcome is not None and follower.last_outcome.state == FAILED
-                if exited or failed:
-                    try:
-                        await follower.reconcile_now(force=True)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:  # noqa: BLE001 - reported by the follower already
-                        log.exception("watchdog reconcile failed")
+                if not (exited or failed):
+                    failures, next_try = 0, 0.0
+                    continue
+                if follower.reconciled != key:  # another plan or interval since the last retry: no back-off
+                    failures, next_try, key = 0, 0.0, follower.reconciled
+                if loop.time() < next_try:
+                    continue
+                try:
+                    self.retries += 1
+                    outcome = await follower.reconcile_now(force=True)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - reported by the follower already
+                    log.exception("watchdog reconcile failed")
+                    outcome = None
+                key = follower.reconciled
+                if outcome is None or outcome.state != APPLIED:
+                    failures += 1
+                    wait_s = min(backoff_max_s, interval_s * 2**failures)
+                    next_try = loop.time() + wait_s
+                    log.warning("engines still failing after %d retr%s; next retry in %.0f s", failures,
+                                "y" if failures == 1 else "ies", wait_s)
+                else:
+                    failures, next_try = 0, 0.0
 
         self._watchdog = asyncio.get_running_loop().create_task(watch(), name="engine-watchdog")
 
@@ -257,7 +286,7 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     if follower.plan is not None:  # a stored plan: its engines died with the previous process
         following.startup = asyncio.get_running_loop().create_task(follower.reconcile_now(force=True),
                                                                    name="reconcile-stored-plan")
-    following.start_watchdog(settings.engine_check_interval_s)
+    following.start_watchdog(settings.engine_check_interval_s, settings.engine_retry_backoff_max_s)
     return following
 
 

@@ -4,18 +4,19 @@ and waiting for a condition."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 
 from tests.router.conftest import emulators, router  # noqa: F401  (fixtures)
 
 
-async def until(predicate: Callable[[], Awaitable[bool] | bool], timeout_s: float, what: str,
+async def until(predicate: Callable[[], Awaitable[object] | object], timeout_s: float, what: str,
                 every_s: float = 0.1) -> None:
-    """Waits until ``predicate()`` is true; fails naming ``what`` after ``timeout_s``."""
+    """Waits until ``predicate()`` (awaited when it answers an awaitable) is true; fails naming ``what`` after ``timeout_s``."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         result = predicate()
-        if not isinstance(result, bool):
+        if inspect.isawaitable(result):
             result = await result
         if result:
             return
