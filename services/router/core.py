@@ -22,6 +22,7 @@ from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.persistence import Database
 from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.router.engine_admin import EngineAdmin
+from greenserve.router.engine_sleep import EngineSleeper, SleepSettings
 from greenserve.router.engine_replies import MAX_MODELS_BYTES, ReplyTooLarge, read_capped
 from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
 from greenserve.router.feeds import AccessFeed, LoadFeed
@@ -95,6 +96,7 @@ class CoreConfig:
     access_feed_interval_s: float = 1.0
     replica_id: str = ""  # in router_replicas; default host:pid
     state_poll_interval_s: float = 0.25  # the shared state's change counter is read this often (shared_state.py)
+    sleep: SleepSettings = field(default_factory=SleepSettings)  # engines the plan puts to sleep (engine_sleep.py)
 
 
 class RouterCore(EngineAdmin):
@@ -147,9 +149,10 @@ class RouterCore(EngineAdmin):
         self.load_feed = LoadFeed(forecaster if config.feeds else None, config.load_feed_interval_s)
         self.access_feed = AccessFeed(cache_manager if config.feeds else None, config.access_feed_interval_s,
                                       bytes_per_token=int(kv["bytes_per_token"]))
+        self.sleeper = EngineSleeper(self.registry, self.monitor.scrape, config.sleep, on_change=self._runs_changed)
         self.watcher = PlanWatcher(self.plans, self._optimizer, self._on_plan,
                                    known_engines=lambda: set(self.registry.engines),
-                                   on_unresolved=self._watch_placements) \
+                                   on_unresolved=self._watch_placements, sleeper=self.sleeper) \
             if self._optimizer is not None else None
         self.receipt_metrics = ReceiptMetrics(meter)
         self.attainment = AttainmentWindow(config.slo_window_s)
@@ -264,6 +267,7 @@ class RouterCore(EngineAdmin):
             await self.attainment_reporter.stop()
         if self.watcher is not None:
             await self.watcher.stop()
+        await self.sleeper.stop()
         await self.monitor.stop()
         await self.receipt_metrics.stop()
         await self.ci.stop()
@@ -342,6 +346,7 @@ class RouterCore(EngineAdmin):
             if plan is not None and self.plans.apply(plan):
                 log.info("plan in force from the shared database (WatchPlans lags)",
                          extra={"plan_version": plan.version})
+                self.sleeper.apply(self.plans.run_targets())
         return True
 
     def _apply_snapshot(self, snap: Snapshot) -> None:
@@ -415,6 +420,11 @@ class RouterCore(EngineAdmin):
             self.registry.reindex()
 
     # -- engines ------------------------------------------------------------------------------------
+
+    def _runs_changed(self) -> None:
+        """An engine reached the run state the plan gives it, or failed to: the optimizer hears of it."""
+        if self.watcher is not None:
+            self.watcher.report_runs()
 
     async def _on_plan(self, plan: common_pb2.Plan) -> None:
         """A new plan: fetch the fleet for pool SLOs/regions and for engines the plan names but we lack."""

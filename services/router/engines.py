@@ -21,6 +21,10 @@ replica's own requests since that scrape (its starts minus its ends), so a burst
 between two scrapes counts at once; four replicas therefore never each believe an engine idle. The
 recent TTFT and TPOT are the engine's own histograms' means over the last scrape interval.
 
+Sleep mode: an engine the plan's ``engine_runs`` puts to sleep, or wakes, is held out of routing
+(``sleep_hold``) from the moment its drain starts until it is awake and healthy again (engine_sleep.py drives it;
+``run_phase`` says where it is: going to sleep, asleep, waking).
+
 Verdicts are shared: an ejection (and a recovery) is reported through ``on_verdict`` (the router's core
 writes it to the shared database, shared_state.py); an ejection learnt from another replica is applied
 with ``apply_shared_ejection`` and lifted when that replica records the recovery.
@@ -51,6 +55,14 @@ DRAINING = common_pb2.ENGINE_STATE_DRAINING
 DRAINED = common_pb2.ENGINE_STATE_DRAINED
 EJECTED = common_pb2.ENGINE_STATE_EJECTED
 STALE = common_pb2.ENGINE_STATE_STALE
+SLEEPING = common_pb2.ENGINE_STATE_SLEEPING
+WAKING = common_pb2.ENGINE_STATE_WAKING
+
+# EngineState.run_phase (engine_sleep.py): where an engine is between awake and asleep
+RUN_AWAKE = "awake"
+RUN_GOING_TO_SLEEP = "going_to_sleep"  # held out of routing, draining, POST /sleep not sent yet
+RUN_ASLEEP = "asleep"
+RUN_WAKING = "waking"  # POST /wake_up sent (or to send again), not yet awake and healthy
 
 
 def engine_url_problem(url: str) -> str | None:
@@ -119,6 +131,10 @@ class EngineState:
     eject_count: int = 0
     probe_in_flight: bool = False
     shared_ejection: bool = False  # the ejection in force was learnt from the shared database
+    # sleep mode (engine_sleep.py)
+    run_phase: str = RUN_AWAKE
+    sleep_hold: bool = False  # no new request: going to sleep, asleep or waking
+    sleep_unsupported: bool = False  # POST /sleep answered 404 (vLLM without --enable-sleep-mode)
     # energy accounting: integral of power/n and of n over time (see receipt.py)
     energy_per_slot_j: float = 0.0
     busy_slot_s: float = 0.0
@@ -200,6 +216,8 @@ class EngineState:
     def state(self, now: float, stale_after_s: float) -> int:
         if self.draining:
             return DRAINED if self.in_flight == 0 else DRAINING
+        if self.run_phase != RUN_AWAKE:
+            return {RUN_ASLEEP: SLEEPING, RUN_WAKING: WAKING}.get(self.run_phase, DRAINING)
         if self.ejected_until:
             return EJECTED
         if self.metrics_at == 0.0 or now - self.metrics_at > stale_after_s:
@@ -207,8 +225,9 @@ class EngineState:
         return HEALTHY
 
     def routable(self, now: float) -> bool:
-        """Eligible for a new request: not draining and either not ejected or due a half-open trial."""
-        if self.draining:
+        """Eligible for a new request: not draining, not held out by sleep mode, and either not ejected or due a
+        half-open trial."""
+        if self.draining or self.sleep_hold:
             return False
         if not self.ejected_until:
             return True

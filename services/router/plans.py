@@ -19,6 +19,10 @@
 * MIG instances a plan's layout creates have no engine id yet when the plan is made: the plan names them by
   placement (``mig:<gpu uuid>/<profile>@<start>``) and the weight goes to the engine(s) the inventory's
   ``gpus[].instances[]`` report at that placement (the gpu-partitioner registers them under its own ids).
+* Engines that step down: the interval's ``engine_runs`` (awake or asleep per engine, placements resolved as
+  weights are; an engine it does not name is awake) go to the ``EngineSleeper`` (engine_sleep.py), which drains and
+  puts to sleep, or wakes, each engine; the report says what is asleep, going to sleep or waking, and which engine
+  failed to (``applying`` while engines are still on their way, then ``applied`` or ``failed`` once they settle).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
 from greenserve.common.tasks import cancel_and_wait
+from greenserve.router.engine_sleep import EngineSleeper
 from greenserve.router.models import LAST_PLAN_ID, LastPlan
 from greenserve.router.shared_state import (
     bump,  # a stored plan is a change the other replicas learn of
@@ -48,6 +53,9 @@ Weights = dict[str, float]
 # A plan names a MIG instance its layout creates by placement (optimizer/solvers/routing_weights.py,
 # placement_engine_id); the fleet inventory says which engine runs there once the gpu-partitioner reports it.
 MIG_PLACEMENT_PREFIX = "mig:"
+
+
+RUN_STATES = frozenset(common_pb2.EngineRunState.values())
 
 
 class PlanError(ValueError):
@@ -64,6 +72,16 @@ def validate_plan(plan: common_pb2.Plan) -> None:
                 raise PlanError(f"plan.intervals[{i}].routing_weights[{j}].weight must be finite and >= 0")
             if not w.engine_id:
                 raise PlanError(f"plan.intervals[{i}].routing_weights[{j}].engine_id is empty")
+        named: set[str] = set()
+        for j, run in enumerate(interval.engine_runs):
+            where = f"plan.intervals[{i}].engine_runs[{j}]"
+            if not run.engine_id:
+                raise PlanError(f"{where}.engine_id is empty")
+            if run.state not in RUN_STATES:
+                raise PlanError(f"{where}.state {run.state} is not an EngineRunState")
+            if run.engine_id in named:
+                raise PlanError(f"{where}: engine {run.engine_id!r} is named twice in the interval")
+            named.add(run.engine_id)
 
 
 class PlanStore:
@@ -76,6 +94,7 @@ class PlanStore:
         self.version = 0
         self.received_at = 0.0
         self._weights: dict[str, Weights] = {}
+        self._runs: dict[str, int] = {}  # engine id -> EngineRunState of the interval in force (resolved)
         self._interval: common_pb2.PlanInterval | None = None  # the interval in force (_select_interval)
         self._valid_until = math.inf  # clock time when the interval in force ends
         self.pool_slo: dict[str, common_pb2.Slo] = {}
@@ -111,8 +130,24 @@ class PlanStore:
     def engine_ids(self) -> set[str]:
         if self.plan is None:
             return set()
-        return {e for interval in self.plan.intervals for w in interval.routing_weights
-                for e in self.instance_engines.get(w.engine_id, (w.engine_id,))}
+        return {e for interval in self.plan.intervals
+                for name in [*(w.engine_id for w in interval.routing_weights),
+                             *(r.engine_id for r in interval.engine_runs)]
+                for e in self.instance_engines.get(name, (name,))}
+
+    def run_targets(self) -> dict[str, int]:
+        """Engine id -> EngineRunState the interval in force gives it (MIG placements resolved to their engines);
+        empty without a plan or without ``engine_runs`` (every engine awake)."""
+        if self.plan is None:
+            return {}
+        if self.clock() >= self._valid_until:
+            self._select_interval()
+        return dict(self._runs)
+
+    def interval_in_force(self) -> common_pb2.PlanInterval | None:
+        if self.plan is not None and self.clock() >= self._valid_until:
+            self._select_interval()
+        return self._interval
 
     # -- write side ------------------------------------------------------------------------------
 
@@ -134,13 +169,18 @@ class PlanStore:
             starts = [iv for iv in plan.intervals if not iv.HasField("start") or iv.start.ToSeconds() <= now]
             chosen = starts[-1] if starts else plan.intervals[0]
         weights: dict[str, Weights] = {}
+        runs: dict[str, int] = {}
         self._interval = chosen
         if chosen is not None:
             for w in chosen.routing_weights:
                 pool = weights.setdefault(w.pool, {})
                 for engine_id in self.instance_engines.get(w.engine_id, (w.engine_id,)):
                     pool[engine_id] = w.weight
+            for r in chosen.engine_runs:
+                for engine_id in self.instance_engines.get(r.engine_id, (r.engine_id,)):
+                    runs[engine_id] = r.state
         self._weights = weights
+        self._runs = runs
         self._valid_until = next_change
 
     def apply(self, plan: common_pb2.Plan, *, rollback: bool = False) -> bool:
@@ -222,9 +262,11 @@ class PlanWatcher:
         instance: str | None = None,
         known_engines: Callable[[], set[str]] | None = None,
         on_unresolved: Callable[[], None] | None = None,
+        sleeper: EngineSleeper | None = None,
     ) -> None:
         self.store = store
         self.on_plan = on_plan
+        self.sleeper = sleeper  # puts engines to sleep and wakes them as the interval's engine_runs say
         self.on_unresolved = on_unresolved  # the interval in force weights MIG placements the fleet lacks
         self.known_engines = known_engines
         self.rejected = 0
@@ -263,7 +305,29 @@ class PlanWatcher:
                 await self.on_plan(plan)
         if self.on_unresolved is not None and self.store.unresolved_placements():
             self.on_unresolved()  # a new plan, or a new interval of it, whose layout is still being applied
-        return Outcome(APPLIED, self.describe(plan, interval))
+        if self.sleeper is not None:
+            self.sleeper.apply(self.store.run_targets())
+        return self.outcome(plan, interval)
+
+    def outcome(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
+        """The report of routing on ``interval``: its weights, and the engines' run states when the plan puts
+        engines to sleep (APPLYING while they are on their way, FAILED while one fails)."""
+        detail = self.describe(plan, interval)
+        state = None
+        if self.sleeper is not None:
+            runs = self.sleeper.describe()
+            if runs:
+                detail += "; " + runs
+            state = self.sleeper.outcome_state()
+        return Outcome(APPLIED if state is None else state, detail)
+
+    def report_runs(self) -> None:
+        """Reports again once an engine reached its run state or failed to (EngineSleeper.on_change)."""
+        plan = self.store.plan
+        if plan is None:
+            return
+        interval = self.store.interval_in_force()
+        self.follower.reporter.report(plan.version, interval, self.outcome(plan, interval))
 
     def describe(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> str:
         """What routing on ``interval`` means: pools and engines weighted, weighted engines the router lacks."""

@@ -2,8 +2,10 @@
 
 Filters (each fails open: when it would leave no engine, it is skipped and the fallback is counted):
 
-1. availability: not draining, not ejected (an ejected engine whose backoff has passed gets one
-   half-open trial request); when every engine is ejected, the one due back soonest is tried;
+1. availability: not draining, not held out by sleep mode (going to sleep, asleep or waking: engine_sleep.py;
+   never failed open, an asleep engine would hold the request until it wakes), not ejected (an ejected engine
+   whose backoff has passed gets one half-open trial request); when every engine is ejected, the one due back
+   soonest is tried;
 2. plan: engines the active plan gives weight 0 in this pool;
 3. bounded load: engines whose load exceeds ``max(c x mean, mean + slack)`` (consistent hashing with
    bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018; the absolute slack keeps affinity
@@ -211,11 +213,12 @@ class RoutingPolicy:
         if exclude:
             live = [e for e in cands if e.id not in exclude and e.routable(now)]
         else:  # the common case: routable() asked only of ejected engines (all it adds for the others)
-            live = [e for e in cands if not e.draining and (not e.ejected_until or e.routable(now))]
+            live = [e for e in cands if not e.draining and not e.sleep_hold and (not e.ejected_until or e.routable(now))]
         if not live:
-            ejected = [e for e in cands if e.id not in exclude and not e.draining and not e.probe_in_flight]
+            ejected = [e for e in cands if e.id not in exclude and not e.draining and not e.sleep_hold
+                       and not e.probe_in_flight]
             if not ejected:
-                raise NoEngineError("every engine for the request is draining, failed or already tried")
+                raise NoEngineError("every engine for the request is draining, asleep, failed or already tried")
             live = [min(ejected, key=lambda e: e.ejected_until)]
             fallbacks.append("all_ejected")
 

@@ -14,6 +14,7 @@ from greenserve.common.config import (
 )
 from greenserve.router.core import CoreConfig
 from greenserve.router.engine_pool import STREAM_IDLE_TIMEOUT_S
+from greenserve.router.engine_sleep import SleepSettings
 from greenserve.router.engines import engine_url_problem
 from greenserve.router.http_guard import HttpLimits, default_max_connections
 from greenserve.router.policy import PolicyConfig
@@ -117,6 +118,15 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
     default_idle_power_w: float | None = Field(None, ge=0, le=1e6, allow_inf_nan=False,
                                                description="engine idle power (default: data file)")
     watch_plans: bool = Field(True, description="subscribe to the optimizer's WatchPlans")
+    sleep_drain_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="an engine the plan puts to sleep gets this long to finish its requests "
+        "before POST /sleep; still busy: not put to sleep yet (it gets no new request) and tried again later")
+    wake_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="an engine the plan wakes must be awake (GET /is_sleeping false) and "
+        "healthy within this long after POST /wake_up; else it stays out of routing and is tried again with back-off")
+    sleep_retry_max_s: float = Field(
+        300.0, ge=1, le=86400, description="longest back-off between two tries to put an engine to sleep or wake it "
+        "(doubling from 5 s)")
     slo_window_s: float = Field(300.0, ge=10, le=86400,
                                 description="SLO attainment per pool over this window is reported to the optimizer")
     slo_report_interval_s: float = Field(60.0, ge=1, le=3600, description="how often that report is sent")
@@ -163,6 +173,8 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
             slo_window_s=self.slo_window_s, slo_report_interval_s=self.slo_report_interval_s,
             load_feed_interval_s=self.load_feed_interval_s, access_feed_interval_s=self.access_feed_interval_s,
             replica_id=self.replica_id, state_poll_interval_s=self.state_poll_interval_s,
+            sleep=SleepSettings(drain_timeout_s=self.sleep_drain_timeout_s, wake_timeout_s=self.wake_timeout_s,
+                                retry_first_s=min(5.0, self.sleep_retry_max_s), retry_max_s=self.sleep_retry_max_s),
         )
 
     def http_limits(self) -> HttpLimits:
