@@ -347,8 +347,10 @@ class EmulatorLauncher:
 
     def command(self, spec: EngineSpec) -> LaunchCommand:
         profile, note = closest_profile(spec.simulator_model, spec.hardware, self.known_profiles)
+        # sleep mode on, so that the router can put the engine to sleep when the plan says (engine_runs; vLLM engines
+        # get it from the variant's vllm_args: --enable-sleep-mode, CUDA only)
         argv = [*self.argv0, "--host", spec.host, "--port", str(spec.port), "--model", spec.served_model,
-                "--time-scale", f"{self.time_scale:g}"]
+                "--time-scale", f"{self.time_scale:g}", "--enable-sleep-mode"]
         if profile is not None:
             argv += ["--profile", profile]
         notes = [note] if note else []

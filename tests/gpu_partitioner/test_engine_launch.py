@@ -66,7 +66,7 @@ def test_emulator_command_and_profile_choice() -> None:
     launcher = EmulatorLauncher(time_scale=4.0, argv0=["greenserve-engine-sim"], known_profiles=KNOWN)
     cmd = launcher.command(_spec())
     assert cmd.argv == ("greenserve-engine-sim", "--host", "10.0.0.5", "--port", "8101", "--model",
-                        "meta-llama/Meta-Llama-3-8B-Instruct", "--time-scale", "4", "--profile",
+                        "meta-llama/Meta-Llama-3-8B-Instruct", "--time-scale", "4", "--enable-sleep-mode", "--profile",
                         "llama3-8b@A100-80GB-MIG-3g.40gb")
     assert cmd.note == "" and cmd.env == {"CUDA_VISIBLE_DEVICES": "MIG-aaaa-bbbb"}
     # an A100-40GB 3g: no such profile; the same family's 3g is closest (same slice count)
