@@ -27,7 +27,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from greenserve.common.config import ServiceSettings
-from greenserve.common.errors import GreenserveError, InvalidArgument
+from greenserve.common.db_errors import unavailable_reason
+from greenserve.common.errors import GreenserveError, InvalidArgument, Unavailable
 from greenserve.common.telemetry import Telemetry
 
 log = logging.getLogger("greenserve.server")
@@ -249,6 +250,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     self.code = exc.code
                     self.span.set_status(Status(StatusCode.ERROR, str(exc)))
                     await self.context.abort_with_status(rpc_status.to_status(exc.to_status(interceptor._service)))
+                reason = unavailable_reason(exc)
+                if reason is not None:  # the database locked or unreachable: the caller may retry
+                    log.warning("%s: %s", method, reason, extra={"rpc_method": method})
+                    await self.fail(Unavailable(reason))
                 if isinstance(exc, NotImplementedError):
                     self.code = grpc.StatusCode.UNIMPLEMENTED
                     await self.context.abort(

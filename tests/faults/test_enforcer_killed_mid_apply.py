@@ -19,7 +19,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
