@@ -1,5 +1,9 @@
 """What a MIG backend is: the state it reports, the operations it offers and the errors it raises.
 
+Beside MIG it sets a GPU's power limit and locks its SM clocks (power.py applies the plan's ``gpu_power``):
+``power_limits``, ``set_power_limit``, ``supported_sm_clocks``, ``set_locked_clocks``, ``reset_locked_clocks``,
+with the same errors (NO_PERMISSION without root, INVALID_ARGUMENT outside the limits, NOT_SUPPORTED).
+
 Two implementations follow this contract: `backend_nvml.NvmlBackend` (real NVML through pynvml) and
 `backend_sim.SimulatedBackend` (the same rules and errors, persisted in the service database). The errors mirror
 the NVML return codes (``nvmlReturn_t`` in the NVML API reference, https://docs.nvidia.com/deploy/nvml-api/, as
@@ -134,6 +138,16 @@ class PowerReading:
     energy_j: float | None
 
 
+@dataclass(frozen=True)
+class PowerLimits:
+    """A GPU's power management limit, watts: the range it accepts, its default and the limit in force."""
+
+    min_w: float
+    max_w: float
+    default_w: float
+    current_w: float
+
+
 class MigBackend(Protocol):
     """Operations the partitioner needs. Blocking calls: the service runs them in a worker thread."""
 
@@ -168,6 +182,21 @@ class MigBackend(Protocol):
 
     def instance_activity(self, gpu_uuid: str) -> dict[str, float] | None:
         """Per-MIG-UUID activity in [0, 1] when the backend can measure it, else None (A100 NVML)."""
+
+    def power_limits(self, gpu_uuid: str) -> PowerLimits:
+        """nvmlDeviceGetPowerManagementLimitConstraints, ...DefaultLimit and ...Limit, in watts."""
+
+    def set_power_limit(self, gpu_uuid: str, watts: float) -> None:
+        """nvmlDeviceSetPowerManagementLimit (milliwatts); NoPermissionError without root."""
+
+    def supported_sm_clocks(self, gpu_uuid: str) -> list[int]:
+        """nvmlDeviceGetSupportedGraphicsClocks at the highest supported memory clock, MHz, highest first."""
+
+    def set_locked_clocks(self, gpu_uuid: str, min_mhz: int, max_mhz: int) -> None:
+        """nvmlDeviceSetGpuLockedClocks(min, max); NoPermissionError without root."""
+
+    def reset_locked_clocks(self, gpu_uuid: str) -> None:
+        """nvmlDeviceResetGpuLockedClocks: clocks unlocked (the GPU's own boost behaviour)."""
 
     def close(self) -> None:
         """Release NVML (or nothing)."""

@@ -13,6 +13,11 @@ Management") as nvidia-ml-py's ``pynvml.py`` wraps it:
 * Destroying a GI needs its compute instances destroyed first; both return IN_USE while processes run.
 * MIG device UUIDs come from the MIG device handles, joined to the GI/CI ids we created.
 * Power is milliwatts and energy millijoules since driver load, for the whole GPU only.
+* Power limits are milliwatts: ``nvmlDeviceSetPowerManagementLimit`` takes one within
+  ``nvmlDeviceGetPowerManagementLimitConstraints`` (INVALID_ARGUMENT outside), NO_PERMISSION without root;
+  ``nvmlDeviceSetGpuLockedClocks(min, max)`` takes MHz of ``nvmlDeviceGetSupportedGraphicsClocks`` (listed per
+  memory clock: the highest of ``nvmlDeviceGetSupportedMemoryClocks``, the one a data-centre GPU runs at), and
+  ``nvmlDeviceResetGpuLockedClocks`` unlocks them; NVML has no call that reads a clock lock back.
 * A GPU whose ``nvmlDeviceGetMigMode`` answers NOT_SUPPORTED (no MIG: T4, V100) is listed with ``mig_capable``
   false; with the MIG-capable ones whose mode is disabled it is a whole GPU (``GpuState.whole``), named by
   ``hardware`` ("Tesla T4" -> "T4"): where the gpu-partitioner runs DPD's decoder.
@@ -42,6 +47,7 @@ from greenserve.gpu_partitioner.backend import (
     NoPermissionError,
     NotFoundError,
     NotSupportedError,
+    PowerLimits,
     PowerReading,
     ResetRequiredError,
 )
@@ -400,6 +406,51 @@ class NvmlBackend:
         except N.NVMLError:
             pass
         return PowerReading(power_w=power_w, energy_j=energy_j)
+
+    def power_limits(self, gpu_uuid: str) -> PowerLimits:
+        N = self.N
+        handle = self._handle(gpu_uuid)
+        try:
+            low, high = N.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+            default = N.nvmlDeviceGetPowerManagementDefaultLimit(handle)
+            current = N.nvmlDeviceGetPowerManagementLimit(handle)
+        except N.NVMLError as exc:
+            raise self._translate(exc, f"power limits of {gpu_uuid}") from exc
+        return PowerLimits(min_w=low / 1000.0, max_w=high / 1000.0, default_w=default / 1000.0,
+                           current_w=current / 1000.0)
+
+    def set_power_limit(self, gpu_uuid: str, watts: float) -> None:
+        handle = self._handle(gpu_uuid)
+        try:
+            self.N.nvmlDeviceSetPowerManagementLimit(handle, int(round(watts * 1000.0)))
+        except self.N.NVMLError as exc:
+            raise self._translate(exc, f"nvmlDeviceSetPowerManagementLimit({watts:g} W)") from exc
+
+    def supported_sm_clocks(self, gpu_uuid: str) -> list[int]:
+        N = self.N
+        handle = self._handle(gpu_uuid)
+        try:
+            memory = max(N.nvmlDeviceGetSupportedMemoryClocks(handle), default=None)
+            if memory is None:
+                raise NotSupportedError(f"GPU {gpu_uuid} lists no supported memory clock")
+            clocks = N.nvmlDeviceGetSupportedGraphicsClocks(handle, int(memory))
+        except N.NVMLError as exc:
+            raise self._translate(exc, f"supported clocks of {gpu_uuid}") from exc
+        return sorted({int(c) for c in clocks}, reverse=True)
+
+    def set_locked_clocks(self, gpu_uuid: str, min_mhz: int, max_mhz: int) -> None:
+        handle = self._handle(gpu_uuid)
+        try:
+            self.N.nvmlDeviceSetGpuLockedClocks(handle, int(min_mhz), int(max_mhz))
+        except self.N.NVMLError as exc:
+            raise self._translate(exc, f"nvmlDeviceSetGpuLockedClocks({min_mhz}, {max_mhz})") from exc
+
+    def reset_locked_clocks(self, gpu_uuid: str) -> None:
+        handle = self._handle(gpu_uuid)
+        try:
+            self.N.nvmlDeviceResetGpuLockedClocks(handle)
+        except self.N.NVMLError as exc:
+            raise self._translate(exc, "nvmlDeviceResetGpuLockedClocks") from exc
 
     def instance_activity(self, gpu_uuid: str) -> dict[str, float] | None:
         # NVML has no per-GI utilisation on A100 (N/A; nvmlDeviceGetUtilizationRates is NOT_SUPPORTED on a

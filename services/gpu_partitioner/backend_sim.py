@@ -16,9 +16,18 @@ mode and reset rules of the user guide's "Getting Started with MIG" (enable MIG 
   is listed with ``mig_capable`` false and runs engines as a whole GPU (DPD's decoder on the older GPU); every MIG
   call on it is NOT_SUPPORTED, as NVML answers.
 
+Power limits and locked SM clocks follow NVML too (``nvmlDeviceSetPowerManagementLimit`` within the board's
+limits, INVALID_ARGUMENT outside; ``nvmlDeviceSetGpuLockedClocks`` with supported clocks; NO_PERMISSION on a GPU the
+simulator marks as not ours to change, as without root): the board's range is ``MIN_POWER_LIMIT_W`` up to its TDP
+(the default limit), the SM clock ladder runs from the family's highest clock (``simulator.clocks``) down to
+``MIN_SM_CLOCK_MHZ`` in ``SM_CLOCK_STEP_MHZ`` steps, as ``nvidia-smi -q -d SUPPORTED_CLOCKS`` lists an A100's
+(1410 ... 210 MHz, 15 MHz apart; the same ladder is assumed for the other families).
+
 Every mutation is one database transaction, so the simulated GPUs survive a restart of the service
 exactly as they were (as real GPUs survive a restart of the partitioner process). Power follows a
-simple model (idle + share of max power by busy compute slices) and feeds a monotonic energy counter.
+simple model (idle + share of max power by busy compute slices; a locked SM clock scales the active part as
+``simulator.clocks`` models a memory-bound decode step, a power limit caps the draw) and feeds a monotonic energy
+counter.
 """
 
 from __future__ import annotations
@@ -41,8 +50,10 @@ from greenserve.gpu_partitioner.backend import (
     InsufficientResourcesError,
     InUseError,
     InvalidPlacementError,
+    NoPermissionError,
     NotFoundError,
     NotSupportedError,
+    PowerLimits,
     PowerReading,
     ResetRequiredError,
 )
@@ -54,9 +65,15 @@ from greenserve.gpu_partitioner.geometry import (
     Placement,
 )
 from greenserve.gpu_partitioner.models import SimulatedGpu
+from greenserve.simulator.clocks import CLOCK_POWER_EXPONENT, MEMORY_BOUND_FIXED_SHARE, max_sm_clock_mhz
 from sqlalchemy import select
 
 MIB = 1024 * 1024
+# ``nvidia-smi -q`` "Min Power Limit" of the SXM / PCIe boards the simulator models (the max and default limit is
+# the board's TDP): A100 100 W, H100/H200 SXM 200 W, V100 SXM2 150 W, L40 100 W, T4 60 W
+MIN_POWER_LIMIT_W = {"A100": 100.0, "H100": 200.0, "H200": 200.0, "V100": 150.0, "L40": 100.0, "T4": 60.0}
+MIN_SM_CLOCK_MHZ = 210
+SM_CLOCK_STEP_MHZ = 15
 
 
 def parse_gpu_spec(spec: str) -> list[tuple[str, bool]]:
@@ -130,14 +147,83 @@ class SimulatedBackend:
         if not _has_mig(row.model):
             figures = simulator_gpus()[row.model]
             idle, peak = float(figures["idle_w"]), float(figures["tdp_w"])
-            return idle + (peak - idle) * (1.0 if state["gpu_processes"] > 0 else 0.0)
-        geo = geometry_mod.geometry(row.model)
-        if row.mig_enabled:
-            busy = sum(geo.profile(i["profile"]).compute_slices for i in state["instances"] if i["processes"] > 0)
-            fraction = busy / geo.compute_slices
-        else:
             fraction = 1.0 if state["gpu_processes"] > 0 else 0.0
-        return geo.sim_idle_power_w + (geo.max_power_w - geo.sim_idle_power_w) * fraction
+        else:
+            geo = geometry_mod.geometry(row.model)
+            idle, peak = geo.sim_idle_power_w, geo.max_power_w
+            if row.mig_enabled:
+                busy = sum(geo.profile(i["profile"]).compute_slices for i in state["instances"] if i["processes"] > 0)
+                fraction = busy / geo.compute_slices
+            else:
+                fraction = 1.0 if state["gpu_processes"] > 0 else 0.0
+        active = (peak - idle) * fraction
+        locked = state.get("locked_clocks")
+        top = max_sm_clock_mhz(row.model)
+        if locked and top:  # the active draw of a memory-bound decode step at that clock (simulator.clocks)
+            f = min(1.0, locked[1] / top)
+            active *= MEMORY_BOUND_FIXED_SHARE + (1.0 - MEMORY_BOUND_FIXED_SHARE) * f ** CLOCK_POWER_EXPONENT
+        limit = state.get("power_limit_w")
+        return min(idle + active, limit) if limit is not None else idle + active
+
+    # ---------------------------------------------------------------------------------------------
+    # Power limit and SM clocks (what power.py applies)
+    # ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _limit_range(row: SimulatedGpu) -> tuple[float, float]:
+        tdp = float(simulator_gpus()[row.model]["tdp_w"]) if not _has_mig(row.model) \
+            else geometry_mod.geometry(row.model).max_power_w
+        family = row.model.split("-")[0]
+        return MIN_POWER_LIMIT_W.get(family, tdp / 4.0), tdp
+
+    @staticmethod
+    def _clock_ladder(row: SimulatedGpu) -> list[int]:
+        top = max_sm_clock_mhz(row.model)
+        if not top:
+            raise NotSupportedError(f"GPU {row.gpu_uuid} ({row.model}): no supported clocks known")
+        return list(range(top, MIN_SM_CLOCK_MHZ - 1, -SM_CLOCK_STEP_MHZ))
+
+    @staticmethod
+    def _need_permission(row: SimulatedGpu, state: dict[str, Any], what: str) -> None:
+        if state.get("no_permission"):
+            raise NoPermissionError(f"{what} on {row.gpu_uuid}: NVML_ERROR_NO_PERMISSION (needs root)")
+
+    def power_limits(self, gpu_uuid: str) -> PowerLimits:
+        with self._gpu_row(gpu_uuid, write=False) as (row, state):
+            low, high = self._limit_range(row)
+            current = state.get("power_limit_w")
+            return PowerLimits(min_w=low, max_w=high, default_w=high, current_w=high if current is None else current)
+
+    def set_power_limit(self, gpu_uuid: str, watts: float) -> None:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._need_permission(row, state, "nvmlDeviceSetPowerManagementLimit")
+            low, high = self._limit_range(row)
+            milliwatts = int(round(watts * 1000.0))
+            if not low * 1000.0 <= milliwatts <= high * 1000.0:
+                raise InvalidPlacementError(f"power limit {watts:g} W outside [{low:g}, {high:g}] W "
+                                            "(NVML_ERROR_INVALID_ARGUMENT)")
+            self._advance_energy(row, state)
+            state["power_limit_w"] = None if milliwatts == int(high * 1000.0) else milliwatts / 1000.0
+
+    def supported_sm_clocks(self, gpu_uuid: str) -> list[int]:
+        with self._gpu_row(gpu_uuid, write=False) as (row, _):
+            return self._clock_ladder(row)
+
+    def set_locked_clocks(self, gpu_uuid: str, min_mhz: int, max_mhz: int) -> None:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._need_permission(row, state, "nvmlDeviceSetGpuLockedClocks")
+            ladder = self._clock_ladder(row)
+            if min_mhz not in ladder or max_mhz not in ladder or min_mhz > max_mhz:
+                raise InvalidPlacementError(f"locked clocks {min_mhz}-{max_mhz} MHz are not supported clocks "
+                                            "(NVML_ERROR_INVALID_ARGUMENT)")
+            self._advance_energy(row, state)
+            state["locked_clocks"] = [int(min_mhz), int(max_mhz)]
+
+    def reset_locked_clocks(self, gpu_uuid: str) -> None:
+        with self._gpu_row(gpu_uuid, write=True) as (row, state):
+            self._need_permission(row, state, "nvmlDeviceResetGpuLockedClocks")
+            self._advance_energy(row, state)
+            state["locked_clocks"] = None
 
     @staticmethod
     def _to_state(row: SimulatedGpu, state: dict[str, Any]) -> GpuState:
@@ -292,6 +378,18 @@ class SimulatedBackend:
                     inst["processes"] = max(0, inst["processes"] - 1)
                     return
             raise NotFoundError(f"no MIG device {mig_uuid}")
+
+    def set_permission(self, gpu_uuid: str, allowed: bool) -> None:
+        """Whether this process may change the GPU's power limit and clocks (False: NVML_ERROR_NO_PERMISSION, as for
+        a process without root)."""
+        with self._gpu_row(gpu_uuid, write=True) as (_, state):
+            state["no_permission"] = not allowed
+
+    def power_settings(self, gpu_uuid: str) -> tuple[float | None, tuple[int, int] | None]:
+        """(power limit in force or None for the default, locked clocks or None): what the device holds."""
+        with self._gpu_row(gpu_uuid, write=False) as (_, state):
+            locked = state.get("locked_clocks")
+            return state.get("power_limit_w"), (int(locked[0]), int(locked[1])) if locked else None
 
     def reset_gpu(self, gpu_uuid: str) -> None:
         """`nvidia-smi -r`: applies a pending MIG mode change and drops every GI/CI; IN_USE when busy."""

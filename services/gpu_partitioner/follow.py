@@ -5,7 +5,8 @@
 * a `GpuReporter`: ``ReportGpus(node, gpus)`` at start and whenever the node's inventory (GPUs, MIG instances,
   engines on them) changes, retried with capped backoff in the background while the optimizer is down;
 * a `PlanFollower` (component ``gpu-partitioner``, instance = the node name) whose reconcile is
-  `MigEnforcer.reconcile`, with the plan kept in ``<data-dir>/gpu_partitioner_plan.pb`` so a restart during an
+  `MigEnforcer.reconcile` followed by `PowerEnforcer.reconcile` (the interval's ``gpu_power``: power limits and
+  locked SM clocks, power.py), with the plan kept in ``<data-dir>/gpu_partitioner_plan.pb`` so a restart during an
   optimizer outage keeps the plan in force. Engines die with the service, so a stored plan is reconciled once
   at start (which starts them again);
 * a watchdog that reconciles again when an engine it launched has exited, or when the last reconcile failed.
@@ -41,6 +42,7 @@ from greenserve.gpu_partitioner.engine_launch import (
     parse_port_range,
 )
 from greenserve.gpu_partitioner.peer_clients import OptimizerFleet, RouterEngines
+from greenserve.gpu_partitioner.power import PowerCoordinator, PowerEnforcer, combine
 from greenserve.v1 import common_pb2, gpu_partitioner_pb2, optimizer_pb2, optimizer_pb2_grpc
 
 log = logging.getLogger("greenserve.gpu_partitioner.follow")
@@ -241,7 +243,7 @@ class Following:
 
 
 async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator: ApplyCoordinator,
-                          inventory: InventoryFn) -> Following:
+                          inventory: InventoryFn, power: PowerCoordinator | None = None) -> Following:
     """Starts GPU reports, the plan follower and the engine watchdog per the settings (nothing when off)."""
     settings = ctx.settings
     assert isinstance(settings, PlanFollowSettings)
@@ -270,15 +272,18 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     router = RouterEngines(ChannelConfig(address=settings.router_addr,  # type: ignore[attr-defined]
                                          token=token, tls_ca=tls_ca))
     reporter = GpuReporter(optimizer_channel, node, inventory, interval_s=settings.gpu_report_interval_s)
+    fleet = OptimizerFleet(optimizer_channel)
     enforcer = MigEnforcer(
-        backend=backend, coordinator=coordinator, node=node, fleet=OptimizerFleet(optimizer_channel).pools,
+        backend=backend, coordinator=coordinator, node=node, fleet=fleet.pools,
         router=router, supervisor=supervisor, lmcache_servers=parse_lmcache_servers(settings.engine_lmcache_servers),
         drain_timeout_s=settings.mig_drain_timeout_s, health_timeout_s=settings.engine_health_timeout_s,
         on_change=reporter.poke,
     )
+    power_enforcer = PowerEnforcer(backend=backend, coordinator=power or PowerCoordinator(ctx.db, backend),
+                                   fleet=fleet.inventory, supervisor=supervisor)
     save, load = plan_file_store(settings.data_dir / PLAN_FILE)  # type: ignore[attr-defined]
     follower = PlanFollower(component=COMPONENT, instance=node, channel=optimizer_channel,
-                            reconcile=enforcer.reconcile, save=save, load=load)
+                            reconcile=combine(enforcer.reconcile, power_enforcer.reconcile), save=save, load=load)
     log.info("following plans as %s/%s, engines: %s", COMPONENT, node, launcher_name)
     following = Following(follower, reporter, enforcer, supervisor, [router.close, optimizer_channel.close])
     reporter.start()

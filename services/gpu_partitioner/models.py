@@ -120,3 +120,51 @@ class EnergyAccount(Base):
     last_counter_j: Mapped[float | None] = mapped_column(Float)
     idle_power_w: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+POWER_RUN_STATES: tuple[str, ...] = ("running", "succeeded", "rolled_back", "failed")
+
+
+class GpuPowerRun(Base):
+    """One change of a GPU's power limit and SM clock lock (power.py), journaled before it runs.
+
+    ``previous`` and ``target`` are ``{"power_limit_w": W or null (the GPU's default), "locked_clocks": [min, max]
+    MHz or null (unlocked)}``; ``phase`` is the step under way (``limit``, ``clocks``, ``rollback``, ``done``). A run
+    still ``running`` at start-up was cut by a crash: recovery restores ``previous`` (or, with the resume policy,
+    finishes ``target``)."""
+
+    __tablename__ = "gpu_power_runs"
+    __table_args__ = (
+        Index(None, "gpu_uuid", "state"),
+        CheckConstraint("state IN ('running', 'succeeded', 'rolled_back', 'failed')", name="state"),
+    )
+
+    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96))
+    plan_version: Mapped[int | None] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(String(16))
+    previous: Mapped[dict[str, Any]] = mapped_column(JSON)
+    target: Mapped[dict[str, Any]] = mapped_column(JSON)
+    error: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+    def __repr__(self) -> str:
+        return f"GpuPowerRun(run_id={self.run_id!r}, gpu={self.gpu_uuid!r}, state={self.state!r})"
+
+
+class GpuPowerSetting(Base):
+    """The power limit and SM clock lock this service has in force on one GPU (NVML cannot read a clock lock
+    back). No row, or nulls: the GPU's defaults."""
+
+    __tablename__ = "gpu_power_settings"
+
+    gpu_uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    power_limit_w: Mapped[float | None] = mapped_column(Float)
+    locked_min_mhz: Mapped[int | None] = mapped_column(Integer)
+    locked_max_mhz: Mapped[int | None] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(128))
+    plan_version: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -72,19 +72,25 @@ class RouterEngines:
 
 
 class OptimizerFleet:
-    """Pools of the fleet inventory (``GetFleet``), the last good answer kept while the optimizer is down."""
+    """The fleet inventory (``GetFleet``) and its pools, the last good answer kept while the optimizer is down."""
 
     def __init__(self, channel: grpc.aio.Channel | None) -> None:
         self.stub = None if channel is None else optimizer_pb2_grpc.OptimizerServiceStub(channel)
         self.last: dict[str, common_pb2.Pool] | None = None
+        self.fleet: common_pb2.FleetInventory | None = None
 
-    async def pools(self) -> dict[str, common_pb2.Pool] | None:
+    async def inventory(self) -> common_pb2.FleetInventory | None:
         if self.stub is not None:
             try:
                 reply = await self.stub.GetFleet(optimizer_pb2.GetFleetRequest(), timeout=5.0)
+                self.fleet = reply.fleet
                 self.last = {p.name: p for p in reply.fleet.pools}
             except grpc.aio.AioRpcError as exc:
                 log.info("GetFleet failed (%s); using the last fleet seen", exc.code().name)
+        return self.fleet
+
+    async def pools(self) -> dict[str, common_pb2.Pool] | None:
+        await self.inventory()
         return self.last
 
 

@@ -43,6 +43,7 @@ from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
 from greenserve.gpu_partitioner.follow import PlanFollowSettings, inventory_of, start_following
 from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
+from greenserve.gpu_partitioner.power import PowerCoordinator
 from greenserve.v1 import (
     common_pb2,
     gpu_partitioner_pb2,
@@ -87,7 +88,7 @@ class GpuPartitionerSettings(ServiceSettings, DependencyAddresses, PlanFollowSet
         "decoder runs); used on first start of an empty database")
     recovery_policy: Literal["rollback", "resume"] = Field(
         "rollback", description="what to do at start with an apply a crash left open: restore the previous layout "
-        "(rollback) or finish it (resume, once its drain was done)")
+        "(rollback) or finish it (resume, once its drain was done); the same for a GPU power limit / clock change")
     require_router: bool = Field(
         True, description="refuse to destroy GPU instances when the router cannot be asked to drain their engines")
     energy_sample_interval_s: float = Field(
@@ -379,8 +380,13 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     recovered = await coordinator.recover()
     if recovered:
         log.warning("recovered interrupted applies", extra={"apply_ids": recovered, "policy": settings.recovery_policy})
+    power = PowerCoordinator(ctx.db, backend, recovery_policy=settings.recovery_policy)
+    recovered = await asyncio.to_thread(power.recover)
+    if recovered:
+        log.warning("recovered interrupted GPU power changes", extra={"run_ids": recovered,
+                                                                      "policy": settings.recovery_policy})
     servicer = GpuPartitionerServicer(ctx, backend, coordinator, energy, router, note)
-    following = await start_following(ctx, backend, coordinator, lambda: inventory_of(servicer))
+    following = await start_following(ctx, backend, coordinator, lambda: inventory_of(servicer), power)
 
     sampler: asyncio.Task[None] | None = None
     if settings.energy_sample_interval_s > 0:

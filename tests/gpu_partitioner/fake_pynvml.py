@@ -53,6 +53,15 @@ DEVICES = {
 }
 
 
+# Power management and clocks, as `nvidia-smi -q -d POWER,SUPPORTED_CLOCKS` reports them on these boards:
+# (min, max = default power limit in mW, memory clock MHz, graphics clocks from, down to, step MHz)
+POWER_CLOCKS = {
+    "A100-40GB": (100_000, 400_000, 1215, 1410, 210, 15),
+    "H100-80GB": (200_000, 700_000, 2619, 1980, 345, 15),
+    "T4": (60_000, 70_000, 5001, 1590, 300, 15),
+}
+
+
 def _raise(code: int) -> None:
     raise real.NVMLError(code)
 
@@ -100,6 +109,9 @@ class FakeDevice:
     power_mw: int = 60_000
     energy_mj: int = 0
     set_mig_status: int | None = None  # force an activation status (tests of IN_USE / RESET_REQUIRED)
+    power_limit_mw: int | None = None  # None: the default limit
+    locked_clocks: tuple[int, int] | None = None
+    root: bool = True  # False: the power and clock setters answer NO_PERMISSION
 
     @property
     def spec(self) -> tuple[str, int, int, dict[int, tuple[int, int, int, str, int]], bool]:
@@ -218,6 +230,59 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         return self._device(handle).energy_mj
+
+    # -- power limit and clocks -----------------------------------------------------------------
+
+    def _power(self, handle: Any) -> tuple[FakeDevice, tuple[int, int, int, int, int, int]]:
+        dev = self._device(handle)
+        return dev, POWER_CLOCKS[dev.model]
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        _dev, (low, high, *_rest) = self._power(handle)
+        return [low, high]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        return self._power(handle)[1][1]
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        dev, spec = self._power(handle)
+        return spec[1] if dev.power_limit_mw is None else dev.power_limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: int) -> None:
+        dev, (low, high, *_rest) = self._power(handle)
+        assert isinstance(limit, int), "pynvml passes c_uint(limit): milliwatts as an int"
+        if not dev.root:
+            _raise(real.NVML_ERROR_NO_PERMISSION)
+        if not low <= limit <= high:
+            _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        self.calls.append(f"SetPowerManagementLimit({limit})")
+        dev.power_limit_mw = None if limit == high else limit
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
+        return [self._power(handle)[1][2]]
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memoryClockMHz: int) -> list[int]:
+        _dev, (_low, _high, memory, top, bottom, step) = self._power(handle)
+        if memoryClockMHz != memory:
+            _raise(real.NVML_ERROR_NOT_FOUND)
+        return list(range(top, bottom - 1, -step))
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle: Any, minGpuClockMHz: int, maxGpuClockMHz: int) -> None:
+        dev, spec = self._power(handle)
+        assert isinstance(minGpuClockMHz, int) and isinstance(maxGpuClockMHz, int)
+        if not dev.root:
+            _raise(real.NVML_ERROR_NO_PERMISSION)
+        if minGpuClockMHz > maxGpuClockMHz or maxGpuClockMHz > spec[3]:
+            _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        self.calls.append(f"SetGpuLockedClocks({minGpuClockMHz},{maxGpuClockMHz})")
+        dev.locked_clocks = (minGpuClockMHz, maxGpuClockMHz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
+        dev, _spec = self._power(handle)
+        if not dev.root:
+            _raise(real.NVML_ERROR_NO_PERMISSION)
+        self.calls.append("ResetGpuLockedClocks")
+        dev.locked_clocks = None
 
     # -- MIG mode -------------------------------------------------------------------------------
 
