@@ -415,12 +415,20 @@ def _worst(a: int, b: int) -> int:
 
 def combine(*reconciles: Callable[[common_pb2.Plan, common_pb2.PlanInterval | None], Awaitable[Outcome]]
             ) -> Callable[[common_pb2.Plan, common_pb2.PlanInterval | None], Awaitable[Outcome]]:
-    """One reconcile running each in turn: the worst state, the details joined (empty ones left out)."""
+    """One reconcile running each in turn: the worst state, the details joined (empty ones left out). One that
+    raises is FAILED with its error, and the others still run (a MIG apply that broke does not keep the power
+    limits from being set)."""
 
     async def reconcile(plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
         state, details = APPLIED, []
         for fn in reconciles:
-            outcome = await fn(plan, interval)
+            try:
+                outcome = await fn(plan, interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported, as PlanFollower reports a reconcile that raised
+                log.exception("reconcile part failed")
+                outcome = Outcome(FAILED, f"{type(exc).__name__}: {exc}")
             state = _worst(state, outcome.state) if outcome.state in _SEVERITY else outcome.state
             if outcome.detail:
                 details.append(outcome.detail)

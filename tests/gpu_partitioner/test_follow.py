@@ -142,7 +142,9 @@ async def test_plan_from_watch_is_enforced_and_sigterm_leaves_no_engine(start_in
         gpu = report.gpus[0].uuid
         interval = common_pb2.PlanInterval(mig_layouts=[common_pb2.MigLayout(gpu_uuid=gpu, placements=[
             common_pb2.MigPlacement(profile="3g.20gb", start=4, size=4, pool="chat", model_variant="1b"),
-            common_pb2.MigPlacement(profile="4g.20gb", start=0, size=4)])])
+            common_pb2.MigPlacement(profile="4g.20gb", start=0, size=4)])],
+            gpu_power=[common_pb2.GpuPowerTarget(pool="chat", power_limit_w=250.0, max_sm_clock_mhz=1000,
+                                                 sm_clock_fraction=1000 / 1410)])
         interval.start.FromSeconds(0)
         interval.end.FromSeconds(4_000_000_000)
         await optimizer.plans.put(common_pb2.Plan(version=3, intervals=[interval]))
@@ -156,6 +158,8 @@ async def test_plan_from_watch_is_enforced_and_sigterm_leaves_no_engine(start_in
         done = next(r for r in optimizer.enforcement if r.state == optimizer_pb2.ENFORCEMENT_STATE_APPLIED)
         assert (done.component, done.instance, done.plan_version) == ("gpu-partitioner", "gpu-node-1", 3)
         assert "started engine" in done.detail
+        # the pool's GPU (found through the layout's placement) gets the interval's power limit and clock lock
+        assert f"GPU power: GPU {gpu} (pool chat): power limit 250 W, SM clocks locked 210-990 MHz" in done.detail
         listed = await router_pb2_grpc.RouterServiceStub(channel).ListEngines(router_pb2.ListEnginesRequest())
         assert [(s.engine.pool, s.engine.kind) for s in listed.engines] == [("chat", common_pb2.ENGINE_KIND_SIMULATED)]
         # the new inventory (instances with the engine on one) is reported too

@@ -7,7 +7,7 @@ kept (and no stream of NVML calls), and the defaults come back when the plan dro
 from __future__ import annotations
 
 import pytest
-from greenserve.common.plan_follow import APPLIED, REFUSED, ROLLED_BACK, Outcome
+from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, Outcome
 from greenserve.common.persistence import Database
 from greenserve.gpu_partitioner.backend import InvalidPlacementError, NoPermissionError, NotSupportedError
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
@@ -256,3 +256,9 @@ async def test_combine_reports_the_worst_state_and_every_part() -> None:
 
     assert await combine(mig, power)(PLAN, None) == Outcome(REFUSED, "GPU g: no change; GPU power: GPU g (pool chat): refused")
     assert await combine(mig, silent)(PLAN, None) == Outcome(APPLIED, "GPU g: no change")
+
+    async def broken(plan: common_pb2.Plan, iv: object) -> Outcome:
+        raise RuntimeError("the MIG apply broke")
+
+    assert await combine(broken, power)(PLAN, None) == Outcome(REFUSED, "RuntimeError: the MIG apply broke; GPU power: GPU g (pool chat): refused")
+    assert (await combine(broken, silent)(PLAN, None)).state == FAILED
