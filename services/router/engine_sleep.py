@@ -108,6 +108,11 @@ class EngineSleeper:
         self.kept_awake_pools = sorted(p for p, members in pools.items() if all(e.id in asleep for e in members))
         kept = set(self.kept_awake_pools)
         self.targets = {e.id: RUN_ASLEEP if e.id in asleep and e.pool not in kept else RUN_AWAKE for e in engines}
+        for gone in [eid for eid in {*self.problems, *self.unsupported, *self._tasks} if eid not in self.targets]:
+            self.problems.pop(gone, None)  # deregistered engines leave the report
+            self.unsupported.pop(gone, None)
+            if (task := self._tasks.get(gone)) is not None and task.done():
+                del self._tasks[gone]
         probe = not self._probed
         self._probed = True
         for e in engines:
