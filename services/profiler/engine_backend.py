@@ -495,7 +495,10 @@ class EngineBackend:
         if not math.isfinite(power_w) and win.energy_j is not None and wall_s > 0:
             power_w, power_source = win.energy_j / (wall_s * scale), "engine_metric"
         hit = win.prefix_hit_fraction
-        if win.lmcache_hit_fraction is not None:
+        if win.kv_connector == "degraded":  # asked for thousands of tokens, served none: the tier does not work
+            log.warning("profiler: the engine's KV connector (LMCache tier) served none of the prefix tokens it was "
+                        "asked for in this window (degraded mode?): its hit fraction is not counted")
+        elif win.lmcache_hit_fraction is not None:
             hit = (hit or 0.0) + win.lmcache_hit_fraction
         arrivals = np.asarray(wl.arrival_s[pw.warmup:], dtype=float)
         arr = np.asarray(results, dtype=float).reshape(-1, 4)

@@ -13,6 +13,11 @@ missed), with any connector. That is the only LMCache figure on vLLM's page in L
 ``num_requested_tokens`` are in-process-mode metrics (``lmcache/observability.py``), on vLLM's page only with a
 shared ``PROMETHEUS_MULTIPROC_DIR``; they are read when vLLM's counters saw no connector query.
 
+A KV connector that does not work is told by ``kv_connector_verdict``: LMCache's vLLM connector on a CPU build starts,
+logs "No supported cpu connector found" and stores nothing, silently (degraded mode); vLLM then keeps asking it for
+the prompt tokens its own prefix cache missed, and it never has any. Over a window in which the connector was asked
+for at least ``DEGRADED_MIN_QUERY_TOKENS`` tokens and served none, the tier is reported as not working.
+
 Power: an engine that models its own power (an emulator) may export ``greenserve:engine_energy_joules`` (counter)
 or ``greenserve:engine_power_watts`` (gauge); a real vLLM exports neither, so its power comes from NVML.
 """
@@ -91,6 +96,8 @@ class WindowMetrics:
     prefix_hit_fraction: float | None = None
     lmcache_hit_fraction: float | None = None
     energy_j: float | None = None
+    #: the KV connector over the window: kv_connector_verdict's answer
+    kv_connector: str = "none"
     names: dict[str, str] = field(default_factory=dict)
 
 
@@ -134,4 +141,33 @@ def window(before: Snapshot, after: Snapshot, single_token_requests: int = 0) ->
     elif requested and lm_hits is not None:
         out.lmcache_hit_fraction = lm_hits / requested
     out.energy_j = delta("energy_j")
+    out.kv_connector = kv_connector_verdict(before, after)
     return out
+
+
+#: prompt tokens a connector must have been asked for, over a window, before serving none of them means it is broken:
+#: 32 of vLLM's 128-token CPU blocks (512 of its 16-token GPU blocks), more than a window of fresh prompts that merely
+#: had nothing stored yet would plausibly be asked for without one repeat reaching the connector
+DEGRADED_MIN_QUERY_TOKENS = 4096
+
+
+def kv_connector_verdict(before: Snapshot, after: Snapshot,
+                         min_query_tokens: float = DEGRADED_MIN_QUERY_TOKENS) -> str:
+    """What the KV connector did between two scrapes: ``"working"`` (it served prefix tokens), ``"degraded"`` (it was
+    asked for at least ``min_query_tokens`` and served none: LMCache in degraded mode), ``"unknown"`` (asked for
+    fewer, none served), ``"none"`` (never asked: no connector, or no traffic). vLLM's own external-prefix counters
+    are used when they moved, else LMCache's in-process ones."""
+    for queries_q, hits_q in (("external_queries_tokens", "external_hits_tokens"),
+                              ("lmcache_requested_tokens", "lmcache_hit_tokens")):
+        found = after.pick(COUNTERS[queries_q])
+        if found is None:
+            continue
+        queries = found[1] - before.values.get(found[0], 0.0)
+        if queries <= 0:
+            continue
+        hits_found = after.pick(COUNTERS[hits_q])
+        hits = 0.0 if hits_found is None else hits_found[1] - before.values.get(hits_found[0], 0.0)
+        if hits > 0:
+            return "working"
+        return "degraded" if queries >= min_query_tokens else "unknown"
+    return "none"

