@@ -331,8 +331,9 @@ def load(path: str | Path) -> Scenario:
             kind = _FIELDS[key]
             if kind in ("int",) and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ScenarioError(f"{where}.{key}: must be an integer >= 1")
-            if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
-                raise ScenarioError(f"{where}.{key}: must be a number >= 0")
+            if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                    or not math.isfinite(value) or value < 0):  # .inf / .nan: YAML reads them
+                raise ScenarioError(f"{where}.{key}: must be a finite number >= 0")
             if kind == "bool" and not isinstance(value, bool):
                 raise ScenarioError(f"{where}.{key}: must be true or false")
             if kind == "str" and (not isinstance(value, str) or not value):

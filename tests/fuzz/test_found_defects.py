@@ -32,3 +32,26 @@ def test_profiler_engine_sweep_with_an_unparsable_url_is_invalid_argument(url) -
     with pytest.raises(InvalidArgument) as err:
         profiler_spec.validate(spec)
     assert err.value.field == "spec.engine_url"
+
+
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan")])
+def test_fleet_file_with_an_infinite_enum_is_refused_naming_the_key(value: float) -> None:
+    """Issue 36, the file fuzz: ``model: .inf`` for a GPU (an enum) raised OverflowError out of protobuf's parser."""
+    from greenserve_client.commands.fleet import FleetFileError, parse_fleet
+
+    with pytest.raises(FleetFileError) as err:
+        parse_fleet({"gpus": [{"uuid": "GPU-1", "model": value}]})
+    assert err.value.path == "gpus[0].model"
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan", "-.inf"])
+def test_scenario_with_an_infinite_number_is_refused_naming_the_key(tmp_path, value: str) -> None:  # noqa: ANN001
+    """Issue 36, the file fuzz: ``peak_requests_per_s: .inf`` was taken (only `< 0` was refused) and reached the
+    evaluation as an infinite load."""
+    from greenserve.evaluation.scenario import ScenarioError, load
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"pools:\n  - name: chat\n    hardware: A100-80GB\n    engines: 2\n    peak_requests_per_s: {value}\n")
+    with pytest.raises(ScenarioError) as err:
+        load(path)
+    assert "pools[0].peak_requests_per_s: must be a finite number >= 0" in str(err.value)
