@@ -60,13 +60,14 @@ from greenserve.v1 import common_pb2
 HOUR_S = 3600
 DEFAULT_WINDOW_S = 600.0
 # The load margin the coupled plan carries is learned from day-ahead backtests of the load forecast on the history.
-MARGIN_BACKTEST_DAYS = 2
-MARGIN_QUANTILE = 0.9
+MARGIN_BACKTEST_DAYS = 3
+MARGIN_QUANTILE = 0.95
 MAX_LOAD_MARGIN = 2.0
 # When the load of an hour runs above what its plan carries, the live loop re-plans on the observed load
 # (optimizer/loop.py); the evaluation replays that reaction: the plan in force runs the hour's first part, the
 # re-plan the rest.
-REACTION_FRACTION = 1.0 / 6.0  # ten minutes of the hour
+PARTS_PER_HOUR = 6  # the loop looks every ten minutes of the hour
+REPLAN_COOLDOWN_PARTS = 1  # and re-plans a pool at most once per part (a breach re-plan's cooldown)
 # The capacity derate after an SLO breach, and how a good hour wins it back (the live loop's rule: loop.py).
 DERATE_STEP = 0.85
 DERATE_RECOVERY = 0.95
@@ -154,6 +155,7 @@ class HourRecord:
     saved_g_by_lever_predicted: dict[str, float] = field(default_factory=dict)
     pool_attainment: dict[str, float] = field(default_factory=dict)  # pool -> TTFT and TPOT attainment
     capacity_derate: dict[str, float] = field(default_factory=dict)  # pool -> derate in force after the hour
+    first_part_plan: dict[str, Any] = field(default_factory=dict)  # engines, cache, clocks before a re-plan landed
     attainment_first_part_fraction: float | None = None  # attainment before the re-plan landed
 
 
@@ -209,7 +211,7 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
     solvers = solvers_for(strategy, scenario.has_mig)
     planner = Planner(solvers, solver_timeout_s=120.0)
     coupled = next((s for s in solvers if isinstance(s, CoupledSolver)), None)
-    margin = learn_load_margin(load_shape_history, load_history_start_s, forecast_model) if coupled else 1.0
+    margin = learn_load_margin(load_shape_history, load_history_start_s, forecast_model) if coupled else None
     derate = {p.name: 1.0 for p in scenario.pools}  # capacity the planner may count, learned from breaches
     # A pool with count_prefix_hits: the planner's capacity per engine counts prefix reuse. The prefix-cache hit
     # fraction the system measured, the pool's in the window replayed last (what the cache-manager sees), rounded
@@ -257,7 +259,8 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                 start_s=day_start_s + HOUR_S * h, horizon_hours=left, fleet=fleet,
                 ci={region: SeriesForecast(ci_fc.mean[h:], ci_fc.lower[h:], ci_fc.upper[h:], ci_fc.model)},
                 load=load, capabilities=caps, params=params, gpu_platform={}, current=current,
-                prefix_hit_fraction=hits, load_margin={p.name: margin for p in scenario.pools},
+                prefix_hit_fraction=hits,
+                load_margin={} if margin is None else {p.name: margin for p in scenario.pools},
                 capacity_derate=dict(derate),
                 dram_restarts_last_day={p.name: sum(1 for r in records if r.pool_dram_restarts.get(p.name))
                                         for p in scenario.pools})
@@ -282,46 +285,55 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
                                states[pool_s.name], spec=_spec_for(pool_s, mode), engine_profiles=engines.profiles)
                     states[pool_s.name].engines = frozenset(engines.ids)
             actual = {p.name: float(load_shape_day[h]) * p.peak_requests_per_s / peak for p in scenario.pools}
-            if coupled is None:
-                record = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
-                                       load_shape_day, load_fc_shape, peak, params, window_s, seed, states,
-                                       measured_hits)
-            else:
-                # The live loop watches the hour: the plan in force runs its first minutes; when the pool's load runs
-                # above what the plan carries, or its measured attainment falls below the floor (the router's
-                # attainment report), the loop re-plans on the observed load (and, after a breach, with the pool's
-                # capacity derated: the model promised more than the engines gave) and that plan runs the rest.
-                first = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
-                                      load_shape_day, load_fc_shape, peak, params, window_s * REACTION_FRACTION,
-                                      seed, states, measured_hits)
+            # Every strategy's hour is replayed in the same parts; only the coupled plan re-plans between them.
+            # The live loop watches the hour in PARTS_PER_HOUR parts (the router reports attainment every
+            # minute; the loop re-plans on a breach at most once per cooldown): after a part whose pool's load
+            # ran above what the plan carries, or whose measured attainment fell below the floor, the loop
+            # re-plans on the observed load (after a breach with the pool's capacity derated: the model
+            # promised more than the engines gave) and that plan runs the next parts.
+            parts: list[HourRecord] = []
+            first_interval = interval
+            replans = 0
+            cooldown = 0
+            for k in range(PARTS_PER_HOUR):
+                part = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
+                                     load_shape_day, load_fc_shape, peak, params, window_s / PARTS_PER_HOUR,
+                                     seed + 104729 * k, states, measured_hits, replay_id=h + 1000 * k)
+                parts.append(part)
+                cooldown -= 1
+                if coupled is None or k == PARTS_PER_HOUR - 1 or cooldown > 0:
+                    continue
                 carried = {p.pool: p.capacity_requests_per_s * coupled.headroom for p in interval.pools}
                 over = [name for name in actual if actual[name] > carried.get(name, math.inf)]
-                breached = [name for name, a in first.pool_attainment.items() if a < coupled.floor]
-                if over or breached:
-                    for name in breached:
-                        derate[name] = max(MIN_DERATE, derate[name] * DERATE_STEP)
-                    observed = {name: SeriesForecast((rate, *fc.mean[1:]), (rate, *fc.lower[1:]),
-                                                     (rate, *fc.upper[1:]), fc.model)
-                                for name, fc in load.items() for rate in (actual[name],)}
-                    caps, hits = capabilities()
-                    plan = planner.plan(dataclasses.replace(inputs, load=observed, current=plan, capabilities=caps,
-                                                            prefix_hit_fraction=hits, interval_capabilities=None,
-                                                            capacity_derate=dict(derate)),
-                                        trigger="slo_breach" if breached else "load",
-                                        created_s=day_start_s + HOUR_S * (h + REACTION_FRACTION)).plan
-                    plan.version = h + 1
-                    interval = plan.intervals[0]
-                    current = plan
-                second = _measure_hour(scenario, interval, h, float(ci_actual[h]), float(ci_fc.mean[h]),
-                                       load_shape_day, load_fc_shape, peak, params,
-                                       window_s * (1.0 - REACTION_FRACTION), seed + 104729, states, measured_hits,
-                                       replay_id=h + 1000)
-                record = combine_parts(first, second, REACTION_FRACTION)
-                record.replanned = bool(over or breached)
-                for name, a in record.pool_attainment.items():  # a good hour wins back part of a derate
-                    if a >= coupled.floor + RECOVERY_MARGIN:
-                        derate[name] = min(1.0, derate[name] / DERATE_RECOVERY)
-                record.capacity_derate = dict(derate)
+                breached = [name for name, a in part.pool_attainment.items() if a < coupled.floor]
+                if not (over or breached):
+                    continue
+                for name in breached:
+                    derate[name] = max(MIN_DERATE, derate[name] * DERATE_STEP)
+                observed = {name: SeriesForecast((rate, *fc.mean[1:]), (rate, *fc.lower[1:]),
+                                                 (rate, *fc.upper[1:]), fc.model)
+                            for name, fc in load.items() for rate in (actual[name],)}
+                caps, hits = capabilities()
+                plan = planner.plan(dataclasses.replace(inputs, load=observed, current=plan, capabilities=caps,
+                                                        prefix_hit_fraction=hits, interval_capabilities=None,
+                                                        capacity_derate=dict(derate)),
+                                    trigger="slo_breach" if breached else "load_change",
+                                    created_s=day_start_s + HOUR_S * (h + (k + 1) / PARTS_PER_HOUR)).plan
+                plan.version = h + 1
+                interval = plan.intervals[0]
+                current = plan
+                replans += 1
+                cooldown = REPLAN_COOLDOWN_PARTS
+            record = combine_parts(parts)
+            first = parts[0]
+            record.first_part_plan = {"engines_weighted": first.engines_weighted, "cache_bytes": first.cache_bytes,
+                                      "sm_clock_fraction": {g.pool: g.sm_clock_fraction or 1.0
+                                                            for g in first_interval.gpu_power}}
+            record.replanned = replans > 0
+            for name, a in record.pool_attainment.items():  # a good hour wins back part of a derate
+                if coupled is not None and a >= coupled.floor + RECOVERY_MARGIN:
+                    derate[name] = min(1.0, derate[name] / DERATE_RECOVERY)
+            record.capacity_derate = dict(derate)
             record.plan_changed = changed
             record.attainment_predicted_fraction = interval.expected_slo_attainment_fraction
             uppers = [p.expected_slo_attainment_at_upper_fraction for p in interval.pools
@@ -537,11 +549,11 @@ def _measure_hour(scenario: Scenario, interval: common_pb2.PlanInterval, h: int,
 
 
 def learn_load_margin(history: np.ndarray, history_start_s: int, model: str, days: int = MARGIN_BACKTEST_DAYS,
-                      quantile: float = MARGIN_QUANTILE) -> float:
+                      quantile: float = MARGIN_QUANTILE) -> float | None:
     """The load a plan must carry per unit of forecast mean, learned from day-ahead backtests on the history: for
     each of its last ``days`` days the model is fitted on the days before and forecasts that day; the margin is the
-    ``quantile`` of actual / forecast over those hours, within [1, ``MAX_LOAD_MARGIN``]. The oracle forecast needs
-    none (1)."""
+    ``quantile`` of actual / forecast over those hours, at most ``MAX_LOAD_MARGIN`` (a forecast that runs high
+    learns a margin under 1). The oracle forecast needs none (1)."""
     if model == "oracle":
         return 1.0
     ratios: list[float] = []
@@ -554,25 +566,27 @@ def learn_load_margin(history: np.ndarray, history_start_s: int, model: str, day
             if math.isfinite(actual) and mean > 0:
                 ratios.append(float(actual) / mean)
     if not ratios:
-        return 1.0
-    return float(min(MAX_LOAD_MARGIN, max(1.0, np.quantile(ratios, quantile))))
+        return None  # too little history to backtest: the plan carries the forecast's upper bound
+    return float(min(MAX_LOAD_MARGIN, np.quantile(ratios, quantile)))
 
 
-def combine_parts(first: HourRecord, second: HourRecord, fraction: float) -> HourRecord:
-    """One hour of which ``fraction`` ran as ``first`` and the rest as ``second`` (a re-plan landed in between):
-    carbon, energy and attainment in proportion to the time each part ran, counts added, the state the second
-    part ended in."""
-    out = dataclasses.replace(second)
+def combine_parts(parts: list[HourRecord]) -> HourRecord:
+    """One hour that ran as ``parts`` of equal length (re-plans landed in between): carbon, energy and attainment
+    their mean (each part charged the whole hour's idle and embodied carbon and its requests at the hour's rate),
+    counts added, the state the last part ended in; ``attainment_first_part_fraction`` is the first part's."""
+    out = dataclasses.replace(parts[-1])
+    n = len(parts)
     for name in ("operational_g", "embodied_compute_g", "embodied_storage_g", "total_g", "energy_kwh",
                  "ttft_attainment_fraction", "tpot_attainment_fraction", "attainment_fraction",
                  "prefix_hit_fraction", "accuracy_loss_fraction"):
-        setattr(out, name, fraction * getattr(first, name) + (1.0 - fraction) * getattr(second, name))
+        setattr(out, name, sum(getattr(p, name) for p in parts) / n)
     for name in ("requests_measured", "cache_restarts", "engine_restarts"):
-        setattr(out, name, getattr(first, name) + getattr(second, name))
-    out.pool_dram_restarts = {p: first.pool_dram_restarts.get(p, 0) + n for p, n in second.pool_dram_restarts.items()}
-    out.pool_attainment = {p: fraction * first.pool_attainment.get(p, a) + (1.0 - fraction) * a
-                           for p, a in second.pool_attainment.items()}
-    out.attainment_first_part_fraction = first.attainment_fraction
+        setattr(out, name, sum(getattr(p, name) for p in parts))
+    pools = parts[-1].pool_dram_restarts
+    out.pool_dram_restarts = {pool: sum(p.pool_dram_restarts.get(pool, 0) for p in parts) for pool in pools}
+    out.pool_attainment = {pool: sum(p.pool_attainment.get(pool, 0.0) for p in parts) / n
+                           for pool in parts[-1].pool_attainment}
+    out.attainment_first_part_fraction = parts[0].attainment_fraction
     return out
 
 

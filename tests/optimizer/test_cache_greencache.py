@@ -92,7 +92,7 @@ async def test_plan_sizes_the_cache_with_an_explanation(forecaster, optimizer) -
     fc = grpc.aio.insecure_channel(forecaster.address)
     await ingest_daily(fc, ci_ref("FR"), 60.0, 30.0)
     await ingest_daily(fc, load_ref("chat"), 1.0, 0.5)
-    running = await optimizer(schedule_plans=False, cache_solver="greencache")
+    running = await optimizer(schedule_plans=False, cache_solver="greencache", planner="per-knob")
     stub = optimizer_pb2_grpc.OptimizerServiceStub(grpc.aio.insecure_channel(running.address))
     chat = pool("chat", [engine("a100", "A100-80GB")], max_cache_dram_bytes=8 << 30, cache_step_bytes=4 << 30)
     other = pool("batch", [engine("b1", "A100-80GB")])  # no cache limit: its sizes in force are kept (none)

@@ -23,7 +23,7 @@ HITS = 0.55
 CLOCKS = (1.0, 0.7)  # two clocks keep the predictions few (each ~2 s, cached for the module)
 
 
-def _inputs(mean: list[float], upper: list[float], ci: list[float], *, margin: float = 1.0,
+def _inputs(mean: list[float], upper: list[float], ci: list[float], *, margin: float | None = None,
             current: common_pb2.Plan | None = None, restarts: int = 0,
             cache_dram: int | None = None) -> PlanningInputs:
     fleet = Scenario().fleet("ES")
@@ -36,7 +36,8 @@ def _inputs(mean: list[float], upper: list[float], ci: list[float], *, margin: f
         ci={"ES": SeriesForecast(tuple(ci), tuple(ci), tuple(ci))},
         load={pool.name: SeriesForecast(tuple(mean), tuple(mean), tuple(upper))},
         capabilities={e.id: cap for e in pool.engines}, params=load_default_params(), gpu_platform={},
-        current=current, prefix_hit_fraction={pool.name: HITS}, load_margin={pool.name: margin},
+        current=current, prefix_hit_fraction={pool.name: HITS},
+        load_margin={} if margin is None else {pool.name: margin},
         dram_restarts_last_day={pool.name: restarts},
         cache_sizes={} if cache_dram is None else {pool.name: (cache_dram, 0)})
 
@@ -64,7 +65,7 @@ def _capacity(dram: int, clock: float) -> float:
 def test_every_hour_carries_its_planning_load_with_its_own_cache_and_clock() -> None:
     """The failure the coupling removes: one engine paired with a cache too small for its load. Whatever the
     solver picks, the engines it loads, at the capacity of the DRAM size and clock it picks for the same hour,
-    carry the hour's upper load with the headroom."""
+    carry the hour's upper load (no margin learned) with the headroom, the busiest one included."""
     mean = [2.0, 6.0, 9.0, 12.0, 4.0, 1.0]
     upper = [m * 1.2 for m in mean]
     answers = _solver().solve_knobs(_inputs(mean, upper, [300.0] * 6))
@@ -83,10 +84,12 @@ def test_the_busiest_engine_carries_more_than_its_share_under_affinity() -> None
     assert affinity_imbalance(4, 20.0) < affinity_imbalance(4, 5.0)  # more conversations, a smaller spread
 
 
-def test_the_learned_margin_raises_the_capacity_planned() -> None:
+def test_the_learned_margin_is_a_chance_constraint_on_the_mean() -> None:
+    """With a margin learned from backtests the plan carries mean x margin (the quantile of actual / forecast),
+    not the interval's upper bound: a wide interval no longer buys capacity a calibrated margin says is idle."""
     mean = [6.0] * 3
-    plain = _solver().solve_knobs(_inputs(mean, mean, [300.0] * 3, margin=1.0))
-    robust = _solver().solve_knobs(_inputs(mean, mean, [300.0] * 3, margin=1.5))
+    plain = _solver().solve_knobs(_inputs(mean, [9.0] * 3, [300.0] * 3, margin=1.0))
+    robust = _solver().solve_knobs(_inputs(mean, [9.0] * 3, [300.0] * 3, margin=1.5))
     for h in range(3):
         engines, dram, clock = _chosen(robust, h)
         busiest = 1.5 * mean[h] / engines * affinity_imbalance(engines, 1.5 * mean[h])
@@ -94,10 +97,15 @@ def test_the_learned_margin_raises_the_capacity_planned() -> None:
     cap_plain = sum(f.capacity_requests_per_s for f in (plain["routing_weights"].pool_figures[0].values()))
     cap_robust = sum(f.capacity_requests_per_s for f in (robust["routing_weights"].pool_figures[0].values()))
     assert cap_robust > cap_plain
+    upper = _solver().solve_knobs(_inputs(mean, [9.0] * 3, [300.0] * 3))  # no margin: the upper bound
+    for h in range(3):
+        engines, dram, clock = _chosen(upper, h)
+        assert 9.0 / engines * affinity_imbalance(engines, 9.0) <= 0.9 * _capacity(dram, clock) + 1e-9
 
 
 def test_an_hour_no_option_carries_takes_the_most_capacity_and_says_so() -> None:
     answers = _solver().solve_knobs(_inputs([200.0], [200.0], [300.0]))
+    assert len(answers["routing_weights"].per_interval) == 1
     engines, dram, clock = _chosen(answers, 0)
     assert engines == 4 and clock == 1.0 and dram == 64 * GIB
     assert any("SLO is at risk" in line for line in answers["routing_weights"].explanation)

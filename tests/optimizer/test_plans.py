@@ -40,7 +40,7 @@ async def test_compute_activate_rollback_and_watch(forecaster, optimizer) -> Non
     assert 0 < first.expected_slo_attainment_fraction <= 1
     assert "pool chat:" in first.explanation and "predicted by the simulator" in first.explanation
     assert {o.knob for o in first.solver_outcomes} == {"routing_weights", "cache_targets", "mig_layouts",
-                                                       "serving_modes"}
+                                                       "serving_modes", "engine_runs", "gpu_power"}
     got = await asyncio.wait_for(watch.read(), 5)
     assert got.plan.version == 1
     second = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=6))).plan

@@ -11,12 +11,12 @@ through one engine with its own HBM and that DRAM tier, its SM clock locked at `
 clocks``), so no option can promise a capacity that its own cache and clock do not give.
 
 Robust. An option is allowed only when the busiest of its ``n`` engines stays within ``headroom x capacity`` at the
-hour's **planning load** ``L = max(upper bound of the forecast interval, mean x load margin)``, with the capacity
+hour's **planning load** ``L`` (``planning_load``: the forecast mean x the pool's load margin, a chance constraint
+learned from backtests of the load forecast, or the upper bound of the forecast's interval without one), with the capacity
 predicted at the **attainment floor** (``max(pool target, attainment_floor_fraction)``). The busiest engine carries
 more than ``L / n``: the router keeps a conversation on one engine for its prefix, so the engines share
 conversations, not requests (``affinity_imbalance``). The load margin is learned from backtests of the load
-forecast (``PlanningInputs.load_margin``: the quantile of actual / forecast over past days; ``DEFAULT_LOAD_MARGIN``
-until one is known). An hour where no option carries ``L`` takes every engine, the largest cache and the full clock
+forecast (``PlanningInputs.load_margin``: the 95th percentile of actual / forecast over past days). An hour where no option carries ``L`` takes every engine, the largest cache and the full clock
 (the most capacity there is) and the plan says the SLO is at risk.
 
 Objective over the horizon, per pool ``p``:
@@ -50,7 +50,7 @@ from greenserve.common import carbon
 from greenserve.optimizer import capacity
 from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.inputs import engine_hardware
-from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
+from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures, keep_current_messages
 from greenserve.optimizer.solvers.cache_greencache import pool_profile
 from greenserve.simulator.clocks import CLOCK_FRACTIONS, clocked_profile, max_sm_clock_mhz
 from greenserve.simulator.engine_profile import load_profile
@@ -58,12 +58,12 @@ from greenserve.v1 import common_pb2
 
 DEFAULT_ATTAINMENT_FLOOR = 0.95
 DEFAULT_HEADROOM = 0.9
-DEFAULT_LOAD_MARGIN = 1.15  # actual / forecast mean the plan carries until backtests give the pool's own
 MAX_RESTARTS_PER_DAY = 4
 DRAM_SIZES = 3  # DRAM sizes weighed: none, half and the pool's largest (each a capacity prediction per clock)
 SWITCH_G = 0.5  # a nominal charge per change of clock or of loaded engines, so equal-cost plans do not flap
 DEFAULT_WAKE_S = 30.0  # vLLM wake-up from sleep level 1 (weights back from host memory) at full power, assumption
 TIME_LIMIT_S = 5.0
+DEFAULT_MIN_ENGINES = 2
 IMBALANCE_Z = 1.645  # the busiest engine sized for the 95th percentile of its share of conversations
 
 
@@ -97,7 +97,18 @@ class PoolModel:
     restarts_done: int = 0  # DRAM restarts in the 24 h before the horizon
     rest_w: float = 0.0  # draw of an engine without traffic (asleep when ``sleeps``)
     derate: float = 1.0  # share of the predicted capacity the plan counts (``PlanningInputs.capacity_derate``)
+    # per hour, the options that carry the load only with a warm DRAM tier: the hour before must run the same size
+    needs_warm: list[set[Option]] = field(default_factory=list)
     idle_w: float = 0.0  # draw of an awake engine without traffic
+
+
+def planning_load(mean: float, upper: float, margin: float | None) -> float:
+    """The load an hour's capacity must carry: ``mean x margin`` when the pool's forecast has a margin learned from
+    backtests (a chance constraint: the quantile of actual / forecast over past days, so the hour's load stays under
+    it with that probability), else the upper bound of the forecast's interval."""
+    if margin is None or not math.isfinite(margin) or margin <= 0:
+        return max(upper, mean)
+    return mean * margin
 
 
 def affinity_imbalance(engines: int, load_per_s: float, think_s: float = capacity.THINK_TIME_S,
@@ -128,18 +139,24 @@ class CoupledSolver:
     def __init__(self, *, attainment_floor_fraction: float = DEFAULT_ATTAINMENT_FLOOR,
                  headroom_fraction: float = DEFAULT_HEADROOM, clocks: tuple[float, ...] = CLOCK_FRACTIONS,
                  max_restarts_per_day: int = MAX_RESTARTS_PER_DAY, asleep_power_w: float | None = None,
-                 wake_s: float = DEFAULT_WAKE_S, time_limit_s: float = TIME_LIMIT_S) -> None:
+                 wake_s: float = DEFAULT_WAKE_S, time_limit_s: float = TIME_LIMIT_S,
+                 min_engines: int = DEFAULT_MIN_ENGINES) -> None:
         if not 0 < attainment_floor_fraction < 1:
             raise ValueError("attainment_floor_fraction: must be in (0, 1)")
         if not 0 < headroom_fraction <= 1:
             raise ValueError("headroom_fraction: must be in (0, 1]")
         if not clocks or any(not 0 < f <= 1 for f in clocks):
             raise ValueError("clocks: fractions in (0, 1]")
+        if min_engines < 1:
+            raise ValueError("min_engines: must be >= 1")
         if max_restarts_per_day < 0:
             raise ValueError("max_restarts_per_day: must be >= 0")
         if asleep_power_w is not None and not (asleep_power_w >= 0 and math.isfinite(asleep_power_w)):
             raise ValueError("asleep_power_w: must be a finite number >= 0")
         self.floor = attainment_floor_fraction
+        # Engines kept loaded in every pool (as many as it has, when fewer): with one engine a crash leaves nothing
+        # to fail over to, and all of the load's burstiness lands on it.
+        self.min_engines = min_engines
         self.headroom = headroom_fraction
         self.clocks = tuple(sorted(set(clocks), reverse=True))
         self.max_restarts_per_day = max_restarts_per_day
@@ -187,14 +204,14 @@ class CoupledSolver:
         if inputs.prefix_hit_fraction.get(pool.name, 0.0) <= 0 and len(sizes) > 1:
             # No prefix reuse measured yet: what a DRAM tier is worth is unknown, so the size in force is kept (the
             # largest when none is known: today's Full Cache), not dropped for a saving nobody can predict.
-            sizes = [in_force_dram if in_force_dram is not None else sizes[-1]]
+            sizes = [min(in_force_dram, limit) if in_force_dram is not None else sizes[-1]]
         caps = self._capabilities(inputs, pool, sizes, clocks)
         n_engines = len(pool.engines)
         fc = inputs.load.get(pool.name)
-        margin = inputs.load_margin.get(pool.name, DEFAULT_LOAD_MARGIN)
+        margin = inputs.load_margin.get(pool.name)
         mean = [fc.mean[h] if fc else 0.0 for h in range(hours)]
         upper = [max(fc.upper[h], fc.mean[h]) if fc else 0.0 for h in range(hours)]
-        plan_load = [max(upper[h], mean[h] * margin) for h in range(hours)]
+        plan_load = [planning_load(mean[h], upper[h], margin) for h in range(hours)]
         ci = [inputs.ci[pool.region].mean[h] if pool.region in inputs.ci else 0.0 for h in range(hours)]
         pue = inputs.params.pue
         idle_w = next(iter(caps.values())).idle_power_w
@@ -207,16 +224,22 @@ class CoupledSolver:
         rest_w = asleep_w if sleeps else idle_w
         derate = min(1.0, max(0.0, inputs.capacity_derate.get(pool.name, 1.0)))
         options, costs, at_risk, restart_g = [], [], [], []
+        fewest = min(self.min_engines, n_engines)
+        cold: list[set[Option]] = []  # per hour, options whose load needs a warm DRAM tier (no restart into them)
         for h in range(hours):
-            allowed, row = [], []
+            allowed, row, needs_warm = [], [], set()
             for (ki, fi), cap in caps.items():
-                for n in range(1, n_engines + 1):
+                for n in range(fewest, n_engines + 1):
                     busiest = plan_load[h] / n * affinity_imbalance(n, plan_load[h])
                     if busiest > self.headroom * derate * cap.capacity_requests_per_s + 1e-12:
                         continue
                     row.append(self._hour_cost(inputs, pool, cap, n, n_engines, mean[h], rest_w, sizes[ki], ci[h],
                                                pue))
                     allowed.append(Option(n, ki, fi))
+                    # A resize restarts LMCache with an empty L1: until it refills the engines serve as without it.
+                    if ki > 0 and busiest > self.headroom * derate * caps[(0, fi)].capacity_requests_per_s + 1e-12:
+                        needs_warm.add(allowed[-1])
+            cold.append(needs_warm)
             risk = not allowed
             if risk:  # no option carries the planning load: the most capacity there is
                 ki, fi = max(caps, key=lambda key: caps[key].capacity_requests_per_s)
@@ -232,6 +255,8 @@ class CoupledSolver:
             restart_g.append(max(0.0, best_no_cache - best_cache) * 0.5 * 600.0 / 3600.0 + SWITCH_G)
         model = PoolModel(pool.name, n_engines, sizes, clocks, caps, options, costs, restart_g,
                           wake_g if sleeps else 0.0, sleeps, plan_load, mean, upper, ci, at_risk)
+        # an hour whose every option needs a warm L1 keeps them all (nothing colder carries its load either)
+        model.needs_warm = [c if not at_risk[h] and len(c) < len(options[h]) else set() for h, c in enumerate(cold)]
         model.rest_w, model.idle_w, model.derate = rest_w, idle_w, derate
         model.in_force = self._in_force(inputs, pool, model)
         model.restarts_done = max(0, int(inputs.dram_restarts_last_day.get(pool.name, 0)))
@@ -323,6 +348,15 @@ class CoupledSolver:
             prev_i, prev_c, prev_k = engines(t - 1)
             rows.append(([w[t], *now_i, *prev_i], [1.0, *[-x for x in now_c], *prev_c], -prev_k, inf))
             rows.append(([s[t], *now_i, *prev_i], [1.0, *now_c, *[-x for x in prev_c]], prev_k, inf))
+        # An option that needs a warm L1 follows an hour of the same DRAM size: x[t,o] <= sum_{o' same size} x[t-1,o'].
+        for t in range(hours):
+            for j, o in enumerate(m.options[t]):
+                if o not in (m.needs_warm[t] if t < len(m.needs_warm) else ()):
+                    continue
+                prev_i, prev_c, prev_k = level(t - 1, lambda q, k=o.size_index: q.size_index == k)
+                if t == 0 and m.in_force is None:
+                    continue  # nothing in force: the first plan's sizes are where the fleet starts
+                rows.append(([x_index[t][j], *prev_i], [1.0, *[-x for x in prev_c]], -inf, prev_k))
         # At most max_restarts_per_day in any day: in the first 24 h of the horizon those already made in the day
         # before it count; each further day of the horizon has its own budget.
         for day_start in range(0, hours, 24):
@@ -337,10 +371,22 @@ class CoupledSolver:
         h.run()
         status = h.modelStatusToString(h.getModelStatus())
         if status not in ("Optimal", "Time limit reached") or h.getInfo().primal_solution_status != 2:
-            # Infeasible (the restart budget cannot be kept): the cheapest option of each hour.
-            return [m.options[t][int(np.argmin(m.cost_g[t]))] for t in range(hours)], status
+            return self._steady(m), status
         values = h.getSolution().col_value
         return [m.options[t][int(np.argmax([values[i] for i in x_index[t]]))] for t in range(hours)], status
+
+    @staticmethod
+    def _steady(m: PoolModel) -> list[Option]:
+        """Without a MILP answer: no DRAM restart at all (the size in force, else the largest), each hour the
+        cheapest option of that size that carries its load (the most capacity there is when none does)."""
+        keep = m.in_force.size_index if m.in_force is not None and m.in_force.size_index >= 0 else len(m.sizes) - 1
+        picks = []
+        for t, options in enumerate(m.options):
+            same = [j for j, o in enumerate(options) if o.size_index == keep]
+            j = min(same, key=lambda i: m.cost_g[t][i]) if same else int(np.argmax(
+                [m.capabilities[(o.size_index, o.clock_index)].capacity_requests_per_s * o.engines for o in options]))
+            picks.append(options[j])
+        return picks
 
     # -- the answer -----------------------------------------------------------------------------------------------
     def solve_knobs(self, inputs: PlanningInputs) -> dict[str, KnobPlan]:
@@ -352,6 +398,12 @@ class CoupledSolver:
         power: list[list[common_pb2.GpuPowerTarget]] = [[] for _ in range(hours)]
         figures: list[dict[str, PoolFigures]] = [{} for _ in range(hours)]
         capabilities = [dict(inputs.capabilities_at(t)) for t in range(hours)]
+        kept: list[dict[str, list[common_pb2.CacheTarget]]] = []  # per hour, the targets in force by pool
+        for targets in keep_current_messages(inputs, "cache_targets"):
+            by_pool: dict[str, list[common_pb2.CacheTarget]] = {}
+            for target in targets:
+                by_pool.setdefault(target.pool, []).append(target)
+            kept.append(by_pool)
         lines: list[str] = []
         statuses: list[str] = []
         model_s = milp_s = 0.0
@@ -361,7 +413,9 @@ class CoupledSolver:
             model_s += time.perf_counter() - t0
             if m is None:
                 if pool.engines:
-                    lines.append(self._fill_pool(inputs, pool, routing, caches, figures))
+                    lines.append(self._fill_pool(inputs, pool, routing, figures))
+                for t in range(hours):
+                    caches[t].extend(kept[t].get(pool.name, []))
                 continue
             t0 = time.perf_counter()
             picks, status = self.solve_pool(m)
@@ -376,10 +430,12 @@ class CoupledSolver:
                 routing[t].extend(common_pb2.RoutingWeight(pool=pool.name, engine_id=eid,
                                                            weight=round(share if eid in loaded else 0.0, 6))
                                   for eid in engine_ids)
-                dram_now, disk_now = inputs.cache_sizes.get(pool.name, (0, 0))
-                caches[t].append(common_pb2.CacheTarget(pool=pool.name, dram_bytes=m.sizes[o.size_index]
-                                                        if pool.max_cache_dram_bytes > 0 else dram_now,
-                                                        disk_bytes=disk_now))
+                if pool.max_cache_dram_bytes > 0:  # a pool without a DRAM limit keeps the targets in force
+                    _, disk_now = inputs.cache_sizes.get(pool.name, (0, 0))
+                    caches[t].append(common_pb2.CacheTarget(pool=pool.name, dram_bytes=m.sizes[o.size_index],
+                                                            disk_bytes=disk_now))
+                else:
+                    caches[t].extend(kept[t].get(pool.name, []))
                 if m.sleeps:
                     runs[t].extend(common_pb2.EngineRunTarget(
                         pool=pool.name, engine_id=eid,
@@ -434,14 +490,13 @@ class CoupledSolver:
                 "sleep": clocked - slept}
 
     def _fill_pool(self, inputs: PlanningInputs, pool: common_pb2.Pool,
-                   routing: list[list[common_pb2.RoutingWeight]], caches: list[list[common_pb2.CacheTarget]],
-                   figures: list[dict[str, PoolFigures]]) -> str:
+                   routing: list[list[common_pb2.RoutingWeight]], figures: list[dict[str, PoolFigures]]) -> str:
         """A pool whose engines differ (MIG slices beside whole GPUs, measured profiles): the planning load on the
         engines cheapest in carbon per request first, each up to the headroom of its own capacity (the min-carbon
         routing rule, robust to the same planning load); the cache sizes in force are kept."""
-        from greenserve.optimizer.solvers.routing_weights import fill
+        from greenserve.optimizer.solvers.routing_weights import expected_attainment, fill
 
-        margin = inputs.load_margin.get(pool.name, DEFAULT_LOAD_MARGIN)
+        margin = inputs.load_margin.get(pool.name)
         fc = inputs.load.get(pool.name)
         short = 0
         for t in range(inputs.horizon_hours):
@@ -449,7 +504,7 @@ class CoupledSolver:
             engines = [(e.id, caps[e.id].energy_per_request_j, caps[e.id].capacity_requests_per_s)
                        for e in pool.engines if e.id in caps]
             mean = fc.mean[t] if fc else 0.0
-            load = max(fc.upper[t], mean * margin) if fc else 0.0
+            load = planning_load(mean, fc.upper[t], margin) if fc else 0.0
             total_cap = sum(e[2] for e in engines)
             short += load > self.headroom * total_cap
             rates = fill(load, engines, self.headroom) if engines else {}
@@ -458,15 +513,13 @@ class CoupledSolver:
             routing[t].extend(common_pb2.RoutingWeight(pool=pool.name, engine_id=eid, weight=round(share[eid], 6))
                               for eid in sorted(share))
             target = max(pool.slo.attainment_fraction, self.floor)
-            served = sum(min(mean * share[eid], cap) for eid, _, cap in engines)
-            figures[t][pool.name] = PoolFigures(mean, total_cap, target * min(1.0, served / mean) if mean > 0
-                                                else target, {eid: mean * share[eid] for eid in share})
-            held = inputs.cache_sizes.get(pool.name)
-            if held is not None:
-                caches[t].append(common_pb2.CacheTarget(pool=pool.name, dram_bytes=held[0], disk_bytes=held[1]))
+            mean_rates = {eid: mean * share[eid] for eid in share}
+            attained = expected_attainment(mean_rates, caps, {eid: cap for eid, _, cap in engines}, target)
+            figures[t][pool.name] = PoolFigures(mean, total_cap, attained, mean_rates)
         return (f"pool {pool.name}: engines that differ (hardware, variant or measured profiles): filled cheapest "
                 f"carbon per request first up to {self.headroom:.0%} of each one's capacity for the planning load "
-                f"(upper bound or mean x {margin:.2f}); cache sizes kept; short of capacity in {short} hour(s)")
+                f"({'the upper bound' if margin is None else f'mean x {margin:.2f}'}); cache sizes kept; short of "
+                f"capacity in {short} hour(s)")
 
     def _explain(self, pool: common_pb2.Pool, m: PoolModel, picks: list[Option]) -> list[str]:
         o = picks[0]
