@@ -1,11 +1,12 @@
 """`greenserve up --engine vllm`: a real vLLM engine (CPU build, tiny model) started beside the six services,
 health-checked, given to the router, serving OpenAI requests through the router's HTTP front under both its own
-name and the fleet's model name, and stopped with its whole process tree on Ctrl-C."""
+name and the fleet's model name, and gone with its whole process tree after Ctrl-C, SIGTERM or kill -9 of `up`."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -29,7 +30,10 @@ def _group(pgid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_up_engine_vllm_serves_through_the_router_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "sigterm", "kill-9"])
+def test_up_engine_vllm_serves_through_the_router_and_leaves_no_process(tmp_path: Path, stop_signal: int) -> None:
+    """Stopped by Ctrl-C or SIGTERM, `up` stops the engine's process group itself; killed with kill -9, the engine's
+    API server gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and vLLM takes EngineCore and the worker down."""
     why = skip_reason()
     if why:
         pytest.skip(why)
@@ -64,9 +68,15 @@ def test_up_engine_vllm_serves_through_the_router_and_ctrl_c_leaves_no_process(t
         generated = after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0.0)
         assert generated == 7 * served
 
-        up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=120) == 0, up.stderr.read()
-        assert "all services stopped" in up.stdout.read()
+        up.send_signal(stop_signal)
+        if stop_signal == signal.SIGKILL:
+            assert up.wait(timeout=30) == -signal.SIGKILL
+            deadline = time.monotonic() + 60
+            while pids_alive(tree) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        else:
+            assert up.wait(timeout=120) == 0, up.stderr.read()
+            assert "all services stopped" in up.stdout.read()
         assert not pids_alive(tree), "no process of the vLLM engine outlives `greenserve up`"
         with pytest.raises(httpx.HTTPError):
             httpx.get(url + "/health", timeout=5)
