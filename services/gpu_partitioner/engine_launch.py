@@ -540,10 +540,11 @@ class EngineSupervisor:
 
 
 def make_launcher(name: str, *, time_scale: float = 1.0, gpu_memory_utilization: float = 0.9,
-                  max_model_len: int = 0) -> EngineLauncher | None:
+                  max_model_len: int = 0, vllm_executable: str = "vllm") -> EngineLauncher | None:
     """The launcher named by --engine-launcher ("none": no engines are started)."""
     if name == "vllm":
-        return VllmLauncher(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        return VllmLauncher(executable=vllm_executable, gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len)
     if name == "emulator":
         return EmulatorLauncher(time_scale=time_scale)
     if name == "none":

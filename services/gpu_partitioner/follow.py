@@ -73,6 +73,9 @@ class PlanFollowSettings(BaseSettings):
     engine_gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of engines (of the MIG instance's memory)")
     engine_max_model_len: int = Field(0, ge=0, description="vLLM --max-model-len of engines (0: the model's own)")
+    engine_vllm_executable: str = Field(
+        "vllm", description="the vLLM command engines are started with (`<it> serve MODEL ...`): vllm on PATH, or a "
+        "path such as .venv-vllm/bin/vllm, the CPU build that scripts/install-vllm.sh installs")
     engine_lmcache_servers: str = Field(
         "", description="LMCache servers (multiprocess mode) per pool, POOL=tcp://HOST:PORT,...: engines of those "
         "pools get LMCache's KV connector; the server runs on the engines' own node (it moves KV blocks through "
@@ -255,7 +258,8 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
         launcher_name = "vllm" if backend.kind == "nvml" else "emulator"
     launcher = make_launcher(launcher_name, time_scale=settings.engine_time_scale,
                              gpu_memory_utilization=settings.engine_gpu_memory_utilization,
-                             max_model_len=settings.engine_max_model_len)
+                             max_model_len=settings.engine_max_model_len,
+                             vllm_executable=settings.engine_vllm_executable)
     if isinstance(launcher, VllmLauncher) and shutil.which(launcher.executable) is None:
         log.warning("engine launcher vllm: %r is not on PATH; engines the plan asks for will fail to start "
                     "(install vLLM in this image, or --engine-launcher none)", launcher.executable)

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from greenserve.gpu_partitioner.engine_launch import EngineSpec, EngineSupervisor, VllmLauncher
+from greenserve.gpu_partitioner.engine_launch import EngineSpec, EngineSupervisor, VllmLauncher, make_launcher
+from greenserve.gpu_partitioner.service import GpuPartitionerSettings
 from greenserve.profiler import engine_metrics
 from greenserve.v1 import common_pb2
 from greenserve.vllm_cpu import engines as vllm
@@ -49,8 +50,16 @@ def spec_for(model: Path, **changes: object) -> EngineSpec:
 
 
 def supervisor(tmp_path: Path) -> EngineSupervisor:
-    return EngineSupervisor(VllmLauncher(executable=str(vllm.venv() / "bin" / "vllm"), max_model_len=2048),
-                            log_dir=tmp_path / "engines", stop_grace_s=20.0)
+    """The launcher as the gpu-partitioner makes it from its settings (--engine-launcher vllm
+    --engine-vllm-executable .venv-vllm/bin/vllm --engine-max-model-len 2048)."""
+    settings = GpuPartitionerSettings.model_validate({
+        "engine_launcher": "vllm", "engine_vllm_executable": str(vllm.venv() / "bin" / "vllm"),
+        "engine_max_model_len": 2048, "data_dir": tmp_path})
+    launcher = make_launcher(settings.engine_launcher, max_model_len=settings.engine_max_model_len,
+                             gpu_memory_utilization=settings.engine_gpu_memory_utilization,
+                             vllm_executable=settings.engine_vllm_executable)
+    assert isinstance(launcher, VllmLauncher)
+    return EngineSupervisor(launcher, log_dir=tmp_path / "engines", stop_grace_s=20.0)
 
 
 async def started(sup: EngineSupervisor, spec: EngineSpec, name: str):
