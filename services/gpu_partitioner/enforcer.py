@@ -191,6 +191,10 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
                             changed.append(f"deregistered {engine_id}")
                         except Exception as exc:  # noqa: BLE001 - the layout stands; say so
                             changed.append(f"deregistering {engine_id} failed: {exc}")
+            # The optimizer hears of the new layout now, not once the new engines are healthy (a real vLLM engine
+            # takes minutes): until then its fleet listed the destroyed instances' engines, URLs included.
+            if self.on_change is not None:
+                self.on_change()
         # --- engines on the instances the plan gives a pool -----------------------------------------
         after = await asyncio.to_thread(self.backend.gpu, gpu.uuid)
         started, errors = await self._ensure_engines(after, target)

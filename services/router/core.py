@@ -163,6 +163,7 @@ class RouterCore(EngineAdmin):
         self.rejected = 0
         self._idle_waiters: dict[str, asyncio.Event] = {}
         self._engine_writes = asyncio.Lock()
+        self.deregistered: set[str] = set()  # not registered again from the plan (EngineAdmin.deregistered)
         self.prom = CollectorRegistry()
         # the per-request counters and histograms are updated in plain Python and folded into these prometheus
         # objects when the registry is collected (folded_metrics.py): the folder is registered first
@@ -360,9 +361,12 @@ class RouterCore(EngineAdmin):
             if known is None or _static(known) != _static(engine) or known.draining != engine.draining:
                 kept, _ = registry.upsert(engine)
                 kept.draining = engine.draining
+            if engine.source != "plan":  # registered again through another replica
+                self.deregistered.discard(engine.id)
         for engine_id, known in list(registry.engines.items()):
             if engine_id not in stored and known.source != "flag":  # flag engines are per replica
-                registry.remove(engine_id)
+                registry.remove(engine_id)  # deregistered through another replica (or worker)
+                self.deregistered.add(engine_id)
         now_mono, now_wall = time.monotonic(), time.time()
         mine = self.shared.replica_id
         for engine_id, engine in registry.engines.items():
@@ -462,7 +466,10 @@ class RouterCore(EngineAdmin):
 
     async def _fetch_fleet(self) -> None:
         """GetFleet: pool SLOs and regions, the engines of MIG placements, and the engines the plan names that
-        the router lacks (registered, source "plan")."""
+        the router lacks (registered, source "plan"), but not one that was deregistered (``deregistered``): the
+        gpu-partitioner deregisters the engines of the MIG instances it destroys before its next GPU report, and a
+        plan names them (weight 0) until the next plan, so a fleet read meanwhile still lists them, with their URLs;
+        registered again, they stayed in the router for good, on instances that no longer exist."""
         if self._optimizer is None:
             return
         try:
@@ -473,8 +480,15 @@ class RouterCore(EngineAdmin):
             return
         self.plans.apply_fleet(reply.fleet)
         wanted = self.plans.engine_ids()
+        listed = {e.id for pool in reply.fleet.pools for e in pool.engines}
+        self.deregistered &= listed  # one the fleet no longer lists may come back as a new engine
         for pool in reply.fleet.pools:
             for e in pool.engines:
+                if e.id in self.deregistered:
+                    if e.id in wanted and self.registry.get(e.id) is None:
+                        log.info("plan engine deregistered; not registered again from the fleet",
+                                 extra={"engine_id": e.id})
+                    continue
                 if e.id in wanted and e.url and self.registry.get(e.id) is None:
                     state = EngineState(id=e.id, url=e.url.rstrip("/"), pool=e.pool or pool.name,
                                         model=e.model or pool.model, kind=e.kind, gpu_uuid=e.gpu_uuid,

@@ -42,6 +42,12 @@ class EngineAdmin:
     busy_power_w: float
     idle_power_w: float
     _engine_writes: asyncio.Lock
+    # Engines deregistered (DeregisterEngine here, or their row gone through another replica or worker) that the
+    # plan may still name and the optimizer's fleet still list: the gpu-partitioner deregisters the engines of the
+    # MIG instances it destroys before its next GPU report says they are gone, so a fleet read meanwhile still
+    # lists them with their URLs. They are not registered again from the plan ("plan engines", core._fetch_fleet)
+    # until they are registered again explicitly; an id leaves this set then, or once the fleet no longer lists it.
+    deregistered: set[str]
 
     def engine_defaults(self, engine: EngineState) -> EngineState:
         if engine.busy_power_w <= 0:
@@ -70,6 +76,8 @@ class EngineAdmin:
             if self.db is not None:
                 await asyncio.to_thread(self._persist_engine, engine, known.draining if known else engine.draining,
                                         refuse_url_clash=check_url)
+            if engine.source != "plan":  # registered again explicitly: the plan may bring it back later
+                self.deregistered.discard(engine.id)
             return self.registry.upsert(engine)
 
     async def deregister_engine(self, engine_id: str) -> bool:
@@ -80,6 +88,7 @@ class EngineAdmin:
             if self.db is not None:
                 await asyncio.to_thread(self.delete_engine_row, engine_id)
             self.registry.remove(engine_id)
+            self.deregistered.add(engine_id)
             return True
 
     async def set_draining(self, engine_ids: list[str], draining: bool) -> list[EngineState]:

@@ -14,8 +14,9 @@
   in force (better than none while the optimizer is unreachable).
 * Without any plan, ``weights_for`` returns no weights and the policy routes by load and affinity.
 * "Engines from the plan": when a plan names engines the router does not know, it asks the optimizer
-  for the fleet inventory (GetFleet) and registers them (source "plan"); the inventory also gives each
-  pool's SLO and grid region, used by the carbon receipt.
+  for the fleet inventory (GetFleet) and registers them (source "plan"), except one deregistered that the fleet
+  still lists (``RouterCore.deregistered``); the inventory also gives each pool's SLO and grid region, used by the
+  carbon receipt.
 * MIG instances a plan's layout creates have no engine id yet when the plan is made: the plan names them by
   placement (``mig:<gpu uuid>/<profile>@<start>``) and the weight goes to the engine(s) the inventory's
   ``gpus[].instances[]`` report at that placement (the gpu-partitioner registers them under its own ids).

@@ -196,6 +196,7 @@ async def test_layout_applied_with_engines_then_changed_drain_first(rig: Rig) ->
     assert rig.events == [] and rig.supervisor.by_mig_uuid()[two.uuid].pid == old_pid
 
     # the 2g is re-cut into two 1g: its engine is drained before the destroy, deregistered and stopped
+    rig.enforcer.on_change = lambda: rig.events.append(("report", ()))  # the GPU report to the optimizer (poke)
     plan2, interval2 = _plan(2, common_pb2.MigLayout(gpu_uuid=rig.gpu, placements=[
         _p("4g.20gb", 0, 4, "chat", "8b-bf16"), _p("1g.5gb", 4, 1, "chat", "1b"), _p("1g.5gb", 5, 1),
         _p("1g.5gb", 6, 1)]))
@@ -205,6 +206,9 @@ async def test_layout_applied_with_engines_then_changed_drain_first(rig: Rig) ->
     kinds = [e[0] for e in rig.events]
     assert rig.events[0] == ("drain", (old_id,))
     assert kinds.index("deregister") < kinds.index("destroy") < kinds.index("register")
+    # the optimizer hears of the destroyed instance at once, not once the new engine is healthy: until then its
+    # fleet listed the old engine with its URL, and a router reading it registered that engine again
+    assert kinds.index("destroy") < kinds.index("report") < kinds.index("register"), kinds
     assert not _alive(old_pid) and old_id not in rig.supervisor.engines
     engines = await _engines(rig)
     new_one = next(i for i in rig.backend.gpu(rig.gpu).instances if i.placement == Placement(4, 1, "1g.5gb"))

@@ -342,3 +342,66 @@ async def test_a_mig_placement_gets_its_engine_without_a_new_plan(peers, emulato
             async with s.post(r.http + "/v1/completions",
                               json={"model": on_mig[0].model, "prompt": "x", "max_tokens": 2}) as resp:
                 assert resp.status == 200 and resp.headers["x-greenserve-engine"] == "mig-engine"
+
+
+async def test_an_engine_deregistered_is_not_registered_again_from_a_stale_fleet(peers, emulators, router,
+                                                                               monkeypatch) -> None:
+    """A plan that replaces a GPU's MIG layout weights the engines of the destroyed instances 0 and the new instance
+    by placement. The gpu-partitioner drains and deregisters those engines, then applies the layout, starts the new
+    engine and reports the GPU; until that report the optimizer's fleet still lists the old engines, with their URLs
+    (MigInstance.engine_urls). The router, reading the fleet for the unresolved placement meanwhile, registered them
+    again (source "plan") and kept them for good (tests/integration/test_loop_end_to_end.py: 3 chat MIG engines
+    instead of 1 after the layout change). An engine deregistered is registered from the plan only once registered
+    again explicitly, or once the fleet has stopped listing it."""
+    from greenserve.router import core as router_core
+
+    monkeypatch.setattr(router_core, "PLACEMENT_RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(router_core, "PLACEMENT_RETRY_MAX_S", 0.1)
+    servicer, addr = peers
+    old, new = await emulators(1), await emulators(1)
+    r = await router([], watch_plans=True, optimizer_addr=addr)
+    model = old[0].model
+
+    def fleet(*instances: common_pb2.MigInstance) -> common_pb2.FleetInventory:
+        pool = common_pb2.Pool(name="default", model=model)
+        for inst in instances:
+            for eid in inst.engine_ids:
+                pool.engines.add(id=eid, url=inst.engine_urls[eid], pool="default", model=model, mig_uuid=inst.uuid)
+        return common_pb2.FleetInventory(pools=[pool], gpus=[common_pb2.Gpu(uuid="GPU-a", mig_enabled=True,
+                                                                           instances=instances)])
+
+    old_inst = common_pb2.MigInstance(uuid="MIG-old", profile="3g.40gb", placement_start=0, engine_ids=["old"],
+                                      engine_id="old", engine_urls={"old": old[0].url})
+    await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
+        id="old", url=old[0].url, pool="default", model=model, mig_uuid="MIG-old")))
+    servicer.fleet = fleet(old_inst)
+    # the plan: the old engine weight 0, the new 7g.40gb instance by placement (no engine there yet)
+    await servicer.plans.put(_plan(4, {"old": 0.0, "mig:GPU-a/7g.40gb@0": 1.0}))
+    for _ in range(100):
+        if r.core.plans.version == 4:
+            break
+        await asyncio.sleep(0.05)
+    assert r.core.plans.unresolved_placements() == {"mig:GPU-a/7g.40gb@0"}
+    # the gpu-partitioner deregisters the old engine; its GPU report is not in yet: the fleet still lists it
+    await r.stub.DeregisterEngine(router_pb2.DeregisterEngineRequest(engine_id="old"))
+    await asyncio.sleep(0.5)  # the router reads the (stale) fleet several times meanwhile
+    assert "old" not in r.core.registry.engines
+    # the new engine is registered and reported
+    await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
+        id="new", url=new[0].url, pool="default", model=model, mig_uuid="MIG-new")))
+    servicer.fleet = fleet(common_pb2.MigInstance(uuid="MIG-new", profile="7g.40gb", placement_start=0,
+                                                  engine_ids=["new"], engine_id="new",
+                                                  engine_urls={"new": new[0].url}))
+    for _ in range(100):
+        if not r.core.plans.unresolved_placements():
+            break
+        await asyncio.sleep(0.05)
+    assert not r.core.plans.unresolved_placements()
+    assert sorted(r.core.registry.engines) == ["new"]
+    assert "old" not in r.core.deregistered  # the fleet no longer lists it: forgotten
+    # an engine deregistered and registered again explicitly comes back from the plan as before
+    await r.stub.DeregisterEngine(router_pb2.DeregisterEngineRequest(engine_id="new"))
+    assert r.core.deregistered == {"new"}
+    await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
+        id="new", url=new[0].url, pool="default", model=model, mig_uuid="MIG-new")))
+    assert not r.core.deregistered
