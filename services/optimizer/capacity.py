@@ -24,6 +24,7 @@ Every capability says where it came from; the plan's explanation repeats it ("pr
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -91,10 +92,15 @@ class Capability:
     def energy_per_request_at_j(self, rate_per_s: float) -> float:
         """Dynamic energy of one request at ``rate_per_s`` per engine: the prediction's replays interpolated in rate
         (fewer requests per second batch less, so each costs more), else the figure at capacity."""
-        points = [(c[0], c[2]) for c in self.curve if math.isfinite(c[2]) and c[2] > 0]
-        if not points:
+        rates, energies = self._energy_points
+        if not rates:
             return self.energy_per_request_j
-        return float(np.interp(rate_per_s, [p[0] for p in points], [p[1] for p in points]))
+        return float(np.interp(rate_per_s, rates, energies))
+
+    @functools.cached_property
+    def _energy_points(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        points = [(c[0], c[2]) for c in self.curve if math.isfinite(c[2]) and c[2] > 0]
+        return tuple(p[0] for p in points), tuple(p[1] for p in points)
 
 
 def simulator_profile_name(simulator_model: str, hardware: str) -> tuple[str, bool]:

@@ -40,9 +40,11 @@ A restart is charged what the emptied L1 would have saved while it refills (as `
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import highspy
 import numpy as np
@@ -121,6 +123,12 @@ def affinity_imbalance(engines: int, load_per_s: float, think_s: float = capacit
     if engines <= 1 or active <= 0:
         return 1.0
     return 1.0 + z * math.sqrt((engines - 1) / active)
+
+
+@functools.lru_cache(maxsize=256)
+def _storage_g(size_bytes: int, params: Any) -> float:
+    """Embodied carbon of one LMCache server's DRAM tier of ``size_bytes`` for an hour (GreenCache Eq. 4)."""
+    return carbon.cache_tiers_embodied_g(dram_bytes=size_bytes, disk_bytes=0, duration_s=3600.0, params=params)
 
 
 def _sizes(limit: int) -> list[int]:
@@ -268,9 +276,7 @@ class CoupledSolver:
         rate = mean_load / n
         loaded_w = cap.idle_power_w + cap.energy_per_request_at_j(rate) * rate
         energy_kwh = (n * loaded_w + (n_engines - n) * rest_w) * 3600.0 / 3.6e6
-        storage = n_engines * carbon.cache_tiers_embodied_g(dram_bytes=size, disk_bytes=0, duration_s=3600.0,
-                                                            params=inputs.params)
-        return carbon.operational_g(energy_kwh=energy_kwh, ci_g_per_kwh=ci, pue=pue) + storage
+        return energy_kwh * ci * pue + n_engines * _storage_g(size, inputs.params)
 
     @staticmethod
     def _in_force(inputs: PlanningInputs, pool: common_pb2.Pool, m: PoolModel) -> Option | None:
@@ -317,8 +323,10 @@ class CoupledSolver:
             x_index.append([add(c, 1.0, True) for c in m.cost_g[t]])
         r = [add(m.restart_g[t], 1.0, False) for t in range(hours)]
         c = [add(SWITCH_G, 1.0, False) for t in range(hours)]
-        w = [add(m.wake_g + SWITCH_G, m.n_engines, False) for t in range(hours)]
-        s = [add(SWITCH_G, m.n_engines, False) for t in range(hours)]
+        # per hour and engine count level n: the n-th engine loaded (w) or unloaded (s) at the hour's start; one
+        # indicator per level (not one for the count) keeps the LP relaxation tight
+        w = [[add(m.wake_g + SWITCH_G, 1.0, False) for _ in range(m.n_engines)] for t in range(hours)]
+        s = [[add(SWITCH_G, 1.0, False) for _ in range(m.n_engines)] for t in range(hours)]
         rows: list[tuple[list[int], list[float], float, float]] = []
         for t in range(hours):
             rows.append((x_index[t], [1.0] * len(x_index[t]), 1.0, 1.0))
@@ -330,11 +338,6 @@ class CoupledSolver:
                 return idx, [1.0] * len(idx), 0.0
             return [], [], 1.0 if m.in_force is not None and pred(m.in_force) else 0.0
 
-        def engines(t: int) -> tuple[list[int], list[float], float]:
-            if t >= 0:
-                return x_index[t], [float(o.engines) for o in m.options[t]], 0.0
-            return [], [], float(m.in_force.engines) if m.in_force is not None else float(m.n_engines)
-
         for t in range(hours):
             if t == 0 and m.in_force is None:
                 continue  # nothing in force: the first hour changes nothing
@@ -344,10 +347,14 @@ class CoupledSolver:
                     prev_i, prev_c, prev_k = level(t - 1, lambda o, a=attr, v=v: getattr(o, a) == v)
                     # var[t] - now + prev >= 0  (prev may be a constant)
                     rows.append(([var[t], *now_i, *prev_i], [1.0, *[-x for x in now_c], *prev_c], -prev_k, inf))
-            now_i, now_c, _ = engines(t)
-            prev_i, prev_c, prev_k = engines(t - 1)
-            rows.append(([w[t], *now_i, *prev_i], [1.0, *[-x for x in now_c], *prev_c], -prev_k, inf))
-            rows.append(([s[t], *now_i, *prev_i], [1.0, *now_c, *[-x for x in prev_c]], prev_k, inf))
+            for n in range(1, m.n_engines + 1):  # u_n(t) = sum of x[t,o] with at least n engines loaded
+                now_i, now_c, _ = level(t, lambda o, n=n: o.engines >= n)
+                prev_i, prev_c, prev_k = (level(t - 1, lambda o, n=n: o.engines >= n) if t > 0 or m.in_force
+                                          else ([], [], 0.0))
+                if t == 0 and m.in_force is None:
+                    prev_k = 1.0 if n <= m.n_engines else 0.0
+                rows.append(([w[t][n - 1], *now_i, *prev_i], [1.0, *[-x for x in now_c], *prev_c], -prev_k, inf))
+                rows.append(([s[t][n - 1], *now_i, *prev_i], [1.0, *now_c, *[-x for x in prev_c]], prev_k, inf))
         # An option that needs a warm L1 follows an hour of the same DRAM size: x[t,o] <= sum_{o' same size} x[t-1,o'].
         for t in range(hours):
             for j, o in enumerate(m.options[t]):
@@ -365,9 +372,24 @@ class CoupledSolver:
             rows.append((cols, [1.0] * len(cols), -inf, float(budget)))
         h.addVars(col, np.array(lower), np.array(upper))
         h.changeColsCost(col, np.arange(col, dtype=np.int32), np.array(costs))
+        starts, index, value = [], [], []
+        for idx, vals, _, _ in rows:
+            starts.append(len(index))
+            index.extend(idx)
+            value.extend(vals)
+        h.addRows(len(rows), np.array([r[2] for r in rows]), np.array([r[3] for r in rows]), len(index),
+                  np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value))
+        # The LP relaxation first: the one-option-per-hour rows with the change indicators make it integral in
+        # most instances, and an integral LP optimum is the MILP's optimum, found at a tenth of the MIP's cost; the
+        # branch and bound runs only when some x is fractional.
+        h.run()
+        x_cols = [i for row in x_index for i in row]
+        if h.getInfo().primal_solution_status == 2:
+            values = h.getSolution().col_value
+            if all(min(values[i], 1.0 - values[i]) <= 1e-7 for i in x_cols):
+                return [m.options[t][int(np.argmax([values[i] for i in x_index[t]]))] for t in range(hours)], \
+                    "Optimal (LP relaxation integral)"
         h.changeColsIntegrality(col, np.arange(col, dtype=np.int32), np.array(integrality))
-        for idx, vals, lo, hi in rows:
-            h.addRow(lo, hi, len(idx), np.array(idx, dtype=np.int32), np.array(vals))
         h.run()
         status = h.modelStatusToString(h.getModelStatus())
         if status not in ("Optimal", "Time limit reached") or h.getInfo().primal_solution_status != 2:

@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                      "Kareto adaptive Pareto search vs full grid: evaluations and hypervolume"),
     "cache-eviction": ("greenserve.cache_manager.bench:eviction_main", "eviction choice latency over 1M entries"),
     "plan": ("greenserve.optimizer.bench:main", "ComputePlan time (16 pools, 64 GPUs, 24 h) and WatchPlans delivery"),
+    "coupled": ("greenserve.optimizer.bench_coupled:main", "coupled MILP solve time: 16 pools x 24 h (engines, DRAM, clocks)"),
     "cache-plan": ("greenserve.optimizer.bench_cache:main", "GreenCache ILP solve time: 24 h x 17 sizes, 168 h x 64 sizes x 16 pools"),
     "mig-plan": ("greenserve.optimizer.bench_mig:main", "variants on MIG: exact optimum (10 / 1,000 GPUs) vs CLOVER's SA and random search"),
     "profiler": ("greenserve.profiler.bench:main", "simulator sweep points/s; --agreement: engine vs emulator vs simulator"),
