@@ -40,6 +40,14 @@ log = logging.getLogger("greenserve.optimizer.loop")
 MAX_HORIZON_HOURS = 168
 DEFAULT_HORIZON_HOURS = 24
 SLO_MIN_REQUESTS = 20
+# After a breach the planner counts this share of the predicted capacity (x DERATE_STEP per breach, at least
+# MIN_DERATE); a report DERATE_RECOVERY_MARGIN above target wins back x 1 / DERATE_RECOVERY, at most once per
+# DERATE_RECOVERY_S (the evaluation replays the same rule: evaluation/day.py).
+DERATE_STEP = 0.85
+DERATE_RECOVERY = 0.95
+DERATE_RECOVERY_MARGIN = 0.02
+DERATE_RECOVERY_S = 3600.0
+MIN_DERATE = 0.5
 
 
 class OptimizerLoop:
@@ -75,6 +83,10 @@ class OptimizerLoop:
                                        enabled=schedule)
         self._monitor_task: asyncio.Task[None] | None = None
         self._breach_at: dict[str, float] = {}
+        # pool -> share of the predicted capacity plans may count: lowered on a measured breach (the model promised
+        # more than the engines gave), won back after good hours (PlanningInputs.capacity_derate)
+        self.capacity_derate: dict[str, float] = {}
+        self._recovered_at: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -110,6 +122,7 @@ class OptimizerLoop:
             carbon_weight_fraction=carbon_weight_fraction, declared=self.fleet.declared,
             cache_manager=self.cache_manager,
             traffic_history=any(getattr(s, "wants_traffic_history", False) for s in self.planner.solvers))
+        inputs.capacity_derate = dict(self.capacity_derate)
         expired = safe_plan.expired_series(inputs)
         if expired:
             log.warning("forecasts of %s older than %.0f s and the forecaster does not answer: safe plan",
@@ -149,11 +162,20 @@ class OptimizerLoop:
         breached = False
         for p in request.pools:
             slo = slos.get(p.pool)
-            if slo is None or p.requests < SLO_MIN_REQUESTS or p.attainment_fraction >= slo.attainment_fraction:
+            if slo is None or p.requests < SLO_MIN_REQUESTS:
+                continue
+            if p.attainment_fraction >= slo.attainment_fraction:
+                derate = self.capacity_derate.get(p.pool, 1.0)
+                if (derate < 1.0 and p.attainment_fraction >= slo.attainment_fraction + DERATE_RECOVERY_MARGIN
+                        and now - self._recovered_at.get(p.pool, -1e18) >= DERATE_RECOVERY_S):
+                    self.capacity_derate[p.pool] = min(1.0, derate / DERATE_RECOVERY)
+                    self._recovered_at[p.pool] = now
                 continue
             if now - self._breach_at.get(p.pool, -1e18) < self.slo_breach_cooldown_s:
                 continue
             self._breach_at[p.pool] = now
+            self._recovered_at[p.pool] = now
+            self.capacity_derate[p.pool] = max(MIN_DERATE, self.capacity_derate.get(p.pool, 1.0) * DERATE_STEP)
             log.warning("pool %s: attainment %.3f below target %.3f over %.0f s", p.pool, p.attainment_fraction,
                         slo.attainment_fraction, p.window_s)
             breached = True

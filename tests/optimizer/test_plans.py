@@ -209,10 +209,18 @@ async def test_slo_breach_report_triggers_a_new_plan(forecaster, optimizer) -> N
     assert not (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[ok]))).replan_triggered
     few = optimizer_pb2.PoolAttainment(pool="chat", window_s=300, requests=3, attainment_fraction=0.1)
     assert not (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[few]))).replan_triggered
+    assert _loop(running).capacity_derate == {}  # no breach yet: the predicted capacity counts whole
     bad = optimizer_pb2.PoolAttainment(pool="chat", window_s=300, requests=500, attainment_fraction=0.7)
     assert (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[bad]))).replan_triggered
-    # Within the cooldown a second breach does not re-plan again.
+    # The breach derates the capacity the next plans count (the model promised more than the engines gave) ...
+    assert _loop(running).capacity_derate == {"chat": pytest.approx(0.85)}
+    # ... and within the cooldown a second breach neither re-plans nor derates again.
     assert not (await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[bad]))).replan_triggered
+    assert _loop(running).capacity_derate == {"chat": pytest.approx(0.85)}
+    # A good report within the hour after the breach wins nothing back yet.
+    great = optimizer_pb2.PoolAttainment(pool="chat", window_s=300, requests=500, attainment_fraction=1.0)
+    await stub.ReportAttainment(optimizer_pb2.ReportAttainmentRequest(instance="r", pools=[great]))
+    assert _loop(running).capacity_derate == {"chat": pytest.approx(0.85)}
     for _ in range(200):
         plans = (await stub.ListPlans(optimizer_pb2.ListPlansRequest())).plans
         if any(p.trigger == "slo_breach" for p in plans):
