@@ -57,7 +57,7 @@ VOCAB_LOW, VOCAB_HIGH = 100, 30_000  # token ids every Llama tokenizer (32k or 1
 
 
 def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_tokens: int, request_seed: int,
-                     point_seed: int = 0) -> list[int]:
+                     point_seed: int = 0, vocab_high: int = VOCAB_HIGH) -> list[int]:
     """Token ids of a prompt: each shared prefix block is the same ids wherever it appears (prefix reuse is real
     on the engine); the rest is unique to the request (``request_seed``) within its point (``point_seed``)."""
     ids: list[int] = []
@@ -65,11 +65,11 @@ def prompt_token_ids(prompt_tokens: int, block_hashes: tuple[int, ...], block_to
         if len(ids) + block_tokens > prompt_tokens:
             break
         rng = np.random.default_rng([abs(int(block)), 7 if block >= 0 else 11])
-        ids.extend(rng.integers(VOCAB_LOW, VOCAB_HIGH, block_tokens).tolist())
+        ids.extend(rng.integers(VOCAB_LOW, vocab_high, block_tokens).tolist())
     rest = prompt_tokens - len(ids)
     if rest > 0:
         rng = np.random.default_rng([request_seed, point_seed, 13])
-        ids.extend(rng.integers(VOCAB_LOW, VOCAB_HIGH, rest).tolist())
+        ids.extend(rng.integers(VOCAB_LOW, vocab_high, rest).tolist())
     return ids
 
 
@@ -136,8 +136,11 @@ class EngineBackend:
     source = common_pb2.PROFILE_SOURCE_MEASURED
     name = "engine"
 
-    def __init__(self, settings: Any, *, nvml: Any | None = None) -> None:
+    def __init__(self, settings: Any, *, nvml: Any | None = None, vocab_high: int = VOCAB_HIGH) -> None:
         self.settings = settings
+        #: prompt token ids are drawn below this (a model with a smaller vocabulary, e.g. the tiny test Llama's
+        #: 1,024, refuses larger ids: "Token id ... is out of vocabulary")
+        self.vocab_high = vocab_high
         self._client: httpx.AsyncClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._nvml = nvml
@@ -425,7 +428,7 @@ class EngineBackend:
         hashes = wl.block_hashes or [()] * len(wl)
         point_id = f"{self._prompt_nonce}|{spec.workload}|{config_key(config)}|{rate_per_s!r}".encode()
         point_seed = int.from_bytes(hashlib.blake2b(point_id, digest_size=8).digest(), "big")
-        prompts = [prompt_token_ids(p, h, wl.hash_block_tokens, spec.seed * 1_000_003 + i, point_seed)
+        prompts = [prompt_token_ids(p, h, wl.hash_block_tokens, spec.seed * 1_000_003 + i, point_seed, self.vocab_high)
                    for i, (p, h) in enumerate(zip(wl.prompt_tokens, hashes))]
         timeout_wall_s = method.request_timeout_s / scale
         meter = self._power_meter(method.power_interval_s / scale)

@@ -152,6 +152,15 @@ def test_shared_prefix_blocks_get_the_same_token_ids() -> None:
     assert a[:256] != c[:256]
 
 
+
+def test_prompt_ids_stay_below_the_backends_vocabulary_bound() -> None:
+    """A model with a small vocabulary (the tiny test Llama's tokenizer has 744 tokens) refuses larger ids ("Token id
+    ... is out of vocabulary", every request failed): ``EngineBackend(vocab_high=...)`` bounds the ids it sends."""
+    ids = prompt_token_ids(1500, (5,), 256, request_seed=1, vocab_high=700)
+    assert len(ids) == 1500 and max(ids) < 700 and min(ids) >= engine_backend.VOCAB_LOW
+    assert max(prompt_token_ids(1500, (), 256, request_seed=1)) >= 700  # the default stays the Llama-wide bound
+    assert engine_backend.EngineBackend(object(), vocab_high=700).vocab_high == 700
+
 @pytest.mark.slow
 async def test_engine_sweep_against_emulator_with_cache_via_cache_manager(
         start_inprocess, tmp_path, profiler, lmcache_server, monkeypatch) -> None:  # noqa: F811
