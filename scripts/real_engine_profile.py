@@ -1,0 +1,302 @@
+"""Profile a real vLLM engine (CPU build, tiny random Llama), calibrate the simulator on part of the ladder and
+predict the rest (issue 34 item 4).
+
+1. One real engine (``greenserve.vllm_cpu.engines``), or the one at ``--engine-url``.
+2. The profiler's own engine backend (``EngineBackend.measure``: open-loop Poisson arrivals, streamed
+   ``/v1/completions``, client-side TTFT/TPOT, batch size from ``/metrics``) over ``--rates`` x ``--workloads``
+   (fixed-size workloads: every request has the dataset's P50 prompt/output length). Each workload's ladder is
+   one MEASURED ``common.Profile`` (validated as ``ProfileStore.put`` validates it), written as protobuf JSON into
+   ``--out`` (``profile-<workload>.json``; ``greenserve profile show``'s fields).
+3. Calibration: the points at ``--fit-rates`` of every workload give the prefill and decode points that
+   ``greenserve profile calibrate`` takes (``profiler.calibrate.calibration_points``), fitted jointly to a base
+   profile of the tiny model on this CPU (``base_profile``: the tiny model's shape; datasheet-free CPU numbers
+   whose efficiencies and step overhead the fit replaces).
+4. Prediction: the simulator backend's point (``sim_backend.simulate_point``, the same workload, seed, warm-up and
+   window) with the calibrated profile at every rate; the rates not in ``--fit-rates`` are the held-back ones.
+   TTFT p50 and TPOT p50 relative errors are printed as a Markdown table and written to ``result.json``.
+
+Run with greenserve's interpreter from the repository root (vLLM's own virtualenv, ``.venv-vllm``, serves)::
+
+    .venv/bin/python scripts/real_engine_profile.py --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from greenserve.profiler.calibrate import calibration_points
+from greenserve.profiler.engine_backend import EngineBackend
+from greenserve.profiler.keys import config_key
+from greenserve.profiler.method import as_proto, resolve
+from greenserve.profiler.settings_view import EngineSettingsView
+from greenserve.profiler.sim_backend import simulate_point
+from greenserve.profiler.store import validate_profile
+from greenserve.simulator.calibration import calibrate
+from greenserve.simulator.engine_profile import EngineProfile, load_profile
+from greenserve.v1 import common_pb2, profiler_pb2
+
+MODEL = "tiny-llama"
+HARDWARE = "CPU"
+KV_CACHE_BYTES = 2**30  # engines.KV_CACHE_SPACE_GIB
+TINY_VOCAB = 700  # the tiny model's tokenizer trains to 744 tokens (tiny_model.VOCAB_SIZE 1024 is its upper bound)
+
+
+def base_profile() -> EngineProfile:
+    """The tiny model (services/vllm_cpu/tiny_model.py: 2 layers, hidden 128, 2 KV heads of 32, MLP 256, vocabulary
+    <= 1024, float32) on a CPU: order-of-magnitude compute (2e11 FLOP/s) and memory bandwidth (2e10 B/s) that the
+    calibration's efficiencies scale; a 1 GiB KV pool (VLLM_CPU_KVCACHE_SPACE=1)."""
+    n_params = 2 * (4 * 128 * 128 // 2 + 2 * 128 * 64 + 3 * 128 * 256) + 2 * 1024 * 128
+    weights = 4.0 * n_params
+    return load_profile("llama3-8b@A100-80GB").with_overrides(
+        name=f"{MODEL}@{HARDWARE}", model=MODEL, hardware=HARDWARE, n_params=float(n_params), n_layers=2,
+        hidden_size=128, n_kv_heads=2, head_dim=32, weight_bytes_per_param=4.0, kv_bytes_per_element=4.0,
+        gpu_count=1, peak_flops=2e11, hbm_bandwidth_bytes_per_s=2e10, memory_bytes=KV_CACHE_BYTES + weights,
+        gpu_memory_utilization=1.0, non_kv_reserve_bytes_per_gpu=0.0, max_num_seqs=256,
+        max_num_batched_tokens=2048, idle_w=1.0, max_w=1.0, calibrated_from="", sources={})
+
+
+def spec_for(workload: str, rates: list[float], args: argparse.Namespace, url: str,
+             backend: int = profiler_pb2.SWEEP_BACKEND_ENGINE) -> profiler_pb2.SweepSpec:
+    return profiler_pb2.SweepSpec(
+        backend=backend, engine_url=url if backend == profiler_pb2.SWEEP_BACKEND_ENGINE else "",
+        workload=workload, request_rates_per_s=rates, point_duration_s=args.duration_s, seed=args.seed,
+        slo=common_pb2.Slo(ttft_s=args.ttft_slo_s, tpot_s=args.tpot_slo_s, attainment_fraction=0.9),
+        configs=[common_pb2.ProfileConfig(model=MODEL, hardware=HARDWARE, workload=workload)],
+        method=common_pb2.ProfileMethod(warmup_s=args.warmup_s, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:.1f}" if value is not None else "-"
+
+
+async def sweep(url: str, args: argparse.Namespace,
+                engine_side: dict[tuple[str, float], dict[str, float | None]]) -> dict[str, common_pb2.Profile]:
+    """One measured profile per workload, through the profiler's engine backend; ``engine_side`` gets each point's
+    means of vLLM's own TTFT and per-request TPOT histograms over the window (its /metrics)."""
+    backend = EngineBackend(EngineSettingsView(nvml_power="off"), vocab_high=args.vocab_size)
+    profiles = {}
+    try:
+        for workload in args.workloads:
+            spec = spec_for(workload, args.rates, args, url)
+            await backend.prepare(spec)
+            method = resolve(spec)
+            config = spec.configs[0]
+            points = []
+            for rate in args.rates:
+                t0 = time.monotonic()
+                point = await backend.measure(spec, config, rate, method)
+                points.append(point)
+                win = backend.last_window
+                engine_side[(workload, rate)] = {"engine_ttft_mean_s": win.ttft_mean_s if win else None,
+                                                 "engine_tpot_mean_s": win.tpot_mean_s if win else None}
+                print(f"{workload} {rate:g}/s: {point.requests} req, {point.failed_requests} failed, "
+                      f"TTFT p50 {point.ttft_p50_s * 1e3:.1f} ms, TPOT p50 {point.tpot_p50_s * 1e3:.2f} ms, "
+                      f"batch {point.mean_batch_size:.2f}, engine-side TTFT/TPOT means "
+                      f"{_ms(engine_side[(workload, rate)]['engine_ttft_mean_s'])}/"
+                      f"{_ms(engine_side[(workload, rate)]['engine_tpot_mean_s'])} ms, client CPU {backend.last_client_cpu_fraction:.2f}, "
+                      f"{time.monotonic() - t0:.0f} s", flush=True)
+            profile = common_pb2.Profile(
+                config_key=config_key(config), version=1, config=config, slo=spec.slo, points=points,
+                source=common_pb2.PROFILE_SOURCE_MEASURED, method=as_proto(method),
+                note=f"real vLLM {args.vllm_version} (CPU build, tiny random Llama, float32, --enforce-eager) on "
+                     f"{os.cpu_count()} shared CPU cores, engine backend of greenserve.profiler")
+            profile.created_at.GetCurrentTime()
+            validate_profile(profile)
+            profiles[workload] = profile
+    finally:
+        await backend.close()
+    return profiles
+
+
+def fit_and_predict(profiles: dict[str, common_pb2.Profile], args: argparse.Namespace) -> dict[str, Any]:
+    fit_rates = set(args.fit_rates)
+    prefill, decode = [], []
+    for workload, profile in profiles.items():
+        part = common_pb2.Profile()
+        part.CopyFrom(profile)
+        del part.points[:]
+        part.points.extend(p for p in profile.points if p.request_rate_per_s in fit_rates)
+        pre, dec = calibration_points(part)
+        prefill += pre
+        decode += [d for _, d in dec]
+    report = calibrate(base_profile(), prefill=prefill, decode=decode, label=f"{MODEL}@{HARDWARE} measured")
+    print("fitted:", {k: f"{v:.4g}" for k, v in report.fitted.items()}, "rms:", report.rms_relative_error)
+    rows = []
+    for workload, profile in profiles.items():
+        spec = spec_for(workload, args.rates, args, "", profiler_pb2.SWEEP_BACKEND_SIMULATOR)
+        method = resolve(spec)
+        for measured in profile.points:
+            rate = measured.request_rate_per_s
+            predicted = simulate_point(spec.configs[0], rate, spec, method, report.profile)
+            row: dict[str, Any] = {"workload": workload, "rate_per_s": rate, "held_back": rate not in fit_rates,
+                                   "measured_batch": measured.mean_batch_size,
+                                   "predicted_batch": predicted.mean_batch_size}
+            row["predicted_ttft_mean_s"], row["predicted_tpot_mean_s"] = predicted.ttft_mean_s, predicted.tpot_mean_s
+            for q in ("ttft_p50_s", "tpot_p50_s"):
+                m, p = getattr(measured, q), getattr(predicted, q)
+                row[f"measured_{q}"], row[f"predicted_{q}"] = m, p
+                row[f"{q}_error"] = p / m - 1.0 if m > 0 else math.nan
+            rows.append(row)
+    held = [r for r in rows if r["held_back"]]
+    summary = {q: max(abs(r[f"{q}_error"]) for r in held) if held else math.nan for q in ("ttft_p50_s", "tpot_p50_s")}
+    return {"fitted": report.fitted, "rms_relative_error": report.rms_relative_error, "rows": rows,
+            "max_abs_error_held_back": summary}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| workload | rate (req/s) | held back | TTFT p50 measured (ms) | predicted (ms) | error | "
+             "TPOT p50 measured (ms) | predicted (ms) | error | batch measured / predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['workload']} | {r['rate_per_s']:g} | {'yes' if r['held_back'] else 'no (fit)'} | "
+            f"{r['measured_ttft_p50_s'] * 1e3:.1f} | {r['predicted_ttft_p50_s'] * 1e3:.1f} | "
+            f"{r['ttft_p50_s_error']:+.1%} | {r['measured_tpot_p50_s'] * 1e3:.2f} | "
+            f"{r['predicted_tpot_p50_s'] * 1e3:.2f} | {r['tpot_p50_s_error']:+.1%} | "
+            f"{r['measured_batch']:.2f} / {r['predicted_batch']:.2f} |")
+    return "\n".join(lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def vllm_version() -> str:
+    import subprocess
+
+    from greenserve.vllm_cpu import engines
+    done = subprocess.run([str(engines.python()), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                          capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() or "unknown"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for the profiles, result.json, engine log")
+    ap.add_argument("--engine-url", default="", help="an engine already serving tiny-llama (default: start one)")
+    ap.add_argument("--profiles-from", type=Path, default=None,
+                    help="no sweep: calibrate and predict on the profile-*.json (and engine-side figures of "
+                         "result.json) a previous run wrote there")
+    ap.add_argument("--workloads", type=lambda s: s.split(","), default=["humaneval", "longbench"])
+    ap.add_argument("--rates", type=floats, default=[1.0, 2.0, 3.0, 4.0, 5.0], help="req/s, ascending")
+    ap.add_argument("--fit-rates", type=floats, default=[1.0, 3.0, 5.0], help="rates the calibration sees")
+    ap.add_argument("--duration-s", type=float, default=20.0, help="measurement window per point")
+    ap.add_argument("--warmup-s", type=float, default=4.0)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--vocab-size", type=int, default=TINY_VOCAB,
+                    help="prompt token ids stay below it (vLLM refuses ids beyond the tokenizer's vocabulary)")
+    ap.add_argument("--ttft-slo-s", type=float, default=10.0)
+    ap.add_argument("--tpot-slo-s", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    if not set(args.fit_rates) <= set(args.rates):
+        ap.error("--fit-rates must be among --rates")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.vllm_version = vllm_version()
+    if args.profiles_from:
+        return refit(args)
+    engine = None
+    t0 = time.monotonic()
+    try:
+        url = args.engine_url
+        if not url:
+            from greenserve.vllm_cpu import engines
+            reason = engines.unavailable_reason()
+            if reason:
+                sys.exit(f"real vLLM unavailable: {reason}")
+            scratch = Path(tempfile.mkdtemp(prefix="real-profile-"))
+            model = engines.ensure_model(scratch / "tiny-llama")
+            engine = engines.start(model, port=free_port(), log_path=args.out / "vllm.log", scratch=scratch / "vllm")
+            print(f"engine healthy after {engine.wait_healthy():.1f} s", flush=True)
+            url = engine.url
+        t_sweep = time.monotonic()
+        engine_side: dict[tuple[str, float], dict[str, float | None]] = {}
+        profiles = asyncio.run(sweep(url, args, engine_side))
+        sweep_s = time.monotonic() - t_sweep
+    finally:
+        if engine is not None:
+            engine.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+    for workload, profile in profiles.items():
+        (args.out / f"profile-{workload}.json").write_text(json_format.MessageToJson(profile))
+    result = fit_and_predict(profiles, args)
+    for row in result["rows"]:
+        row.update(engine_side.get((row["workload"], row["rate_per_s"]), {}))
+    result.update(sweep_wall_s=sweep_s, total_wall_s=time.monotonic() - t0, vllm=args.vllm_version,
+                  cpus=os.cpu_count(), args={k: v for k, v in vars(args).items() if k not in ("out",)})
+    return report(result, args)
+
+
+def refit(args: argparse.Namespace) -> dict[str, Any]:
+    """Calibration and prediction again on a previous run's profiles (other --fit-rates, a changed model)."""
+    profiles = {}
+    for workload in args.workloads:
+        text = (args.profiles_from / f"profile-{workload}.json").read_text()
+        profiles[workload] = json_format.Parse(text, common_pb2.Profile())
+    args.rates = sorted({p.request_rate_per_s for pr in profiles.values() for p in pr.points})
+    previous = json.loads((args.profiles_from / "result.json").read_text())
+    result = fit_and_predict(profiles, args)
+    engine_side = {(r["workload"], r["rate_per_s"]): r for r in previous["rows"]}
+    for row in result["rows"]:
+        old = engine_side.get((row["workload"], row["rate_per_s"]), {})
+        row.update({k: old.get(k) for k in ("engine_ttft_mean_s", "engine_tpot_mean_s")})
+    result.update({k: previous.get(k) for k in ("sweep_wall_s", "vllm", "cpus")}, refit_of=str(args.profiles_from.name))
+    return report(result, args)
+
+
+def engine_side_table(result: dict[str, Any]) -> str:
+    """The engine's own TTFT / per-request TPOT means (its /metrics histograms over the window) against the
+    simulator's means."""
+    lines = ["| workload | rate (req/s) | held back | TTFT mean, engine (ms) | predicted (ms) | error | "
+             "TPOT mean, engine (ms) | predicted (ms) | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        cells = []
+        for q in ("ttft", "tpot"):
+            m, p = r.get(f"engine_{q}_mean_s"), r.get(f"predicted_{q}_mean_s")
+            if m and p:
+                cells += [f"{m * 1e3:.2f}", f"{p * 1e3:.2f}", f"{p / m - 1:+.1%}"]
+            else:
+                cells += ["-", "-", "-"]
+        lines.append(f"| {r['workload']} | {r['rate_per_s']:g} | {'yes' if r['held_back'] else 'no (fit)'} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    held = [r for r in result["rows"] if r["held_back"] and r.get("engine_ttft_mean_s")]
+    result["max_abs_engine_side_error_held_back"] = {
+        q: max(abs(r[f"predicted_{q}_mean_s"] / r[f"engine_{q}_mean_s"] - 1) for r in held) if held else None
+        for q in ("ttft", "tpot")}
+    (args.out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    print(table(result))
+    print(engine_side_table(result))
+    side = result["max_abs_engine_side_error_held_back"]
+    print(f"held-back max |error|: client-side TTFT p50 {result['max_abs_error_held_back']['ttft_p50_s']:.1%}, "
+          f"TPOT p50 {result['max_abs_error_held_back']['tpot_p50_s']:.1%}; engine-side TTFT mean "
+          + (f"{side['ttft']:.1%}, TPOT mean {side['tpot']:.1%}" if side["ttft"] is not None else "-")
+          + f"; sweep {result.get('sweep_wall_s') or 0:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()
