@@ -24,9 +24,21 @@ DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 EVICTION_BENCH_TAU_S = 512.0
 
 
+#: The traces shipped with the package that the policy bench replays by default (names of `trace_path`).
+SHIPPED_TRACES = ("mooncake", "azure-conv")
+
+
 def default_trace() -> Path:
     """The Mooncake FAST'25 conversation trace shipped with the package (greenserve/simulator/data/traces/)."""
     return trace_path("mooncake")
+
+
+def _trace_file(spec: str) -> Path:
+    """A --trace value: a file, or the name of a shipped trace (FileNotFoundError when its file is missing)."""
+    path = Path(spec)
+    if not path.exists() and spec in SHIPPED_TRACES:
+        return trace_path(spec)
+    return path
 
 
 def _log(msg: str) -> None:
@@ -35,11 +47,13 @@ def _log(msg: str) -> None:
 
 def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") -> int:
     """Token hit rate of FIFO / LRU / LCS / LCS+TTL / Adaptive at capacities 1 %..100 % of each trace's
-    unique blocks: the Mooncake trace (or --trace files) and GreenCache's workload shapes."""
+    unique blocks: the shipped Mooncake and Azure traces (or --trace files), GreenCache's workload shapes and
+    adversarial ones (scans where LRU wins, skew where LCS wins, a phase change between them)."""
     parser = Parser(prog=prog, description=policy_main.__doc__)
-    parser.add_argument("--trace", type=Path, action="append", default=None,
-                        help="JSONL trace (Mooncake layout), repeatable; default: the Mooncake FAST'25 "
-                        "conversation trace shipped in greenserve/simulator/data/traces/")
+    parser.add_argument("--trace", type=str, action="append", default=None,
+                        help="a JSONL trace (Mooncake layout), an Azure LLM inference trace CSV (conversations "
+                        "reconstructed: traces.azure_conversations) or a shipped trace by name (mooncake, azure-conv); "
+                        "repeatable; default: both shipped traces (greenserve/simulator/data/traces/)")
     parser.add_argument("--shapes", type=str, default=",".join(traces.SHAPES),
                         help=f"comma-separated synthetic trace shapes also replayed ({', '.join(traces.SHAPES)}; "
                         "'none' for none; default all)")
@@ -56,7 +70,7 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     ns = parser.parse_args(argv)
     try:
-        paths = ns.trace or [default_trace()]
+        paths = [_trace_file(spec) for spec in (ns.trace or list(SHIPPED_TRACES))]
     except FileNotFoundError as exc:  # an install without the package's trace files
         parser.error(str(exc))
     for path in paths:
@@ -82,13 +96,15 @@ def policy_main(argv: list[str], prog: str = "greenserve bench cache-policy") ->
     started_all = time.perf_counter()
     loaded: list[tuple[str, list[policies.Request]]] = []
     for path in paths:
+        azure = path.suffix.lower() == ".csv"
         try:
-            trace = policies.load_trace(path, ns.limit)
-        except (ValueError, KeyError, TypeError) as exc:  # not JSON lines, or rows without a list of hash_ids
-            parser.error(f"trace {path}: not a Mooncake JSONL trace ({type(exc).__name__}: {exc})")
+            trace = traces.azure_conversations(path)[:ns.limit] if azure else policies.load_trace(path, ns.limit)
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON lines / CSV rows, or rows without hash_ids
+            what = "an Azure LLM inference trace CSV" if azure else "a Mooncake JSONL trace"
+            parser.error(f"trace {path}: not {what} ({type(exc).__name__}: {exc})")
         if not trace:
             parser.error(f"trace {path} has no requests")
-        loaded.append((path.name, trace))
+        loaded.append((f"{path.name} (conversations reconstructed)" if azure else path.name, trace))
     for shape in shapes:
         trace = traces.shape(shape)
         loaded.append((shape, trace[:ns.limit] if ns.limit else trace))

@@ -152,7 +152,7 @@ async def resize_disk(admin: LmcacheAdmin, index: CacheIndex | None, target_byte
             keys = lru_victims_to_fit(index, fit)
             what = "least recently used"
         else:
-            keys = victims_to_fit(index, fit, now_s)
+            keys = victims_to_fit(index, fit, now_s, order="lcs")
             what = "lowest-LCS"
         if keys:
             try:

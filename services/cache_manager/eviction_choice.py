@@ -183,8 +183,9 @@ class EvictionChoice:
         # The inlined scores below are CacheIndex's own (a subclass may score differently).
         from greenserve.cache_manager.index import CacheIndex
 
-        fast_truncate = self.truncation_reset and not self._n_doc_entries and type(self) is CacheIndex
-        fast_keep = not self.truncation_reset and not self._n_doc_entries and type(self) is CacheIndex
+        lcs = self.order == "lcs" and type(self) is CacheIndex
+        fast_truncate = self.truncation_reset and not self._n_doc_entries and lcs
+        fast_keep = not self.truncation_reset and not self._n_doc_entries and lcs
         values, tau = self.value, self.tau_s
         chosen: list[int] = []
         chosen_set: set[int] = set()
@@ -230,9 +231,14 @@ class EvictionChoice:
         return chosen, True
 
     def lowest(self, limit: int, now_s: float) -> list[EntryView]:
-        """The next `limit` entries to evict, in eviction order (lowest-score leaves first)."""
+        """The next `limit` entries to evict, in the eviction order in force (lowest-score leaves first); each
+        view's `score` is its LCS score whatever the order."""
         slots = self.choose_victims(limit, now_s)
-        sc = self.scores(now_s, slots) if len(slots) else np.empty(0)
+        order, self.order = self.order, "lcs"  # a plain read: the candidate pool is left as it is
+        try:
+            sc = self.scores(now_s, slots) if len(slots) else np.empty(0)
+        finally:
+            self.order = order
         ref = self._ref_times()
         return [
             EntryView(

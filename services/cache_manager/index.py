@@ -89,6 +89,7 @@ class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
         elif not hit_decay > 0:
             raise ValueError(f"hit_decay time constant must be > 0 s, got {hit_decay!r}")
         self.hit_decay = hit_decay
+        self.order = "lcs"  # eviction order: "lcs" or "lru" (`set_order`, lcs_scores.py)
         # Time constant of the hit decay in force (changes only in a full pass, see `_refresh`).
         self.tau_s = float(hit_decay) if not isinstance(hit_decay, str) else np.inf
         self._gap_hist = np.zeros(_GAP_BINS, dtype=np.int64)  # re-access gaps seen (online tau)

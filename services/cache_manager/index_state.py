@@ -18,7 +18,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from greenserve.cache_manager import access_history, journal
+from greenserve.cache_manager import access_history, adaptive, journal
 from greenserve.cache_manager.index import CacheIndex
 from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.snapshots import SnapshotStore
@@ -48,6 +48,8 @@ class JournaledIndexes:
     index_dir: Path
     snapshots: SnapshotStore
     indexes: dict[str, CacheIndex]
+    policies: dict[str, adaptive.LivePolicy]
+    server_bytes: dict[str, tuple[str, int]]  # server id -> (pool, L1 bytes last read or applied)
     history: dict[str, deque[tuple[float, int, str]]]
     _lock: asyncio.Lock
     _cur_id: dict[str, int | None]
@@ -93,7 +95,41 @@ class JournaledIndexes:
         history = self.history.get(ev.pool)
         if history is None:
             history = self.history[ev.pool] = journal.new_history(self.settings.ttl_history_per_pool)
+        policy = self.policy(ev.pool)
+        if index.order != policy.order:  # a pool's new or loaded index takes the order in force
+            index.set_order(policy.order)
         journal.apply(index, event_id, ev, history, self.settings.index_max_entries)
+        access = adaptive.access_of(ev)
+        if access is not None and policy.observe(access):
+            index.set_order(policy.order)
+            log.info("cache eviction policy of pool %r: %s now leads; %s", ev.pool, policy.leader, policy.text(),
+                     extra={"pool": ev.pool, "eviction_order": policy.leader})
+
+    # ----- the eviction policy (adaptive.py) -----------------------------------------------------------
+    def policy(self, pool: str) -> adaptive.LivePolicy:
+        """The pool's eviction policy (made on its first access: --eviction-policy, the pool's capacity)."""
+        policy = self.policies.get(pool)
+        if policy is None:
+            policy = self.policies[pool] = adaptive.LivePolicy(
+                self.settings.eviction_policy, self._pool_capacity(pool),
+                max_entries=self.settings.policy_shadow_max_entries)
+        return policy
+
+    def _pool_capacity(self, pool: str) -> int:
+        """The bytes the pool's shadow caches simulate: --policy-capacity-bytes, else the L1 sizes of the pool's
+        servers as last read or applied (0: none known)."""
+        if self.settings.policy_capacity_bytes:
+            return self.settings.policy_capacity_bytes
+        return sum(size for p, size in self.server_bytes.values() if p == pool)
+
+    def note_server_bytes(self, server_id: str, pool: str, l1_bytes: int | None) -> None:
+        """Record a server's L1 size (None: the server is gone); the pool's shadow caches follow it."""
+        old = self.server_bytes.pop(server_id, None)
+        if l1_bytes is not None:
+            self.server_bytes[server_id] = (pool, int(l1_bytes))
+        for p in {pool} | ({old[0]} if old else set()):
+            if p in self.policies:
+                self.policies[p].set_capacity(self._pool_capacity(p))
 
     async def _journal_and_apply(self, events: list[journal.Event]) -> None:
         """Write events to the journal (one transaction), then apply them; the caller holds the lock."""

@@ -26,6 +26,10 @@ Definitions (each choice is measured by `greenserve bench cache-policy`, see doc
   (on the Mooncake trace, blocks idle for 15+ minutes are reused no more often the more hits they had:
   see docs/cache_manager.md for the measurement). The hit decay handles those stale hits directly and
   keeps more of what frequent blocks earn at small capacities, so the reset is off by default.
+- Eviction order (`order`, set with `set_order`): `"lcs"` (default) scores as above; `"lru"` scores every
+  entry 1 / (time since its last access), so the same exact choice evicts the least recently accessed leaf
+  first. The adaptive policy (adaptive.py) switches a pool's index between the two; the statistics (hits,
+  tokens, ...) are kept in both orders, so switching back to LCS needs no history.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 # Ages below this are clamped so that a just-touched entry gets a large but finite score.
 MIN_AGE_S = 1e-3
 HIT_DECAYS = ("none", "online")
+ORDERS = ("lcs", "lru")
 # Online hit-decay time constant: the TAU_QUANTILE of the re-access gaps observed so far (histogram of
 # log2(gap) in quarter-octave bins from 1 s to 2^32 s); used from TAU_MIN_GAPS gaps on.
 TAU_QUANTILE = 0.9
@@ -51,6 +56,15 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 class LcsScores:
     """Score and tau computations of `CacheIndex` over its per-slot arrays."""
+
+    # ----- eviction order --------------------------------------------------------------------------
+    def set_order(self, order: str) -> None:
+        """Score entries by LCS (`"lcs"`) or by recency alone (`"lru"`); the next choice rescans."""
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if order != self.order:
+            self.order = order
+            self._pool_valid = False  # the candidate pool and its bounds were computed for the other score
 
     # ----- scores ----------------------------------------------------------------------------------
     def _numerator(self, slots: np.ndarray, *, reset: bool = False) -> np.ndarray:
@@ -70,6 +84,8 @@ class LcsScores:
 
     def _truncated_value(self, s: int) -> float:
         """value (numerator / size) of slot s once its last cached child is gone."""
+        if self.order == "lru":
+            return 1.0
         if not self.truncation_reset or self.doc[s] >= 0:
             return float(self._value_of(np.array([s]))[0])
         # hits and hit tokens restart: every variant's numerator is then max(turn, 1) x tokens
@@ -89,10 +105,12 @@ class LcsScores:
         self.value[slots] = self._numerator(slots) / np.maximum(self.size_bytes[slots], 1.0)
 
     def _ref_times(self) -> np.ndarray:
-        return self.last_access_s if self.age_basis == "access" else self.stored_s
+        return self.last_access_s if self.age_basis == "access" or self.order == "lru" else self.stored_s
 
     def _value_of(self, slots: np.ndarray) -> np.ndarray:
         value = self.value[slots]
+        if self.order == "lru":  # 1 / age; dead slots (value inf) stay inf
+            return np.where(np.isfinite(value), 1.0, np.inf)
         if self._n_doc_entries:
             doc = self.doc[slots]
             m = doc >= 0
@@ -105,7 +123,10 @@ class LcsScores:
 
     def _base_value(self, slots: np.ndarray, value: np.ndarray) -> np.ndarray:
         """The part of `value` that does not come from hits (what decays is value - base): tokens / size
-        for Eq. 7 entries; turn and document entries (Eq. 8, 9) do not decay (base = value)."""
+        for Eq. 7 entries; turn and document entries (Eq. 8, 9) do not decay (base = value). Under the LRU
+        order nothing decays (the score is 1 / age)."""
+        if self.order == "lru":
+            return value
         plain = (self.turn[slots] == 0) & (self.doc[slots] < 0)
         base = self.tokens[slots] / np.maximum(self.size_bytes[slots], 1.0)
         return np.where(plain, np.minimum(base, value), value)

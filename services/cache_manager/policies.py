@@ -11,8 +11,9 @@ partial last block too), so LCS gives every entry Size = 512 tokens' worth and #
 - LCS: `CacheIndex` (GreenCache Eq. 7, see index.py for the definitions; hits decaying with idle time,
   tau estimated online from the stream, every request's blocks fed to `observe_accesses`) with the prefix
   chain of each block, so only leaves are evicted, through the index's exact incremental choice.
-- Adaptive: LRU or LCS, whichever a pair of shadow caches shows earning more hit tokens recently
-  (`_replay_adaptive`); guards LCS against traffic where its frequency term misleads it.
+- Adaptive: LRU or LCS, whichever a pair of shadow caches shows winning where they disagree, recently
+  (`_replay_adaptive`, the rule of adaptive.py that the cache-manager runs live); guards against traffic where
+  LCS's frequency term misleads it, keeps LCS's gain where reuse is skewed.
 - LCS+TTL: LCS plus Kareto group TTLs (group_ttl.py): every `ttl_period_s` the TTLs are recomputed from
   the accesses of the last `ttl_window_s` with a budget of capacity x window block-seconds, and every
   `ttl_sweep_s` entries idle past their group's TTL are deleted (leaves first), as the service does.
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from greenserve.cache_manager import group_ttl
+from greenserve.cache_manager import adaptive, group_ttl
 from greenserve.cache_manager.index import CacheIndex
 
 BLOCK_TOKENS = 512
@@ -205,98 +206,31 @@ class _OrderedCache:
         return float(hit_tokens)
 
 
-# Adaptive policy: defaults of the leader choice (see `_replay_adaptive`).
-ADAPTIVE_HALF_LIFE_TURNOVERS = 2.0
-ADAPTIVE_MARGIN = 0.05
+def _replay_adaptive(ct: Compiled, capacity: int, *, half_life_turnovers: float = adaptive.HALF_LIFE_TURNOVERS,
+                     margin: float = adaptive.LEAD_MARGIN, trace_leader: list[int] | None = None) -> float:
+    """LRU / LCS chosen online by shadow caches: the cache-manager's live policy (adaptive.py), replayed.
 
-
-def _replay_adaptive(ct: Compiled, capacity: int, *, half_life_turnovers: float = ADAPTIVE_HALF_LIFE_TURNOVERS,
-                     margin: float = ADAPTIVE_MARGIN, start_leader: int = 0,
-                     trace_leader: list[int] | None = None) -> float:
-    """LRU / LCS chosen online by shadow (ghost) caches, the way set dueling (DIP, Qureshi et al. ISCA'07)
-    and ARC's ghost lists learn which policy the stream rewards.
-
-    Two metadata-only shadow caches of the same capacity, one LRU and one LCS, see every request; each
-    counts the tokens it would have hit, in an exponentially decayed sum whose half-life is
-    `half_life_turnovers` x capacity block references (one turnover: as many references as the cache
-    holds blocks). LRU leads first; LCS takes over when its sum exceeds LRU's by `margin` (relative), and
-    LRU takes back as soon as its sum is the larger: the burden of proof is on LCS, because a switch costs
-    hits while the real cache converges to the new leader's contents. The real cache evicts first its
-    blocks neither shadow holds, then those the leader does not hold (in the order the leader dropped
-    them), and only when none is left its least recently used block; so once it holds what the leader
-    holds it makes exactly the leader's choices. `trace_leader`, when given, receives the leader
-    (0 LRU, 1 LCS) in force at each request.
+    Two shadow caches of the same capacity, one LRU (`_OrderedCache`) and one LCS (`_LcsCache`), see every
+    request; `adaptive.Duel` compares the tokens each hit where they disagree and names the leader. The real
+    cache is an LCS index (`_LcsCache`, prefix chains, leaves first) whose eviction order is the leader's
+    (`CacheIndex.set_order`: lowest LCS score, or least recently accessed), exactly as the service orders a
+    pool's index. `trace_leader`, when given, receives the leader (0 LRU, 1 LCS) in force at each request.
     """
-    shadows = (_OrderedCache(ct, capacity, lru=True), _LcsCache(ct, capacity))
-    real: OrderedDict[int, None] = OrderedDict()
-    # Per shadow: real blocks it does not hold, oldest drop first.
-    outside: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
-    half_life_refs = max(1.0, half_life_turnovers * capacity)
-    earned = [0.0, 0.0]
-    leader = start_leader
-    hit_tokens = 0
+    lru, lcs = _OrderedCache(ct, capacity, lru=True), _LcsCache(ct, capacity)
+    real = _LcsCache(ct, capacity)
+    duel = adaptive.Duel(half_life_turnovers=half_life_turnovers, margin=margin)
+    real.index.set_order(adaptive.ORDERS[duel.leader])
+    hit_tokens = 0.0
+    offsets = ct.offsets
     for r in range(len(ct.times_s)):
         if trace_leader is not None:
-            trace_leader.append(leader)
-        decay = 0.5 ** ((ct.offsets[r + 1] - ct.offsets[r]) / half_life_refs)
-        for k, shadow in enumerate(shadows):
-            earned[k] = earned[k] * decay + shadow.step(r)
-            out = outside[k]
-            dropped = shadow.evicted
-            for b in (dropped.tolist() if isinstance(dropped, np.ndarray) else dropped):
-                if b in real:
-                    out[b] = None
-            kept = shadow.stored
-            for b in (kept.tolist() if isinstance(kept, np.ndarray) else kept):
-                out.pop(b, None)
-        ids = ct.block_lists[r]
-        prefix = True
-        missing: list[int] = []
-        for b, t in zip(ids, ct.token_lists[r]):
-            if b in real:
-                if prefix:
-                    hit_tokens += t
-                real.move_to_end(b)
-            else:
-                prefix = False
-                missing.append(b)
-        if missing and capacity > 0:
-            need = len(missing) - (capacity - len(real))
-            if need > 0:
-                request = set(ids)
-                for victim in _victims(outside[leader], outside[1 - leader], real, request, need):
-                    del real[victim]
-                    outside[0].pop(victim, None)
-                    outside[1].pop(victim, None)
-            for b in missing[:max(0, capacity - len(real))]:
-                real[b] = None
-                for k, shadow in enumerate(shadows):
-                    if b not in shadow:
-                        outside[k][b] = None
-        if leader == 0 and earned[1] > earned[0] * (1.0 + margin):
-            leader = 1
-        elif leader == 1 and earned[0] > earned[1]:
-            leader = 0
-    total = int(ct.input_tokens.sum())
+            trace_leader.append(duel.leader)
+        got = real.step(r)
+        hit_tokens += got
+        if duel.observe(lru.step(r), lcs.step(r), int(offsets[r + 1] - offsets[r]), capacity, got):
+            real.index.set_order(adaptive.ORDERS[duel.leader])
+    total = float(ct.input_tokens.sum())
     return hit_tokens / total if total else 0.0
-
-
-def _victims(leader_out: OrderedDict[int, None], other_out: OrderedDict[int, None], real: OrderedDict[int, None],
-             request: set[int], need: int) -> list[int]:
-    """`need` blocks of `real` outside `request`: first those neither shadow holds, then those the leader
-    does not hold (in the order the leader dropped them), then the least recently used."""
-    out: list[int] = []
-    taken: set[int] = set()
-    for source, also in ((leader_out, other_out), (leader_out, None), (real, None)):
-        if len(out) >= need:
-            break
-        for b in source:
-            if b not in request and b not in taken and (also is None or b in also):
-                out.append(b)
-                taken.add(b)
-                if len(out) >= need:
-                    break
-    return out
 
 
 class _Recency(CacheIndex):

@@ -6,7 +6,8 @@ Device-DAX arenas). A size change is therefore a controlled restart done by an o
 restart the server with the new size and return 0 once it is healthy again. Without that command a
 resize to a different size fails with that reason and the previous size stays in force.
 
-Order of a shrink: (1) choose the lowest-LCS entries of the pool's index until the indexed bytes fit the
+Order of a shrink: (1) choose the pool index's first entries in the eviction order in force (the adaptive
+policy's leader, adaptive.py: lowest LCS score, or least recently accessed) until the indexed bytes fit the
 target, (2) delete them on the server (`DELETE /cache/objects`), (3) restart at the new size. A grow only
 restarts and records that the new space starts cold (warm-up). Idempotency by plan version is the
 caller's job (service.py records every (server, plan version) outcome in cache_applications).
@@ -33,11 +34,19 @@ class ResizeOutcome:
     evicted_keys: tuple[str, ...] = ()  # entries dropped from the index (the caller journals them)
 
 
-def victims_to_fit(index: CacheIndex, target_bytes: int, now_s: float) -> list[str]:
-    """Keys of the lowest-score entries to drop so that the indexed bytes are <= target_bytes."""
+def victims_to_fit(index: CacheIndex, target_bytes: int, now_s: float, order: str | None = None) -> list[str]:
+    """Keys of the first entries in the index's eviction order (leaves first) to drop so that the indexed
+    bytes are <= target_bytes. ``order`` ("lcs" / "lru") overrides the index's order for this choice."""
     excess = index.bytes_in_use - target_bytes
     if excess <= 0:
         return []
+    if order is not None and order != index.order:
+        kept = index.order
+        index.set_order(order)
+        try:
+            return victims_to_fit(index, target_bytes, now_s)
+        finally:
+            index.set_order(kept)
     keys: list[str] = []
     batch = 256
     chosen: set[int] = set()
@@ -77,7 +86,7 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
         try:
             deleted, _ = await admin.delete_objects(keys, tier="all")
         except LmcacheError as exc:
-            return ResizeOutcome(False, f"evicting {len(keys)} lowest-LCS entries failed: {exc}; "
+            return ResizeOutcome(False, f"evicting {len(keys)} entries ({index.order.upper()} order) failed: {exc}; "
                                  f"previous size {current} bytes stays in force", current, 0)
         for k in keys:
             index.remove(k)
@@ -131,7 +140,8 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
                                  f"{exc}", after.l1_total_bytes, evicted, removed)
         restored = f"; re-applied {len(quotas)} L2 quota(s) the restart forgot"
     kind = "shrunk" if target_bytes < current else "grown (new space starts cold: warm-up)"
+    order_name = "lowest-LCS" if index is None or index.order == "lcs" else "least-recently-used"
     return ResizeOutcome(True, f"L1 {kind} from {current} to {target_bytes} bytes by controlled restart; "
-                         f"{evicted} lowest-LCS entries evicted first (LMCache deleted {deleted} objects)"
+                         f"{evicted} {order_name} entries evicted first (LMCache deleted {deleted} objects)"
                          f"{restored}",
                          target_bytes, evicted, removed)

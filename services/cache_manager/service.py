@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from sqlalchemy import select
 
-from greenserve.cache_manager import access_history, journal, read_or_recompute, shrink_order
+from greenserve.cache_manager import access_history, adaptive, journal, read_or_recompute, shrink_order
 from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
 from greenserve.cache_manager.enforcer import check_dram_limit, check_dram_limits, follow_plans, on_this_host
 from greenserve.cache_manager.index import CacheIndex
@@ -57,6 +59,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         self.index_dir = Path(self.settings.data_dir) / "cache_index"
         self.snapshots = SnapshotStore(self.index_dir)
         self.indexes: dict[str, CacheIndex] = {}
+        self.policies: dict[str, adaptive.LivePolicy] = {}
+        self.server_bytes: dict[str, tuple[str, int]] = {}
         self.history: dict[str, deque[tuple[float, int, str]]] = {}
         self.ttls: dict[str, dict[str, float]] = {}
         self._lock = asyncio.Lock()
@@ -71,9 +75,21 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         self.checkpoints = 0
         self.access_history = access_history.AccessHistory(ctx.db, self.settings.access_history_per_hour,
                                                            self.settings.access_history_days)
+        self._load_server_sizes()
         self._load_indexes()
 
     # ----- helpers -------------------------------------------------------------------------------
+    def _load_server_sizes(self) -> None:
+        """Each registered server's L1 size as last applied by a plan (the adaptive policy's capacity until a
+        server is read again)."""
+        with self.ctx.db.session() as s:
+            for row in s.scalars(select(LmcacheServer)):
+                size = s.scalar(select(CacheApplication.l1_size_bytes).where(
+                    CacheApplication.server_id == row.id, CacheApplication.state == "applied"
+                ).order_by(CacheApplication.plan_version.desc()).limit(1))
+                if size:
+                    self.server_bytes[row.id] = (row.pool, int(size))
+
     def _admin(self, url: str) -> LmcacheAdmin:
         return LmcacheAdmin(url, timeout_s=self.settings.lmcache_timeout_s)
 
@@ -115,6 +131,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             reachable, dram, used = False, 0, 0
         finally:
             await admin.aclose()
+        if reachable:
+            self.note_server_bytes(row.id, row.pool, dram)
         return cache_manager_pb2.CacheServer(id=row.id, pool=row.pool, url=row.url, dram_bytes=dram,
                                              disk_bytes=disk, dram_used_bytes=used, reachable=reachable,
                                              applied_plan_version=self._last_plan(row.id))
@@ -151,6 +169,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             with self.ctx.db.session() as s:
                 s.delete(s.get(LmcacheServer, row.id))
                 s.commit()
+            self.note_server_bytes(row.id, row.pool, None)
         return cache_manager_pb2.DeregisterCacheServerResponse()
 
     async def ListCacheServers(self, request, context):  # noqa: N802
@@ -230,6 +249,10 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         finally:
             await admin.aclose()
         await self._journal_evictions(row.pool, outcome.evicted_keys)
+        if outcome.applied:
+            self.note_server_bytes(row.id, row.pool, outcome.dram_bytes)
+        if outcome.evicted_entries and row.pool in self.policies:
+            outcome = replace(outcome, detail=f"{outcome.detail}; {self.policies[row.pool].text()}")
         return outcome
 
     def _shrink_order(self, pool: str) -> Callable[[int], Awaitable[shrink_order.Leader]]:
@@ -353,8 +376,36 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         return cache_manager_pb2.DecideReadOrRecomputeResponse(actions=actions, energy_j=d.energy_j, time_s=d.time_s)
 
 
+def _policy_metrics(meter: Meter, servicer: CacheManagerServicer) -> None:
+    """The eviction policy of every pool, as observable instruments (read at each metric export)."""
+
+    def leads(_options: CallbackOptions) -> Iterable[Observation]:
+        for pool, p in list(servicer.policies.items()):
+            yield Observation(1 if p.leader == "LCS" else 0, {"pool": pool, "policy": p.leader, "mode": p.mode})
+
+    def switches(_options: CallbackOptions) -> Iterable[Observation]:
+        for pool, p in list(servicer.policies.items()):
+            yield Observation(p.duel.switches, {"pool": pool})
+
+    def window(_options: CallbackOptions) -> Iterable[Observation]:
+        for pool, p in list(servicer.policies.items()):
+            for cache, tokens in p.status()["window_hit_tokens"].items():  # type: ignore[union-attr]
+                yield Observation(float(tokens), {"pool": pool, "cache": cache})
+
+    meter.create_observable_gauge(
+        "greenserve.cache_manager.eviction_policy.lcs_leads", callbacks=[leads], unit="1",
+        description="1 while a pool's entries are evicted in LCS order, 0 in LRU order (attribute policy: the leader)")
+    meter.create_observable_counter(
+        "greenserve.cache_manager.eviction_policy.switches", callbacks=[switches], unit="{switch}",
+        description="changes of a pool's eviction order by the adaptive policy")
+    meter.create_observable_gauge(
+        "greenserve.cache_manager.eviction_policy.window_hit_tokens", callbacks=[window], unit="{token}",
+        description="hit tokens over the adaptive policy's window: its LRU and LCS shadow caches and the real cache")
+
+
 def build(ctx: ServiceContext) -> list[Registration]:
     servicer = CacheManagerServicer(ctx)
+    _policy_metrics(ctx.telemetry.meter, servicer)
     follow_plans(ctx, servicer)  # stops first (its on_stop hook precedes the index save below)
     settings: CacheManagerSettings = ctx.settings  # type: ignore[assignment]
     task: asyncio.Task | None = None

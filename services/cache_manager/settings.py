@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import socket
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from greenserve.cache_manager import access_history, journal
+from greenserve.cache_manager import access_history, adaptive, journal
 from greenserve.common.config import DependencyAddresses, ServiceSettings
 
 
@@ -30,8 +30,19 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
                                        "journaled since the last checkpoint (bounds the journal and the replay "
                                        "at start)")
     index_max_entries: int = Field(2_000_000, ge=1, le=100_000_000, description="entries kept per pool's index; "
-                                   "past it a store makes the index forget its lowest-LCS entries (about 119 "
-                                   "bytes of memory per entry)")
+                                   "past it a store makes the index forget its first entries in the eviction "
+                                   "order (about 119 bytes of memory per entry)")
+    eviction_policy: Literal["adaptive", "lcs", "lru"] = Field(
+        "adaptive", description="order in which the cache-manager evicts a pool's entries (resize shrinks, the index "
+        "cap, ListEvictionCandidates): adaptive (LRU or LCS, whichever two shadow caches of the pool's size show "
+        "winning on the live accesses; LRU until LCS proves itself), lcs (GreenCache's score, the previous "
+        "default) or lru")
+    policy_shadow_max_entries: int = Field(adaptive.SHADOW_MAX_ENTRIES, ge=16, le=10_000_000, description="keys per "
+                                           "shadow cache and pool of the adaptive policy (about 400 bytes each for "
+                                           "both shadows); past it the access stream is hash-sampled (SHARDS)")
+    policy_capacity_bytes: int = Field(0, ge=0, le=2**50, description="size the adaptive policy's shadow caches "
+                                       "simulate per pool, bytes; 0: the pool's LMCache L1 sizes as last read or "
+                                       "applied (unknown: no shadows, LRU order)")
     index_max_pools: int = Field(256, ge=1, le=65_536, description="pools with an index; accesses of a new pool "
                                  "past it are refused with RESOURCE_EXHAUSTED")
     ttl_history_per_pool: int = Field(journal.HISTORY_PER_POOL, ge=1, le=10_000_000, description="recent "
