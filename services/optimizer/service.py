@@ -77,7 +77,8 @@ class OptimizerSettings(ServiceSettings, DependencyAddresses):
                                                "solve (CLOVER: 5 %; 0: every hour)")
     planner: str = Field("coupled", pattern="^(coupled|per-knob)$",
                          description="coupled: engines, DRAM sizes, SM clocks and sleeping engines decided together "
-                         "by one MILP per pool-hour; per-knob: one solver per knob, one after another")
+                         "by one MILP per pool-hour; per-knob: one solver per knob, one after another (also what "
+                         "--cache-solver kareto or keep selects)")
     attainment_floor_fraction: float = Field(0.95, gt=0, lt=1, description="coupled planner: capacity is planned "
                                              "where the predicted attainment stays at or above this (and the "
                                              "pool's target)")

@@ -58,15 +58,16 @@ def default_solvers(routing_headroom_fraction: float = 0.9, routing_load: str = 
                     attainment_floor_fraction: float = 0.95) -> list[Any]:
     """``planner``: ``coupled`` (engines, DRAM size, clocks and sleep decided together by ``CoupledSolver``; the
     MIG and serving-mode solvers beside it) or ``per-knob`` (one solver per knob, one after another: ``cache``
-    chooses the cache solver)."""
-    if planner == "coupled":
+    chooses the cache solver). The coupled planner sizes the DRAM tier itself: a cache solver other than the
+    default (``kareto``, ``keep``) is an explicit choice, and the knobs are then planned one by one."""
+    if planner == "coupled" and cache == "greencache":
         return [
             CoupledSolver(attainment_floor_fraction=attainment_floor_fraction,
                           headroom_fraction=routing_headroom_fraction),
             mig_solver(mig, routing_headroom_fraction, routing_load, **(mig_options or {})),
             modes_solver(modes, routing_load),
         ]
-    if planner != "per-knob":
+    if planner not in ("coupled", "per-knob"):
         raise ValueError(f"planner: must be coupled or per-knob, got {planner!r}")
     return [
         MinCarbonRouting(headroom_fraction=routing_headroom_fraction, load_bound=routing_load),
