@@ -57,7 +57,7 @@ LEAD_MARGIN = 0.5
 #: Eviction policies of the cache-manager (--eviction-policy): the adaptive duel, or one order fixed.
 POLICIES = ("adaptive", "lcs", "lru")
 #: Default of --policy-shadow-max-entries: keys per shadow cache and pool before the stream is sampled.
-SHADOW_MAX_ENTRIES = 65_536
+SHADOW_MAX_ENTRIES = 16_384
 
 
 class Duel:

@@ -38,8 +38,8 @@ class CacheManagerSettings(ServiceSettings, DependencyAddresses):
         "winning on the live accesses; LRU until LCS proves itself), lcs (GreenCache's score, the previous "
         "default) or lru")
     policy_shadow_max_entries: int = Field(adaptive.SHADOW_MAX_ENTRIES, ge=16, le=10_000_000, description="keys per "
-                                           "shadow cache and pool of the adaptive policy (about 400 bytes each for "
-                                           "both shadows); past it the access stream is hash-sampled (SHARDS)")
+                                           "shadow cache and pool of the adaptive policy (about 800 bytes each, both "
+                                           "shadows together); past it the access stream is hash-sampled (SHARDS)")
     policy_capacity_bytes: int = Field(0, ge=0, le=2**50, description="size the adaptive policy's shadow caches "
                                        "simulate per pool, bytes; 0: the pool's LMCache L1 sizes as last read or "
                                        "applied (unknown: no shadows, LRU order)")
