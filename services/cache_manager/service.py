@@ -255,8 +255,16 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             outcome = replace(outcome, detail=f"{outcome.detail}; {self.policies[row.pool].text()}")
         return outcome
 
-    def _shrink_order(self, pool: str) -> Callable[[int], Awaitable[shrink_order.Leader]]:
-        """The adaptive policy's order for a shrink of `pool` to a target size (shrink_order.py)."""
+    def _shrink_order(self, pool: str) -> Callable[[int], Awaitable[shrink_order.Leader]] | None:
+        """The order of a disk shrink of `pool` to a target size: the adaptive policy's at that size
+        (shrink_order.py), or --eviction-policy's fixed one (None: lowest LCS first)."""
+        if self.settings.eviction_policy == "lcs":
+            return None
+        if self.settings.eviction_policy == "lru":
+            async def fixed(_target_bytes: int) -> shrink_order.Leader:
+                return shrink_order.Leader("LRU", 0.0, 0.0, 0, fixed=True)
+
+            return fixed
 
         async def choose(target_bytes: int) -> shrink_order.Leader:
             events = await asyncio.to_thread(shrink_order.recent_events, self.ctx.db, pool)

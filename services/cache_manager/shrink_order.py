@@ -40,8 +40,11 @@ class Leader:
     events: int
     lru_won: float = 0.0  # of which on the accesses where the two shadows disagreed
     lcs_won: float = 0.0
+    fixed: bool = False  # the order is --eviction-policy's, not a replay's
 
     def text(self) -> str:
+        if self.fixed:
+            return f"{self.policy} order (--eviction-policy {self.policy.lower()})"
         return (f"adaptive order: {self.policy} led (at the target size over the last {self.events} accesses, "
                 f"where the shadows disagreed LRU hit {self.lru_won:.0f} tokens, LCS {self.lcs_won:.0f}; "
                 f"LCS leads only {MARGIN:.0%} ahead)")

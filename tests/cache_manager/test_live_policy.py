@@ -242,3 +242,26 @@ async def test_service_old_policy_still_selectable(start_inprocess, tmp_path) ->
         await channel.close()
     with pytest.raises(ValueError):
         CacheManagerSettings.model_validate({"eviction_policy": "mru"})
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "lcs", "lru"])
+async def test_disk_shrink_order_follows_the_policy_setting(tmp_path, mode: str) -> None:
+    from greenserve.cache_manager.service import CacheManagerServicer
+    from greenserve.common.app import ServiceContext
+    from greenserve.common.persistence import Database
+
+    settings = CacheManagerSettings.model_validate({"data_dir": tmp_path, "follow_plans": False,
+                                                    "eviction_policy": mode})
+    db = Database.open(f"sqlite:///{tmp_path / 'cm.db'}", "cache_manager")
+    try:
+        servicer = CacheManagerServicer(ServiceContext(settings=settings, db=db, telemetry=None))  # type: ignore[arg-type]
+        choose = servicer._shrink_order("chat")
+        if mode == "lcs":
+            assert choose is None  # disk_tier's default: lowest LCS first
+            return
+        leader = await choose(6 * SIZE)
+        # No journaled evidence: the adaptive replay keeps LRU; the fixed LRU order says where it comes from.
+        assert leader.policy == "LRU"
+        assert ("--eviction-policy lru" in leader.text()) == (mode == "lru")
+    finally:
+        db.close()
