@@ -33,7 +33,8 @@ Memory (the live service, `LivePolicy`): the shadows hold at most `max_entries` 
 stream is spatially sampled (SHARDS, Waldspurger et al. FAST'15): only keys whose hash falls in 1 / 2^k of
 the hash space are simulated, in shadows of 1 / 2^k of the capacity, and k grows by one (dropping the keys
 outside the smaller sample) whenever a shadow would hold more than `max_entries`. The hit tokens of a sampled
-shadow are scaled by 2^k in the status so they compare with the real cache's.
+shadow (and the real cache's, counted on the same sampled keys) are scaled by 2^k in the status, estimates of
+the whole stream's.
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class LivePolicy:
     Event semantics (the router's feed: a HIT names the deepest reused block and its tokens, a MISS the prompt's
     deepest block, a STORE the stored prompt): a shadow holding a HIT's or MISS's key earns the tokens it would
     have served (hit tokens, or the whole prompt), then the key is recent in it; a shadow that does not hold a
-    HIT's key stores it (the real cache would have recomputed and stored it) when its size is known; a STORE
+    HIT's key stores it (the real cache would have recomputed and stored it) when its size is known (the HIT's own
+    size, else the key's last STORE's; the table of sizes keeps the 2 x max_entries keys accessed last); a STORE
     stores the key in both shadows. Entries the service itself evicts do not change the shadows: they simulate
     their own policies.
     """
@@ -255,7 +257,8 @@ class LivePolicy:
         d = self.duel
         return {"mode": self.mode, "leader": self.leader, "switches": d.switches, "capacity_bytes": self.capacity_bytes,
                 "sample_rate": self.sample_rate, "shadow_entries": [len(self._lru), len(self._lcs)],
-                "window_hit_tokens": {"LRU": d.earned[LRU] * scale, "LCS": d.earned[LCS] * scale, "real": d.real},
+                "window_hit_tokens": {"LRU": d.earned[LRU] * scale, "LCS": d.earned[LCS] * scale,
+                                      "real": d.real * scale},
                 "window_disagreement_tokens": {"LRU": d.won[LRU] * scale, "LCS": d.won[LCS] * scale}}
 
     def text(self) -> str:
@@ -307,6 +310,7 @@ class LivePolicy:
         d = self.duel
         d.won = [x / 2 for x in d.won]
         d.earned = [x / 2 for x in d.earned]
+        d.real /= 2
         self._resize_shadows()
 
     # ----- the stream --------------------------------------------------------------------------------
@@ -330,6 +334,12 @@ class LivePolicy:
             return False
         tokens = ev.hit_tokens or ev.tokens if ev.kind == "hit" else ev.tokens
         real = float(ev.hit_tokens or ev.tokens) if ev.kind == "hit" else 0.0
+        if ev.kind == "hit" and ev.size_bytes > 0:  # the router's HITs carry the reused prefix's size
+            self._sizes[h] = (ev.size_bytes, tokens)
+        if h in self._sizes:  # the size table keeps the keys accessed last (a hot key's size stays known)
+            self._sizes.move_to_end(h)
+            while len(self._sizes) > 2 * self.max_entries:
+                self._sizes.popitem(last=False)
         in_lru, in_lcs = h in lru, ev.key in lcs
         if in_lru:
             lru.touch(h)
@@ -343,7 +353,7 @@ class LivePolicy:
                 lcs.store(ev.key, size, stored_tokens, ev.time_s, ev.turn, ev.document_id)
             self._bound()
         return self.duel.observe(float(tokens) if in_lru else 0.0, float(tokens) if in_lcs else 0.0, 1,
-                                 max(len(lru), len(lcs), 1), real / (1 << self.sample_shift))
+                                 max(len(lru), len(lcs), 1), real)
 
     def _bound(self) -> None:
         while max(len(self._lru), len(self._lcs)) > self.max_entries:

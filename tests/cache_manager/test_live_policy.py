@@ -128,6 +128,10 @@ def test_a_sampled_duel_still_finds_the_leader() -> None:
     _feed(small, out)
     assert full.leader == small.leader == "LCS" and full.sample_shift == 0
     assert small.sample_shift >= 3 and max(small.status()["shadow_entries"]) <= 64
+    # Scaled by 2^k, the sample's window sums estimate the whole stream's.
+    for cache in ("LRU", "LCS", "real"):
+        ratio = small.status()["window_hit_tokens"][cache] / full.status()["window_hit_tokens"][cache]
+        assert 0.5 < ratio < 2.0, (cache, ratio)
 
 
 def test_no_capacity_or_fixed_policy_runs_no_shadows() -> None:
