@@ -189,8 +189,9 @@ def prune(db: Database, through_id: int) -> int:
 def apply(index: CacheIndex, event_id: int, ev: Event, history: deque, max_entries: int) -> None:
     """Apply one journaled event to its pool's index (live and at replay: the same function, the same order).
 
-    A STORE that takes the index past `max_entries` makes it forget its lowest-LCS entries (the ones the
-    cache would evict first; LMCache's own eviction removes the objects) so memory stays bounded.
+    A STORE that takes the index past `max_entries` makes it forget its first entries in its eviction order
+    (lowest LCS, or least recent while the adaptive policy's LRU leads; LMCache's own eviction removes the
+    objects) so memory stays bounded.
     """
     now = ev.time_s
     group = ev.conversation_id or ev.document_id
