@@ -39,6 +39,7 @@ the whole stream's.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -269,6 +270,35 @@ class LivePolicy:
         return (f"eviction order {self.leader} (adaptive: {self.duel.switches} switches; where the shadows disagreed "
                 f"LRU hit {won['LRU']:.0f} tokens, LCS {won['LCS']:.0f} over the window; LCS leads only "
                 f"{self.duel.margin:.0%} ahead)")
+
+    # ----- checkpoints -------------------------------------------------------------------------------
+    def state(self) -> dict[str, object]:
+        """The duel's state (small; the shadows are not kept: they refill from the stream)."""
+        d = self.duel
+        return {"mode": self.mode, "leader": d.leader, "switches": d.switches, "won": list(d.won),
+                "earned": list(d.earned), "real": d.real, "sample_shift": self.sample_shift}
+
+    def restore(self, state: dict) -> None:
+        """Take back a `state()` of the same mode (a checkpoint's); ValueError when it is not one."""
+        if state.get("mode") != self.mode:
+            raise ValueError(f"policy state of mode {state.get('mode')!r}, not {self.mode!r}")
+        leader, shift = int(state["leader"]), int(state["sample_shift"])
+        won = [float(x) for x in state["won"]]  # type: ignore[union-attr]
+        earned = [float(x) for x in state["earned"]]  # type: ignore[union-attr]
+        real = float(state["real"])  # type: ignore[arg-type]
+        values = [*won, *earned, real]
+        if leader not in (LRU, LCS) or not 0 <= shift <= 63 or len(won) != 2 or len(earned) != 2 or not all(
+                math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError("policy state out of range")
+        d = self.duel
+        d.leader, d.switches, d.won, d.earned, d.real = leader, int(state["switches"]), won, earned, real
+        if shift != self.sample_shift:
+            self.sample_shift = shift
+            self._lru.keys.clear()
+            self._lru.bytes = 0
+            self._lcs = _ShadowLcs(0)
+            self._sizes.clear()
+            self._resize_shadows()
 
     # ----- capacity and sampling ---------------------------------------------------------------------
     def set_capacity(self, capacity_bytes: int) -> None:

@@ -13,6 +13,7 @@ Every change of the index happens under one lock, snapshots included.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -70,6 +71,7 @@ class JournaledIndexes:
                 continue
             self.indexes[pool] = index
             self._cur_id[pool], self._prev_id[pool] = cur, prev
+            self._restore_policy(pool, index.journal_id)
         # The whole journal kept (pruning bounds it): a pool without any checkpoint (new since the last round,
         # or rebuilt) may have events older than another pool's checkpoint.
         replayed = 0
@@ -106,6 +108,35 @@ class JournaledIndexes:
                      extra={"pool": ev.pool, "eviction_order": policy.leader})
 
     # ----- the eviction policy (adaptive.py) -----------------------------------------------------------
+    def _policy_path(self, pool: str) -> Path:
+        return self.index_dir / "policy" / f"{pool}.json"
+
+    def _save_policy(self, pool: str, journal_id: int, state: dict) -> None:
+        """The duel's state at a checkpoint (atomic; taken back only with the index of the same journal id)."""
+        path = self._policy_path(pool)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"journal_id": journal_id, **state}))
+        tmp.replace(path)
+
+    def _restore_policy(self, pool: str, journal_id: int) -> None:
+        """Take back the pool's duel state saved with this checkpoint: the journal replay then continues it.
+        Anything else (no file, another checkpoint's, unreadable) leaves the policy new (LRU leads)."""
+        self.policy(pool)  # the pool's policy exists (and shows in the metrics) from the start
+        path = self._policy_path(pool)
+        if not path.exists():
+            return
+        try:
+            state = json.loads(path.read_text())
+            if state.get("journal_id") != journal_id:
+                return
+            self.policy(pool).restore(state)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("eviction policy state of pool %r not restored (%s: %s); LRU leads until LCS proves itself",
+                        pool, type(exc).__name__, exc)
+            self.policies.pop(pool, None)
+            self.policy(pool)
+
     def policy(self, pool: str) -> adaptive.LivePolicy:
         """The pool's eviction policy (made on its first access: --eviction-policy, the pool's capacity)."""
         policy = self.policies.get(pool)
@@ -165,6 +196,9 @@ class JournaledIndexes:
                 cur = self._cur_id.get(pool)
                 if cur is None or index.journal_id > cur:
                     await asyncio.to_thread(self.snapshots.save, pool, index)
+                    policy = self.policies.get(pool)
+                    if policy is not None:
+                        await asyncio.to_thread(self._save_policy, pool, index.journal_id, policy.state())
                     if cur is not None:  # only once written: a failed save leaves the ids on the safe side
                         self._prev_id[pool] = cur
                     self._cur_id[pool] = index.journal_id

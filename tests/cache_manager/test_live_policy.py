@@ -4,6 +4,7 @@ ListEvictionCandidates; the old policies still selectable (--eviction-policy lcs
 
 from __future__ import annotations
 
+import json
 import time
 
 import grpc
@@ -269,3 +270,35 @@ async def test_disk_shrink_order_follows_the_policy_setting(tmp_path, mode: str)
         assert ("--eviction-policy lru" in leader.text()) == (mode == "lru")
     finally:
         db.close()
+
+
+@pytest.mark.timeout(60)
+async def test_the_leader_survives_a_restart_with_its_checkpoint(start_inprocess, tmp_path) -> None:
+    data = tmp_path / "cm"
+    svc = await start_inprocess(CacheManagerSettings, build, data_dir=data, follow_plans=False,
+                                policy_capacity_bytes=6 * SIZE)
+    channel = grpc.aio.insecure_channel(svc.address)
+    try:
+        await _report(pbg.CacheManagerServiceStub(channel), _requests("skewed", hot_and_scans(), time.time() - 600))
+    finally:
+        await channel.close()
+    await svc.server.stop(0)  # checkpoints every pool, the policy's state with it
+    saved = data / "cache_index" / "policy" / "skewed.json"
+    assert saved.exists()
+    again = await start_inprocess(CacheManagerSettings, build, data_dir=data, follow_plans=False,
+                                  policy_capacity_bytes=6 * SIZE)
+    assert _gauge(again.metrics, "greenserve.cache_manager.eviction_policy.lcs_leads")["skewed"][0] == 1
+    await again.server.stop(0)
+    # A state saved with another checkpoint than the one loaded is not taken: the pool starts from LRU.
+    state = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**state, "journal_id": state["journal_id"] - 1}))
+    third = await start_inprocess(CacheManagerSettings, build, data_dir=data, follow_plans=False,
+                                  policy_capacity_bytes=6 * SIZE)
+    assert _gauge(third.metrics, "greenserve.cache_manager.eviction_policy.lcs_leads")["skewed"][0] == 0
+    await third.server.stop(0)
+    for garbage in ("not json", "[1, 2]", json.dumps({**state, "leader": 7})):  # unreadable: LRU, and it starts
+        saved.write_text(garbage)
+        svc = await start_inprocess(CacheManagerSettings, build, data_dir=data, follow_plans=False,
+                                    policy_capacity_bytes=6 * SIZE)
+        assert _gauge(svc.metrics, "greenserve.cache_manager.eviction_policy.lcs_leads")["skewed"][0] == 0
+        await svc.server.stop(0)
