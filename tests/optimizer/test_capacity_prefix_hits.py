@@ -45,7 +45,8 @@ def test_prefix_hits_raise_a_large_engines_capacity_and_cut_energy_per_request()
     assert none == capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT, 0.0)  # the default is no reuse
     assert none.predicted_hit_fraction == 0.0
     hits = capacity.predict(PROFILE, *SLO, PROMPT, OUTPUT, 0.6)
-    assert hits.capacity_requests_per_s > 1.2 * none.capacity_requests_per_s
+    # over the 600 s window (cache pressure shows) reuse still buys a large engine more than a tenth of capacity
+    assert hits.capacity_requests_per_s > 1.1 * none.capacity_requests_per_s
     assert 0 < hits.energy_per_request_j < none.energy_per_request_j
     assert hits.idle_power_w == none.idle_power_w
     assert 0.45 <= hits.predicted_hit_fraction <= 0.7  # 442k tokens of KV keep about the pool's reuse
@@ -114,8 +115,11 @@ def test_engine_capabilities_count_the_pools_hit_fraction() -> None:
     before = inputs_module.capabilities(fleet, [], [])
     after = inputs_module.capabilities(fleet, [], [], {"chat": 0.5})
     other = inputs_module.capabilities(fleet, [], [], {"another-pool": 0.5})
+    # The whole GPU's KV memory keeps the reuse and carries more; the slice's half is predicted on the pool's
+    # conversations too, and over a 600 s window its smaller memory keeps too little of them to gain capacity.
+    assert after["whole"].capacity_requests_per_s > before["whole"].capacity_requests_per_s
+    assert "50% of prompts reusable" in after["slice"].detail and after["slice"] != before["slice"]
     for engine_id in ("whole", "slice"):
-        assert after[engine_id].capacity_requests_per_s > before[engine_id].capacity_requests_per_s
         assert other[engine_id] == before[engine_id]  # another pool's rate is not this one's
     pool = fleet.pools[0]
     slice_option = mp.predicted_option(pool, "A100-80GB", "4g.40gb", pool.variants[0],
