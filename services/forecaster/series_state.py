@@ -164,8 +164,12 @@ class FittedSeries:
                                           self.holidays_of(state.key))
             model = await asyncio.to_thread(fitting.load_blob, outcome.blob)  # unpickling re-runs a filter
             history_end = first + (len(grid) - 1) * res
+            # Stored first, outside the ingest lock: a write that waits for the database (another writer holding
+            # SQLite's lock, up to the busy timeout) must not hold up the ingests behind it, which then waited for
+            # their own busy timeout after this one's (twice the timeout). Points ingested meanwhile are after
+            # history_end: the swap below replays them, and a restart restoring this fit replays them too.
+            await asyncio.to_thread(self._persist_fit, state, outcome, history_end)
             async with self._lock:  # no ingest between the swap and the replay of points that came meanwhile
-                await asyncio.to_thread(self._persist_fit, state, outcome, history_end)
                 await asyncio.to_thread(self._swap_in, state, model, outcome.model_name, history_end)
             log.info("series %s/%s: fitted %s in %.2fs", state.key.key, state.key.signal, outcome.model_name,
                      outcome.fit_s)

@@ -248,3 +248,39 @@ async def test_backtest_rpc_on_inline_points(start_inprocess) -> None:
             await stub.Backtest(forecaster_pb2.BacktestRequest(
                 inline=forecaster_pb2.InlineSeries(points=points(values)), history_hours=10, days=1))
         assert error_detail_from_rpc_error(err.value).field == "history_hours"
+
+
+async def test_an_ingest_does_not_wait_behind_a_fit_whose_store_waits_for_the_database(start_inprocess,
+                                                                                       monkeypatch) -> None:
+    """A fit's store (FittedModel row) that waits for the database, another writer holding SQLite's write lock, held
+    the ingest lock meanwhile: an ingest behind it waited for the fit's busy timeout and then for its own
+    (tests/faults/test_sqlite_locked.py took 30 s, twice the 15 s timeout, when the first fit ended under the lock).
+    The store runs outside the ingest lock; the points ingested meanwhile are replayed into the new fit."""
+    import threading
+
+    from greenserve.forecaster.series_state import FittedSeries
+
+    storing, release = threading.Event(), threading.Event()
+    real = FittedSeries._persist_fit
+
+    def waits_for_the_database(self, *args):  # noqa: ANN001, ANN002, ANN202
+        storing.set()
+        assert release.wait(60)
+        return real(self, *args)
+
+    monkeypatch.setattr(FittedSeries, "_persist_fit", waits_for_the_database)
+    svc = await start_inprocess(ForecasterSettings, build, **{**FAST, "forecast_model": "seasonal_naive"})
+    values = daily_series(3)
+    async with grpc.aio.insecure_channel(svc.address) as channel:
+        stub = forecaster_pb2_grpc.ForecasterServiceStub(channel)
+        await ingest(stub, values)  # the first fit starts
+        try:
+            assert await asyncio.to_thread(storing.wait, 60), "the fit was never stored"
+            end = DAY0_S + (len(values) - 1) * 3600
+            reply = await asyncio.wait_for(ingest(stub, [values[0]], start_s=end + 3600), 10)  # not held up
+            assert reply.inserted_points == 1
+        finally:
+            release.set()
+        await wait_for_fit(stub)
+        f = (await stub.GetForecast(forecaster_pb2.GetForecastRequest(series=CI_ES))).forecast
+        assert f.history_end.seconds == end + 3600  # the point ingested meanwhile is in the new fit
