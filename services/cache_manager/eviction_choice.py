@@ -162,7 +162,7 @@ class EvictionChoice:
         while True:
             k = min(len(cand), head)
             order = np.argpartition(sc, k - 1)[:k] if 0 < k < len(cand) else np.arange(len(cand))
-            order = order[np.argsort(sc[order], kind="stable")]
+            order = order[np.lexsort((cand[order], sc[order]))]  # equal scores (LRU: equal times): lower slot first
             chosen, complete = self._greedy(count, now_s, sc, cand, order, bound, excluded)
             if complete:
                 return np.asarray(chosen, dtype=np.int64)

@@ -72,6 +72,7 @@ class JournaledIndexes:
             self.indexes[pool] = index
             self._cur_id[pool], self._prev_id[pool] = cur, prev
             self._restore_policy(pool, index.journal_id)
+            index.set_order(self.policies[pool].order)  # a loaded index evicts in the order in force
         # The whole journal kept (pruning bounds it): a pool without any checkpoint (new since the last round,
         # or rebuilt) may have events older than another pool's checkpoint.
         replayed = 0

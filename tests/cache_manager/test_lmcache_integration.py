@@ -94,7 +94,8 @@ async def test_resize_without_restart_command_keeps_size(start_inprocess, tmp_pa
 @pytest.mark.slow
 async def test_shrink_by_controlled_restart_evicts_lowest_lcs_first(start_inprocess, tmp_path, lmcache_server) -> None:
     objects = lmcache_server.populate(2, seed=3)
-    svc, channel, stub = await _start(start_inprocess, tmp_path, lmcache_server,
+    # The LCS order (--eviction-policy lcs); the adaptive default's order is the leader's (test_live_policy.py).
+    svc, channel, stub = await _start(start_inprocess, tmp_path, lmcache_server, eviction_policy="lcs",
                                       lmcache_restart_command=lmcache_server.restart_command())
     try:
         keys = [_key(o) for o in objects]
