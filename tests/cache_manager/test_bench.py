@@ -81,3 +81,18 @@ def test_cache_eviction_smoke(capsys) -> None:
     assert out["bytes_per_entry"] > 0 and out["array_bytes_per_slot"] > 0
     assert out["read_or_recompute"]["chunks"] == 16
     assert out["read_or_recompute_ms_p99"] >= out["read_or_recompute_ms_p50"] > 0
+
+
+def test_cache_policy_shipped_traces_by_name_and_azure_csv(tmp_path, capsys) -> None:
+    assert bench.policy_main(["--trace", "azure-conv", "--trace", "mooncake", "--limit", "200", "--shapes", "none",
+                              "--capacities", "1.0", "--policies", "LRU,Adaptive"]) == 0
+    out = _last_json(capsys)
+    assert list(out["traces"]) == ["AzureLLMInferenceTrace_conv.csv (conversations reconstructed)",
+                                   "conversation_trace.jsonl"]
+    azure = out["traces"]["AzureLLMInferenceTrace_conv.csv (conversations reconstructed)"]
+    assert azure["requests"] == 200 and 0 < azure["hit_rate"]["LRU"][0] < 1  # reconstructed prefixes do repeat
+    bad = tmp_path / "t.csv"
+    bad.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.0,12\n")
+    with pytest.raises(SystemExit) as exc:
+        bench.policy_main(["--trace", str(bad), "--shapes", "none", "--capacities", "1.0", "--policies", "LRU"])
+    assert exc.value.code == 2 and "not an Azure LLM inference trace CSV" in capsys.readouterr().err
