@@ -37,6 +37,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from greenserve.common.cli_parser import Parser
 from greenserve.profiler.calibrate import calibration_points
 from greenserve.profiler.engine_backend import EngineBackend
 from greenserve.profiler.keys import config_key
@@ -187,7 +188,7 @@ def vllm_version() -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the profiles, result.json, engine log")
     ap.add_argument("--engine-url", default="", help="an engine already serving tiny-llama (default: start one)")
     ap.add_argument("--profiles-from", type=Path, default=None,

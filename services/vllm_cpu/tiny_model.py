@@ -164,7 +164,8 @@ def make(out: Path, seed: int = DEFAULT_SEED) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="make the tiny random-weight Llama that vLLM serves on CPU")
+    parser = argparse.ArgumentParser(description="make the tiny random-weight Llama that vLLM serves on CPU",
+                                     allow_abbrev=False)  # vLLM's interpreter runs this file: no greenserve.common
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help=f"model folder (default {DEFAULT_DIR})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"weights' seed (default {DEFAULT_SEED})")
     ns = parser.parse_args(argv)

@@ -21,12 +21,13 @@ solver that scores points by replaying a pool's recorded traffic through the sim
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+from greenserve.common.cli_parser import Parser
 
 Metrics = tuple[float, float, float]  # latency_s (min), throughput (max), cost (min)
 
@@ -212,7 +213,7 @@ def long_tail_surface(dram_gb: float, disk_gb: float) -> Metrics:
 def bench_main(argv: list[str], prog: str = "greenserve bench cache-pareto") -> int:
     """Adaptive search vs full grid on Kareto's grid (DRAM 0-4096 GB step 256 x disk 0-3600 GB step 120):
     evaluations and hypervolume ratio (Kareto Sec. 5.3.1), on the synthetic long-tail surface."""
-    parser = argparse.ArgumentParser(prog=prog, description=bench_main.__doc__)
+    parser = Parser(prog=prog, description=bench_main.__doc__)
     parser.add_argument("--perf-threshold", type=float, default=0.02)
     parser.add_argument("--cost-threshold", type=float, default=0.005)
     parser.add_argument("--expand-threshold", type=float, default=0.01)
