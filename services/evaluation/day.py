@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -193,10 +194,12 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             load_history_start_s: int, strategy: str, forecast_model: str = "auto",
             window_s: float = DEFAULT_WINDOW_S, hours: int = 24,
             params: CarbonParams | None = None, ci_forecast: SeriesForecast | None = None,
-            load_forecast: SeriesForecast | None = None, actual_load_scale: float = 1.0) -> list[HourRecord]:
+            load_forecast: SeriesForecast | None = None, actual_load_scale: float = 1.0,
+            on_hour: Callable[[int], None] | None = None) -> list[HourRecord]:
     """Plans and replays ``hours`` hours of one day (see the module docstring); ``ci_forecast`` /
     ``load_forecast``: the day's forecasts when already made (``forecast_day``), shared by the strategies;
-    ``actual_load_scale``: the replayed load is this multiple of the day's (a forecast that much too low)."""
+    ``actual_load_scale``: the replayed load is this multiple of the day's (a forecast that much too low);
+    ``on_hour(h)``: called as each hour's replay ends (a progress bar's tick)."""
     if not (actual_load_scale > 0 and math.isfinite(actual_load_scale)):
         raise ValueError(f"actual_load_scale: must be a finite number > 0, got {actual_load_scale!r}")
     params = params or load_default_params()
@@ -347,6 +350,8 @@ def run_day(*, scenario: Scenario, region: str, day_start_s: int, ci_actual: np.
             record.engines_asleep = {p.name: sum(1 for r in interval.engine_runs if r.pool == p.name and r.state
                                                  == common_pb2.ENGINE_RUN_STATE_SLEEPING) for p in scenario.pools}
             records.append(record)
+            if on_hour:
+                on_hour(h)
     finally:
         planner.close()
     return records

@@ -1,7 +1,9 @@
 """Where an evaluation's jobs run: in this process, over a local process pool, or on a Ray cluster.
 
 ``map_jobs(fn, items, ...)`` calls ``fn`` on every item and hands each result to ``on_done`` as it finishes (for
-the progress bar), returning the results in the order of ``items``. With ``ray_address`` the same function runs as
+the progress bar), returning the results in the order of ``items``. A job may also report progress while it runs:
+``tick(payload)`` inside ``fn`` reaches ``on_tick(payload)`` in the caller (a queue from the worker processes,
+drained by a thread; a direct call in this process; Ray jobs report only their end). With ``ray_address`` the same function runs as
 Ray tasks: ``"local"`` starts a Ray instance on this machine (what the tests use), any other value is passed to
 ``ray.init(address=...)`` (``auto``, ``ray://head:10001``, ...). The cluster's workers must be able to import
 greenserve (installed on every node, or through the cluster's ``runtime_env``). Ray is the optional extra
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -20,6 +24,50 @@ from greenserve.common.parent_death import exit_with_parent
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+_tick_to: Callable[[Any], None] | None = None  # where this process's tick() goes while map_jobs runs a job
+
+
+def tick(payload: Any) -> None:
+    """Reports ``payload`` to the ``on_tick`` of the map_jobs running this job (nothing outside one)."""
+    if _tick_to is not None:
+        _tick_to(payload)
+
+
+def _worker_start(parent_pid: int, ticks: Any) -> None:
+    global _tick_to
+    exit_with_parent(parent_pid)
+    _tick_to = ticks.put if ticks is not None else None
+
+
+@contextlib.contextmanager
+def _ticks_drained(on_tick: Callable[[Any], None] | None) -> Iterator[Any]:
+    """A queue for the worker processes' ticks, handed to ``on_tick`` by a thread until the block ends."""
+    if on_tick is None:
+        yield None
+        return
+    ticks: Any = multiprocessing.get_context().SimpleQueue()
+    stop = _Stop()
+
+    def drain() -> None:
+        while True:
+            payload = ticks.get()
+            if isinstance(payload, _Stop):
+                return
+            on_tick(payload)
+
+    reader = threading.Thread(target=drain, name="evaluate-ticks", daemon=True)
+    reader.start()
+    try:
+        yield ticks
+    finally:
+        ticks.put(stop)
+        reader.join(timeout=10)
+        ticks.close()
+
+
+class _Stop:
+    """The end of the ticks (a class, so that it is the same after the queue's pickling)."""
 
 
 class RayUnavailable(RuntimeError):
@@ -31,7 +79,8 @@ def usable_cores() -> int:
 
 
 def map_jobs(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None, ray_address: str | None = None,
-             on_done: Callable[[R], None] | None = None) -> list[R]:
+             on_done: Callable[[R], None] | None = None, on_tick: Callable[[Any], None] | None = None) -> list[R]:
+    global _tick_to
     if not items:
         return []
     if ray_address:
@@ -39,13 +88,17 @@ def map_jobs(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = 
     workers = workers or min(len(items), usable_cores())
     results: list[Any] = [None] * len(items)
     if workers <= 1:
-        for i, item in enumerate(items):
-            results[i] = fn(item)
-            if on_done:
-                on_done(results[i])
+        _tick_to = on_tick
+        try:
+            for i, item in enumerate(items):
+                results[i] = fn(item)
+                if on_done:
+                    on_done(results[i])
+        finally:
+            _tick_to = None
         return results
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(items)), initializer=exit_with_parent,
-                                                initargs=(os.getpid(),)) as pool:
+    with _ticks_drained(on_tick) as ticks, concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(workers, len(items)), initializer=_worker_start, initargs=(os.getpid(), ticks)) as pool:
         futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for future in concurrent.futures.as_completed(futures):
             results[futures[future]] = future.result()

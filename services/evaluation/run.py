@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from greenserve.common.quiet_highs import silence_banner
 from greenserve.evaluation import day
-from greenserve.evaluation.executor import map_jobs, ray_session
+from greenserve.evaluation.executor import map_jobs, ray_session, tick
 from greenserve.evaluation.grids import HOUR_S, GridSeries
 from greenserve.evaluation.headlines import HEADLINES, landed
 from greenserve.evaluation.progress import Progress
@@ -81,13 +81,15 @@ def _run(job: Job) -> tuple[str, str, list[dict[str, Any]], float]:
     """(region, strategy, hour records, CPU seconds of this process for the day: planning and replay, not the
     forecasts, which the strategies share)."""
     started = time.process_time()
+    name = _step_name(job)
     shape_day, shape_history, history_start_s = _load_split(job.day_start_s, job.scenario.load_shape)
     records = day.run_day(
         scenario=job.scenario, region=job.region, day_start_s=job.day_start_s, ci_actual=np.array(job.ci_actual),
         ci_history=np.array(job.ci_history), ci_history_start_s=job.ci_history_start_s,
         load_shape_day=shape_day, load_shape_history=shape_history, load_history_start_s=history_start_s,
         strategy=job.strategy, forecast_model=job.forecast_model, window_s=job.window_s, hours=job.hours,
-        ci_forecast=job.ci_forecast, load_forecast=job.load_forecast, actual_load_scale=job.actual_load_scale)
+        ci_forecast=job.ci_forecast, load_forecast=job.load_forecast, actual_load_scale=job.actual_load_scale,
+        on_hour=lambda _h: tick(name))
     return job.region, job.strategy, day.records_json(records), time.process_time() - started
 
 
@@ -212,7 +214,7 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         side += [SideJob("headline", n, headlines == "quick") for n in ready]
 
     fjobs = forecast_jobs(jobs)
-    steps = Progress(progress, len(fjobs) + len(jobs) + len(side))
+    steps = Progress(progress, len(fjobs) + len(jobs) * hours + len(side))
 
     def done(outcome: tuple[str, Any]) -> None:
         kind, body = outcome
@@ -235,7 +237,8 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         jobs = [dataclasses.replace(j, ci_forecast=forecasts[j.region], load_forecast=forecasts[LOAD_KEY])
                 for j in jobs]
         steps.running([_step_name(j) for j in jobs], hours, [_step_name(j) for j in side])
-        map_jobs(_run_any, [*jobs, *side], workers=workers, ray_address=ray_address, on_done=done)
+        map_jobs(_run_any, [*jobs, *side], workers=workers, ray_address=ray_address, on_done=done,
+                 on_tick=steps.hour_finished)
     order = {n: i for i, n in enumerate(HEADLINES)}
     headline_rows.sort(key=lambda r: order.get(r["name"], len(order)))
     for region, by_strategy in results.items():  # strategies in the order asked, whatever order they finished in

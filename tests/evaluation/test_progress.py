@@ -1,10 +1,11 @@
-"""The progress of `greenserve evaluate` says what runs, step by step (issue 35: it sat at 0 % for 18 s with no
-message while the forecasts were made, and counted strategies in "day/s"), and no HiGHS banner is printed through it."""
+"""The progress of `greenserve evaluate` says what runs, step by step (a forecast, an hour of a day, a check: never
+0 % for long with no message), and no HiGHS banner is printed through it."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 from greenserve.evaluation.progress import Progress
 
@@ -15,7 +16,7 @@ def test_each_step_says_what_runs() -> None:
     steps.forecasting(["ES", "FR"], "auto")
     steps.finished()
     steps.finished()
-    steps.running(["ES/base_full_cache", "ES/joint", "FR/base_full_cache"], 24, ["simulator fidelity"])
+    steps.running(["ES/base_full_cache", "ES/joint", "FR/base_full_cache"], 1, ["simulator fidelity"])
     steps.finished("ES/joint")
     steps.finished("simulator fidelity")
     steps.finished("ES/base_full_cache")
@@ -24,12 +25,12 @@ def test_each_step_says_what_runs() -> None:
         (0, 6, "forecasting the day's CI of ES, FR and its load (auto)"),
         (1, 6, "forecasting the day's CI of ES, FR and its load (auto)"),
         (2, 6, "forecasting the day's CI of ES, FR and its load (auto)"),
-        (2, 6, "planning and replaying 24 h of ES/base_full_cache, ES/joint, FR/base_full_cache; checking the "
+        (2, 6, "planning and replaying 1 h of ES/base_full_cache, ES/joint, FR/base_full_cache; checking the "
                "method: simulator fidelity"),
-        (3, 6, "planning and replaying 24 h of ES/base_full_cache, FR/base_full_cache; checking the method: "
+        (3, 6, "planning and replaying 1 h of ES/base_full_cache, FR/base_full_cache; checking the method: "
                "simulator fidelity"),
-        (4, 6, "planning and replaying 24 h of ES/base_full_cache, FR/base_full_cache"),
-        (5, 6, "planning and replaying 24 h of FR/base_full_cache"),
+        (4, 6, "planning and replaying 1 h of ES/base_full_cache, FR/base_full_cache"),
+        (5, 6, "planning and replaying 1 h of FR/base_full_cache"),
         (6, 6, "done"),
     ]
 
@@ -50,3 +51,34 @@ def test_the_highs_banner_is_silenced() -> None:
     assert "Running HiGHS" in _stdout(build)  # what each evaluate worker printed through the progress bar
     quiet = "from greenserve.common.quiet_highs import silence_banner; silence_banner(); " + build
     assert _stdout(quiet) == "solved\n"
+
+
+def test_hours_are_steps_and_a_finished_day_counts_its_missing_hours_once() -> None:
+    seen: list[tuple[int, int, str]] = []
+    steps = Progress(lambda *event: seen.append(event), total=1 + 2 * 3)
+    steps.finished()  # the forecast
+    steps.running(["ES/joint", "FR/joint"], 3, [])
+    steps.hour_finished("ES/joint")
+    steps.hour_finished("FR/joint")
+    steps.hour_finished("ES/joint")
+    steps.finished("ES/joint")  # its third hour's tick is still in the queue
+    steps.hour_finished("ES/joint")  # ... and arrives late: not counted twice
+    steps.finished("FR/joint")
+    assert [d for d, _, _ in seen] == [1, 1, 2, 3, 4, 5, 7]
+    assert seen[-1] == (7, 7, "done")
+
+
+def test_evaluate_reports_every_hour_from_its_worker_processes() -> None:
+    """`greenserve evaluate`'s bar moves hour by hour, also when the days run in worker processes."""
+    from greenserve.evaluation import grids, run, scenario
+
+    events: list[tuple[int, int, str]] = []
+    start = int(datetime(2022, 7, 6, tzinfo=UTC).timestamp())
+    run.evaluate({"FR": grids.shipped()["FR"]}, day_start_s=start, strategies=["base_full_cache", "carbon_routing"],
+                 scenario=scenario.Scenario(), forecast_model="seasonal_naive", window_s=60.0, hours=3, workers=2,
+                 progress=lambda *e: events.append(e), fidelity=False)
+    done = [d for d, _, _ in events]
+    total = 2 + 2 * 3  # FR's CI and the load forecast, 2 days of 3 hours
+    assert events[-1] == (total, total, "done")
+    assert done == sorted(done), "the count never goes back"
+    assert len({d for d in done if 2 < d < total}) >= 3, f"hours counted one by one: {done}"

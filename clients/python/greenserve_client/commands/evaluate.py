@@ -112,8 +112,8 @@ def main(argv: list[str]) -> int:
                      "(gpus: {model, count, mig: true})")
     from tqdm import tqdm
 
-    # steps: each forecast, each (grid, strategy) day, each check of the method; what runs in the description (no
-    # rate: a step is a forecast, a whole day or a table, not a unit to count per second)
+    # steps: each forecast, each hour of each (grid, strategy) day, each check of the method; what runs in the
+    # description (no rate: a step is a forecast, an hour's plan and replay or a table, not a unit to count per second)
     with tqdm(total=1, file=sys.stderr, disable=None, bar_format="{n_fmt}/{total_fmt} steps [{elapsed}] {desc}") as bar:
         def show(done: int, total: int, doing: str) -> None:
             bar.total, bar.n = total, done
