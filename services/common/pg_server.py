@@ -162,6 +162,15 @@ class PostgresServer:
                 time.sleep(0.2)
         raise RuntimeError(f"could not start PostgreSQL: {last_error}")
 
+    def halt(self) -> None:
+        """Stop the server (fast shutdown: open sessions are cut), keeping its data and port for ``resume``."""
+        self._cmd(self.bindir / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the halted server again on the same port (clients reconnect to the same URL)."""
+        self._cmd(self.bindir / "pg_ctl", "-D", self.data, "-l", self.log, "-o", f"-p {self.port}",
+                  "-w", "-t", "60", "start")
+
     def stop(self) -> None:
         try:
             if (self.data / "postmaster.pid").exists():
