@@ -1,10 +1,12 @@
-"""Issue 35, the main job's numbers: what a new user reads after `greenserve up` must agree.
+"""The main job's numbers: what a new user reads after `greenserve up` must agree.
 
 * one CI per hour: the plans in force price the current hour at the CI the forecaster's forecast and current CI (the
   router's receipts) give it, and name that forecast (not the seasonal-naive stand-in of the first seconds);
 * no explanation built on zeros ("embodied carbon (0.0 g/h) outweighs the energy it would save (0.0 g/h)");
 * the MIG line's load is the pool's, not the MIG GPUs' share of it;
-* the engines the gpu-partitioner runs on MIG instances are listed in the fleet with their URLs.
+* the engines the gpu-partitioner runs on MIG instances are listed in the fleet with their URLs;
+* the attainment a plan states is the simulator's prediction (the plan's own figure, not the SLO target), the same
+  in the explanation as in the plan's fields.
 """
 
 from __future__ import annotations
@@ -69,6 +71,15 @@ def test_up_plans_forecast_receipts_and_fleet_agree(tmp_path: Path) -> None:
             for line in text.splitlines():
                 if ", hour 0: " in line and "MIG GPUs" in line:
                     assert f"pool load {first.load_requests_per_s:.2f} req/s" in line, (version, line)
+            # attainment: predicted per pool and for the plan, stated as predicted
+            stated = [(float(a), float(t)) for a, t in
+                      re.findall(r"expected attainment (\d\.\d\d) \(target (\d\.\d\d)\)", text)]
+            figures = [p.expected_slo_attainment_fraction for p in plan.intervals[0].pools]
+            assert stated and sorted(a for a, _ in stated) == sorted(round(f, 2) for f in figures), (version, text)
+            assert 0 < plan.expected_slo_attainment_fraction <= 1
+            targets = {t for _, t in stated}
+            assert not any(f in targets for f in figures), ("the target copied, not a prediction", figures, targets)
+            assert f"attainment {plan.expected_slo_attainment_fraction:.2f}" in text.splitlines()[-1], (version, text)
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0, up.stderr.read()
         assert not pids_alive(pids)
