@@ -39,8 +39,9 @@ ROLLED_BACK = optimizer_pb2.ENFORCEMENT_STATE_ROLLED_BACK
 REFUSED = optimizer_pb2.ENFORCEMENT_STATE_REFUSED
 
 MAX_DETAIL_CHARS = 2000
-# Longest real wait between two looks at the clock: a virtual clock or a changed plan is seen within it.
-MAX_TIMER_WAIT_S = 30.0
+# Longest real wait between two looks at the clock: a clock that jumps (forward past the boundary the timer waits
+# for, or backward into an earlier interval) is seen within it. A look with the interval unchanged costs a lock.
+MAX_TIMER_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)

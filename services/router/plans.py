@@ -97,6 +97,7 @@ class PlanStore:
         self._weights: dict[str, Weights] = {}
         self._runs: dict[str, int] = {}  # engine id -> EngineRunState of the interval in force (resolved)
         self._interval: common_pb2.PlanInterval | None = None  # the interval in force (_select_interval)
+        self._valid_from = -math.inf  # clock time from which the interval in force is the one selected
         self._valid_until = math.inf  # clock time when the interval in force ends
         self.pool_slo: dict[str, common_pb2.Slo] = {}
         self.pool_region: dict[str, str] = {}
@@ -110,7 +111,7 @@ class PlanStore:
         """Weights of ``pool`` in force now (None without a plan or without weights for the pool)."""
         if self.plan is None:
             return None, 0
-        if self.clock() >= self._valid_until:
+        if not self._valid_from <= self.clock() < self._valid_until:
             self._select_interval()
         return self._weights.get(pool), self.version
 
@@ -120,7 +121,7 @@ class PlanStore:
         engines it started there (and the router reads the fleet again) their weight goes to no engine."""
         if self.plan is None:
             return set()
-        if self.clock() >= self._valid_until:
+        if not self._valid_from <= self.clock() < self._valid_until:
             self._select_interval()
         interval = self._interval
         if interval is None:
@@ -141,12 +142,12 @@ class PlanStore:
         empty without a plan or without ``engine_runs`` (every engine awake)."""
         if self.plan is None:
             return {}
-        if self.clock() >= self._valid_until:
+        if not self._valid_from <= self.clock() < self._valid_until:
             self._select_interval()
         return dict(self._runs)
 
     def interval_in_force(self) -> common_pb2.PlanInterval | None:
-        if self.plan is not None and self.clock() >= self._valid_until:
+        if self.plan is not None and not self._valid_from <= self.clock() < self._valid_until:
             self._select_interval()
         return self._interval
 
@@ -157,15 +158,18 @@ class PlanStore:
         assert plan is not None
         now = self.clock()
         chosen = None
-        next_change = math.inf
+        # The choice depends on the clock only through the intervals' bounds: it holds from the last bound at or
+        # before now to the first after it, so a clock jumping either way past one selects again.
+        bounds = [t for iv in plan.intervals for t in (iv.start.ToSeconds() if iv.HasField("start") else -math.inf,
+                                                       iv.end.ToSeconds() if iv.HasField("end") else math.inf)]
+        valid_from = max((t for t in bounds if t <= now), default=-math.inf)
+        next_change = min((t for t in bounds if t > now), default=math.inf)
         for interval in plan.intervals:
             start = interval.start.ToSeconds() if interval.HasField("start") else -math.inf
             end = interval.end.ToSeconds() if interval.HasField("end") else math.inf
             if start <= now < end:
-                chosen, next_change = interval, end
+                chosen = interval
                 break
-            if start > now:
-                next_change = min(next_change, start)
         if chosen is None and plan.intervals:
             starts = [iv for iv in plan.intervals if not iv.HasField("start") or iv.start.ToSeconds() <= now]
             chosen = starts[-1] if starts else plan.intervals[0]
@@ -182,6 +186,7 @@ class PlanStore:
                     runs[engine_id] = r.state
         self._weights = weights
         self._runs = runs
+        self._valid_from = valid_from
         self._valid_until = next_change
 
     def apply(self, plan: common_pb2.Plan, *, rollback: bool = False) -> bool:
