@@ -109,6 +109,12 @@ class EngineProfile:
     # tp_comm_efficiency). When set, PerfModel derives the TP cost from them instead of tp_comm_efficiency.
     tp_link_bandwidth_bytes_per_s: float = 0.0
     tp_allreduce_latency_s: float = 0.0
+    # A measured CPU engine's linear step model (step_model.py): when step_per_prefill_token_s > 0 a step takes
+    # ``step_overhead_s + per_prefill_token x prefill tokens + per_sequence x decode batch + per_context_token x
+    # decode context`` instead of the roofline. 0 (the data file's profiles): the roofline.
+    step_per_prefill_token_s: float = 0.0
+    step_per_sequence_s: float = 0.0
+    step_per_context_token_s: float = 0.0
     data_version: str = ""
     calibrated_from: str = ""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -133,6 +139,8 @@ class EngineProfile:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"{name}: must be in (0, 1], got {value!r} (profile {self.name!r})")
+        if self.step_per_prefill_token_s > 0 and self.step_per_sequence_s <= 0:
+            raise ValueError(f"step_per_sequence_s: must be > 0 with a linear step model (profile {self.name!r})")
         if self.max_w < self.idle_w:
             raise ValueError(f"max_w: must be >= idle_w ({self.max_w} < {self.idle_w}, profile {self.name!r})")
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))

@@ -88,6 +88,7 @@ class PerfModel:
         "_tp_step_s",
         "_weight_bytes",
         "_weight_read_s",
+        "linear",
         "profile",
     )
 
@@ -120,6 +121,17 @@ class PerfModel:
         self._weight_read_s = p.weight_bytes / self._decode_rate
         self._flops_per_token = 2.0 * p.n_params
         self._attn_coeff = 4.0 * p.n_layers * p.hidden_size  # QK^T and AV: 2 x 2 x d FLOPs per (token, context) pair per layer
+        self.linear = p.step_per_prefill_token_s > 0
+        if self.linear:
+            # A measured CPU engine (step_model.py): the step is the compute line alone, linear in the prefill
+            # tokens (per_prefill_token), the decode batch (per_sequence) and its context (per_context_token),
+            # with no memory line; the rates below turn the roofline's terms into those coefficients so that the
+            # replay's decode-run sums and the emulator's pacing apply unchanged.
+            self._prefill_rate = self._flops_per_token / p.step_per_prefill_token_s
+            self._decode_compute_rate = self._flops_per_token / p.step_per_sequence_s
+            self._attn_coeff = p.step_per_context_token_s * self._decode_compute_rate
+            self._decode_rate = math.inf
+            self._weight_read_s = 0.0
         self._idle_w = p.idle_w
         self._span_w = p.max_w - p.idle_w
         self._mem_w = p.memory_power_weight
@@ -134,6 +146,8 @@ class PerfModel:
         each sequence attending to ``cached_tokens / batch_size`` reused prefix tokens as well."""
         if uncached_tokens <= 0:
             return 0.0
+        if self.linear:
+            return uncached_tokens * self._flops_per_token
         b = batch_size if batch_size > 0 else 1
         per_seq = uncached_tokens / b
         cached_per_seq = cached_tokens / b

@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cache-plan": ("greenserve.optimizer.bench_cache:main", "GreenCache ILP solve time: 24 h x 17 sizes, 168 h x 64 sizes x 16 pools"),
     "mig-plan": ("greenserve.optimizer.bench_mig:main", "variants on MIG: exact optimum (10 / 1,000 GPUs) vs CLOVER's SA and random search"),
     "profiler": ("greenserve.profiler.bench:main", "simulator sweep points/s; --agreement: engine vs emulator vs simulator"),
+    "calibration": ("greenserve.profiler.bench_calibration:main",
+                    "CPU step model fitted on a stored real-vLLM sweep: TTFT/TPOT error at held-back rates"),
     "headlines": ("greenserve.evaluation.headlines:main", "the seeds' headlines reproduced in their own settings (--quick)"),
 }
 

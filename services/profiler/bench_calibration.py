@@ -1,0 +1,167 @@
+"""`greenserve bench calibration`: the simulator's step model fitted on some rates of a stored real-engine sweep,
+its error at the rates it did not see.
+
+A sweep folder holds ``profile-<workload>.json`` (MEASURED profiles, protobuf JSON: the client-side p50s) and
+``result.json`` (its ``rows`` carry the engine's own TTFT and per-request TPOT means over each window, from vLLM's
+``/metrics`` histograms), as ``scripts/real_engine_profile.py`` writes them. The fit (``step_fit``) sees the
+``--fit-rates``; the replay predicts every rate. The default target is the engine-side means (the client's
+streaming timings on a loaded CPU are at times a burst, see docs/profiler.md); ``--target client-p50`` fits and
+scores the stored p50s. Progress and the table go to stderr, one JSON object is the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from greenserve.common.cli_parser import Parser
+from greenserve.profiler import step_fit
+from greenserve.v1 import common_pb2
+
+STORED_SWEEP = Path(__file__).resolve().parent / "data" / "real_engine_cpu"
+"""The shipped sweeps of vLLM's CPU build on the tiny Llama (one folder per repeat)."""
+
+TARGETS = {"engine-mean": ("ttft_mean_s", "tpot_mean_s"), "client-p50": ("ttft_p50_s", "tpot_p50_s")}
+
+
+def load_sweep(folder: Path) -> tuple[dict[str, common_pb2.Profile], dict[tuple[str, float], dict[str, Any]]]:
+    """The profiles (by workload) and the engine-side figures (by workload and rate) of one sweep folder;
+    ValueError naming the file when one is missing or unreadable."""
+    profiles = {}
+    for path in sorted(folder.glob("profile-*.json")):
+        try:
+            profile = json_format.Parse(path.read_text(), common_pb2.Profile())
+        except (OSError, json_format.ParseError) as exc:
+            raise ValueError(f"{path.name}: not a profile ({exc})") from None
+        profiles[profile.config.workload] = profile
+    if not profiles:
+        raise ValueError(f"--sweep: no profile-*.json in {folder.name}")
+    engine: dict[tuple[str, float], dict[str, Any]] = {}
+    result = folder / "result.json"
+    if result.exists():
+        try:
+            rows = json.loads(result.read_text())["rows"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"result.json: unreadable ({exc})") from None
+        engine = {(r["workload"], float(r["rate_per_s"])): r for r in rows}
+    return profiles, engine
+
+
+def measured(profile: common_pb2.Profile, engine: dict[tuple[str, float], dict[str, Any]], rate: float,
+             quantity: str) -> float | None:
+    """The measured figure: an engine-side mean from result.json, a p50 from the profile; None when absent."""
+    if quantity.endswith("_mean_s"):
+        value = engine.get((profile.config.workload, rate), {}).get(f"engine_{quantity}")
+        return float(value) if value else None
+    point = next((p for p in profile.points if p.request_rate_per_s == rate), None)
+    value = getattr(point, quantity) if point is not None else 0.0
+    return value if value > 0 else None
+
+
+def run(folder: Path, fit_rates: list[float], target: str, seed: int = 11) -> dict[str, Any]:
+    """Fit on ``fit_rates`` of the sweep in ``folder``, predict every rate; the rows and the held-back errors."""
+    profiles, engine = load_sweep(folder)
+    quantities = TARGETS[target]
+    observations = []
+    for profile in profiles.values():
+        for rate in fit_rates:
+            for q in quantities:
+                value = measured(profile, engine, rate, q)
+                if value is not None:
+                    observations.append(step_fit.Observation(profile, rate, q, value))
+    if not observations:
+        raise ValueError(f"--fit-rates: the sweep has no {target} figure at {fit_rates}")
+    t0 = time.monotonic()
+    fit = step_fit.fit_step_model(observations, seed=seed, label=f"real-engine sweep {folder.name}")
+    fit_s = time.monotonic() - t0
+    rows = []
+    for workload, profile in profiles.items():
+        rates = [p.request_rate_per_s for p in profile.points]
+        predicted = step_fit.predict(profile, fit.profile, rates, seed)
+        for rate in rates:
+            row: dict[str, Any] = {"workload": workload, "rate_per_s": rate, "held_back": rate not in fit_rates}
+            for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s"):
+                m, p = measured(profile, engine, rate, q), getattr(predicted[rate], q)
+                row[f"measured_{q}"], row[f"predicted_{q}"] = m, p
+                row[f"{q}_error"] = p / m - 1.0 if m else None
+            rows.append(row)
+    held = [r for r in rows if r["held_back"]]
+    worst = {}
+    for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s"):
+        errors = [abs(r[f"{q}_error"]) for r in held if r[f"{q}_error"] is not None]
+        worst[q] = max(errors) if errors else None
+    return {"sweep": folder.name, "target": target, "fit_rates": fit_rates, "coefficients": fit.coefficients,
+            "fit_rms_log_error": fit.rms_relative_error, "fit_s": fit_s, "rows": rows,
+            "max_abs_error_held_back": worst}
+
+
+def table(result: dict[str, Any]) -> str:
+    def ms(v: float | None, digits: int) -> str:
+        return f"{v * 1e3:.{digits}f}" if v else "-"
+
+    def err(v: float | None) -> str:
+        return f"{v:+.1%}" if v is not None and math.isfinite(v) else "-"
+
+    lines = ["| workload | rate (req/s) | held back | TTFT mean engine / predicted (ms) | error | TPOT mean engine / "
+             "predicted (ms) | error | TTFT p50 client / predicted (ms) | error | TPOT p50 client / predicted (ms) "
+             "| error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        cells = []
+        for q, digits in (("ttft_mean_s", 1), ("tpot_mean_s", 2), ("ttft_p50_s", 1), ("tpot_p50_s", 2)):
+            cells += [f"{ms(r[f'measured_{q}'], digits)} / {ms(r[f'predicted_{q}'], digits)}", err(r[f"{q}_error"])]
+        lines.append(f"| {r['workload']} | {r['rate_per_s']:g} | {'yes' if r['held_back'] else 'no (fit)'} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", type=Path, action="append", default=None,
+                        help="sweep folder (repeatable: one fit per folder); default: the shipped repeats")
+    parser.add_argument("--fit-rates", default="2,6,10", help="rates the fit sees, req/s (default 2,6,10)")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="engine-mean",
+                        help="what is fitted (default engine-mean: vLLM's own histograms)")
+    parser.add_argument("--seed", type=int, default=11, help="the replay's seed (the sweep's)")
+    parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
+    return parser
+
+
+def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
+    parser = _parser(prog)
+    ns = parser.parse_args(argv)
+    try:
+        fit_rates = [float(x) for x in ns.fit_rates.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--fit-rates: not a comma-separated list of numbers: {ns.fit_rates!r}")
+    if not fit_rates or any(not (r > 0 and math.isfinite(r)) for r in fit_rates):
+        parser.error("--fit-rates: give rates > 0")
+    folders = ns.sweep or sorted(p for p in STORED_SWEEP.iterdir() if p.is_dir())
+    results = []
+    for folder in folders:
+        if not folder.is_dir():
+            parser.error(f"--sweep: not a folder: {folder}")
+        try:
+            result = run(folder, fit_rates, ns.target, ns.seed)
+        except ValueError as exc:
+            parser.error(str(exc))
+        print(f"sweep {result['sweep']}: fitted {', '.join(f'{k} {v:.3g}' for k, v in result['coefficients'].items())}"
+              f" in {result['fit_s']:.1f} s", file=sys.stderr)
+        print(table(result), file=sys.stderr)
+        results.append(result)
+    worst = {q: max((r["max_abs_error_held_back"][q] for r in results
+                     if r["max_abs_error_held_back"][q] is not None), default=None)
+             for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s")}
+    print(json.dumps({"benchmark": "calibration", "target": ns.target, "fit_rates": fit_rates,
+                      "max_abs_error_held_back": worst, "sweeps": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
