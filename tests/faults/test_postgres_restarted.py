@@ -80,7 +80,26 @@ async def test_optimizer_keeps_acknowledged_plans_across_a_postgres_restart(pg: 
             await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=fleet))
             acknowledged = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2))).plan
 
+            # the server stopped while plans are being computed: each is acknowledged (and then kept) or refused
+            acknowledged_versions: list[int] = [acknowledged.version]
+            halted = asyncio.Event()
+
+            async def compute_until_halted() -> None:
+                while not halted.is_set():
+                    try:
+                        reply = await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2), timeout=60)
+                        acknowledged_versions.append(reply.plan.version)
+                    except grpc.aio.AioRpcError as err:
+                        _clean_failure(err)
+
+            computing = asyncio.ensure_future(compute_until_halted())
+            await until(lambda: len(acknowledged_versions) > 2, 60, "two plans computed before the server stops")
             await asyncio.to_thread(pg.halt)
+            halted.set()
+            await asyncio.wait_for(computing, 60)
+            acknowledged = (await stub.GetPlan(optimizer_pb2.GetPlanRequest(), timeout=10)).plan
+            assert acknowledged.version == acknowledged_versions[-1]
+
             # down: every call that needs the database fails UNAVAILABLE, none INTERNAL, and none stores anything
             t0 = time.monotonic()
             results = await asyncio.gather(
@@ -105,6 +124,9 @@ async def test_optimizer_keeps_acknowledged_plans_across_a_postgres_restart(pg: 
             got = (await stub.GetPlan(optimizer_pb2.GetPlanRequest(), timeout=30)).plan
             assert got.version == acknowledged.version and got == acknowledged
             assert (await stub.GetFleet(optimizer_pb2.GetFleetRequest(), timeout=30)).fleet == fleet
+            listed = (await stub.ListPlans(optimizer_pb2.ListPlansRequest(page_size=1000), timeout=30)).plans
+            assert sorted(p.version for p in listed) == list(range(1, acknowledged.version + 1))
+            assert set(acknowledged_versions) <= {p.version for p in listed}
             after = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2), timeout=60)).plan
             assert after.version == acknowledged.version + 1  # the refused computation took no version
             assert optimizer.poll() is None
