@@ -38,7 +38,8 @@ from typing import Any
 from greenserve.common import strict_json
 from greenserve.common.cli_parser import Parser
 from greenserve.optimizer.solvers import mig_patterns as mp
-from greenserve.optimizer.solvers import mig_milp, mig_problem, mig_search, mig_setup
+from greenserve.optimizer.solvers import mig_milp, mig_problem, mig_setup
+from greenserve.bench import mig_search
 from greenserve.v1 import common_pb2
 
 GPU_MODEL = "A100-40GB"

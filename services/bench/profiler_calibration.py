@@ -25,7 +25,7 @@ from greenserve.common.cli_parser import Parser
 from greenserve.profiler import step_fit
 from greenserve.v1 import common_pb2
 
-STORED_SWEEP = Path(__file__).resolve().parent / "data" / "real_engine_cpu"
+STORED_SWEEP = Path(__file__).resolve().parents[1] / "profiler" / "data" / "real_engine_cpu"
 """The shipped sweeps of vLLM's CPU build on the tiny Llama (one folder per repeat)."""
 
 TARGETS = {"engine-mean": ("ttft_mean_s", "tpot_mean_s"), "client-p50": ("ttft_p50_s", "tpot_p50_s")}

@@ -60,8 +60,8 @@ import tempfile
 from typing import Any
 
 from greenserve.common.cli_parser import Parser
-from greenserve.router import bench_launch
-from greenserve.router.bench_launch import (
+from greenserve.bench import router_launch as bench_launch
+from greenserve.bench.router_launch import (
     VLLM_ROUTER_VERSION,
     Procs,
     cpu_plan,
@@ -73,7 +73,7 @@ from greenserve.router.bench_launch import (
     vllm_router_bin,
     wait_http,
 )
-from greenserve.router.bench_measure import (
+from greenserve.bench.router_measure import (
     RunMeter,
     engine_ttft_totals,
     host_load,
@@ -141,7 +141,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--workers-phase", type=int, default=0, metavar="N",
                    help="then the workers phase (bench_workers.py: workers_speedup, throughput with --workers N "
                         "over --workers 1 against a no-op engine); 0 skips it")
-    from greenserve.router import bench_replicas
+    from greenserve.bench import router_replicas as bench_replicas
 
     bench_replicas.add_arguments(p, prefix="replicas-")
     args = p.parse_args(argv)
@@ -427,7 +427,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             log(f"replicas phase failed: {type(exc).__name__}: {exc}")
             result["replicas_phase"] = {"error": f"{type(exc).__name__}: {exc}"}
     if args.workers_phase > 1:  # its own processes too
-        from greenserve.router.bench_workers import phase_or_error
+        from greenserve.bench.router_workers import phase_or_error
 
         result.update(phase_or_error(args.workers_phase))
     print(json.dumps(result))

@@ -1,4 +1,4 @@
-"""``python -m greenserve.router.bench_bookkeeping``: CPU per request of the router's bookkeeping, outside
+"""``python -m greenserve.bench.router_bookkeeping``: CPU per request of the router's bookkeeping, outside
 the forwarding path (issue 22, item 2): prefix hashing, the routing policy's choice, the prefix index
 insert, the engine's energy accounting at start and end, ``RouterCore.finish`` (receipt, SLO attainment,
 prometheus metrics) with the receipt's JSON form, and the OTel receipt metrics' flush.
@@ -96,7 +96,7 @@ async def measure(requests: int, prompt_chars: int, engines: int, metric_reader:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m greenserve.router.bench_bookkeeping",
+    parser = Parser(prog="python -m greenserve.bench.router_bookkeeping",
                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000, help="requests per run")
     parser.add_argument("--prompt-chars", type=int, default=1024, help="prompt length (the router bench's default)")

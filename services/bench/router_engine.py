@@ -23,8 +23,8 @@ is byte for byte the emulator's (one choice per event, ``"finish_reason":null`` 
 usage event with ``choices: []``, ``data: [DONE]``). A bad body is a 400 naming the field, an unknown
 model a 404, as vLLM answers.
 
-Run: ``python -m greenserve.router.bench_engine serve [--port P] [--tpot-s S]`` (prints ``listening on
-http://127.0.0.1:PORT``), or ``python -m greenserve.router.bench_engine cpu`` to measure its CPU per
+Run: ``python -m greenserve.bench.router_engine serve [--port P] [--tpot-s S]`` (prints ``listening on
+http://127.0.0.1:PORT``), or ``python -m greenserve.bench.router_engine cpu`` to measure its CPU per
 streamed token against the emulator's under the same load (one JSON line).
 """
 
@@ -467,7 +467,7 @@ def serve(port: int = 0, model: str = DEFAULT_MODEL, tpot_s: float = DEFAULT_TPO
 def serve_args(port: int = 0, model: str = DEFAULT_MODEL, tpot_s: float = DEFAULT_TPOT_S,
                ttft_s: float = 0.0) -> list[str]:
     """The command line (after the interpreter) that runs an engine in a process of its own."""
-    return ["-m", "greenserve.router.bench_engine", "serve", "--port", str(port), "--model", model,
+    return ["-m", "greenserve.bench.router_engine", "serve", "--port", str(port), "--model", model,
             "--tpot-s", repr(tpot_s), "--ttft-s", repr(ttft_s)]
 
 
@@ -479,8 +479,8 @@ def measure_cpu(kind: str, streams: int, max_tokens: int, duration_s: float, loa
     """Streams ``streams`` closed-loop requests of ``max_tokens`` tokens straight to one engine of ``kind``
     (``noop``: this one; ``emulator``: the simulator's, real time) for ``duration_s`` and returns its CPU
     per streamed token (engine process CPU over the run / tokens of the requests served)."""
-    from greenserve.router.bench_launch import Procs, spawn_engine, wait_http
-    from greenserve.router.bench_measure import proc_cpu_s, run_load, run_summary
+    from greenserve.bench.router_launch import Procs, spawn_engine, wait_http
+    from greenserve.bench.router_measure import proc_cpu_s, run_load, run_summary
 
     procs = Procs()
     try:
@@ -537,7 +537,7 @@ def generation_tokens(url: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m greenserve.router.bench_engine", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m greenserve.bench.router_engine", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run an engine until killed")
     s.add_argument("--host", default="127.0.0.1")
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.duration_s > 0:
         p.error("--duration-s: must be > 0")
-    from greenserve.router import bench_launch
+    from greenserve.bench import router_launch as bench_launch
 
     bench_launch.exit_on_sigterm()
     bench_launch.NICE = args.nice  # the launcher every bench process starts through applies it

@@ -1,6 +1,6 @@
 """What one streamed gRPC message costs the server, per way of sending it (issue 22 item 1).
 
-``python -m greenserve.router.bench_grpc_message`` starts a bare gRPC server in a child process for each
+``python -m greenserve.bench.router_grpc_message`` starts a bare gRPC server in a child process for each
 variant, streams ``--streams`` concurrent ``Generate`` calls of ``--messages`` messages each to a client
 in this process (``--gap-s`` between two messages of a stream, as tokens arrive), and reports the
 server process's CPU time (``/proc/PID/stat``) per message. Variants:
@@ -188,7 +188,7 @@ def _free_port() -> int:
 def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: int | None,
                 interceptor: bool = False) -> dict:
     port = _free_port()
-    cmd = [sys.executable, "-m", "greenserve.router.bench_grpc_message", "--serve", variant, "--port", str(port),
+    cmd = [sys.executable, "-m", "greenserve.bench.router_grpc_message", "--serve", variant, "--port", str(port),
            "--messages", str(messages), "--gap-s", str(gap_s), "--streams", str(streams),
            *(["--interceptor"] if interceptor else [])]
     proc = subprocess.Popen(dies_with_parent(cmd, signal.SIGTERM), stdout=subprocess.PIPE, text=True)
@@ -211,7 +211,7 @@ def run_variant(variant: str, streams: int, messages: int, gap_s: float, cpu: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m greenserve.router.bench_grpc_message", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m greenserve.bench.router_grpc_message", description=__doc__.split("\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     p.add_argument("--streams", type=int, default=64, help="concurrent streams")
     p.add_argument("--messages", type=int, default=200, help="messages per stream")

@@ -116,7 +116,7 @@ def start_engine(procs: Procs, args: argparse.Namespace, cpus: list[int] | None)
     if args.model:
         cmd += ["--model", args.model]
     if args.engine == "noop":  # bench_engine.py: a token per --noop-tpot-s, the router the bottleneck
-        from greenserve.router.bench_engine import DEFAULT_MODEL, serve_args
+        from greenserve.bench.router_engine import DEFAULT_MODEL, serve_args
 
         cmd = [sys.executable, *serve_args(model=args.model or DEFAULT_MODEL, tpot_s=args.noop_tpot_s)]
     return spawn_engine(procs, cmd, cpus, "engine emulator")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from greenserve.router.bench_launch import bench_popen, env
+from greenserve.bench.router_launch import bench_popen, env
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -63,7 +63,7 @@ def run_loads(groups: list[tuple[dict[str, Any], int]], timeout_s: float,
     """Runs several load groups at once (each ``(config, processes)``): every process of every group
     starts at the same wall-clock instant, so the groups share the same engines at the same time (the
     paired design: routed streams and their direct control group). One merged result per group."""
-    code = "from greenserve.router.bench_loadgen import loadgen_entry; loadgen_entry()"
+    code = "from greenserve.bench.router_loadgen import loadgen_entry; loadgen_entry()"
     nprocs = [max(1, min(procs, cfg["concurrency"])) for cfg, procs in groups]
     with tempfile.TemporaryDirectory(prefix="gs-loadgen-") as tmp:
         running: list[list[tuple[subprocess.Popen[str], Path]]] = []

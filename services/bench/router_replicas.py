@@ -175,7 +175,7 @@ class Cluster:
 
     def __init__(self, work: Path, db_url: str, replicas: int, engines: int, args: argparse.Namespace,
                  router_flags: list[str]) -> None:
-        from greenserve.router import bench_launch as rb
+        from greenserve.bench import router_launch as rb
 
         self.rb = rb
         self.procs = rb.Procs()
@@ -466,7 +466,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str], prog: str = "greenserve bench router-replicas") -> int:
-    from greenserve.router import bench_launch
+    from greenserve.bench import router_launch as bench_launch
 
     args = _parser(prog).parse_args(argv)
     bench_launch.exit_on_sigterm()

@@ -11,7 +11,7 @@ pinned to its CPUs (the last N the bench may use; on a machine with fewer than 2
 them with the engine and the load generator, which is then said in ``cpu_pinning``). Also reported per run: the router's CPU per request (supervisor and workers summed),
 the load generator's CPU, and the worker pids that served (``x-greenserve-worker-pid``).
 
-Alone: ``python -m greenserve.router.bench_workers --workers 2`` (last line: one JSON object).
+Alone: ``python -m greenserve.bench.router_workers --workers 2`` (last line: one JSON object).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from greenserve.common.cli_parser import Parser
-from greenserve.router.bench_engine import DEFAULT_MODEL, serve_args
+from greenserve.bench.router_engine import DEFAULT_MODEL, serve_args
 
 NOOP_MODEL = DEFAULT_MODEL
 
@@ -37,7 +37,7 @@ NOOP_MODEL = DEFAULT_MODEL
 
 def _start_noop_engine(procs: Any, cpus: list[int] | None, tpot_s: float = 0.0) -> tuple[str, int]:
     """A bench_engine.py engine in a process of its own (``tpot_s`` 0: each stream written at once)."""
-    from greenserve.router.bench_launch import bench_popen, env, wait_http
+    from greenserve.bench.router_launch import bench_popen, env, wait_http
 
     proc = procs.add(bench_popen([sys.executable, *serve_args(tpot_s=tpot_s)], cpus,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env()))
@@ -80,7 +80,7 @@ def _worker_pids_answering(url: str, want: int, timeout_s: float) -> set[int]:
 
 
 def _cpu_of(pids: list[int]) -> float:
-    from greenserve.router.bench_measure import proc_cpu_s
+    from greenserve.bench.router_measure import proc_cpu_s
 
     return sum(proc_cpu_s(p) for p in pids)
 
@@ -108,9 +108,9 @@ def run_phase(workers: int, *, concurrency: int = 64, duration_s: float = 10.0, 
     started once and loaded in turn (the idle one only scrapes its engine), so that a machine whose
     other load drifts affects both alike; ``workers_speedup`` is the median over the rounds of the
     ratio of their rps. Returns the JSON keys ``workers_speedup`` and ``workers``."""
-    from greenserve.router import bench_launch
-    from greenserve.router.bench_launch import Procs, start_router
-    from greenserve.router.bench_measure import host_load, run_load, run_summary
+    from greenserve.bench import router_launch as bench_launch
+    from greenserve.bench.router_launch import Procs, start_router
+    from greenserve.bench.router_measure import host_load, run_load, run_summary
 
     pinning = plan_cpus(workers)
     procs = Procs()
@@ -173,7 +173,7 @@ def phase_or_error(workers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m greenserve.router.bench_workers", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m greenserve.bench.router_workers", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2, help="workers of the run compared with --workers 1")
     p.add_argument("--concurrency", type=int, default=64, help="streams of the closed loop")
     p.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per run (after the ramp)")
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="niceness of every process started (as bench router's --nice; negative needs root)")
     p.add_argument("--json", action="store_true", help="(default) print the result as one JSON line")
     args = p.parse_args(argv)
-    from greenserve.router.bench_launch import exit_on_sigterm
+    from greenserve.bench.router_launch import exit_on_sigterm
 
     exit_on_sigterm()
     if args.workers < 2:
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--duration-s: must be > 0")
     if not args.engine_tpot_s >= 0:
         p.error("--engine-tpot-s: must be >= 0")
-    from greenserve.router import bench_launch
+    from greenserve.bench import router_launch as bench_launch
 
     bench_launch.NICE = args.nice  # the launcher every bench process starts through applies it
     try:

@@ -137,4 +137,4 @@ def main(argv: list[str], prog: str = "greenserve bench simulator") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], prog="python -m greenserve.simulator.bench"))
+    sys.exit(main(sys.argv[1:], prog="python -m greenserve.bench.simulator"))

@@ -151,7 +151,7 @@ def test_azure_conversations_chain_prompts() -> None:
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", ["mooncake", "azure-conv", "scan-loops", "zipf-scan", "phase-change"])
 def test_full_traces_adaptive_never_below_lru(name: str) -> None:
-    from greenserve.cache_manager.bench import default_trace
+    from greenserve.bench.cache_manager import default_trace
 
     trace = {"mooncake": lambda: policies.load_trace(default_trace()),
              "azure-conv": traces.azure_conversations}.get(name, lambda: traces.shape(name))()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from greenserve.cache_manager import bench
+from greenserve.bench import cache_manager as bench
 
 
 def _last_json(capsys) -> dict:

@@ -21,9 +21,9 @@ from greenserve.common.config import load_settings
 
 COMMANDS = ["up", "demo", "status", *DELEGATED_COMMANDS]
 OWN_PARSER_BENCHMARKS = sorted(BENCHMARKS)
-MODULE_MAINS = ["greenserve.evaluation.breakdown", "greenserve.router.bench_bookkeeping",
-                "greenserve.router.bench_engine", "greenserve.router.bench_grpc_message",
-                "greenserve.router.bench_workers", "greenserve_client.lmcache_control",
+MODULE_MAINS = ["greenserve.evaluation.breakdown", "greenserve.bench.router_bookkeeping",
+                "greenserve.bench.router_engine", "greenserve.bench.router_grpc_message",
+                "greenserve.bench.router_workers", "greenserve_client.lmcache_control",
                 "greenserve.simulator.emulator.__main__"]
 SETTINGS = ["greenserve.forecaster.settings:ForecasterSettings", "greenserve.profiler.service:ProfilerSettings",
             "greenserve.optimizer.service:OptimizerSettings", "greenserve.cache_manager.settings:CacheManagerSettings",

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from greenserve.optimizer.bench import use_solvers
+from greenserve.bench.optimizer_plan import use_solvers
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from greenserve_client.commands import fleet as fleet_cli
 from greenserve_client.commands import plan as plan_cli
@@ -201,7 +201,7 @@ def test_plan_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_bench_plan_small_fleet(capsys: pytest.CaptureFixture[str]) -> None:
-    from greenserve.optimizer import bench
+    from greenserve.bench import optimizer_plan as bench
 
     code = bench.main(["--pools", "2", "--gpus", "4", "--horizon-hours", "3", "--repetitions", "2",
                        "--activations", "4", "--watchers", "2"], prog="greenserve bench plan")

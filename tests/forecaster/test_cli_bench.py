@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from greenserve.forecaster import bench
+from greenserve.bench import forecaster as bench
 from greenserve_client.commands import forecast
 
 

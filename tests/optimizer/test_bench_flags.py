@@ -29,7 +29,7 @@ def _run(module: str, args: list[str]) -> subprocess.CompletedProcess[str]:
     ("--large-seeds", "0"), ("--random-budget", "0"),
 ])
 def test_bench_mig_plan_refuses_a_bad_flag(flag: str, value: str) -> None:
-    done = _run("greenserve.optimizer.bench_mig", [*SMALL_MIG, flag, value])
+    done = _run("greenserve.bench.optimizer_mig", [*SMALL_MIG, flag, value])
     assert done.returncode == 2, (done.returncode, done.stderr[-1500:])
     assert flag in done.stderr and "Traceback" not in done.stderr
 
@@ -39,6 +39,6 @@ def test_bench_mig_plan_refuses_a_bad_flag(flag: str, value: str) -> None:
 def test_bench_cache_plan_refuses_a_bad_flag(flag: str, value: str) -> None:
     # --fleet-limit-tb was checked only after the small instance's solves (nan: a ValueError traceback there);
     # --restart-g nan/inf passed the '< 0' check and went into the ILP's costs.
-    done = _run("greenserve.optimizer.bench_cache", [*SMALL_CACHE, flag, value])
+    done = _run("greenserve.bench.optimizer_cache", [*SMALL_CACHE, flag, value])
     assert done.returncode == 2, (done.returncode, done.stderr[-1500:])
     assert flag in done.stderr and "Traceback" not in done.stderr and "small:" not in done.stderr

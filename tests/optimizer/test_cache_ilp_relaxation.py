@@ -4,7 +4,7 @@ is returned as the proven optimum, a fractional one goes on to the MIP. Both pat
 from __future__ import annotations
 
 import pytest
-from greenserve.optimizer.bench_cache import synthetic_models
+from greenserve.bench.optimizer_cache import synthetic_models
 from greenserve.optimizer.solvers.cache_greencache import PoolCacheModel, solve_ilp
 
 

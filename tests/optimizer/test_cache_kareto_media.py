@@ -139,7 +139,7 @@ async def test_bad_disk_tiers_are_refused_naming_the_field(optimizer, tiers, fie
 
 
 def test_bench_refuses_unknown_media(capsys) -> None:
-    from greenserve.optimizer.bench_cache import main
+    from greenserve.bench.optimizer_cache import main
 
     for bad in ("tape", "nvme,nvme"):
         with pytest.raises(SystemExit) as exc:

@@ -13,7 +13,8 @@ from greenserve.gpu_partitioner.geometry import Placement, geometry
 from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
-from greenserve.optimizer.solvers import default_solvers, mig_search
+from greenserve.optimizer.solvers import default_solvers
+from greenserve.bench import mig_search
 from greenserve.optimizer.solvers import mig_patterns as mp
 from greenserve.optimizer.solvers import mig_milp as milp
 from greenserve.optimizer.solvers import mig_problem as mpb

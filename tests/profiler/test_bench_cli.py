@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from greenserve.profiler.bench import main
+from greenserve.bench.profiler import main
 from tests.up_process import children_of, pids_alive, wait_until_gone
 
 SMALL = ["--cache-sizes", "1", "--rates", "1"]
@@ -40,7 +40,7 @@ def test_a_bad_flag_exits_2_naming_it(flags: list[str], named: str, capsys: pyte
 @pytest.mark.slow
 def test_the_emulated_engine_of_part_2_dies_with_a_killed_bench() -> None:
     # Part 2 starts greenserve-engine-sim in a session of its own; after kill -9 of the bench nothing stopped it.
-    bench = subprocess.Popen([sys.executable, "-m", "greenserve.profiler.bench", *SMALL, "--agreement",
+    bench = subprocess.Popen([sys.executable, "-m", "greenserve.bench.profiler", *SMALL, "--agreement",
                               "--agreement-rates", "1", "--agreement-duration-s", "600", "--agreement-workloads",
                               "sharegpt"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "OTEL_SDK_DISABLED": "true"})

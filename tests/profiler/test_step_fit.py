@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from greenserve.profiler import bench_calibration, step_fit
+from greenserve.bench import profiler_calibration as bench_calibration
+from greenserve.profiler import step_fit
 from greenserve.simulator.perf_model import PerfModel
 from greenserve.v1 import common_pb2
 

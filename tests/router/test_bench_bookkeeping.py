@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from greenserve.router.bench_bookkeeping import STAGES, main, measure
+from greenserve.bench.router_bookkeeping import STAGES, main, measure
 
 
 def test_every_request_is_counted_and_each_stage_timed() -> None:

@@ -1,4 +1,4 @@
-"""The bench engine (services/router/bench_engine.py): its streams have the emulator's shape, a real router
+"""The bench engine (services/bench/router_engine.py): its streams have the emulator's shape, a real router
 in front parses them (HTTP and gRPC, streamed and not), its /metrics reads as the router's scraper reads
 vLLM's, one timer tick serves every open stream, and bad requests are refused naming the field."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from greenserve.router.bench_engine import BenchEngine, expected_text, start
+from greenserve.bench.router_engine import BenchEngine, expected_text, start
 from greenserve.router.scrape import parse_metrics
 from greenserve.router.upstream import chunk_text
 from greenserve.v1 import router_pb2
@@ -202,7 +202,7 @@ def test_bench_router_starts_the_noop_engine_in_a_process(tmp_path) -> None:
     import argparse
     import urllib.request
 
-    from greenserve.router.bench_launch import Procs, start_engine
+    from greenserve.bench.router_launch import Procs, start_engine
 
     procs = Procs()
     try:

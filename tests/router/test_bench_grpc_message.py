@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from greenserve.router.bench_grpc_message import generate_response_bytes, main
+from greenserve.bench.router_grpc_message import generate_response_bytes, main
 from greenserve.v1 import router_pb2
 
 

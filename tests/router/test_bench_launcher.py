@@ -1,4 +1,4 @@
-"""The bench's launcher (services/router/bench_launch.py ``pinned``): with ``--nice`` a started process gets a
+"""The bench's launcher (services/bench/router_launch.py ``pinned``): with ``--nice`` a started process gets a
 session, hence a scheduler autogroup, of its own carrying that nice, so that the nice ranks it against
 other sessions' jobs too (issue 22: the router's group lost its CPU to other sessions on the
 development VM). Positive nice only: lowering a priority needs no privilege."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from greenserve.router import bench_launch
+from greenserve.bench import router_launch as bench_launch
 
 _PROBE = ("import json, os; a = '/proc/self/autogroup'; "
           "print(json.dumps({'pid': os.getpid(), 'sid': os.getsid(0), 'nice': os.nice(0), "

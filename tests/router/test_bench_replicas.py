@@ -4,7 +4,7 @@ router-replicas, docs/router.md)."""
 from __future__ import annotations
 
 import pytest
-from greenserve.router import bench_replicas as br
+from greenserve.bench import router_replicas as br
 from greenserve.router.prefix_index import chain_hashes, render_chat
 
 
@@ -34,8 +34,8 @@ def test_the_phase_starts_its_emulated_engines() -> None:
     bench learned --engine noop, so --replicas-phase and bench router-replicas crashed before any figure)."""
     import urllib.request
 
-    from greenserve.router import bench_launch as rb
-    from greenserve.router.bench_replicas import engine_args
+    from greenserve.bench import router_launch as rb
+    from greenserve.bench.router_replicas import engine_args
 
     procs = rb.Procs()
     try:

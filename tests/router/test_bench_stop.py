@@ -18,7 +18,7 @@ from tests.up_process import children_of, pids_alive, wait_until_gone
 def _start_bench_until_loaded() -> tuple[subprocess.Popen, list[int]]:
     """A bench router run (no-op engines, long enough not to end by itself) and its child processes once
     a load generator is running (engines, router and load generator all started)."""
-    bench = subprocess.Popen([sys.executable, "-m", "greenserve.router.bench", "--engine", "noop", "--levels", "8",
+    bench = subprocess.Popen([sys.executable, "-m", "greenserve.bench.router", "--engine", "noop", "--levels", "8",
                               "--protocols", "http", "--no-peer", "--duration-s", "120", "--no-pin",
                               "--throughput-max-tokens", "0"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -91,7 +91,7 @@ def test_bench_duration_mode_unpinned_with_two_load_processes() -> None:
 def test_token_counts_are_seeded_per_stream_and_stay_in_range() -> None:
     from itertools import islice
 
-    from greenserve.router.bench_loadgen import token_counts
+    from greenserve.bench.router_loadgen import token_counts
 
     a = list(islice(token_counts(0, 3, 64, 192), 200))
     assert a == list(islice(token_counts(0, 3, 64, 192), 200))  # same stream, same sequence in every run
@@ -101,7 +101,7 @@ def test_token_counts_are_seeded_per_stream_and_stay_in_range() -> None:
 
 async def test_loadgen_ramp_requests_are_not_measured(emulators: Any) -> None:
     """With a stagger, the streams start spread over the ramp and what is sent during it is dropped."""
-    from greenserve.router.bench_loadgen import loadgen
+    from greenserve.bench.router_loadgen import loadgen
 
     (emu,) = await emulators(1, time_scale=5.0)
     cfg = {"concurrency": 4, "requests": 40, "prompt": "hello " * 20, "model": emu.model, "max_tokens": 8,
@@ -117,7 +117,7 @@ async def test_loadgen_ramp_requests_are_not_measured(emulators: Any) -> None:
 @pytest.mark.parametrize("flag, value", [("--max-tokens-spread", "2"), ("--max-tokens", "0"), ("--stagger-s", "-1"),
                                          ("--throughput-max-tokens", "-1")])
 def test_bench_rejects_bad_stream_flags_naming_them(flag: str, value: str, capsys: Any) -> None:
-    from greenserve.router.bench import main
+    from greenserve.bench.router import main
 
     with pytest.raises(SystemExit) as exc:
         main([flag, value])

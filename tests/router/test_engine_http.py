@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from greenserve.router import http_front
-from greenserve.router.bench_engine import BenchEngine, start
+from greenserve.bench.router_engine import BenchEngine, start
 from greenserve.router.engine_pool import EngineConnection, EnginePool
 from greenserve.router.engine_response import QUEUE_HIGH_BYTES
 from greenserve.router.engine_wire import EngineHttpError, whole_chunks

@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from greenserve.router import bench_engine as be
-from greenserve.router.bench_engine import BenchEngine, expected_text, start
+from greenserve.bench import router_engine as be
+from greenserve.bench.router_engine import BenchEngine, expected_text, start
 from greenserve.router.upstream import chunk_text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from greenserve.simulator import bench
+from greenserve.bench import simulator as bench
 from greenserve.simulator.fidelity import fidelity_rows, render_markdown
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from greenserve.simulator.emulator.bench import main
+from greenserve.bench.engine_sim import main
 
 
 def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
