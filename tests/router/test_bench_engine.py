@@ -183,16 +183,16 @@ def test_bad_settings_are_refused() -> None:
 
 
 @pytest.mark.parametrize(("main_of", "argv", "flag"), [
-    ("bench", ["--noop-tpot-s", "-1"], "--noop-tpot-s"),
-    ("bench", ["--engine", "vllm"], "--engine"),
-    ("bench_workers", ["--engine-tpot-s", "-0.5"], "--engine-tpot-s"),
-    ("bench_engine", ["serve", "--tpot-s", "-1"], "--tpot-s"),
-    ("bench_engine", ["cpu", "--engines", "noop,other"], "--engines"),
+    ("router", ["--noop-tpot-s", "-1"], "--noop-tpot-s"),
+    ("router", ["--engine", "vllm"], "--engine"),
+    ("router_workers", ["--engine-tpot-s", "-0.5"], "--engine-tpot-s"),
+    ("router_engine", ["serve", "--tpot-s", "-1"], "--tpot-s"),
+    ("router_engine", ["cpu", "--engines", "noop,other"], "--engines"),
 ])
 def test_bench_flags_are_checked_naming_them(main_of: str, argv: list[str], flag: str, capsys: Any) -> None:
     import importlib
 
-    main = importlib.import_module(f"greenserve.router.{main_of}").main
+    main = importlib.import_module(f"greenserve.bench.{main_of}").main
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and flag in capsys.readouterr().err
