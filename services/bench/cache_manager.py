@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from greenserve.cache_manager import policies, read_or_recompute, traces
+from greenserve.bench import cache_policies as policies
+from greenserve.bench import cache_traces as traces
+from greenserve.cache_manager import read_or_recompute
 from greenserve.cache_manager.index import CacheIndex
 from greenserve.common.cli_parser import Parser
 from greenserve.simulator.workloads import trace_path

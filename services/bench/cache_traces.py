@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from greenserve.cache_manager.policies import BLOCK_TOKENS, Request
+from greenserve.bench.cache_policies import BLOCK_TOKENS, Request
 from greenserve.simulator import workloads
 
 SHAPES = ("multi-turn", "zipf-0.4", "zipf-0.7", "stale-hot", "scan-loops", "zipf-scan", "phase-change")

@@ -4,7 +4,7 @@ cost in prefix-cache hit rate against one (issue 22, items 4 and 5).
 Runs alone (``greenserve bench router-replicas``) or as a phase of ``greenserve bench router``
 (``--replicas-phase``); prints progress to stderr and one JSON object on the last line.
 
-Set-up: a throw-away PostgreSQL cluster (greenserve.common.pg_server, as the tests start one; one fresh
+Set-up: a throw-away PostgreSQL cluster (greenserve.bench.pg_server, as the tests start one; one fresh
 database per run), or, without the PostgreSQL binaries, one SQLite file shared by the replicas (the JSON
 says which). Each replica is a router process (``--workers 1``) with ``--db-url`` on that database and its
 own ``--replica-id``; the engines are emulated (greenserve-engine-sim, real prefix cache), started fresh
@@ -134,7 +134,7 @@ class Database:
     """PostgreSQL (fresh database per run) or, without it, a SQLite file per run."""
 
     def __init__(self, work: Path, want_postgres: bool) -> None:
-        from greenserve.common.pg_server import PostgresServer, pg_bindir
+        from greenserve.bench.pg_server import PostgresServer, pg_bindir
 
         self.work = work
         self.server: Any = None

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from greenserve.cache_manager import adaptive, policies, traces
+from greenserve.bench import cache_policies as policies
+from greenserve.bench import cache_traces as traces
+from greenserve.cache_manager import adaptive
 
 CAPACITIES = (0.01, 0.05, 0.1, 0.25, 0.5)
 #: Token hit rate the adaptive policy may lose to LRU (or to LCS where LCS wins) on a stationary trace.

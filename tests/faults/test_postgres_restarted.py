@@ -1,6 +1,6 @@
 """Fault 6 of issue 36: the PostgreSQL server restarted under the optimizer and the router replicas.
 
-Real processes: a PostgreSQL cluster of its own (``greenserve.common.pg_server``, so the restart does not touch the
+Real processes: a PostgreSQL cluster of its own (``greenserve.bench.pg_server``, so the restart does not touch the
 server the other tests share), the optimizer in its own process on it, and two router replicas (A and B, in this
 event loop) sharing their state through another database of it. The server is stopped with a fast shutdown (every
 session cut) and started again on the same port.
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from greenserve.common.pg_server import PostgresServer, pg_bindir
+from greenserve.bench.pg_server import PostgresServer, pg_bindir
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2
 
 from tests.conftest import free_port

@@ -1,6 +1,6 @@
 """Fixtures for the persistence tests: a SQLite file per test, and a real PostgreSQL server.
 
-The PostgreSQL server (``greenserve.common.pg_server``, shared with the benchmarks) is started once per
+The PostgreSQL server (``greenserve.bench.pg_server``, shared with the benchmarks) is started once per
 test session from the installed server binaries (``initdb``/``pg_ctl``, Debian's ``postgresql``
 package: ``bash scripts/install-postgres.sh``) in a temporary data directory, listening on a free
 loopback port with password (SCRAM) authentication.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from greenserve.common.db_engine import sqlite_url
 from greenserve.common.persistence import Database
-from greenserve.common.pg_server import (
+from greenserve.bench.pg_server import (
     INSTALL_HINT,
     PG_OS_USER,
     PostgresServer,
