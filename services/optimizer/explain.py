@@ -83,6 +83,8 @@ def explain(plan: common_pb2.Plan, inputs: PlanningInputs, results: dict[str, Kn
                     was = f", was {_size(old.dram_bytes)} / {_size(old.disk_bytes)}" if old and (
                         old.dram_bytes, old.disk_bytes) != (target.dram_bytes, target.disk_bytes) else ""
                     parts.append(f"cache DRAM {_size(target.dram_bytes)} / disk {_size(target.disk_bytes)}{was}")
+            if pool.name in inputs.cache_tier_faults:
+                parts.append("LMCache tier not working: no cache target")
             parts.append(f"CI forecast {fig.ci_g_per_kwh:.0f} g/kWh")
             parts.append(f"load {fig.load_requests_per_s:.2f} req/s (upper {fig.load_upper_requests_per_s:.2f}) of "
                          f"SLO capacity {fig.capacity_requests_per_s:.2f}")

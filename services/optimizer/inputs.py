@@ -25,7 +25,7 @@ from greenserve.common.embodied_carbon import Platform, PlatformItem
 from greenserve.common.errors import FailedPrecondition
 from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common.persistence import Database
-from greenserve.optimizer import capacity, prefix_hits
+from greenserve.optimizer import cache_tier_health, capacity, prefix_hits
 from greenserve.optimizer import traffic_history as traffic_history_module
 from greenserve.optimizer.fleet import GPU_HARDWARE, gpu_hardware
 from greenserve.optimizer.models import ForecastCache
@@ -449,6 +449,10 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
     # Each pool's prefix-hit fraction measured over the last hour (prefix_hits.py), as the evaluation feeds it.
     hits = await prefix_hits.fetch_hit_fractions(cache_manager, fleet, now_s, notes)
     caps = await asyncio.to_thread(capabilities, fleet, profiles, notes, hits)
+    tier_faults = cache_tier_health.faults(
+        fleet, profiles, {e.id: engine_hardware(e, fleet) for pool in fleet.pools for e in pool.engines})
+    for name, fault in sorted(tier_faults.items()):
+        notes.append(f"LMCache tier of pool {name} not working: {fault.reason}")
     platforms = gpu_platforms(fleet, params, notes)
     cache_sizes = await fetch_cache_sizes(cache_manager, notes)
     traffic, traffic_missing = await traffic_history_module.fetch_traces(
@@ -457,4 +461,4 @@ async def gather(*, fleet: common_pb2.FleetInventory, forecasts: ForecastSource,
                           params=params, gpu_platform=platforms, current=current,
                           carbon_weight_fraction=carbon_weight_fraction, notes=notes, declared=declared,
                           cache_sizes=cache_sizes, traffic=traffic, traffic_missing=traffic_missing,
-                          prefix_hit_fraction=hits)
+                          prefix_hit_fraction=hits, cache_tier_faults=tier_faults)

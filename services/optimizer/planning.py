@@ -29,6 +29,7 @@ from greenserve.common import carbon
 from greenserve.common.carbon_messages import breakdown_to_proto
 from greenserve.common.carbon_params import CarbonParams
 from greenserve.common.embodied_carbon import Platform
+from greenserve.optimizer import cache_tier_health
 from greenserve.optimizer.capacity import Capability
 from greenserve.v1 import common_pb2
 
@@ -93,6 +94,9 @@ class PlanningInputs:
     # pool -> share of the predicted capacity a plan may count (1: all), lowered after a measured SLO breach showed
     # that the prediction promised more than the engines gave, won back by good hours (optimizer/loop.py)
     capacity_derate: dict[str, float] = field(default_factory=dict)
+    # pool -> why its LMCache tier does not work (the profiler measured its KV connector degraded): no cache target
+    # for it (cache_tier_health.py)
+    cache_tier_faults: dict[str, common_pb2.CacheTierFault] = field(default_factory=dict)
 
     def capabilities_at(self, hour: int) -> dict[str, Capability]:
         """The engines' capabilities in hour ``hour`` of the horizon (``interval_capabilities``, else
@@ -270,6 +274,8 @@ class Planner:
         # DRAM tier), which the routing solver and the plan's figures must then see (``KnobPlan.capabilities``).
         for solver in [s for s in self.solvers if hasattr(s, "knobs")]:
             answers, knob_outcomes = self._run_joint(solver, inputs)
+            if "cache_targets" in answers:
+                answers["cache_targets"] = cache_tier_health.without_faulty_tiers(inputs, answers["cache_targets"])
             for knob, result in answers.items():
                 if len(result.per_interval) != inputs.horizon_hours:
                     knob_outcomes[knob].status, knob_outcomes[knob].detail = "failed", (
@@ -282,6 +288,8 @@ class Planner:
         for solver in sorted((s for s in self.solvers if not hasattr(s, "knobs")),
                              key=lambda s: s.knob != "cache_targets"):
             result, outcome = self._run(solver, inputs)
+            if solver.knob == "cache_targets":
+                result = cache_tier_health.without_faulty_tiers(inputs, result)
             if len(result.per_interval) != inputs.horizon_hours:
                 outcome.status, outcome.detail = "failed", (
                     f"answered {len(result.per_interval)} intervals for a {inputs.horizon_hours} h horizon; kept")
@@ -316,6 +324,7 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
     _ts(plan.valid_until, inputs.start_s + 3600.0 * inputs.horizon_hours)
     plan.solver_outcomes.extend(outcomes)
     plan.input_notes.extend(inputs.notes)
+    plan.cache_tier_faults.extend(inputs.cache_tier_faults[name] for name in sorted(inputs.cache_tier_faults))
     if inputs.current is not None:
         plan.previous_version = inputs.current.version
     routing = results.get("routing_weights")

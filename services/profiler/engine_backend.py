@@ -510,5 +510,6 @@ class EngineBackend:
                                  prompt_tokens=np.asarray(wl.prompt_tokens[pw.warmup:], dtype=float))
         extras = PointExtras(power_w=power_w, power_source=power_source,
                              cache_hit_fraction=min(hit, 1.0) if hit is not None else math.nan,
-                             mean_batch_size=float(np.mean(running)) if running else math.nan)
+                             mean_batch_size=float(np.mean(running)) if running else math.nan,
+                             kv_connector=win.kv_connector if before and after else "")
         return summarize(rate_per_s, samples, spec.slo, extras, ci_g_per_kwh=method.ci_g_per_kwh)

@@ -37,6 +37,11 @@ class RequestSamples:
         return np.isfinite(self.e2e_s)
 
 
+KV_CONNECTOR_STATES = {"none": common_pb2.KV_CONNECTOR_STATE_NONE, "working": common_pb2.KV_CONNECTOR_STATE_WORKING,
+                       "unknown": common_pb2.KV_CONNECTOR_STATE_UNKNOWN,
+                       "degraded": common_pb2.KV_CONNECTOR_STATE_DEGRADED}
+
+
 @dataclass
 class PointExtras:
     """What the backend measured besides latencies."""
@@ -45,6 +50,7 @@ class PointExtras:
     power_source: str = ""
     cache_hit_fraction: float = math.nan
     mean_batch_size: float = math.nan
+    kv_connector: str = ""  # engine_metrics.kv_connector_verdict of the window; empty: not measured
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -69,6 +75,7 @@ def summarize(rate_per_s: float, samples: RequestSamples, slo: common_pb2.Slo, e
         point.ttft_slo_attainment_fraction = float((ok_ttft & done).mean())
         point.tpot_slo_attainment_fraction = float(ok_tpot.mean())
     point.below_slo_target = bool(n == 0 or point.slo_attainment_fraction < slo.attainment_fraction)
+    point.kv_connector_state = KV_CONNECTOR_STATES.get(extras.kv_connector, common_pb2.KV_CONNECTOR_STATE_UNSPECIFIED)
     values = {
         "ttft_p50_s": _pct(samples.ttft_s, 50), "ttft_p90_s": _pct(samples.ttft_s, 90),
         "ttft_p99_s": _pct(samples.ttft_s, 99), "tpot_p50_s": _pct(samples.tpot_s, 50),

@@ -67,6 +67,8 @@ def validate_profile(profile: common_pb2.Profile, field: str = "profile") -> Non
                      "cache_hit_fraction"):
             if getattr(point, name) > 1:
                 raise ValueError(f"{where}.{name}: must be <= 1")
+        if point.kv_connector_state not in common_pb2.KvConnectorState.values():
+            raise ValueError(f"{where}.kv_connector_state: unknown value {point.kv_connector_state}")
         if point.request_rate_per_s <= previous:
             raise ValueError(f"{where}.request_rate_per_s: points must be in ascending order of rate")
         previous = point.request_rate_per_s

@@ -249,6 +249,11 @@ async def build(ctx: ServiceContext) -> list[Registration]:
     await core.start([u.strip() for u in settings.engines.split(",") if u.strip()])
     servicer = RouterServicer(ctx, core)
     ctx.on_stop.append(core.stop)
+    envoy = None
+    if settings.envoy_picker:  # the endpoint picker of Envoy-based gateways (router/envoy/)
+        from greenserve.router.envoy.surface import EnvoySurface
+
+        envoy = EnvoySurface(core, settings.http_max_body_bytes)
     worker = current_worker()
     if worker is not None:  # one of several workers (workers.py): publishes what the whole router reads
         worker.start(core, ctx.on_stop)
@@ -261,10 +266,15 @@ async def build(ctx: ServiceContext) -> list[Registration]:
                               reuse_port=worker is not None)
             if worker is not None:  # metrics of the whole router, the worker header
                 worker.attach(core, front)
+            if envoy is not None:  # receipts of requests routed through Envoy, by request id
+                envoy.add_routes(front.app)
             await front.start()
         except (OSError, ValueError):
             await core.stop()
             raise
         servicer.http = front
         ctx.on_stop.insert(0, front.stop)
-    return [registration(router_pb2, router_pb2_grpc, "RouterService", servicer)]
+    registrations = [registration(router_pb2, router_pb2_grpc, "RouterService", servicer)]
+    if envoy is not None:
+        registrations += envoy.registrations()
+    return registrations

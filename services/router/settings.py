@@ -131,6 +131,7 @@ class RouterSettings(ServiceSettings, DependencyAddresses):
                                 description="SLO attainment per pool over this window is reported to the optimizer")
     slo_report_interval_s: float = Field(60.0, ge=1, le=3600, description="how often that report is sent")
     feeds: bool = Field(True, description="send load to the forecaster and prefix accesses to the cache-manager")
+    envoy_picker: bool = Field(False, description="also serve Envoy's ext_proc endpoint picker and gRPC access log service on the gRPC port, for Envoy-based gateways (router/envoy/)")
     load_feed_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False,
                                         description="load window sent to the forecaster, seconds")
     access_feed_interval_s: float = Field(1.0, gt=0, allow_inf_nan=False,

@@ -86,6 +86,14 @@ class ProfileSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROFILE_SOURCE_SIMULATED: _ClassVar[ProfileSource]
     PROFILE_SOURCE_PUBLISHED: _ClassVar[ProfileSource]
 
+class KvConnectorState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_CONNECTOR_STATE_UNSPECIFIED: _ClassVar[KvConnectorState]
+    KV_CONNECTOR_STATE_NONE: _ClassVar[KvConnectorState]
+    KV_CONNECTOR_STATE_WORKING: _ClassVar[KvConnectorState]
+    KV_CONNECTOR_STATE_UNKNOWN: _ClassVar[KvConnectorState]
+    KV_CONNECTOR_STATE_DEGRADED: _ClassVar[KvConnectorState]
+
 class LadderStopRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LADDER_STOP_RULE_UNSPECIFIED: _ClassVar[LadderStopRule]
@@ -159,6 +167,11 @@ PROFILE_SOURCE_UNSPECIFIED: ProfileSource
 PROFILE_SOURCE_MEASURED: ProfileSource
 PROFILE_SOURCE_SIMULATED: ProfileSource
 PROFILE_SOURCE_PUBLISHED: ProfileSource
+KV_CONNECTOR_STATE_UNSPECIFIED: KvConnectorState
+KV_CONNECTOR_STATE_NONE: KvConnectorState
+KV_CONNECTOR_STATE_WORKING: KvConnectorState
+KV_CONNECTOR_STATE_UNKNOWN: KvConnectorState
+KV_CONNECTOR_STATE_DEGRADED: KvConnectorState
 LADDER_STOP_RULE_UNSPECIFIED: LadderStopRule
 LADDER_STOP_RULE_STOP_BELOW_TARGET: LadderStopRule
 LADDER_STOP_RULE_FULL_LADDER: LadderStopRule
@@ -492,7 +505,7 @@ class ProfileConfig(_message.Message):
     def __init__(self, model: _Optional[str] = ..., model_variant: _Optional[str] = ..., hardware: _Optional[str] = ..., mig_profile: _Optional[str] = ..., cache_dram_bytes: _Optional[int] = ..., cache_disk_bytes: _Optional[int] = ..., serving_mode: _Optional[_Union[ServingMode, str]] = ..., workload: _Optional[str] = ..., draft: _Optional[_Union[SpeculativeDraft, _Mapping]] = ..., old_hardware: _Optional[str] = ..., link_bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ProfilePoint(_message.Message):
-    __slots__ = ("request_rate_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "slo_attainment_fraction", "throughput_requests_per_s", "cache_hit_fraction", "power_w", "energy_per_request_kwh", "mean_batch_size", "requests", "ttft_slo_attainment_fraction", "tpot_slo_attainment_fraction", "ttft_mean_s", "tpot_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s", "throughput_output_tokens_per_s", "energy_per_output_token_j", "carbon_per_output_token_g", "power_source", "failed_requests", "duration_s", "below_slo_target")
+    __slots__ = ("request_rate_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "slo_attainment_fraction", "throughput_requests_per_s", "cache_hit_fraction", "power_w", "energy_per_request_kwh", "mean_batch_size", "requests", "ttft_slo_attainment_fraction", "tpot_slo_attainment_fraction", "ttft_mean_s", "tpot_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s", "throughput_output_tokens_per_s", "energy_per_output_token_j", "carbon_per_output_token_g", "power_source", "failed_requests", "duration_s", "below_slo_target", "kv_connector_state")
     REQUEST_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_P50_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_P90_S_FIELD_NUMBER: _ClassVar[int]
@@ -521,6 +534,7 @@ class ProfilePoint(_message.Message):
     FAILED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     BELOW_SLO_TARGET_FIELD_NUMBER: _ClassVar[int]
+    KV_CONNECTOR_STATE_FIELD_NUMBER: _ClassVar[int]
     request_rate_per_s: float
     ttft_p50_s: float
     ttft_p90_s: float
@@ -549,7 +563,8 @@ class ProfilePoint(_message.Message):
     failed_requests: int
     duration_s: float
     below_slo_target: bool
-    def __init__(self, request_rate_per_s: _Optional[float] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tpot_p50_s: _Optional[float] = ..., tpot_p90_s: _Optional[float] = ..., tpot_p99_s: _Optional[float] = ..., slo_attainment_fraction: _Optional[float] = ..., throughput_requests_per_s: _Optional[float] = ..., cache_hit_fraction: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_per_request_kwh: _Optional[float] = ..., mean_batch_size: _Optional[float] = ..., requests: _Optional[int] = ..., ttft_slo_attainment_fraction: _Optional[float] = ..., tpot_slo_attainment_fraction: _Optional[float] = ..., ttft_mean_s: _Optional[float] = ..., tpot_mean_s: _Optional[float] = ..., e2e_p50_s: _Optional[float] = ..., e2e_p95_s: _Optional[float] = ..., e2e_p99_s: _Optional[float] = ..., throughput_output_tokens_per_s: _Optional[float] = ..., energy_per_output_token_j: _Optional[float] = ..., carbon_per_output_token_g: _Optional[float] = ..., power_source: _Optional[str] = ..., failed_requests: _Optional[int] = ..., duration_s: _Optional[float] = ..., below_slo_target: _Optional[bool] = ...) -> None: ...
+    kv_connector_state: KvConnectorState
+    def __init__(self, request_rate_per_s: _Optional[float] = ..., ttft_p50_s: _Optional[float] = ..., ttft_p90_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tpot_p50_s: _Optional[float] = ..., tpot_p90_s: _Optional[float] = ..., tpot_p99_s: _Optional[float] = ..., slo_attainment_fraction: _Optional[float] = ..., throughput_requests_per_s: _Optional[float] = ..., cache_hit_fraction: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_per_request_kwh: _Optional[float] = ..., mean_batch_size: _Optional[float] = ..., requests: _Optional[int] = ..., ttft_slo_attainment_fraction: _Optional[float] = ..., tpot_slo_attainment_fraction: _Optional[float] = ..., ttft_mean_s: _Optional[float] = ..., tpot_mean_s: _Optional[float] = ..., e2e_p50_s: _Optional[float] = ..., e2e_p95_s: _Optional[float] = ..., e2e_p99_s: _Optional[float] = ..., throughput_output_tokens_per_s: _Optional[float] = ..., energy_per_output_token_j: _Optional[float] = ..., carbon_per_output_token_g: _Optional[float] = ..., power_source: _Optional[str] = ..., failed_requests: _Optional[int] = ..., duration_s: _Optional[float] = ..., below_slo_target: _Optional[bool] = ..., kv_connector_state: _Optional[_Union[KvConnectorState, str]] = ...) -> None: ...
 
 class ProfileMethod(_message.Message):
     __slots__ = ("warmup_s", "requests_per_point", "power_interval_s", "stop_rule", "cache_prefill_requests", "carbon_intensity_g_per_kwh", "arrival", "request_timeout_s")
@@ -773,7 +788,7 @@ class SolverOutcome(_message.Message):
     def __init__(self, knob: _Optional[str] = ..., solver: _Optional[str] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., solve_s: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "state", "created_at", "valid_from", "valid_until", "intervals", "expected_carbon", "expected_slo_attainment_fraction", "explanation", "trigger", "solver_outcomes", "input_notes", "previous_version", "forecasts")
+    __slots__ = ("version", "state", "created_at", "valid_from", "valid_until", "intervals", "expected_carbon", "expected_slo_attainment_fraction", "explanation", "trigger", "solver_outcomes", "input_notes", "previous_version", "forecasts", "cache_tier_faults")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -788,6 +803,7 @@ class Plan(_message.Message):
     INPUT_NOTES_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
     FORECASTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TIER_FAULTS_FIELD_NUMBER: _ClassVar[int]
     version: int
     state: PlanState
     created_at: _timestamp_pb2.Timestamp
@@ -802,7 +818,18 @@ class Plan(_message.Message):
     input_notes: _containers.RepeatedScalarFieldContainer[str]
     previous_version: int
     forecasts: _containers.RepeatedCompositeFieldContainer[PlanForecast]
-    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[PlanInterval, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., explanation: _Optional[str] = ..., trigger: _Optional[str] = ..., solver_outcomes: _Optional[_Iterable[_Union[SolverOutcome, _Mapping]]] = ..., input_notes: _Optional[_Iterable[str]] = ..., previous_version: _Optional[int] = ..., forecasts: _Optional[_Iterable[_Union[PlanForecast, _Mapping]]] = ...) -> None: ...
+    cache_tier_faults: _containers.RepeatedCompositeFieldContainer[CacheTierFault]
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[PlanInterval, _Mapping]]] = ..., expected_carbon: _Optional[_Union[CarbonBreakdown, _Mapping]] = ..., expected_slo_attainment_fraction: _Optional[float] = ..., explanation: _Optional[str] = ..., trigger: _Optional[str] = ..., solver_outcomes: _Optional[_Iterable[_Union[SolverOutcome, _Mapping]]] = ..., input_notes: _Optional[_Iterable[str]] = ..., previous_version: _Optional[int] = ..., forecasts: _Optional[_Iterable[_Union[PlanForecast, _Mapping]]] = ..., cache_tier_faults: _Optional[_Iterable[_Union[CacheTierFault, _Mapping]]] = ...) -> None: ...
+
+class CacheTierFault(_message.Message):
+    __slots__ = ("pool", "reason", "profile_config_key")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_CONFIG_KEY_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    reason: str
+    profile_config_key: str
+    def __init__(self, pool: _Optional[str] = ..., reason: _Optional[str] = ..., profile_config_key: _Optional[str] = ...) -> None: ...
 
 class PlanForecast(_message.Message):
     __slots__ = ("series", "model", "generated_at", "history_end", "source", "stale_s")

