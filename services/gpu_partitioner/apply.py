@@ -40,7 +40,7 @@ from greenserve.common.persistence import Database
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.backend import GpuState, MigBackend
 from greenserve.gpu_partitioner.energy import EnergyAccountant
-from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
+from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from greenserve.gpu_partitioner.models import ApplyJournalEntry, ApplyRun
 from greenserve.gpu_partitioner.planner import Step
 from sqlalchemy import select

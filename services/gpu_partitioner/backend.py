@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
-from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement
+from greenserve.common.mig_geometry import GpuGeometry, Placement
 
 
 class MigBackendError(Exception):

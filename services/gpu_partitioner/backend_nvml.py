@@ -35,7 +35,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from greenserve.gpu_partitioner import geometry as geometry_mod
+from greenserve.common import mig_geometry as geometry_mod
 from greenserve.gpu_partitioner.backend import (
     GpuState,
     hardware_name,
@@ -51,7 +51,7 @@ from greenserve.gpu_partitioner.backend import (
     PowerReading,
     ResetRequiredError,
 )
-from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement, Profile
+from greenserve.common.mig_geometry import GpuGeometry, Placement, Profile
 
 log = logging.getLogger("greenserve.gpu_partitioner.nvml")
 

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from greenserve.common.persistence import Database
-from greenserve.gpu_partitioner import geometry as geometry_mod
+from greenserve.common import mig_geometry as geometry_mod
 from greenserve.gpu_partitioner.backend import (
     GpuState,
     hardware_name,
@@ -57,7 +57,7 @@ from greenserve.gpu_partitioner.backend import (
     PowerReading,
     ResetRequiredError,
 )
-from greenserve.gpu_partitioner.geometry import (
+from greenserve.common.mig_geometry import (
     CURRENT_DRIVER,
     REASON_INVALID,
     REASON_NOT_SUPPORTED,

@@ -28,7 +28,7 @@ from datetime import datetime
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.gpu_partitioner.backend import GpuState, PowerReading
-from greenserve.gpu_partitioner.geometry import GpuGeometry
+from greenserve.common.mig_geometry import GpuGeometry
 from greenserve.gpu_partitioner.models import EnergyAccount
 
 SPLIT_RULE = "idle by compute slices (unallocated slices separate) + dynamic by compute slices x activity"

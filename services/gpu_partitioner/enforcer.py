@@ -42,8 +42,8 @@ from greenserve.gpu_partitioner.apply import (
     ApplyPreconditionError,
 )
 from greenserve.gpu_partitioner.backend import GpuState, MigBackend, MigBackendError
-from greenserve.gpu_partitioner.engine_launch import EngineProcess, EngineSupervisor
-from greenserve.gpu_partitioner.geometry import LayoutError, Placement
+from greenserve.common.engine_launch import EngineProcess, EngineSupervisor
+from greenserve.common.mig_geometry import LayoutError, Placement
 from greenserve.gpu_partitioner.instance_engines import InstanceEngines
 from greenserve.gpu_partitioner.layout_targets import GpuTarget, LayoutTargets, Refusal, Want
 from greenserve.gpu_partitioner.peer_clients import FleetPools, RouterEngines

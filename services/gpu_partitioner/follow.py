@@ -34,7 +34,7 @@ from greenserve.common.tasks import cancel_and_wait
 from greenserve.gpu_partitioner.apply import DEFAULT_DRAIN_TIMEOUT_S, ApplyCoordinator
 from greenserve.gpu_partitioner.backend import MigBackend
 from greenserve.gpu_partitioner.enforcer import COMPONENT, MigEnforcer
-from greenserve.gpu_partitioner.engine_launch import (
+from greenserve.common.engine_launch import (
     EngineSupervisor,
     VllmLauncher,
     make_launcher,

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from greenserve.gpu_partitioner.backend import GpuState, InstanceState, MigBackend, simulator_gpus
-from greenserve.gpu_partitioner.engine_launch import (
+from greenserve.common.engine_launch import (
     EngineProcess,
     EngineSpec,
     EngineStartError,
@@ -20,7 +20,7 @@ from greenserve.gpu_partitioner.engine_launch import (
     mig_hardware,
     pd_kv_transfer_params,
 )
-from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement
+from greenserve.common.mig_geometry import GpuGeometry, Placement
 from greenserve.gpu_partitioner.layout_targets import GpuTarget, Want
 from greenserve.gpu_partitioner.peer_clients import FleetPools, RouterEngines
 from greenserve.v1 import common_pb2

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.apply import ApplyCoordinator, ApplyPreconditionError
 from greenserve.gpu_partitioner.backend import GpuState, MigBackendError
-from greenserve.gpu_partitioner.engine_launch import EngineSupervisor, mode_name
-from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
+from greenserve.common.engine_launch import EngineSupervisor, mode_name
+from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import FleetPools
 from greenserve.v1 import common_pb2
 

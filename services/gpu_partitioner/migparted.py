@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 from greenserve.gpu_partitioner import planner
-from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
+from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 
 ENTRY_KEYS = {"devices", "mig-enabled", "mig-devices", "device-filter"}
 #: Entries, device indices, profile keys and device-filter ids one file may expand to, in all. YAML aliases let a

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from greenserve.gpu_partitioner.geometry import (
+from greenserve.common.mig_geometry import (
     CURRENT_DRIVER,
     GpuGeometry,
     LayoutError,

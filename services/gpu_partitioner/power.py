@@ -47,7 +47,7 @@ from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, Outcome
 from greenserve.gpu_partitioner.backend import GpuState, MigBackend, MigBackendError, NoPermissionError
-from greenserve.gpu_partitioner.engine_launch import EngineSupervisor
+from greenserve.common.engine_launch import EngineSupervisor
 from greenserve.gpu_partitioner.models import GpuPowerRun, GpuPowerSetting
 from greenserve.v1 import common_pb2
 from sqlalchemy import select

@@ -27,7 +27,7 @@ from greenserve.common.client import ChannelConfig
 from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
-from greenserve.gpu_partitioner import geometry as geometry_mod
+from greenserve.common import mig_geometry as geometry_mod
 from greenserve.gpu_partitioner import migparted, planner
 from greenserve.gpu_partitioner.apply import (
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -41,7 +41,7 @@ from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
 from greenserve.gpu_partitioner.follow import PlanFollowSettings, inventory_of, start_following
-from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError, Placement
+from greenserve.common.mig_geometry import CURRENT_DRIVER, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
 from greenserve.gpu_partitioner.power import PowerCoordinator
 from greenserve.v1 import (

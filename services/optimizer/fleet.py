@@ -220,7 +220,7 @@ def _mig_layout(path: str, gpu: common_pb2.Gpu, model: int) -> None:
     layout the device cannot hold)."""
     if not gpu.instances or model == common_pb2.GPU_MODEL_UNSPECIFIED:
         return
-    from greenserve.gpu_partitioner.geometry import LayoutError, Placement, geometry
+    from greenserve.common.mig_geometry import LayoutError, Placement, geometry
 
     name = GPU_HARDWARE.get(model)
     if name is None:

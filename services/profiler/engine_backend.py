@@ -233,14 +233,14 @@ class EngineBackend:
     # -- Backend protocol ---------------------------------------------------------------------------
 
     def _launcher(self, spec: profiler_pb2.SweepSpec) -> Any:
-        from greenserve.gpu_partitioner.engine_launch import make_launcher
+        from greenserve.common.engine_launch import make_launcher
 
         s = self.settings
         return make_launcher(s.engine_launcher, time_scale=spec.engine_modelled_s_per_wall_s or 1.0,
                              gpu_memory_utilization=s.engine_gpu_memory_utilization)
 
     def _engine_spec(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig, port: int) -> Any:
-        from greenserve.gpu_partitioner.engine_launch import EngineSpec
+        from greenserve.common.engine_launch import EngineSpec
 
         hardware = config.hardware + (f"-MIG-{config.mig_profile}" if config.mig_profile else "")
         try:
@@ -262,7 +262,7 @@ class EngineBackend:
 
     async def _launch(self, spec: profiler_pb2.SweepSpec, config: common_pb2.ProfileConfig) -> str:
         """Stop the engine of the previous configuration and start this one's; its URL."""
-        from greenserve.gpu_partitioner.engine_launch import EngineSupervisor, parse_port_range
+        from greenserve.common.engine_launch import EngineSupervisor, parse_port_range
 
         if self._supervisor is None:
             self._supervisor = EngineSupervisor(self._launcher(spec), port_range=parse_port_range(

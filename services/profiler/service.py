@@ -62,7 +62,7 @@ class ProfilerSettings(ServiceSettings, DependencyAddresses):
     @field_validator("engine_port_range")
     @classmethod
     def _port_range(cls, value: str) -> str:
-        from greenserve.gpu_partitioner.engine_launch import parse_port_range  # the launcher's own rule
+        from greenserve.common.engine_launch import parse_port_range  # the launcher's own rule
 
         parse_port_range(value)  # at start: else every sweep that launches an engine fails on it
         return value

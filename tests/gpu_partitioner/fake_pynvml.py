@@ -5,7 +5,7 @@ same ctypes objects (``byref`` counts and placements, pointer arrays) it would p
 Constants, struct types and the NVMLError classes are the real ones from pynvml; only the functions
 that would reach libnvidia-ml are replaced.
 
-The device model is written independently of ``greenserve.gpu_partitioner.geometry``: the placement table is the
+The device model is written independently of ``greenserve.common.mig_geometry``: the placement table is the
 `nvidia-smi mig -lgipp` output printed in NVIDIA's MIG User Guide
 (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/, "Getting Started with MIG", List GPU Instance Profiles),
 the profiles are its `-lgip` rows, and the errors are the NVML return codes of the NVML API reference

@@ -14,7 +14,7 @@ from greenserve.gpu_partitioner.backend import (
     MigBackendError,
 )
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
-from greenserve.gpu_partitioner.geometry import LayoutError, Placement
+from greenserve.common.mig_geometry import LayoutError, Placement
 from greenserve.gpu_partitioner.models import ApplyJournalEntry
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
 

@@ -11,7 +11,7 @@ from greenserve.gpu_partitioner.backend import (
     NotSupportedError,
     ResetRequiredError,
 )
-from greenserve.gpu_partitioner.geometry import Placement
+from greenserve.common.mig_geometry import Placement
 
 from tests.gpu_partitioner.conftest import Harness
 

@@ -25,7 +25,7 @@ from greenserve.gpu_partitioner.apply import ApplyCoordinator
 from greenserve.gpu_partitioner.backend import NotSupportedError
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
-from greenserve.gpu_partitioner.engine_launch import (
+from greenserve.common.engine_launch import (
     EmulatorLauncher,
     EngineSpec,
     EngineSupervisor,

@@ -18,9 +18,9 @@ from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, PlanFollower
 from greenserve.gpu_partitioner.apply import ApplyCoordinator
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
-from greenserve.gpu_partitioner.engine_launch import EmulatorLauncher, EngineSupervisor
+from greenserve.common.engine_launch import EmulatorLauncher, EngineSupervisor
 from greenserve.gpu_partitioner.enforcer import MigEnforcer
-from greenserve.gpu_partitioner.geometry import Placement
+from greenserve.common.mig_geometry import Placement
 from greenserve.gpu_partitioner.instance_engines import engine_id_for
 from greenserve.gpu_partitioner.models import ApplyRun
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
@@ -308,7 +308,7 @@ async def test_vllm_launcher_path_with_a_stand_in_vllm(rig: Rig, tmp_path: Path,
     import json
     import sys
 
-    from greenserve.gpu_partitioner.engine_launch import VllmLauncher
+    from greenserve.common.engine_launch import VllmLauncher
 
     record = tmp_path / "vllm-calls.jsonl"
     fake = tmp_path / "vllm"

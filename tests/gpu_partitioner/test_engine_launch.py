@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from greenserve.gpu_partitioner.engine_launch import (
+from greenserve.common.engine_launch import (
     EmulatorLauncher,
     EngineSpec,
     VllmLauncher,

@@ -15,7 +15,7 @@ from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED
 from greenserve.gpu_partitioner.apply import ApplyCoordinator
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
-from greenserve.gpu_partitioner.engine_launch import (
+from greenserve.common.engine_launch import (
     EmulatorLauncher,
     EngineSpec,
     EngineSupervisor,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from greenserve.gpu_partitioner import geometry, planner
-from greenserve.gpu_partitioner.geometry import GpuGeometry, LayoutError, Placement
+from greenserve.common import mig_geometry as geometry
+from greenserve.gpu_partitioner import planner
+from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

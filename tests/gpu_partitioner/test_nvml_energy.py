@@ -20,7 +20,7 @@ from greenserve.gpu_partitioner.backend import (
 )
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.energy import EnergyAccountant, Share, split
-from greenserve.gpu_partitioner.geometry import Placement, geometry
+from greenserve.common.mig_geometry import Placement, geometry
 
 from tests.gpu_partitioner.fake_pynvml import FakeNvml
 

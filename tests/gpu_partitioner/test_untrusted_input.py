@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from greenserve.gpu_partitioner import geometry, migparted
+from greenserve.common import mig_geometry as geometry
+from greenserve.gpu_partitioner import migparted
 from greenserve.gpu_partitioner.apply import ApplyCoordinator
 from greenserve.gpu_partitioner.backend import NotFoundError
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend

@@ -9,7 +9,7 @@ import math
 import pytest
 from greenserve.common.carbon_params import load_default_params
 from greenserve.common.errors import InvalidArgument
-from greenserve.gpu_partitioner.geometry import Placement, geometry
+from greenserve.common.mig_geometry import Placement, geometry
 from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.planning import PlanningInputs, SeriesForecast

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from greenserve.gpu_partitioner.engine_launch import EngineSpec, EngineSupervisor, VllmLauncher, make_launcher
+from greenserve.common.engine_launch import EngineSpec, EngineSupervisor, VllmLauncher, make_launcher
 from greenserve.gpu_partitioner.service import GpuPartitionerSettings
 from greenserve.profiler import engine_metrics
 from greenserve.v1 import common_pb2

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 
-from greenserve.gpu_partitioner.geometry import GpuGeometry, Placement, geometry
+from greenserve.common.mig_geometry import GpuGeometry, Placement, geometry
 from greenserve.optimizer import capacity
 from greenserve.simulator.engine_profile import DATA_FILE, EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from scipy.optimize import linprog
 
-from greenserve.gpu_partitioner.geometry import Placement, geometry
+from greenserve.common.mig_geometry import Placement, geometry
 from greenserve.optimizer.solvers import mig_patterns as mp
 
 Kind = tuple[str, str, str]  # (gpu model, profile, variant)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from greenserve.common.mig_instances import instance_engine_ids
-from greenserve.gpu_partitioner.geometry import Placement, geometry
+from greenserve.common.mig_geometry import Placement, geometry
 from greenserve.optimizer.fleet import GPU_HARDWARE
 from greenserve.optimizer.inputs import engine_hardware, guess_simulator_model
 from greenserve.optimizer.planning import PlanningInputs

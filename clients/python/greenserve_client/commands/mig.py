@@ -28,9 +28,9 @@ import grpc
 from greenserve.common.cli_parser import Parser
 from greenserve.common.config import DependencyAddresses
 from greenserve.common.mig_instances import instance_engine_ids
-from greenserve.gpu_partitioner import geometry as geometry_mod
+from greenserve.common import mig_geometry as geometry_mod
 from greenserve.gpu_partitioner import planner
-from greenserve.gpu_partitioner.geometry import CURRENT_DRIVER, LayoutError
+from greenserve.common.mig_geometry import CURRENT_DRIVER, LayoutError
 
 from greenserve_client import rpc_errors
 from greenserve_client.cli import _add_connection_flags, _channel_config, print_table
