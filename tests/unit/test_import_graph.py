@@ -152,3 +152,33 @@ def test_the_product_does_not_import_the_benchmarks() -> None:
     offenders = sorted(f"{m} -> {t}" for m, targets in g.items() if not m.startswith("greenserve.bench")
                        for t in targets if t.startswith("greenserve.bench"))
     assert not offenders, "\n".join(offenders)
+
+
+# The six services. Each may import its own modules and the shared libraries only: common (shared
+# domain code and plumbing), v1 (generated protobuf) and simulator (the performance models the
+# optimizer, profiler and GPU partitioner plan with). evaluation, bench and vllm_cpu are harnesses that
+# may import any service; no service or library imports them.
+SERVICES = {"forecaster", "profiler", "optimizer", "cache_manager", "gpu_partitioner", "router"}
+LIBRARIES = {"common", "v1", "simulator"}
+# Library modules that still reach into a service, as (importer, imported).
+KNOWN_CROSSINGS = {("greenserve.simulator.tiers", "greenserve.cache_manager.index")}
+
+
+def _area(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_service_imports_another_service() -> None:
+    crossings = set()
+    for module, targets in graph().items():
+        area = _area(module)
+        for target in targets:
+            to = _area(target)
+            if to == area or to == "":
+                continue
+            if (area in SERVICES and to not in LIBRARIES) or (area in LIBRARIES and to not in LIBRARIES):
+                crossings.add((module, target))
+    new = crossings - KNOWN_CROSSINGS
+    assert not new, "\n".join(f"{a} -> {b}" for a, b in sorted(new))
+    assert not KNOWN_CROSSINGS - crossings, f"no longer crossing, remove: {sorted(KNOWN_CROSSINGS - crossings)}"
