@@ -1,7 +1,8 @@
 """The active plan: routing weights per pool and engine, from the optimizer's WatchPlans stream.
 
 * On start the last good plan is read back from the database (table ``last_plan``), so a restarted
-  router routes on it even while the optimizer is down.
+  router routes on it even while the optimizer is down, and reports it again (``applied``): a process killed
+  between storing a plan and reporting it leaves no plan status short of the router's report.
 * ``PlanWatcher`` follows ``OptimizerService.WatchPlans`` with the shared ``PlanFollower``
   (``greenserve.common.plan_follow``: reconnects with capped backoff, after the version it holds); every new
   plan is validated, put in force and persisted (one row, written off the event loop). A plan with bad
@@ -285,7 +286,16 @@ class PlanWatcher:
         return self.follower.connected
 
     def start(self) -> None:
-        self._start = asyncio.get_running_loop().create_task(self.follower.start(), name="router-plan-follow")
+        self._start = asyncio.get_running_loop().create_task(self._follow(), name="router-plan-follow")
+
+    async def _follow(self) -> None:
+        await self.follower.start()
+        # A plan read back from the database is in force in this process now: report it. The process before a
+        # restart may have been killed between storing the plan and sending its report, and the follower does not
+        # reconcile a plan it starts from.
+        stored = self.follower.plan
+        if stored is not None and stored.version == self.store.version:
+            await self.follower.reconcile_now(force=True)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._start)
