@@ -98,9 +98,9 @@ def run(folder: Path, fit_rates: list[float], target: str, seed: int = 11) -> di
     for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s"):
         errors = [abs(r[f"{q}_error"]) for r in held if r[f"{q}_error"] is not None]
         worst[q] = max(errors) if errors else None
-    calibrated = {w: step_fit.with_fitted_facts(p, fit, f"greenserve bench calibration: {target} of sweep "
-                                                       f"{folder.name} at {', '.join(f'{r:g}' for r in fit_rates)} req/s")
-                  for w, p in profiles.items()}
+    citation = (f"greenserve bench calibration: {target} of sweep {folder.name} at "
+                f"{', '.join(f'{r:g}' for r in fit_rates)} req/s")
+    calibrated = {w: step_fit.with_fitted_facts(p, fit, citation) for w, p in profiles.items()}
     return {"sweep": folder.name, "target": target, "fit_rates": fit_rates, "coefficients": fit.coefficients,
             "calibrated": calibrated,
             "fit_rms_log_error": fit.rms_relative_error, "fit_s": fit_s, "rows": rows,

@@ -29,8 +29,8 @@ from greenserve.profiler.sim_backend import simulate_point
 from greenserve.simulator.engine_profile import DATA_FILE, EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2, profiler_pb2
 
-__all__ = ["FACT_NAMES", "Observation", "StepFit", "engine_profile_from_file", "engine_profile_from_measured", "fit_step_model", "p50_observations", "predict",
-           "tiny_llama_cpu_profile", "with_fitted_facts"]
+__all__ = ["FACT_NAMES", "Observation", "StepFit", "engine_profile_from_file", "engine_profile_from_measured",
+           "fit_step_model", "p50_observations", "predict", "tiny_llama_cpu_profile", "with_fitted_facts"]
 
 FACT_NAMES: tuple[str, ...] = ("step_overhead_s", "step_per_prefill_token_s", "step_per_sequence_s",
                                "step_per_context_token_s", "request_frontend_s")
