@@ -19,6 +19,9 @@ What must hold, each time:
   router has put it in force; after each restart the router reports APPLIED again on the plan in force (the report
   the killed process may not have sent is not lost);
 * convergence without an operator: the restarted router routes on the optimizer's active plan.
+
+A plan the router cannot store (its database locked past the busy timeout) is routed on and reported APPLIED with
+the reason it is not stored; a restart before it is stored routes on the plan stored before, then converges.
 """
 
 from __future__ import annotations
@@ -229,3 +232,39 @@ async def test_router_sigkill_mid_switch_restarts_on_whole_weights_and_reports_t
 
 async def _on(fleet: Fleet, version: int) -> bool:
     return (await fleet.route())[0] == version
+
+
+async def test_a_plan_the_router_cannot_store_is_reported_so_and_a_restart_converges(fleet: Fleet) -> None:
+    first = await fleet.plan_on(("A100-80GB", "H100-80GB"))
+    await until(lambda: _on(fleet, first.version), 30, f"the router on v{first.version}")
+    stop = asyncio.Event()
+    client = asyncio.ensure_future(fleet.client(stop))
+    try:
+        # the database locked past its busy timeout (15 s): v2 is routed on, and the report says it is not stored
+        with WriteLock(fleet.router_dir / "router.db"):
+            second = await fleet.plan_on(("H100-80GB", "A100-80GB"))
+            await until(lambda: _on(fleet, second.version), 30, f"the router on v{second.version}")
+
+            async def reported_unstored() -> bool:
+                return any(r.state == APPLIED and "not stored in the router's database" in r.detail
+                           and "locked" in r.detail for r in await fleet.router_reports(second.version))
+
+            await until(reported_unstored, 60, "the router's report that v2 is not stored", every_s=0.5)
+        # killed before anything stored v2: the restart routes on v1 (whole), then on v2 without an operator
+        await fleet.kill_router()
+        restarted_s = await fleet.start_router()
+        await until(lambda: _on(fleet, second.version), 30, f"the restarted router on v{second.version}")
+
+        async def reported_stored() -> bool:
+            return any(r.state == APPLIED and r.reported_at.ToNanoseconds() / 1e9 >= restarted_s
+                       and "not stored" not in r.detail for r in await fleet.router_reports(second.version))
+
+        await until(reported_stored, 30, "the restarted router's APPLIED report of v2, stored")
+        answered = fleet.answered
+        await until(lambda: fleet.answered >= answered + 3, 30, "answers after the restart")
+    finally:
+        stop.set()
+        await asyncio.wait_for(client, 60)
+    for version, engine, weight in fleet.decisions:
+        assert fleet.weights(version)[engine] == pytest.approx(weight, rel=1e-6, abs=1e-9), (version, engine)
+    assert fleet.answered > 10 and fleet.slowest_ttft_s < SLO.ttft_s, (fleet.answered, fleet.slowest_ttft_s)
