@@ -135,13 +135,13 @@ def write_profile(path: Path, profile: common_pb2.Profile) -> None:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--sweep", type=Path, action="append", default=None,
                         help="sweep folder (repeatable: one fit per folder); default: the shipped run 2")
     parser.add_argument("--fit-rates", default="2,6,10", help="rates the fit sees, req/s (default 2,6,10)")
     parser.add_argument("--target", choices=sorted(TARGETS), default="engine-mean",
                         help="what is fitted (default engine-mean: vLLM's own histograms)")
-    parser.add_argument("--seed", type=int, default=11, help="the replay's seed (the sweep's)")
+    parser.add_argument("--seed", type=int, default=11, help="the replay's seed, the sweep's (default 11)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for each workload's measured profile with the fitted step model as facts "
                              "(calibrated-<sweep>-<workload>.json, for greenserve evaluate --profile)")
