@@ -2,12 +2,12 @@
 
 A CPU engine serving a small model is overhead bound, not bandwidth bound: a step costs a fixed overhead plus a
 cost per prefill token, per running sequence and per token of the running sequences' context
-(``EngineProfile.step_per_*``, used by ``PerfModel`` in place of the roofline). The four coefficients are fitted
-by SciPy least squares with the simulator's own replay in the loop: each residual is the replay's TTFT or TPOT
-p50 at a fitted (workload, rate) point over the measured one, minus 1, so queueing and the mixing of prefills into
-decode steps at higher rates come from the replay's scheduler, not from the fit. A robust loss (soft L1) keeps a
-point whose client-side timing is distorted (an API server that sent a whole completion in one burst) from
-dragging the fit.
+(``EngineProfile.step_per_*``, used by ``PerfModel`` in place of the roofline), and each request spends a fixed time
+outside the steps (``request_frontend_s``: the API server's processing, added to TTFT). The five coefficients are
+fitted by SciPy least squares with the simulator's own replay in the loop: each residual is log(the replay's
+figure / the measured one) at a fitted (workload, rate) point, so queueing and the mixing of prefills into decode
+steps at higher rates come from the replay's scheduler, not from the fit. The figures fitted are what the caller
+gives (``Observation``): the engine's own TTFT/TPOT means (``bench_calibration``'s default) or the stored p50s.
 
 The fitted coefficients travel with the measured profile as facts (``FACT_NAMES``);
 ``engine_profile_from_measured`` turns such a profile back into the simulator's ``EngineProfile``.
