@@ -30,7 +30,7 @@ from greenserve.simulator.engine_profile import DATA_FILE, EngineProfile, list_p
 from greenserve.v1 import common_pb2, profiler_pb2
 
 __all__ = ["FACT_NAMES", "Observation", "StepFit", "engine_profile_from_file", "engine_profile_from_measured",
-           "fit_step_model", "p50_observations", "predict", "tiny_llama_cpu_profile", "with_fitted_facts"]
+           "fit_step_model", "predict", "tiny_llama_cpu_profile", "with_fitted_facts"]
 
 FACT_NAMES: tuple[str, ...] = ("step_overhead_s", "step_per_prefill_token_s", "step_per_sequence_s",
                                "step_per_context_token_s", "request_frontend_s")
@@ -40,7 +40,6 @@ FACT_NAMES: tuple[str, ...] = ("step_overhead_s", "step_per_prefill_token_s", "s
 _X0 = np.array([1.5e-3, 2.5e-5, 2e-4, 1e-7, 1e-3])
 _LOWER = np.array([1e-6, 1e-9, 1e-7, 0.0, 0.0])
 _UPPER = np.array([0.1, 1e-2, 0.1, 1e-4, 1.0])
-_QUANTITIES = ("ttft_p50_s", "tpot_p50_s")
 
 TINY_LLAMA = "tiny-llama"
 CPU = "CPU"
@@ -120,13 +119,6 @@ class Observation:
     rate_per_s: float
     quantity: str
     value_s: float
-
-
-def p50_observations(profiles: Sequence[common_pb2.Profile], rates: Iterable[float]) -> list[Observation]:
-    """The TTFT and TPOT p50 the profiles store (client side) at ``rates``."""
-    rates = set(rates)
-    return [Observation(pr, p.request_rate_per_s, q, getattr(p, q)) for pr in profiles for p in pr.points
-            if p.request_rate_per_s in rates for q in _QUANTITIES]
 
 
 def fit_step_model(observations: Sequence[Observation], *, base: EngineProfile | None = None, seed: int = 11,
