@@ -14,6 +14,10 @@ predict the rest (issue 34 item 4).
 4. Prediction: the simulator backend's point (``sim_backend.simulate_point``, the same workload, seed, warm-up and
    window) with the calibrated profile at every rate; the rates not in ``--fit-rates`` are the held-back ones.
    TTFT p50 and TPOT p50 relative errors are printed as a Markdown table and written to ``result.json``.
+5. The CPU step model (``profiler.step_fit``, what ``greenserve bench calibration`` fits): fitted on the engine's own
+   TTFT/TPOT means at ``--fit-rates``, its table printed and each workload's profile with the fitted coefficients
+   written as ``calibrated-<out folder>-<workload>.json`` (for ``greenserve evaluate --profile``). The load
+   average at the sweep's start and end goes into ``result.json``.
 
 Run with greenserve's interpreter from the repository root (vLLM's own virtualenv, ``.venv-vllm``, serves)::
 
@@ -231,9 +235,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"engine healthy after {engine.wait_healthy():.1f} s", flush=True)
             url = engine.url
         t_sweep = time.monotonic()
+        load_start = os.getloadavg()
         engine_side: dict[tuple[str, float], dict[str, float | None]] = {}
         profiles = asyncio.run(sweep(url, args, engine_side))
         sweep_s = time.monotonic() - t_sweep
+        load_end = os.getloadavg()
     finally:
         if engine is not None:
             engine.stop()
@@ -244,8 +250,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for row in result["rows"]:
         row.update(engine_side.get((row["workload"], row["rate_per_s"]), {}))
     result.update(sweep_wall_s=sweep_s, total_wall_s=time.monotonic() - t0, vllm=args.vllm_version,
-                  cpus=os.cpu_count(), args={k: v for k, v in vars(args).items() if k not in ("out",)})
-    return report(result, args)
+                  cpus=os.cpu_count(), load_average_start=load_start, load_average_end=load_end,
+                  args={k: v for k, v in vars(args).items() if k not in ("out",)})
+    result = report(result, args)
+    step_model(args)
+    return result
+
+
+def step_model(args: argparse.Namespace) -> None:
+    """The CPU step model fitted on this sweep's engine-side means at --fit-rates (bench calibration's run)."""
+    from greenserve.bench import profiler_calibration as bench_calibration
+
+    try:
+        fitted = bench_calibration.run(args.out, list(args.fit_rates), "engine-mean", args.seed)
+    except ValueError as exc:
+        print(f"step model not fitted: {exc}", flush=True)
+        return
+    for workload, profile in fitted.pop("calibrated").items():
+        bench_calibration.write_profile(args.out / f"calibrated-{args.out.name}-{workload}.json", profile)
+    print("step model:", {k: f"{v:.3g}" for k, v in fitted["coefficients"].items()})
+    print(bench_calibration.table(fitted))
 
 
 def refit(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from greenserve.profiler import step_fit
 from greenserve.v1 import common_pb2
 
 STORED_SWEEP = Path(__file__).resolve().parents[1] / "profiler" / "data" / "real_engine_cpu"
-"""The shipped sweeps of vLLM's CPU build on the tiny Llama (one folder per repeat)."""
+"""The shipped sweep of vLLM's CPU build on the tiny Llama (run 2 of docs/profiler.md, "Real engine")."""
 
 TARGETS = {"engine-mean": ("ttft_mean_s", "tpot_mean_s"), "client-p50": ("ttft_p50_s", "tpot_p50_s")}
 
@@ -97,7 +98,11 @@ def run(folder: Path, fit_rates: list[float], target: str, seed: int = 11) -> di
     for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s"):
         errors = [abs(r[f"{q}_error"]) for r in held if r[f"{q}_error"] is not None]
         worst[q] = max(errors) if errors else None
+    citation = (f"greenserve bench calibration: {target} of sweep {folder.name} at "
+                f"{', '.join(f'{r:g}' for r in fit_rates)} req/s")
+    calibrated = {w: step_fit.with_fitted_facts(p, fit, citation) for w, p in profiles.items()}
     return {"sweep": folder.name, "target": target, "fit_rates": fit_rates, "coefficients": fit.coefficients,
+            "calibrated": calibrated,
             "fit_rms_log_error": fit.rms_relative_error, "fit_s": fit_s, "rows": rows,
             "max_abs_error_held_back": worst}
 
@@ -121,14 +126,25 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_profile(path: Path, profile: common_pb2.Profile) -> None:
+    """Writes ``profile`` as protobuf JSON all at once (a temporary file renamed over the target)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json_format.MessageToJson(profile) + "\n")
+    os.replace(tmp, path)
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--sweep", type=Path, action="append", default=None,
-                        help="sweep folder (repeatable: one fit per folder); default: the shipped repeats")
+                        help="sweep folder (repeatable: one fit per folder); default: the shipped run 2")
     parser.add_argument("--fit-rates", default="2,6,10", help="rates the fit sees, req/s (default 2,6,10)")
     parser.add_argument("--target", choices=sorted(TARGETS), default="engine-mean",
                         help="what is fitted (default engine-mean: vLLM's own histograms)")
-    parser.add_argument("--seed", type=int, default=11, help="the replay's seed (the sweep's)")
+    parser.add_argument("--seed", type=int, default=11, help="the replay's seed, the sweep's (default 11)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for each workload's measured profile with the fitted step model as facts "
+                             "(calibrated-<sweep>-<workload>.json, for greenserve evaluate --profile)")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the last line is always JSON")
     return parser
 
@@ -142,7 +158,7 @@ def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
         parser.error(f"--fit-rates: not a comma-separated list of numbers: {ns.fit_rates!r}")
     if not fit_rates or any(not (r > 0 and math.isfinite(r)) for r in fit_rates):
         parser.error("--fit-rates: give rates > 0")
-    folders = ns.sweep or sorted(p for p in STORED_SWEEP.iterdir() if p.is_dir())
+    folders = ns.sweep or [STORED_SWEEP / "run2"]
     results = []
     for folder in folders:
         if not folder.is_dir():
@@ -154,6 +170,10 @@ def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
         print(f"sweep {result['sweep']}: fitted {', '.join(f'{k} {v:.3g}' for k, v in result['coefficients'].items())}"
               f" in {result['fit_s']:.1f} s", file=sys.stderr)
         print(table(result), file=sys.stderr)
+        calibrated = result.pop("calibrated")
+        if ns.out is not None:
+            for workload, profile in calibrated.items():
+                write_profile(ns.out / f"calibrated-{result['sweep']}-{workload}.json", profile)
         results.append(result)
     worst = {q: max((r["max_abs_error_held_back"][q] for r in results
                      if r["max_abs_error_held_back"][q] is not None), default=None)

@@ -2,12 +2,12 @@
 
 A CPU engine serving a small model is overhead bound, not bandwidth bound: a step costs a fixed overhead plus a
 cost per prefill token, per running sequence and per token of the running sequences' context
-(``EngineProfile.step_per_*``, used by ``PerfModel`` in place of the roofline). The four coefficients are fitted
-by SciPy least squares with the simulator's own replay in the loop: each residual is the replay's TTFT or TPOT
-p50 at a fitted (workload, rate) point over the measured one, minus 1, so queueing and the mixing of prefills into
-decode steps at higher rates come from the replay's scheduler, not from the fit. A robust loss (soft L1) keeps a
-point whose client-side timing is distorted (an API server that sent a whole completion in one burst) from
-dragging the fit.
+(``EngineProfile.step_per_*``, used by ``PerfModel`` in place of the roofline), and each request spends a fixed time
+outside the steps (``request_frontend_s``: the API server's processing, added to TTFT). The five coefficients are
+fitted by SciPy least squares with the simulator's own replay in the loop: each residual is log(the replay's
+figure / the measured one) at a fitted (workload, rate) point, so queueing and the mixing of prefills into decode
+steps at higher rates come from the replay's scheduler, not from the fit. The figures fitted are what the caller
+gives (``Observation``): the engine's own TTFT/TPOT means (``bench_calibration``'s default) or the stored p50s.
 
 The fitted coefficients travel with the measured profile as facts (``FACT_NAMES``);
 ``engine_profile_from_measured`` turns such a profile back into the simulator's ``EngineProfile``.
@@ -18,26 +18,28 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+from google.protobuf import json_format
 from scipy.optimize import least_squares
 
 from greenserve.profiler.method import resolve
 from greenserve.profiler.sim_backend import simulate_point
-from greenserve.simulator.engine_profile import EngineProfile, list_profiles, load_profile
+from greenserve.simulator.engine_profile import DATA_FILE, EngineProfile, list_profiles, load_profile
 from greenserve.v1 import common_pb2, profiler_pb2
 
-__all__ = ["FACT_NAMES", "Observation", "StepFit", "engine_profile_from_measured", "fit_step_model", "p50_observations", "predict",
-           "tiny_llama_cpu_profile", "with_fitted_facts"]
+__all__ = ["FACT_NAMES", "Observation", "StepFit", "engine_profile_from_file", "engine_profile_from_measured",
+           "fit_step_model", "predict", "tiny_llama_cpu_profile", "with_fitted_facts"]
 
 FACT_NAMES: tuple[str, ...] = ("step_overhead_s", "step_per_prefill_token_s", "step_per_sequence_s",
-                               "step_per_context_token_s")
+                               "step_per_context_token_s", "request_frontend_s")
 """The step model's coefficients, as facts of a measured profile and fields of ``EngineProfile``."""
 
-_X0 = np.array([1.5e-3, 2.5e-5, 2e-4, 1e-7])  # seconds: overhead, per prefill token, per sequence, per context token
-_LOWER = np.array([1e-6, 1e-9, 1e-7, 0.0])
-_UPPER = np.array([0.1, 1e-2, 0.1, 1e-4])
-_QUANTITIES = ("ttft_p50_s", "tpot_p50_s")
+# seconds: step overhead, per prefill token, per sequence, per context token, per request outside the steps
+_X0 = np.array([1.5e-3, 2.5e-5, 2e-4, 1e-7, 1e-3])
+_LOWER = np.array([1e-6, 1e-9, 1e-7, 0.0, 0.0])
+_UPPER = np.array([0.1, 1e-2, 0.1, 1e-4, 1.0])
 
 TINY_LLAMA = "tiny-llama"
 CPU = "CPU"
@@ -50,12 +52,12 @@ def tiny_llama_cpu_profile() -> EngineProfile:
     linear step model's coefficients complete. The roofline numbers (2e11 FLOP/s, 2e10 B/s) are orders of
     magnitude only; a fitted step model replaces them."""
     n_params = 2 * (4 * 128 * 128 // 2 + 2 * 128 * 64 + 3 * 128 * 256) + 2 * 1024 * 128
-    return load_profile("llama3-8b@A100-80GB").with_overrides(
+    return load_profile("llama3-8b@A100-80GB", DATA_FILE).with_overrides(
         name=f"{TINY_LLAMA}@{CPU}", model=TINY_LLAMA, hardware=CPU, n_params=float(n_params), n_layers=2,
         hidden_size=128, n_kv_heads=2, head_dim=32, weight_bytes_per_param=4.0, kv_bytes_per_element=4.0,
         gpu_count=1, peak_flops=2e11, hbm_bandwidth_bytes_per_s=2e10,
         memory_bytes=TINY_KV_CACHE_BYTES + 4.0 * n_params, gpu_memory_utilization=1.0,
-        non_kv_reserve_bytes_per_gpu=0.0, max_num_seqs=256, max_num_batched_tokens=2048, idle_w=1.0, max_w=1.0,
+        non_kv_reserve_bytes_per_gpu=0.0, max_num_seqs=128, max_num_batched_tokens=2048, idle_w=1.0, max_w=1.0,
         calibrated_from="", sources={})
 
 
@@ -63,8 +65,8 @@ def base_profile(config: common_pb2.ProfileConfig) -> EngineProfile:
     """The engine shape a measured profile of ``config`` is fitted onto: the data file's profile of that model and
     hardware, or the tiny CPU Llama. ValueError naming ``config`` when neither fits."""
     name = f"{config.model}@{config.hardware}"
-    if name in list_profiles():
-        return load_profile(name)
+    if name in list_profiles(DATA_FILE):
+        return load_profile(name, DATA_FILE)
     if (config.model, config.hardware) == (TINY_LLAMA, CPU):
         return tiny_llama_cpu_profile()
     raise ValueError(f"config: no engine shape for {name!r} (the simulator's data file or {TINY_LLAMA}@{CPU})")
@@ -119,13 +121,6 @@ class Observation:
     value_s: float
 
 
-def p50_observations(profiles: Sequence[common_pb2.Profile], rates: Iterable[float]) -> list[Observation]:
-    """The TTFT and TPOT p50 the profiles store (client side) at ``rates``."""
-    rates = set(rates)
-    return [Observation(pr, p.request_rate_per_s, q, getattr(p, q)) for pr in profiles for p in pr.points
-            if p.request_rate_per_s in rates for q in _QUANTITIES]
-
-
 def fit_step_model(observations: Sequence[Observation], *, base: EngineProfile | None = None, seed: int = 11,
                    label: str = "measured profile") -> StepFit:
     """Least-squares fit of the step model to ``observations`` (the same engine, one profile per workload), the
@@ -154,7 +149,7 @@ def fit_step_model(observations: Sequence[Observation], *, base: EngineProfile |
             out += [math.log(getattr(predicted[o.rate_per_s], o.quantity) / o.value_s) for o in mine]
         return np.asarray(out)
 
-    fit = least_squares(residuals, _X0, bounds=(_LOWER, _UPPER), x_scale=_X0 + 1e-8, loss="soft_l1", f_scale=0.1,
+    fit = least_squares(residuals, _X0, bounds=(_LOWER, _UPPER), x_scale=_X0 + 1e-8, loss="linear",
                         diff_step=0.05, max_nfev=200)
     r = residuals(fit.x)
     return StepFit(dict(zip(FACT_NAMES, (float(v) for v in fit.x))), build(fit.x), float(np.sqrt(np.mean(r ** 2))),
@@ -189,3 +184,13 @@ def engine_profile_from_measured(profile: common_pb2.Profile, field: str = "prof
         return with_coefficients(base_profile(profile.config), facts, profile.config_key or "measured profile")
     except ValueError as exc:
         raise ValueError(f"{field}.{exc}") from None
+
+
+def engine_profile_from_file(path: Path, field: str = "profile") -> EngineProfile:
+    """``engine_profile_from_measured`` of a profile file (protobuf JSON); ValueError naming ``field`` when the file
+    cannot be read or parsed."""
+    try:
+        profile = json_format.Parse(path.read_text(), common_pb2.Profile())
+    except (OSError, UnicodeDecodeError, json_format.ParseError) as exc:
+        raise ValueError(f"{field}: cannot read a profile from {path.name}: {exc}") from None
+    return engine_profile_from_measured(profile, field)

@@ -1,7 +1,8 @@
 """The active plan: routing weights per pool and engine, from the optimizer's WatchPlans stream.
 
 * On start the last good plan is read back from the database (table ``last_plan``), so a restarted
-  router routes on it even while the optimizer is down.
+  router routes on it even while the optimizer is down, and reports it again (``applied``): a process killed
+  between storing a plan and reporting it leaves no plan status short of the router's report.
 * ``PlanWatcher`` follows ``OptimizerService.WatchPlans`` with the shared ``PlanFollower``
   (``greenserve.common.plan_follow``: reconnects with capped backoff, after the version it holds); every new
   plan is validated, put in force and persisted (one row, written off the event loop). A plan with bad
@@ -36,6 +37,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from greenserve.common.clock import now_s
+from greenserve.common.db_errors import unavailable_reason
 from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
@@ -276,6 +278,7 @@ class PlanWatcher:
         self.on_unresolved = on_unresolved  # the interval in force weights MIG placements the fleet lacks
         self.known_engines = known_engines
         self.rejected = 0
+        self.unstored: tuple[int, str] | None = None  # (version, why) of a plan in force that could not be stored
         self.follower = PlanFollower(component="router", instance=instance or socket.gethostname(), channel=channel,
                                      reconcile=self._reconcile, load=self._in_force, backoff_max_s=backoff_max_s)
         self._start: asyncio.Task[None] | None = None
@@ -285,7 +288,16 @@ class PlanWatcher:
         return self.follower.connected
 
     def start(self) -> None:
-        self._start = asyncio.get_running_loop().create_task(self.follower.start(), name="router-plan-follow")
+        self._start = asyncio.get_running_loop().create_task(self._follow(), name="router-plan-follow")
+
+    async def _follow(self) -> None:
+        await self.follower.start()
+        # A plan read back from the database is in force in this process now: report it. The process before a
+        # restart may have been killed between storing the plan and sending its report, and the follower does not
+        # reconcile a plan it starts from.
+        stored = self.follower.plan
+        if stored is not None and stored.version == self.store.version:
+            await self.follower.reconcile_now(force=True)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._start)
@@ -306,7 +318,13 @@ class PlanWatcher:
             return Outcome(REFUSED, f"{exc}; {kept}")
         if applied:
             log.info("plan in force", extra={"plan_version": plan.version})
-            await asyncio.to_thread(self.store.persist, plan)
+            self.unstored = None
+            try:
+                await asyncio.to_thread(self.store.persist, plan)
+            except Exception as exc:  # noqa: BLE001 - routing on the plan goes on; the report says it is not stored
+                reason = unavailable_reason(exc) or f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                log.warning("plan in force but not stored", extra={"plan_version": plan.version, "error": reason})
+                self.unstored = (plan.version, reason)
             if self.on_plan is not None:
                 await self.on_plan(plan)
         if self.on_unresolved is not None and self.store.unresolved_placements():
@@ -319,6 +337,9 @@ class PlanWatcher:
         """The report of routing on ``interval``: its weights, and the engines' run states when the plan puts
         engines to sleep (APPLYING while they are on their way, FAILED while one fails)."""
         detail = self.describe(plan, interval)
+        if self.unstored is not None and self.unstored[0] == plan.version:
+            detail += (f"; not stored in the router's database ({self.unstored[1]}): a restart routes on the plan "
+                       "stored before until the optimizer streams this one again")
         state = None
         if self.sleeper is not None:
             runs = self.sleeper.describe()

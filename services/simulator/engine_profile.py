@@ -12,6 +12,7 @@ parameters to measured points and returns a new profile that says so.
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -115,6 +116,10 @@ class EngineProfile:
     step_per_prefill_token_s: float = 0.0
     step_per_sequence_s: float = 0.0
     step_per_context_token_s: float = 0.0
+    # Seconds each request spends outside the engine's steps before its first token is counted (the API server's
+    # input processing and its hand-offs to and from the engine core): added to TTFT and end-to-end latency, not
+    # to the engine's busy time. 0: none (the data file's profiles).
+    request_frontend_s: float = 0.0
     data_version: str = ""
     calibrated_from: str = ""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -188,9 +193,34 @@ def data_version(path: Path | None = None) -> str:
     return str(_document(str(path or DATA_FILE)).get("data_version", ""))
 
 
+MEASURED_PROFILES_ENV = "GREENSERVE_MEASURED_PROFILES"
+"""Environment variable: measured profile files (protobuf JSON, ``os.pathsep``-separated) whose fitted step model
+(profiler/step_fit.py) joins the data file's profiles under ``model@hardware``; set by ``greenserve evaluate
+--profile`` so that its worker processes see the same engines."""
+
+
+def measured_profiles() -> dict[str, EngineProfile]:
+    """The engines of the measured profiles named by ``MEASURED_PROFILES_ENV`` (none when it is unset)."""
+    return _measured_from(os.environ.get(MEASURED_PROFILES_ENV, ""))
+
+
+@lru_cache(maxsize=4)
+def _measured_from(paths: str) -> dict[str, EngineProfile]:
+    from greenserve.profiler.step_fit import engine_profile_from_file
+
+    engines = {}
+    for path in (p for p in paths.split(os.pathsep) if p):
+        engine = engine_profile_from_file(Path(path))
+        engines[engine.name] = engine
+    return engines
+
+
 def list_profiles(path: Path | None = None) -> list[str]:
-    """Names of all profiles in the data file, sorted."""
-    return sorted(_document(str(path or DATA_FILE))["profiles"])
+    """Names of all profiles in the data file (and, without ``path``, the measured ones), sorted."""
+    names = set(_document(str(path or DATA_FILE))["profiles"])
+    if path is None:
+        names |= set(measured_profiles())
+    return sorted(names)
 
 
 def _number(table: Mapping[str, Any], key: str, where: str) -> float:
@@ -206,6 +236,10 @@ def load_profile(name: str, path: Path | None = None) -> EngineProfile:
     Raises ``KeyError`` naming the known profiles when ``name`` is unknown, ``ValueError`` when the file
     is malformed (a referenced GPU/model missing, a number missing or out of range).
     """
+    if path is None:
+        measured = measured_profiles().get(name)
+        if measured is not None:
+            return measured
     return _load_profile_cached(name, str(path or DATA_FILE))
 
 

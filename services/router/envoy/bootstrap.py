@@ -10,13 +10,23 @@ carbon receipt (ledger.py). Envoy returns ``x-request-id`` on every response: th
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import sys
 from typing import Any
 
 from greenserve.router.envoy.picker import DESTINATION_HEADER
 
 PICKER_CLUSTER = "greenserve_picker"
 ENGINES_CLUSTER = "greenserve_engines"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
@@ -81,7 +91,9 @@ def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_po
                  "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
                  "circuit_breakers": {"thresholds": [{"max_connections": 1_000_000, "max_pending_requests": 1_000_000,
                                                       "max_requests": 1_000_000}]}},
-                {"name": PICKER_CLUSTER, "type": "STATIC", "connect_timeout": f"{connect_timeout_s}s",
+                # a name (a Kubernetes Service) is resolved by DNS and followed; an address is taken as is
+                {"name": PICKER_CLUSTER, "type": "STATIC" if _is_ip(picker_host) else "STRICT_DNS",
+                 "connect_timeout": f"{connect_timeout_s}s",
                  "typed_extension_protocol_options": h2,
                  "circuit_breakers": {"thresholds": [{"max_connections": 1_000_000, "max_pending_requests": 1_000_000,
                                                       "max_requests": 1_000_000}]},
@@ -97,3 +109,29 @@ def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_po
 
 def bootstrap_json(**kwargs: Any) -> str:
     return json.dumps(bootstrap(**kwargs), indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m greenserve.router.envoy.bootstrap --picker HOST:PORT``: prints the bootstrap (for a ConfigMap)."""
+    from greenserve.common.cli_parser import Parser
+
+    parser = Parser(prog="python -m greenserve.router.envoy.bootstrap", description=main.__doc__)
+    parser.add_argument("--picker", required=True, help="the router's gRPC address (HOST:PORT), run with --envoy-picker")
+    parser.add_argument("--listen", default="0.0.0.0:8081", help="Envoy's HTTP listener (default 0.0.0.0:8081)")
+    parser.add_argument("--admin-port", type=int, default=None, help="Envoy's admin port on 127.0.0.1 (default: none)")
+    ns = parser.parse_args(argv)
+    try:
+        picker_host, picker_port = ns.picker.rsplit(":", 1)
+        listen_host, listen_port = ns.listen.rsplit(":", 1)
+        ports = int(picker_port), int(listen_port)
+    except ValueError:
+        parser.error("--picker and --listen are HOST:PORT")
+    if not all(0 < p < 65536 for p in ports) or (ns.admin_port is not None and not 0 < ns.admin_port < 65536):
+        parser.error("ports must be in 1..65535")
+    sys.stdout.write(bootstrap_json(listen_host=listen_host, listen_port=ports[1], picker_host=picker_host,
+                                    picker_port=ports[0], admin_port=ns.admin_port) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -48,9 +48,7 @@ class EnvoyGateway:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                [envoy_binary(), "-c", str(config), "--disable-hot-restart", "--log-level", "warn",
-                 "--concurrency", str(self.concurrency)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                envoy_command(config, self.concurrency), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # type: ignore[union-attr]
@@ -85,6 +83,12 @@ class EnvoyGateway:
             self._dir = None
 
 
+def envoy_command(config_path: Path, concurrency: int = 1) -> list[str]:
+    """The command line of Envoy on a bootstrap file: no hot restart (several Envoys may run on one machine)."""
+    return [envoy_binary(), "-c", str(config_path), "--disable-hot-restart", "--log-level", "warn",
+            "--concurrency", str(concurrency)]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now (Envoy's listener needs a fixed one in its bootstrap)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -92,4 +96,3 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-__all__ = ["EnvoyGateway", "envoy_binary", "free_port"]

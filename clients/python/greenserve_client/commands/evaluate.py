@@ -52,8 +52,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--headlines", choices=("quick", "full", "none"), default="quick",
                         help="the seeds' headlines reproduced in their own settings, a table in the report "
                         "(default quick: each module's quick setting; full: the modules' own settings)")
+    parser.add_argument("--profile", type=Path, help="a measured profile with a fitted step model (greenserve bench "
+                        "calibration --out): its engine joins the simulator's profiles as MODEL@HARDWARE; without "
+                        "--scenario the one pool runs engines of that kind")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry: the last line is always JSON")
     return parser
+
+
+def _measured_engine(path: Path):  # -> EngineProfile
+    """The engine of a measured profile file, made visible to this process and its workers under MODEL@HARDWARE;
+    ValueError naming --profile when the file is not a measured profile with a fitted step model."""
+    import os
+
+    from greenserve.profiler.step_fit import engine_profile_from_file
+    from greenserve.simulator.engine_profile import MEASURED_PROFILES_ENV
+
+    engine = engine_profile_from_file(path, "--profile")
+    os.environ[MEASURED_PROFILES_ENV] = str(path.resolve())
+    return engine
 
 
 def main(argv: list[str]) -> int:
@@ -99,7 +115,11 @@ def main(argv: list[str]) -> int:
             if missing or not wanted:
                 parser.error(f"--grids: unknown {missing or 'none given'}; shipped: {', '.join(shipped)}")
             series = {g: shipped[g] for g in wanted}
+        measured = _measured_engine(ns.profile) if ns.profile is not None else None
         chosen = scenario.load(ns.scenario) if ns.scenario else scenario.Scenario()
+        if measured is not None and not ns.scenario:
+            chosen = scenario.Scenario(pools=(scenario.PoolScenario(
+                "chat", model=measured.model, simulator_model=measured.model, hardware=measured.hardware),))
     except (ValueError, scenario.ScenarioError) as exc:  # GridDataError and a unit refusal are ValueErrors
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
