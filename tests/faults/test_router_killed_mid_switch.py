@@ -59,7 +59,8 @@ RETRY_S = 0.2
 def start_router(data_dir: Path, port: int, engines: list[str], optimizer_port: int,
                  workers: int) -> subprocess.Popen:
     env = {"GREENSERVE_WORKERS": str(workers), "GREENSERVE_HTTP_PORT": "-1", "GREENSERVE_FEEDS": "false",
-           "GREENSERVE_LOG_LEVEL": "WARNING", "GREENSERVE_SCRAPE_INTERVAL_S": "0.2", "GREENSERVE_HEALTH_INTERVAL_S": "0.5"}
+           "GREENSERVE_LOG_LEVEL": "WARNING", "GREENSERVE_SCRAPE_INTERVAL_S": "0.2",
+           "GREENSERVE_HEALTH_INTERVAL_S": "0.5"}
     return start_service_process(
         "greenserve.router", "greenserve.v1.RouterService", data_dir, port, env=env, log_name="router.log",
         extra_args=[f"--db-url=sqlite:///{data_dir / 'router.db'}", f"--engines={','.join(engines)}",
