@@ -121,6 +121,9 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--router-args", default="", help="extra flags for the router under test, e.g. "
                    "'--affinity-weight 0' (one string, split as a shell would)")
     p.add_argument("--no-peer", action="store_true", help="skip vllm-router")
+    p.add_argument("--front", action="append", choices=["envoy"], default=[],
+                   help="also measure this front: envoy = the pinned Envoy with the router as its endpoint picker "
+                        "(router/envoy/; CPU per request of Envoy and the router together, receipts issued)")
     p.add_argument("--paired-grpc", action="store_true",
                    help="also run the paired phase for the router over gRPC (default: HTTP and vllm-router)")
     p.add_argument("--no-install-peer", action="store_true", help="use .venv-vllm-router only if it exists")
@@ -205,6 +208,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         router_args = [] if args.grpc_stream_interval_s is None else \
             ["--grpc-stream-interval-s", str(args.grpc_stream_interval_s)]
         router_args += shlex.split(args.router_args)
+        if "envoy" in args.front:
+            router_args.append("--envoy-picker")
         router_http, router_grpc, router_proc = start_router(procs, engines, data_dir, router_cpus,
                                                               args.profile_router, extra=router_args)
         peer_url, peer_reason, peer_proc = None, "", None
@@ -217,6 +222,12 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                     peer_reason = f"vllm-router did not start: {exc}"
         else:
             peer_reason = "skipped (--no-peer or --quick)"
+        envoy_url, envoy_proc = None, None
+        if "envoy" in args.front:
+            from greenserve.router.envoy.bench_front import PathMeter, start_envoy_front
+
+            log("starting Envoy (the router its endpoint picker)")
+            envoy_url, envoy_proc = start_envoy_front(procs, router_grpc, data_dir, pinning.get("vllm_router"))
         prompt = ("You are a helpful assistant answering questions about carbon-aware serving. " * 64)[
             : args.prompt_chars]
         base = {"model": model, "max_tokens": args.max_tokens, "prompt": prompt, "stagger_s": args.stagger_s,
@@ -228,7 +239,14 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             targets.append(("router", "grpc", {"targets": [router_grpc]}))
         if peer_url:
             targets.append(("vllm-router", "http", {"targets": [peer_url]}))
+        if envoy_url:
+            targets.append(("envoy", "http", {"targets": [envoy_url]}))
         pid_of = {"router": router_proc.pid, "vllm-router": peer_proc.pid if peer_proc else None}
+
+        def meter_of(name: str, proto: str) -> Any:
+            if name == "envoy" and envoy_proc is not None:  # Envoy and the router (the picker) both on the path
+                return PathMeter(router_proc.pid, envoy_proc.pid, router_http)
+            return RunMeter(pid_of.get(name), router_http if (name, proto) == ("router", "http") else None)
         loadgen_cpus = len(side) if side else len(os.sched_getaffinity(0))
         # warm-up: connections, caches and pools
         for name, proto, t in targets:
@@ -236,7 +254,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                       side)
         rows: list[dict[str, Any]] = []
         paired_rows: list[dict[str, Any]] = []
-        paired_targets = {("router", "http"), ("vllm-router", "http")}
+        paired_targets = {("router", "http"), ("vllm-router", "http"), ("envoy", "http")}
         if args.paired_grpc or "http" not in protocols:
             paired_targets.add(("router", "grpc"))
         def requests_at(level: int) -> int:
@@ -253,7 +271,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             what = f"{args.duration_s:g} s" if args.duration_s else f"{n} requests"
             for name, proto, t in targets:
                 log(f"level {level}: {name} over {proto} ({what}, {nprocs} load process(es))")
-                meter = RunMeter(pid_of.get(name), router_http if (name, proto) == ("router", "http") else None)
+                meter = meter_of(name, proto)
                 eng0 = engine_ttft_totals(engines)
                 load = {**base, **t, "protocol": proto, "concurrency": level, "requests": n}
                 if args.duration_s:
@@ -282,7 +300,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                     continue
                 log(f"level {level}: paired {name} over {proto} + direct ({what} each, {nprocs} load "
                      "process(es) each)")
-                meter = RunMeter(pid_of.get(name), router_http if (name, proto) == ("router", "http") else None)
+                meter = meter_of(name, proto)
                 eng0 = engine_ttft_totals(engines)
                 routed_cfg = {**base, **t, "protocol": proto, "concurrency": level, "requests": n}
                 # the control group's prompts come from another index range: no identical prompt in both
@@ -317,7 +335,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                 if proto != "http":
                     continue
                 log(f"throughput: {name} over http, {level} streams, max_tokens {args.throughput_max_tokens}")
-                meter = RunMeter(pid_of.get(name))
+                meter = meter_of(name, "throughput")
                 load = {**base, **t, "protocol": "http", "concurrency": level, "requests": n,
                         "max_tokens": args.throughput_max_tokens, "stagger_s": min(args.stagger_s, 1.0)}
                 summary = run_summary(run_load(load, 600, nprocs, side))
@@ -402,6 +420,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                                  "added_ttft_p99_ms": seq_peer_head.get("added_ttft_p99_ms"),
                                  "rps_at_concurrency": seq_peer_head["rps"]} if seq_peer_head else None)}
                 if peer_head else {"skipped": peer_reason or "not run"})},
+            "fronts": {"envoy": _envoy_summary(rows, paired_rows, tp_rows, seq_head) if envoy_url else
+                       {"skipped": "not asked (--front envoy)"}},
             "cpu_pinning": pinning,
             "engine": args.engine if args.engine == "emulator" else f"noop (tpot {args.noop_tpot_s:g} s)",
             "nice": args.nice,
@@ -432,6 +452,29 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         result.update(phase_or_error(args.workers_phase))
     print(json.dumps(result))
     return 0
+
+
+def _envoy_summary(rows: list[dict[str, Any]], paired: list[dict[str, Any]], tp_rows: list[dict[str, Any]],
+                   seq_head: dict[str, Any] | None) -> dict[str, Any]:
+    """The Envoy front's headline: paired added TTFT at 256 streams (else the highest level), CPU per request of
+    Envoy + picker in the sequential phase at the same level, receipts per request over every run."""
+    mine = [r for r in paired if r["target"] == "envoy"]
+    head = next((r for r in mine if r["concurrency"] == 256), mine[-1] if mine else None)
+    level = seq_head["concurrency"] if seq_head else None
+    seq = next((r for r in rows if r["target"] == "envoy" and r["concurrency"] == level), None)
+    every = [r for r in [*rows, *paired, *tp_rows] if r["target"] == "envoy"]
+    return {
+        "added_ttft_p50_ms": head["added_ttft_p50_ms"] if head else None,
+        "added_ttft_p99_ms": head["added_ttft_p99_ms"] if head else None,
+        "concurrency": head["concurrency"] if head else None,
+        "routed_rps": head["routed_rps"] if head else None,
+        "cpu_ms_per_request": seq.get("router_cpu_ms_per_request") if seq else None,
+        "envoy_cpu_ms_per_request": seq.get("envoy_cpu_ms_per_request") if seq else None,
+        "picker_cpu_ms_per_request": seq.get("picker_cpu_ms_per_request") if seq else None,
+        "max_rps": max([r["rps"] for r in every], default=None),
+        "requests": sum(r["requests"] for r in every),
+        "receipts": sum(r.get("receipts", 0) for r in every),
+    }
 
 
 if __name__ == "__main__":

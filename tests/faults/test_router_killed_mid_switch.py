@@ -1,8 +1,9 @@
 """Fault 2 of issue 36 (the router's part): the router killed with SIGKILL while it switches routing weights to a
 new plan.
 
-Real processes: the optimizer and the router each in their own process (the router with one worker, so the kill
-hits the process that routes, on its SQLite database); two emulated engines and the forecaster in this process.
+Real processes: the optimizer and the router each in their own process (the router on its SQLite database, once
+as one process, so the kill hits the process that routes, and once as a supervisor with two workers, whose workers
+must exit when it is killed); two emulated engines and the forecaster in this process.
 Two fleets that differ in hardware make the optimizer's consecutive plans weight the engines differently, so a
 decision taken on a mix of two versions' weights shows.
 
@@ -55,9 +56,11 @@ EXPLAINED = re.compile(r"^(\S+): .*plan_weight=([0-9.e+-]+)/[0-9.e+-]+ v(\d+)")
 RETRY_S = 0.2
 
 
-def start_router(data_dir: Path, port: int, engines: list[str], optimizer_port: int) -> subprocess.Popen:
-    env = {"GREENSERVE_WORKERS": "1", "GREENSERVE_HTTP_PORT": "-1", "GREENSERVE_FEEDS": "false",
-           "GREENSERVE_LOG_LEVEL": "WARNING", "GREENSERVE_SCRAPE_INTERVAL_S": "0.2", "GREENSERVE_HEALTH_INTERVAL_S": "0.5"}
+def start_router(data_dir: Path, port: int, engines: list[str], optimizer_port: int,
+                 workers: int) -> subprocess.Popen:
+    env = {"GREENSERVE_WORKERS": str(workers), "GREENSERVE_HTTP_PORT": "-1", "GREENSERVE_FEEDS": "false",
+           "GREENSERVE_LOG_LEVEL": "WARNING", "GREENSERVE_SCRAPE_INTERVAL_S": "0.2",
+           "GREENSERVE_HEALTH_INTERVAL_S": "0.5"}
     return start_service_process(
         "greenserve.router", "greenserve.v1.RouterService", data_dir, port, env=env, log_name="router.log",
         extra_args=[f"--db-url=sqlite:///{data_dir / 'router.db'}", f"--engines={','.join(engines)}",
@@ -67,8 +70,9 @@ def start_router(data_dir: Path, port: int, engines: list[str], optimizer_port: 
 class Fleet:
     """The optimizer and the router in their own processes, the engines and the forecaster here."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, workers: int) -> None:
         self.tmp_path = tmp_path
+        self.workers = workers  # 1: the process that routes; more: a supervisor and its worker processes
         self.router_dir = tmp_path / "router"
         self.port, self.router_port = free_port(), free_port()
         self.optimizer: subprocess.Popen | None = None
@@ -101,13 +105,25 @@ class Fleet:
         """Starts the router on its database; returns when it was started (time.time()): a report made since
         then comes from this process."""
         started_s = time.time()
-        self.router = await asyncio.to_thread(start_router, self.router_dir, self.router_port, self.engines, self.port)
+        self.router = await asyncio.to_thread(start_router, self.router_dir, self.router_port, self.engines, self.port,
+                                         self.workers)
         return started_s
 
-    async def kill_router(self) -> None:
+    async def kill_router(self) -> list[int]:
+        """SIGKILL to the router (the supervisor when it has workers); returns its workers' pids (they get SIGTERM
+        from the kernel: PR_SET_PDEATHSIG)."""
         assert self.router is not None
+        workers = children(self.router.pid)
+        assert len(workers) == (0 if self.workers == 1 else self.workers), workers
         self.router.send_signal(signal.SIGKILL)
         await asyncio.to_thread(self.router.wait, 10)
+        self.killed_at = time.monotonic()
+        return workers
+
+    async def workers_gone(self, workers: list[int], within_s: float) -> None:
+        await until(lambda: not any(alive(pid) for pid in workers), within_s, f"the router's workers {workers} gone")
+        if workers:
+            print(f"workers gone {time.monotonic() - self.killed_at:.2f} s after the supervisor's SIGKILL")
 
     async def plan_on(self, hardware: tuple[str, str]) -> common_pb2.Plan:
         """A plan computed on the two engines with these GPUs (it becomes the active one)."""
@@ -172,9 +188,23 @@ class Fleet:
                 await getattr(self, name).close()
 
 
+def children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "\nState:\tZ" not in status
+
+
 @pytest.fixture
-async def fleet(tmp_path, start_inprocess, emulators):  # noqa: ANN001, ANN201
-    started = Fleet(tmp_path)
+async def fleet(request, tmp_path, start_inprocess, emulators):  # noqa: ANN001, ANN201
+    started = Fleet(tmp_path, getattr(request, "param", 1))
     try:
         await started.start(start_inprocess, emulators)
         yield started
@@ -182,6 +212,7 @@ async def fleet(tmp_path, start_inprocess, emulators):  # noqa: ANN001, ANN201
         await started.close()
 
 
+@pytest.mark.parametrize("fleet", [1, 2], indirect=True, ids=["one-process", "two-workers"])
 async def test_router_sigkill_mid_switch_restarts_on_whole_weights_and_reports_the_truth(fleet: Fleet) -> None:
     first = await fleet.plan_on(("A100-80GB", "H100-80GB"))
     await until(lambda: _on(fleet, first.version), 30, f"the router on v{first.version}")
@@ -195,7 +226,9 @@ async def test_router_sigkill_mid_switch_restarts_on_whole_weights_and_reports_t
             assert fleet.weights(second.version) != fleet.weights(first.version), "the plans must differ"
             await until(lambda: _on(fleet, second.version), 30, f"the router switching to v{second.version}")
             await asyncio.sleep(0.3)
-            await fleet.kill_router()
+            workers = await fleet.kill_router()
+        # the workers (if any) drain and exit once their write is let go: none is left
+        await fleet.workers_gone(workers, 30)
         # nothing claims the router applied v2: it was killed before confirming it
         assert not any(r.state == APPLIED for r in await fleet.router_reports(second.version))
         restarted_s = await fleet.start_router()
@@ -208,7 +241,7 @@ async def test_router_sigkill_mid_switch_restarts_on_whole_weights_and_reports_t
         third = await fleet.plan_on(("A100-80GB", "A100-80GB"))
         await until(lambda: _on(fleet, third.version), 30, f"the router on v{third.version}")
         await until(lambda: fleet.applied_since(third.version, 0), 30, "the router's APPLIED report of v3")
-        await fleet.kill_router()
+        await fleet.workers_gone(await fleet.kill_router(), 30)
         restarted_s = await fleet.start_router()
         assert (await fleet.route())[0] == third.version  # from its database, before the optimizer is heard
         await until(lambda: fleet.applied_since(third.version, restarted_s), 30,

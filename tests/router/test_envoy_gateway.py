@@ -176,3 +176,21 @@ async def test_the_picker_needs_the_routers_token(gateway: dict[str, Any]) -> No
         async for _ in call:
             pass
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_dpd_pair_is_not_picked_for_envoy(gateway: dict[str, Any], emulators: Callable[..., Any]) -> None:
+    """A disaggregated pair needs the router's prefill step: the picker passes over it (503 when it is all)."""
+    from greenserve.v1 import common_pb2, router_pb2
+
+    r, emus, gw = gateway["router"], gateway["emus"], gateway["gateway"]
+    decoder = (await emulators(1))[0]
+    await r.stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
+        id="pair", url=decoder.url, prefill_url=emus[1].url, pool="dpd", model=MODEL,
+        kind=common_pb2.ENGINE_KIND_SIMULATED)), metadata=(("authorization", f"Bearer {TOKEN}"),))
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{gw.address}/v1/chat/completions", headers={"x-greenserve-pool": "dpd"},
+                                json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}) as resp:
+            assert resp.status == 503, await resp.text()
+            assert "prefill/decode" in (await resp.json())["error"]["message"]
+            assert resp.headers["retry-after"] == "1"
+    assert r.core.in_flight == 0 and _ledger(r).open_count == 0

@@ -218,8 +218,8 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
                        help="vLLM engines given to the router (default 2; 0: none)")
     fleet.add_argument("--engine", choices=["sim", "vllm"], default="sim",
                        help="sim: emulated engines (greenserve-engine-sim); vllm: real vLLM (CPU build from "
-                       "scripts/install-vllm.sh) on a tiny random-weight Llama made in DATA_DIR/models, about 2.8 GB "
-                       "of RAM and 30-60 s to start each (default sim)")
+                       "scripts/install-vllm.sh) on a tiny random-weight Llama made in DATA_DIR/models, about 2.1 GB "
+                       "of RAM and 20-40 s to start each (default sim)")
     fleet.add_argument("--engine-profile", default=None, help="performance profile of the engines (default: the simulator's)")
     fleet.add_argument("--engine-time-scale", type=float, default=1.0, help="engines run this much faster than real time")
     fleet.add_argument("--lmcache", choices=["auto", "on", "off"], default="auto",

@@ -216,7 +216,7 @@ def _signal(car: Sidecar, sig: int) -> None:
 
 def stop(sidecars: list[Sidecar], grace_s: float) -> None:
     """SIGTERM, then SIGKILL whatever outlives `grace_s`; a process-group sidecar's whole group (a vLLM engine's
-    EngineCore and worker) is signalled, and its members left after the leader exits are killed too."""
+    EngineCore) is signalled, and its members left after the leader exits are killed too."""
     for car in sidecars:
         if car.process.poll() is None:
             _signal(car, signal.SIGTERM)

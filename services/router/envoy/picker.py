@@ -156,8 +156,13 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         if not core.admit():  # released when Envoy's access log closes the request (ledger.py)
             raise _Refusal(503, "the router is at its in-flight limit (--max-in-flight)", err_type="overloaded",
                            retry_after_s=1)
+        tried: set[str] = set()
         try:
             decision = core.policy.choose(pool, model, hashes, session_key)
+            # a DPD pair needs the router's own front (the prefill step): Envoy would send to its decoder only
+            while decision.engine.prefill_url:
+                tried.add(decision.engine.id)
+                decision = core.policy.choose(pool, model, hashes, session_key, exclude=tried)
         except UnknownTargetError as exc:
             core.release()
             core.count_failure(PROTOCOL, exc.outcome)
@@ -165,7 +170,9 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         except NoEngineError as exc:
             core.release()
             core.count_failure(PROTOCOL, "unavailable")
-            raise _Refusal(503, str(exc), err_type="service_unavailable", retry_after_s=1) from None
+            raise _Refusal(503, str(exc) + (" (disaggregated prefill/decode pairs are served by the router's own "
+                                            "front, not through Envoy)" if tried else ""),
+                           err_type="service_unavailable", retry_after_s=1) from None
         if hashes:
             core.index.insert(decision.engine.id, hashes)
         self.ledger.open(request_id, decision, hashes, len(text))

