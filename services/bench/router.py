@@ -224,7 +224,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             peer_reason = "skipped (--no-peer or --quick)"
         envoy_url, envoy_proc = None, None
         if "envoy" in args.front:
-            from greenserve.router.envoy.bench_front import PathMeter, start_envoy_front
+            from greenserve.bench.router_envoy_front import PathMeter, start_envoy_front
 
             log("starting Envoy (the router its endpoint picker)")
             envoy_url, envoy_proc = start_envoy_front(procs, router_grpc, data_dir, pinning.get("vllm_router"))

@@ -10,8 +10,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from greenserve.router.bench_launch import Procs, bench_popen, env, free_port, wait_http
-from greenserve.router.bench_measure import RunMeter
+from greenserve.bench.router_launch import Procs, bench_popen, env, free_port, wait_http
+from greenserve.bench.router_measure import RunMeter
 from greenserve.router.envoy.bootstrap import bootstrap_json
 from greenserve.router.envoy.gateway import envoy_command
 from greenserve.router.envoy.ledger import PROTOCOL
