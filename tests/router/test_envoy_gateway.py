@@ -5,8 +5,8 @@ id, bad bodies answered by the picker, the picker's gRPC surfaces behind the rou
 from __future__ import annotations
 
 import asyncio
-import time
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
