@@ -69,7 +69,6 @@ async def _receipt(r: Any, request_id: str, timeout_s: float = 10.0) -> dict[str
             await asyncio.sleep(0.05)
 
 
-@pytest.mark.slow
 async def test_streams_through_envoy_with_affinity_receipts_and_ejection(gateway: dict[str, Any]) -> None:
     client, r, emus = gateway["client"], gateway["router"], gateway["emus"]
     # affinity: every turn of a conversation lands on one engine; two conversations may differ
