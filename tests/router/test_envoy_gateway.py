@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -68,7 +69,6 @@ async def _receipt(r: Any, request_id: str, timeout_s: float = 10.0) -> dict[str
             await asyncio.sleep(0.05)
 
 
-@pytest.mark.slow
 async def test_streams_through_envoy_with_affinity_receipts_and_ejection(gateway: dict[str, Any]) -> None:
     client, r, emus = gateway["client"], gateway["router"], gateway["emus"]
     # affinity: every turn of a conversation lands on one engine; two conversations may differ
@@ -194,3 +194,57 @@ async def test_a_dpd_pair_is_not_picked_for_envoy(gateway: dict[str, Any], emula
             assert "prefill/decode" in (await resp.json())["error"]["message"]
             assert resp.headers["retry-after"] == "1"
     assert r.core.in_flight == 0 and _ledger(r).open_count == 0
+
+
+async def test_the_gateways_subset_hint_bounds_the_pick(gateway: dict[str, Any]) -> None:
+    """The protocol's envoy.lb.subset_hint: the picker chooses only among the endpoints it names, 503 when
+    none of them is an engine of the request, 400 when it is not a list (Envoy is bypassed: the stream is
+    driven as a gateway drives it)."""
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+    from google.protobuf import struct_pb2
+    from greenserve.router.envoy.picker import destination
+
+    r, emus = gateway["router"], gateway["emus"]
+    stub = ext_grpc.ExternalProcessorStub(r.channel)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "system", "content": SYSTEM},
+                                                    {"role": "user", "content": "subset"}]}).encode()
+
+    async def pick(hint: Any, request_id: str) -> ext_pb2.ProcessingResponse:
+        metadata = base_pb2.Metadata()
+        if hint is not None:
+            metadata.filter_metadata["envoy.lb.subset_hint"].CopyFrom(
+                struct_pb2.Struct(fields={"x-gateway-destination-endpoint-subset": hint}))
+        headers = base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=":path", raw_value=b"/v1/chat/completions"),
+            base_pb2.HeaderValue(key="x-request-id", raw_value=request_id.encode())])
+        requests = [ext_pb2.ProcessingRequest(request_headers=ext_pb2.HttpHeaders(headers=headers),
+                                              metadata_context=metadata),
+                    ext_pb2.ProcessingRequest(request_body=ext_pb2.HttpBody(body=body, end_of_stream=True))]
+        answers = [a async for a in stub.Process(iter(requests),
+                                                 metadata=(("authorization", f"Bearer {TOKEN}"),))]
+        return answers[-1]
+
+    def listed(*endpoints: str) -> struct_pb2.Value:
+        value = struct_pb2.Value()
+        value.list_value.values.extend(struct_pb2.Value(string_value=e) for e in endpoints)
+        return value
+
+    ledger = _ledger(r)
+    for k, emu in enumerate(emus):  # each engine alone allowed: it is the one picked, whatever the affinity says
+        answer = await pick(listed(destination(emu.url), "10.255.0.1:8000"), f"subset-{k}")
+        header = answer.request_body.response.header_mutation.set_headers[0].header
+        assert header.key == "x-gateway-destination-endpoint" and header.raw_value.decode() == destination(emu.url)
+        assert answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields[
+            "x-gateway-destination-endpoint"].string_value == destination(emu.url)
+    assert ledger.open_count == 2  # no access log here (no Envoy): closed below without a receipt
+    for k in range(2):
+        ledger._abandon(f"subset-{k}", time.monotonic())  # noqa: SLF001
+    answer = await pick(listed("10.255.0.1:8000"), "subset-none")
+    assert answer.immediate_response.status.code == 503
+    answer = await pick(listed(), "subset-empty")
+    assert answer.immediate_response.status.code == 503
+    answer = await pick(struct_pb2.Value(string_value="10.255.0.1:8000"), "subset-bad")
+    assert answer.immediate_response.status.code == 400
+    assert r.core.in_flight == 0 and ledger.open_count == 0

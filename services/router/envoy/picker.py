@@ -40,6 +40,9 @@ log = logging.getLogger("greenserve.router.envoy")
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 """The Inference Extension's header (and ``envoy.lb`` metadata key) naming the chosen endpoint."""
 LB_METADATA_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+"""Where a gateway may name the endpoints (``ip:port``) the picker must choose among (the protocol's subset hint)."""
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -75,6 +78,17 @@ def _immediate(refusal: _Refusal) -> ext_pb2.ProcessingResponse:
         details=f"greenserve_picker_{refusal.status}"))
 
 
+def _subset(request: ext_pb2.ProcessingRequest) -> set[str] | None:
+    """The subset hint of the request's filter metadata: None when absent (any engine), else the endpoints."""
+    namespace = request.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET_KEY not in namespace.fields:
+        return None
+    value = namespace.fields[SUBSET_KEY]
+    if value.WhichOneof("kind") != "list_value":
+        raise _Refusal(400, f"{SUBSET_KEY}: the subset hint must be a list of ip:port strings", SUBSET_KEY)
+    return {v.string_value for v in value.list_value.values if v.WhichOneof("kind") == "string_value"}
+
+
 def _header_map(headers: Any) -> dict[str, str]:
     return {h.key.lower(): (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
             for h in headers.headers}
@@ -91,12 +105,18 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator: AsyncIterator[ext_pb2.ProcessingRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[ext_pb2.ProcessingResponse]:
         headers: dict[str, str] = {}
+        subset: set[str] | None = None
         chunks: list[bytes] = []
         size = 0
         async for request in request_iterator:
             kind = request.WhichOneof("request")
             if kind == "request_headers":
                 headers = _header_map(request.request_headers.headers)
+                try:
+                    subset = _subset(request)
+                except _Refusal as refusal:
+                    yield _immediate(refusal)
+                    return
                 if request.request_headers.end_of_stream:
                     yield _immediate(_Refusal(400, "a JSON request body is required", None))
                     return
@@ -113,7 +133,7 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
                     yield ext_pb2.ProcessingResponse(request_body=ext_pb2.BodyResponse())
                     continue
                 try:
-                    endpoint = self._pick(headers, b"".join(chunks))
+                    endpoint = self._pick(headers, b"".join(chunks), subset)
                 except _Refusal as refusal:
                     yield _immediate(refusal)
                     return
@@ -127,7 +147,7 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             elif kind == "response_trailers":
                 yield ext_pb2.ProcessingResponse(response_trailers=ext_pb2.TrailersResponse())
 
-    def _pick(self, headers: dict[str, str], raw: bytes) -> str:
+    def _pick(self, headers: dict[str, str], raw: bytes, subset: set[str] | None = None) -> str:
         core = self.core
         try:
             body = json.loads(raw)
@@ -157,12 +177,19 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             raise _Refusal(503, "the router is at its in-flight limit (--max-in-flight)", err_type="overloaded",
                            retry_after_s=1)
         tried: set[str] = set()
+        outside: set[str] = set()  # engines the gateway's subset hint leaves out
         try:
-            decision = core.policy.choose(pool, model, hashes, session_key)
+            if subset is not None:
+                candidates = core.registry.candidates(pool, model)
+                outside = {e.id for e in candidates if destination(e.url) not in subset}
+                if candidates and len(outside) == len(candidates):  # (none at all: choose names the pool/model)
+                    raise NoEngineError(f"{SUBSET_KEY}: no engine of the request is among the {len(subset)} "
+                                        "endpoints the gateway allows")
+            decision = core.policy.choose(pool, model, hashes, session_key, exclude=outside)
             # a DPD pair needs the router's own front (the prefill step): Envoy would send to its decoder only
             while decision.engine.prefill_url:
                 tried.add(decision.engine.id)
-                decision = core.policy.choose(pool, model, hashes, session_key, exclude=tried)
+                decision = core.policy.choose(pool, model, hashes, session_key, exclude=tried | outside)
         except UnknownTargetError as exc:
             core.release()
             core.count_failure(PROTOCOL, exc.outcome)
