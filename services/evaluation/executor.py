@@ -2,8 +2,9 @@
 
 ``map_jobs(fn, items, ...)`` calls ``fn`` on every item and hands each result to ``on_done`` as it finishes (for
 the progress bar), returning the results in the order of ``items``. A job may also report progress while it runs:
-``tick(payload)`` inside ``fn`` reaches ``on_tick(payload)`` in the caller (a queue from the worker processes,
-drained by a thread; a direct call in this process; Ray jobs report only their end). With ``ray_address`` the same function runs as
+``tick(payload)`` inside ``fn`` reaches ``on_tick(payload)`` in the caller (a queue from the worker processes, read
+by the caller between jobs' ends and every ``TICK_POLL_S``; a direct call in this process; Ray jobs report only
+their end). With ``ray_address`` the same function runs as
 Ray tasks: ``"local"`` starts a Ray instance on this machine (what the tests use), any other value is passed to
 ``ray.init(address=...)`` (``auto``, ``ray://head:10001``, ...). The cluster's workers must be able to import
 greenserve (installed on every node, or through the cluster's ``runtime_env``). Ray is the optional extra
@@ -16,7 +17,6 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -40,34 +40,15 @@ def _worker_start(parent_pid: int, ticks: Any) -> None:
     _tick_to = ticks.put if ticks is not None else None
 
 
-@contextlib.contextmanager
-def _ticks_drained(on_tick: Callable[[Any], None] | None) -> Iterator[Any]:
-    """A queue for the worker processes' ticks, handed to ``on_tick`` by a thread until the block ends."""
-    if on_tick is None:
-        yield None
+TICK_POLL_S = 0.2  # how often the caller looks for the worker processes' ticks while no job finishes
+
+
+def _drain(ticks: Any, on_tick: Callable[[Any], None] | None) -> None:
+    """Hands every tick already in the queue to ``on_tick``."""
+    if ticks is None or on_tick is None:
         return
-    ticks: Any = multiprocessing.get_context().SimpleQueue()
-    stop = _Stop()
-
-    def drain() -> None:
-        while True:
-            payload = ticks.get()
-            if isinstance(payload, _Stop):
-                return
-            on_tick(payload)
-
-    reader = threading.Thread(target=drain, name="evaluate-ticks", daemon=True)
-    reader.start()
-    try:
-        yield ticks
-    finally:
-        ticks.put(stop)
-        reader.join(timeout=10)
-        ticks.close()
-
-
-class _Stop:
-    """The end of the ticks (a class, so that it is the same after the queue's pickling)."""
+    while not ticks.empty():
+        on_tick(ticks.get())
 
 
 class RayUnavailable(RuntimeError):
@@ -97,13 +78,25 @@ def map_jobs(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = 
         finally:
             _tick_to = None
         return results
-    with _ticks_drained(on_tick) as ticks, concurrent.futures.ProcessPoolExecutor(
-            max_workers=min(workers, len(items)), initializer=_worker_start, initargs=(os.getpid(), ticks)) as pool:
-        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-        for future in concurrent.futures.as_completed(futures):
-            results[futures[future]] = future.result()
-            if on_done:
-                on_done(results[futures[future]])
+    ticks: Any = multiprocessing.get_context().SimpleQueue() if on_tick is not None else None
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(items)), initializer=_worker_start,
+                                                    initargs=(os.getpid(), ticks)) as pool:
+            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=TICK_POLL_S,
+                                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                # a job's ticks were written to the queue before its result was sent: they are taken first, so a
+                # finished job's last ticks never arrive after its on_done
+                _drain(ticks, on_tick)
+                for future in done:
+                    results[futures[future]] = future.result()
+                    if on_done:
+                        on_done(results[futures[future]])
+    finally:
+        if ticks is not None:
+            ticks.close()
     return results
 
 

@@ -1,7 +1,7 @@
 """What an evaluation is doing, for its progress bar: the steps (each grid's CI forecast and the load forecast, each
 hour of each (grid, strategy) day planned and replayed, each table of the method's checks) and, as each finishes,
-what still runs. ``report(done, total, doing)`` is called at each change; the calls may come from two threads (the
-hours arrive from the worker processes through a queue)."""
+what still runs. ``report(done, total, doing)`` is called at each change; a lock keeps the counts whole if a caller reports
+from more than one thread."""
 
 from __future__ import annotations
 

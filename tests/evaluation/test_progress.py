@@ -82,3 +82,26 @@ def test_evaluate_reports_every_hour_from_its_worker_processes() -> None:
     assert events[-1] == (total, total, "done")
     assert done == sorted(done), "the count never goes back"
     assert len({d for d in done if 2 < d < total}) >= 3, f"hours counted one by one: {done}"
+
+
+def _ticking_job(name: str) -> str:
+    from greenserve.evaluation import executor
+
+    for hour in range(3):
+        executor.tick((name, hour))
+    return name
+
+
+def test_a_jobs_ticks_all_arrive_before_its_end() -> None:
+    """The worker processes' ticks are handed over before the end of the job that sent them (a finished day's
+    last hours would otherwise be counted at its end, and the bar jump)."""
+    from greenserve.evaluation import executor
+
+    events: list[tuple[str, object]] = []
+    names = [f"day{i}" for i in range(6)]
+    assert executor.map_jobs(_ticking_job, names, workers=2, on_done=lambda r: events.append(("done", r)),
+                             on_tick=lambda t: events.append(("tick", t))) == names
+    for name in names:
+        end = events.index(("done", name))
+        assert [e for e in events[:end] if e[0] == "tick" and e[1][0] == name] == [
+            ("tick", (name, h)) for h in range(3)], events
