@@ -22,7 +22,7 @@ def test_one_spelling_of_the_commands() -> None:
 
 def test_links_and_facts_a_new_user_needs() -> None:
     assert "(deploy/README.md)" in README and (ROOT / "deploy" / "README.md").exists()
-    assert "bash scripts/test.sh tests/optimizer -x" in README and "23 minutes" in README
+    assert "bash scripts/test.sh tests/optimizer -x" in README and "36 minutes" in README
     assert "grpcurl" in README.split("## Using it")[0]  # introduced before it is used
     assert "(SARIMA)" not in README and "ensemble" in README
 
