@@ -116,7 +116,9 @@ def make_engine(
     Write transactions begin ``IMMEDIATE`` (take the write lock up front, so two writers queue on
     the busy timeout instead of failing on a lock upgrade); read-only ones begin ``DEFERRED``.
 
-    PostgreSQL: psycopg 3, ``pool_pre_ping``, a connect timeout and ``application_name``.
+    PostgreSQL: psycopg 3, ``pool_pre_ping``, a connect timeout, ``application_name``, and a ``lock_timeout`` as
+    long as SQLite's busy timeout: a write waiting on a row another session holds fails (UNAVAILABLE upstream)
+    instead of waiting for ever.
     """
     url = normalize_db_url(db_url)
     kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo}
@@ -141,7 +143,7 @@ def make_engine(
         _install_sqlite_hooks(engine, busy_timeout_ms=sqlite_busy_timeout_ms, wal=not memory)
         return engine
 
-    connect_args = {"connect_timeout": pg_connect_timeout_s}
+    connect_args = {"connect_timeout": pg_connect_timeout_s, "options": f"-c lock_timeout={sqlite_busy_timeout_ms}"}
     if application_name:
         connect_args["application_name"] = application_name[:63]
     kwargs["connect_args"] = connect_args | engine_kwargs.pop("connect_args", {})
