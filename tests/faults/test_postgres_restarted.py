@@ -24,10 +24,8 @@ from greenserve.bench.pg_server import PostgresServer, pg_bindir
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2
 
 from tests.conftest import free_port
-from tests.faults.conftest import until
-from tests.forecaster.process import start_forecaster
-from tests.optimizer.conftest import ci_ref, engine, ingest_daily, load_ref, pool
-from tests.process import start_service_process
+from tests.faults.conftest import seeded_forecaster, start_optimizer, until
+from tests.optimizer.conftest import engine, pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -61,19 +59,10 @@ def _clean_failure(err: BaseException) -> None:
 async def test_optimizer_keeps_acknowledged_plans_across_a_postgres_restart(pg: PostgresServer, tmp_path) -> None:  # noqa: ANN001
     fc_port, port = free_port(), free_port()
     db_url = pg.url(pg.create_database("optimizer"))
-    forecaster = await asyncio.to_thread(start_forecaster, tmp_path / "forecaster", fc_port,
-                                         GREENSERVE_FORECAST_MODEL="seasonal_naive")
+    forecaster = await seeded_forecaster(tmp_path, fc_port)
     optimizer = None
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{fc_port}") as fc:
-            await ingest_daily(fc, ci_ref("FR"), 60.0, 25.0)
-            await ingest_daily(fc, load_ref("chat"), 1.0, 0.5)
-        optimizer = await asyncio.to_thread(
-            start_service_process, "greenserve.optimizer", "greenserve.v1.OptimizerService", tmp_path / "opt", port,
-            env={}, log_name="optimizer.log",
-            extra_args=[f"--db-url={db_url}", f"--forecaster-addr=127.0.0.1:{fc_port}",
-                        "--profiler-addr=127.0.0.1:9", "--cache-manager-addr=127.0.0.1:9", "--no-schedule-plans",
-                        "--cache-solver=keep", "--mig-solver=keep", "--modes-solver=keep", "--log-level=WARNING"])
+        optimizer = await start_optimizer(tmp_path, port, fc_port, f"--db-url={db_url}")
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = optimizer_pb2_grpc.OptimizerServiceStub(channel)
             fleet = common_pb2.FleetInventory(pools=[pool("chat", [engine("e1"), engine("e2")])])

@@ -24,9 +24,9 @@ from greenserve.common.db_engine import DEFAULT_SQLITE_BUSY_TIMEOUT_MS
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
 
 from tests.conftest import free_port
+from tests.faults.conftest import seeded_forecaster, start_optimizer
 from tests.forecaster.process import start_forecaster
-from tests.optimizer.conftest import ci_ref, engine, ingest_daily, load_ref, pool
-from tests.process import start_service_process
+from tests.optimizer.conftest import engine, pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -110,19 +110,10 @@ async def test_forecaster_writes_wait_then_fail_unavailable_under_another_writer
 
 async def test_optimizer_writes_under_another_writer_fail_unavailable_and_change_nothing(tmp_path) -> None:  # noqa: ANN001
     fc_port, port = free_port(), free_port()
-    forecaster = await asyncio.to_thread(start_forecaster, tmp_path / "forecaster", fc_port,
-                                         GREENSERVE_FORECAST_MODEL="seasonal_naive")
+    forecaster = await seeded_forecaster(tmp_path, fc_port)
     optimizer = None
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{fc_port}") as fc:
-            await ingest_daily(fc, ci_ref("FR"), 60.0, 25.0)
-            await ingest_daily(fc, load_ref("chat"), 1.0, 0.5)
-        optimizer = await asyncio.to_thread(
-            start_service_process, "greenserve.optimizer", "greenserve.v1.OptimizerService", tmp_path / "opt", port,
-            env={}, log_name="optimizer.log",
-            extra_args=[f"--forecaster-addr=127.0.0.1:{fc_port}", "--profiler-addr=127.0.0.1:9",
-                        "--cache-manager-addr=127.0.0.1:9", "--no-schedule-plans", "--cache-solver=keep",
-                        "--mig-solver=keep", "--modes-solver=keep", "--log-level=WARNING"])
+        optimizer = await start_optimizer(tmp_path, port, fc_port)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = optimizer_pb2_grpc.OptimizerServiceStub(channel)
             fleet = common_pb2.FleetInventory(pools=[pool("chat", [engine("e1")])])
