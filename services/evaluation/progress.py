@@ -1,11 +1,9 @@
 """What an evaluation is doing, for its progress bar: the steps (each grid's CI forecast and the load forecast, each
 hour of each (grid, strategy) day planned and replayed, each table of the method's checks) and, as each finishes,
-what still runs. ``report(done, total, doing)`` is called at each change; a lock keeps the counts whole if a caller reports
-from more than one thread."""
+what still runs. ``report(done, total, doing)`` is called at each change."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 
 Report = Callable[[int, int, str], None]
@@ -29,7 +27,6 @@ class Progress:
         self._checks: list[str] = []
         self._hours = 0
         self._hours_done: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     def forecasting(self, regions: Iterable[str], model: str) -> None:
         self._doing = f"forecasting the day's CI of {_names(list(regions))} and its load ({model})"
@@ -37,35 +34,32 @@ class Progress:
 
     def running(self, days: list[str], hours: int, checks: list[str]) -> None:
         """The days (``REGION/strategy``, ``hours`` steps each) and the method's checks now running."""
-        with self._lock:
-            self._days, self._hours, self._checks = list(days), hours, list(checks)
-            self._hours_done = dict.fromkeys(days, 0)
-            self._emit_running()
+        self._days, self._hours, self._checks = list(days), hours, list(checks)
+        self._hours_done = dict.fromkeys(days, 0)
+        self._emit_running()
 
     def hour_finished(self, day: str) -> None:
         """One hour of a running day replayed (an hour of a day already finished is not counted again)."""
-        with self._lock:
-            if day not in self._days or self._hours_done[day] >= self._hours:
-                return
-            self._hours_done[day] += 1
-            self.done += 1
-            self._emit_running()
+        if day not in self._days or self._hours_done[day] >= self._hours:
+            return
+        self._hours_done[day] += 1
+        self.done += 1
+        self._emit_running()
 
     def finished(self, name: str = "") -> None:
         """One step done: a forecast (no name), a day (its hours not yet counted) or a check (by its name)."""
-        with self._lock:
-            if name in self._days:
-                self.done += self._hours - self._hours_done[name]
-                self._days.remove(name)
-            else:
-                self.done += 1
-                if name in self._checks:
-                    self._checks.remove(name)
-            if self._days or self._checks:
-                self._emit_running()
-            else:  # a forecast (the days have not started), or the last step
-                self._doing = "done" if self.done == self.total else self._doing
-                self._emit()
+        if name in self._days:
+            self.done += self._hours - self._hours_done[name]
+            self._days.remove(name)
+        else:
+            self.done += 1
+            if name in self._checks:
+                self._checks.remove(name)
+        if self._days or self._checks:
+            self._emit_running()
+        else:  # a forecast (the days have not started), or the last step
+            self._doing = "done" if self.done == self.total else self._doing
+            self._emit()
 
     def _emit_running(self) -> None:
         parts = []
