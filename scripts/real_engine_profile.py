@@ -48,29 +48,21 @@ from greenserve.profiler.keys import config_key
 from greenserve.profiler.method import as_proto, resolve
 from greenserve.profiler.settings_view import EngineSettingsView
 from greenserve.profiler.sim_backend import simulate_point
+from greenserve.profiler import step_fit
 from greenserve.profiler.store import validate_profile
 from greenserve.simulator.calibration import calibrate
-from greenserve.simulator.engine_profile import EngineProfile, load_profile
+from greenserve.simulator.engine_profile import EngineProfile
 from greenserve.v1 import common_pb2, profiler_pb2
 
-MODEL = "tiny-llama"
-HARDWARE = "CPU"
-KV_CACHE_BYTES = 2**30  # engines.KV_CACHE_SPACE_GIB
+MODEL = step_fit.TINY_LLAMA
+HARDWARE = step_fit.CPU
 TINY_VOCAB = 700  # the tiny model's tokenizer trains to 744 tokens (tiny_model.VOCAB_SIZE 1024 is its upper bound)
 
 
 def base_profile() -> EngineProfile:
-    """The tiny model (services/vllm_cpu/tiny_model.py: 2 layers, hidden 128, 2 KV heads of 32, MLP 256, vocabulary
-    <= 1024, float32) on a CPU: order-of-magnitude compute (2e11 FLOP/s) and memory bandwidth (2e10 B/s) that the
-    calibration's efficiencies scale; a 1 GiB KV pool (VLLM_CPU_KVCACHE_SPACE=1)."""
-    n_params = 2 * (4 * 128 * 128 // 2 + 2 * 128 * 64 + 3 * 128 * 256) + 2 * 1024 * 128
-    weights = 4.0 * n_params
-    return load_profile("llama3-8b@A100-80GB").with_overrides(
-        name=f"{MODEL}@{HARDWARE}", model=MODEL, hardware=HARDWARE, n_params=float(n_params), n_layers=2,
-        hidden_size=128, n_kv_heads=2, head_dim=32, weight_bytes_per_param=4.0, kv_bytes_per_element=4.0,
-        gpu_count=1, peak_flops=2e11, hbm_bandwidth_bytes_per_s=2e10, memory_bytes=KV_CACHE_BYTES + weights,
-        gpu_memory_utilization=1.0, non_kv_reserve_bytes_per_gpu=0.0, max_num_seqs=256,
-        max_num_batched_tokens=2048, idle_w=1.0, max_w=1.0, calibrated_from="", sources={})
+    """The tiny model on a CPU (step_fit.tiny_llama_cpu_profile) with the batch limit this roofline calibration
+    was run with."""
+    return step_fit.tiny_llama_cpu_profile().with_overrides(max_num_seqs=256)
 
 
 def spec_for(workload: str, rates: list[float], args: argparse.Namespace, url: str,
