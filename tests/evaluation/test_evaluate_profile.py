@@ -30,6 +30,7 @@ def test_evaluate_runs_on_a_measured_profiles_engine(tmp_path: Path) -> None:
     assert 0 <= hours[0]["attainment_fraction"] <= 1
     text = json.dumps(result)
     assert "tiny-llama" in text and "CPU" in text
+    assert "has no measured power" in run.stderr  # its carbon figures are not passed off as measured
 
 
 def test_a_profile_without_a_fitted_step_model_exits_2(tmp_path: Path) -> None:

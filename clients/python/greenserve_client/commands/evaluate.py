@@ -116,6 +116,10 @@ def main(argv: list[str]) -> int:
                 parser.error(f"--grids: unknown {missing or 'none given'}; shipped: {', '.join(shipped)}")
             series = {g: shipped[g] for g in wanted}
         measured = _measured_engine(ns.profile) if ns.profile is not None else None
+        if measured is not None and not {"idle_w", "max_w"} <= set(measured.sources):
+            print(f"{prog}: warning: --profile: {measured.name} has no measured power (idle {measured.idle_w:g} W, "
+                  f"peak {measured.max_w:g} W are stand-ins): its latencies and attainment hold, its carbon and "
+                  "energy figures do not", file=sys.stderr)
         chosen = scenario.load(ns.scenario) if ns.scenario else scenario.Scenario()
         if measured is not None and not ns.scenario:
             chosen = scenario.Scenario(pools=(scenario.PoolScenario(
