@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ SLO = common_pb2.Slo(ttft_s=2.0, tpot_s=0.2, attainment_fraction=0.9)
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 EXPLAINED = re.compile(r"^(\S+): .*plan_weight=([0-9.e+-]+)/[0-9.e+-]+ v(\d+)")
 RETRY_S = 0.2
+KILL_WINDOW_S = 5.0  # how long after a kill a stream may still be cut by the killed process
 
 
 def start_router(data_dir: Path, port: int, engines: list[str], optimizer_port: int,
@@ -81,6 +83,7 @@ class Fleet:
         self.decisions: list[tuple[int, str, float]] = []  # (plan version, engine, weight) of each decision
         self.answered = 0
         self.slowest_ttft_s = 0.0
+        self.killed_at: float | None = None  # time.monotonic() of the last kill_router
 
     async def start(self, start_inprocess, emulators) -> None:  # noqa: ANN001
         from tests.optimizer.conftest import ForecasterSettings, build_forecaster
@@ -167,7 +170,12 @@ class Fleet:
                         self.answered += 1
                         self.slowest_ttft_s = max(self.slowest_ttft_s, first)
             except grpc.aio.AioRpcError as exc:
-                assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+                retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                # a worker stopping (SIGTERM from the kernel once its supervisor died) may reset a stream it
+                # accepted as it went: CANCELLED, but only from the process just killed
+                if self.killed_at is not None and time.monotonic() - self.killed_at < KILL_WINDOW_S:
+                    retryable += (grpc.StatusCode.CANCELLED,)
+                assert exc.code() in retryable, exc
                 await asyncio.sleep(RETRY_S)
 
     async def router_reports(self, version: int) -> list[optimizer_pb2.EnforcementReport]:
@@ -186,6 +194,16 @@ class Fleet:
         for name in ("channel", "router_channel"):
             if hasattr(self, name):
                 await getattr(self, name).close()
+
+
+def stored_plan_version(path: Path) -> int | None:
+    """The plan version the router's database holds as its last good plan."""
+    db = sqlite3.connect(path, timeout=30)
+    try:
+        row = db.execute("SELECT plan_version FROM last_plan").fetchone()
+    finally:
+        db.close()
+    return None if row is None else int(row[0])
 
 
 def children(pid: int) -> list[int]:
@@ -229,8 +247,11 @@ async def test_router_sigkill_mid_switch_restarts_on_whole_weights_and_reports_t
             workers = await fleet.kill_router()
         # the workers (if any) drain and exit once their write is let go: none is left
         await fleet.workers_gone(workers, 30)
-        # nothing claims the router applied v2: it was killed before confirming it
-        assert not any(r.state == APPLIED for r in await fleet.router_reports(second.version))
+        # nothing claims the router applied v2 unless it did: the one process was killed before confirming it;
+        # workers get SIGTERM and may store v2 in the moment between the lock's release and their exit
+        applied = any(r.state == APPLIED for r in await fleet.router_reports(second.version))
+        stored = stored_plan_version(fleet.router_dir / "router.db")
+        assert not applied or (fleet.workers > 1 and stored == second.version), (applied, stored)
         restarted_s = await fleet.start_router()
         # back on its stored plan (v1, whole) or already on v2 (whole), then on v2 without an operator
         await until(lambda: _on(fleet, second.version), 30, f"the restarted router on v{second.version}")
