@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from greenserve.common.parent_death import exit_with_parent
+from greenserve.simulator.engine_profile import MEASURED_PROFILES_ENV
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -116,8 +117,12 @@ def ray_session(address: str | None) -> Iterator[None]:
         yield
         return
     try:
+        # the measured profiles of `evaluate --profile` reach the workers by the same variable as local processes
+        # (a path each node must be able to read: the driver's own machine for a local instance)
+        profiles = os.environ.get(MEASURED_PROFILES_ENV)
+        runtime_env = {"env_vars": {MEASURED_PROFILES_ENV: profiles}} if profiles else None
         ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+                 configure_logging=False, runtime_env=runtime_env)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayUnavailable(f"cannot connect to the Ray cluster at {address!r}: {exc}") from None
     try:

@@ -31,6 +31,26 @@ def test_without_ray_the_message_says_how_to_install(monkeypatch: pytest.MonkeyP
         executor.map_jobs(_square, [1, 2], ray_address="local")
 
 
+def test_measured_profiles_reach_the_ray_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`evaluate --profile` names its measured profiles in an environment variable; Ray's workers get it through
+    the runtime environment (a stand-in module records what ray.init is given: Ray is not installed in CI)."""
+    import sys
+    import types
+
+    calls: list[dict] = []
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw),
+                                 shutdown=lambda: None)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setenv(executor.MEASURED_PROFILES_ENV, "a.json:b.json")
+    with executor.ray_session("local"):
+        pass
+    assert calls[-1]["runtime_env"] == {"env_vars": {executor.MEASURED_PROFILES_ENV: "a.json:b.json"}}
+    monkeypatch.delenv(executor.MEASURED_PROFILES_ENV)
+    with executor.ray_session("local"):
+        pass
+    assert calls[-1]["runtime_env"] is None
+
+
 def test_local_ray_runs_the_same_evaluation() -> None:
     pytest.importorskip("ray", reason="Ray is the optional extra greenserve[ray]; not installed here (CI installs "
                                       "greenserve[dev] only)")
