@@ -121,7 +121,7 @@ async def sweep(url: str, args: argparse.Namespace,
 def fit_and_predict(profiles: dict[str, common_pb2.Profile], args: argparse.Namespace) -> dict[str, Any]:
     fit_rates = set(args.fit_rates)
     prefill, decode = [], []
-    for workload, profile in profiles.items():
+    for _workload, profile in profiles.items():
         part = common_pb2.Profile()
         part.CopyFrom(profile)
         del part.points[:]

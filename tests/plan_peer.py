@@ -27,7 +27,7 @@ class PlanPeer(optimizer_pb2_grpc.OptimizerServiceServicer):
             self.plans.append(plan)
             self._new_plan.notify_all()
 
-    async def WatchPlans(self, request, context):  # noqa: N802
+    async def WatchPlans(self, request, context):
         """As the optimizer: the active (last published) plan unless the watcher holds it, then every plan
         published later whose version differs from the last sent (an older one is a rollback)."""
         self.watch_requests.append(request.after_version)
@@ -38,20 +38,20 @@ class PlanPeer(optimizer_pb2_grpc.OptimizerServiceServicer):
             yield optimizer_pb2.WatchPlansResponse(plan=self.plans[-1])
         while True:
             async with self._new_plan:
-                await self._new_plan.wait_for(lambda: len(self.plans) > seen)
+                await self._new_plan.wait_for(lambda seen=seen: len(self.plans) > seen)
                 later, seen = self.plans[seen:], len(self.plans)
             for plan in later:
                 if plan.version != sent:
                     sent = plan.version
                     yield optimizer_pb2.WatchPlansResponse(plan=plan)
 
-    async def ReportEnforcement(self, request, context):  # noqa: N802
+    async def ReportEnforcement(self, request, context):
         async with self._new_report:
             self.reports.append(request.report)
             self._new_report.notify_all()
         return optimizer_pb2.ReportEnforcementResponse()
 
-    async def GetFleet(self, request, context):  # noqa: N802
+    async def GetFleet(self, request, context):
         return optimizer_pb2.GetFleetResponse(fleet=self.fleet)
 
     async def wait_report(self, predicate, timeout_s: float = 20.0, since: int = 0) -> optimizer_pb2.EnforcementReport:

@@ -193,7 +193,7 @@ def main(argv: list[str], prog: str = "greenserve bench forecaster") -> int:
             entry = futures[future]
             try:
                 row = future.result()
-            except Exception as exc:  # one unreadable series must not hide the others' results
+            except Exception as exc:  # noqa: BLE001 - one unreadable series must not hide the others' results
                 errors.append({"series": entry.name, "error": str(exc)})
                 print(f"{entry.name}: ERROR {exc}", file=sys.stderr)
                 continue

@@ -249,7 +249,7 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             return RunMeter(pid_of.get(name), router_http if (name, proto) == ("router", "http") else None)
         loadgen_cpus = len(side) if side else len(os.sched_getaffinity(0))
         # warm-up: connections, caches and pools
-        for name, proto, t in targets:
+        for _name, proto, t in targets:
             run_load({**base, **t, "protocol": proto, "concurrency": 4, "requests": 16, "stagger_s": 0.0}, 120, 1,
                       side)
         rows: list[dict[str, Any]] = []

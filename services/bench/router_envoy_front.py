@@ -26,7 +26,7 @@ def start_envoy_front(procs: Procs, router_grpc: str, data_dir: str, cpus: list[
     config = Path(data_dir) / "envoy.json"
     config.write_text(bootstrap_json(listen_host="127.0.0.1", listen_port=port, picker_host=picker_host,
                                      picker_port=int(picker_port), admin_port=admin_port))
-    log_file = open(Path(data_dir) / "envoy.log", "wb")  # noqa: SIM115 - closed with the process
+    log_file = open(Path(data_dir) / "envoy.log", "wb")  # closed with the process
     proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
     wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
     return f"http://127.0.0.1:{port}", proc

@@ -93,13 +93,13 @@ def _serve_aio(variant: str, port: int, messages: int, gap_s: float, interceptor
 
     async def write_handler(request, context):
         write = context.write
-        for i in range(messages):
+        for _i in range(messages):
             if gap_s:
                 await asyncio.sleep(gap_s)
             await write(Response(request_id="r", text_delta=_TEXT, token_count=1))
 
     async def yield_handler(request, context):
-        for i in range(messages):
+        for _i in range(messages):
             if gap_s:
                 await asyncio.sleep(gap_s)
             yield Response(request_id="r", text_delta=_TEXT, token_count=1)
@@ -108,7 +108,7 @@ def _serve_aio(variant: str, port: int, messages: int, gap_s: float, interceptor
         if variant == "aio_bytes_nocomp":
             context.set_compression(grpc.Compression.NoCompression)
         write = context.write
-        for i in range(messages):
+        for _i in range(messages):
             if gap_s:
                 await asyncio.sleep(gap_s)
             await write(generate_response_bytes(request_id="r", text_delta=_TEXT, token_count=1))
@@ -145,7 +145,7 @@ def _serve_sync(port: int, messages: int, gap_s: float, threads: int) -> None:
     Response = router_pb2.GenerateResponse
 
     def handler(request, context):
-        for i in range(messages):
+        for _i in range(messages):
             if gap_s:
                 time.sleep(gap_s)
             yield Response(request_id="r", text_delta=_TEXT, token_count=1)

@@ -167,7 +167,7 @@ def start_router(procs: Procs, engines: list[str], data_dir: str, cpus: list[int
            "--http-port", str(http_port), "--engines", ",".join(engines), "--data-dir", data_dir,
            "--no-watch-plans", "--no-feeds", "--log-level", "WARNING", "--max-in-flight", "100000",
            "--workers", str(workers), *(extra or [])]
-    log_file = open(Path(data_dir) / "router.log", "wb")  # noqa: SIM115 - closed with the process
+    log_file = open(Path(data_dir) / "router.log", "wb")  # closed with the process
     proc = procs.add(bench_popen(cmd, cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
     url = f"http://127.0.0.1:{http_port}"
     wait_http(url + "/health", 60, proc)
@@ -198,7 +198,7 @@ def start_vllm_router(procs: Procs, exe: Path, engines: list[str], data_dir: str
     port = free_port()
     cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
            "--policy", "round_robin", "--log-level", "warning", "--disable-retries"]
-    log_file = open(Path(data_dir) / "vllm-router.log", "wb")  # noqa: SIM115
+    log_file = open(Path(data_dir) / "vllm-router.log", "wb")
     proc = procs.add(bench_popen(cmd, cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", 60, proc)

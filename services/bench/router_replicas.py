@@ -203,7 +203,7 @@ class Cluster:
                    "--http-port", str(http_port), "--data-dir", str(data_dir), "--db-url", db_url,
                    "--replica-id", f"r{k}", "--workers", "1", "--no-watch-plans", "--no-feeds",
                    "--log-level", "WARNING", "--max-in-flight", "100000", *router_flags]
-            log = open(data_dir / "router.log", "wb")  # noqa: SIM115 - closed with the process
+            log = open(data_dir / "router.log", "wb")  # closed with the process
             proc = self.procs.add(rb.bench_popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rb.env()))
             starting.append((f"http://127.0.0.1:{http_port}", proc))
             self.grpc.append(f"127.0.0.1:{grpc_port}")

@@ -191,7 +191,7 @@ _KINDS = {cache_manager_pb2.ACCESS_KIND_HIT: "hit", cache_manager_pb2.ACCESS_KIN
           cache_manager_pb2.ACCESS_KIND_STORE: "store"}
 
 
-def access_of(ev) -> Access | None:  # noqa: ANN001 - a journal.Event (journal.py imports this module's users)
+def access_of(ev) -> Access | None:  # a journal.Event (journal.py imports this module's users)
     """A journaled event as the policy reads it (None: an EVICT, which the shadows ignore)."""
     kind = _KINDS.get(ev.kind)
     if kind is None:

@@ -160,8 +160,8 @@ class CacheEnforcer:
         index = next((i for i, iv in enumerate(plan.intervals) if iv == interval), 0)
         field = f"plan.intervals[{index}].cache_targets"
         svc = self.servicer
-        async with svc._lock:  # noqa: SLF001 - the servicer's resize lock: no RPC resize interleaves
-            rows = svc._servers()  # noqa: SLF001
+        async with svc._lock:  # the servicer's resize lock: no RPC resize interleaves
+            rows = svc._servers()
             by_pool: dict[str, list[LmcacheServer]] = defaultdict(list)
             for row in rows:
                 by_pool[row.pool].append(row)
@@ -189,7 +189,7 @@ class CacheEnforcer:
                 continue
             steps[target.pool] = []
             for row in servers:
-                admin = self.servicer._admin(row.url)  # noqa: SLF001
+                admin = self.servicer._admin(row.url)
                 step = None
                 try:
                     state = await admin.state()
@@ -225,7 +225,7 @@ class CacheEnforcer:
         for pool, pool_steps in steps.items():
             for step in pool_steps:
                 if step.before_bytes != step.target_bytes:
-                    outcome = await svc._resize(step.row, step.target_bytes)  # noqa: SLF001
+                    outcome = await svc._resize(step.row, step.target_bytes)
                     if not outcome.applied:
                         reason = (f"pool {pool}: resizing server {step.row.id} from {gib(step.before_bytes)} to "
                                   f"{gib(step.target_bytes)} failed: {outcome.detail}")
@@ -235,7 +235,7 @@ class CacheEnforcer:
                     step.dram_done = True
                     done.append(step)
                 if step.disk_changes:
-                    disk_outcome = await svc._resize_disk(step.row, step.disk_target_bytes)  # noqa: SLF001
+                    disk_outcome = await svc._resize_disk(step.row, step.disk_target_bytes)
                     if not disk_outcome.applied:
                         reason = (f"pool {pool}: sizing the disk tier of server {step.row.id} from "
                                   f"{gib(step.disk_before_bytes or 0)} to {gib(step.disk_target_bytes or 0)} failed: "
@@ -283,7 +283,7 @@ class CacheEnforcer:
         back, stuck = [], []
         for step in reversed(done):
             if step.disk_done and step.disk_before_bytes is not None:
-                disk_outcome = await self.servicer._resize_disk(step.row, step.disk_before_bytes)  # noqa: SLF001
+                disk_outcome = await self.servicer._resize_disk(step.row, step.disk_before_bytes)
                 if disk_outcome.applied:
                     back.append(f"{step.row.id} disk to {gib(step.disk_before_bytes)}")
                 else:
@@ -291,7 +291,7 @@ class CacheEnforcer:
                                  f"({disk_outcome.detail})")
             if not step.dram_done:
                 continue
-            outcome = await self.servicer._resize(step.row, step.before_bytes)  # noqa: SLF001
+            outcome = await self.servicer._resize(step.row, step.before_bytes)
             if outcome.applied:
                 back.append(f"{step.row.id} to {gib(step.before_bytes)}")
                 self._record(plan, step, False, f"rolled back: {reason}")
@@ -306,7 +306,7 @@ class CacheEnforcer:
 
     def _record(self, plan: common_pb2.Plan, step: _Step, applied: bool, detail: str) -> None:
         if 1 <= plan.version <= MAX_RECORDED_VERSION:
-            self.servicer._record(step.row.id, plan.version, step.target_bytes, None, applied, detail)  # noqa: SLF001
+            self.servicer._record(step.row.id, plan.version, step.target_bytes, None, applied, detail)
 
 
 def follow_plans(ctx: ServiceContext, servicer: CacheManagerServicer) -> PlanFollower | None:

@@ -215,14 +215,14 @@ class EvictionChoice:
                     if fast_truncate:  # inline _truncated_value (hot path of large evictions)
                         turn = int(turns[p])
                         size = float(sizes[p])
-                        v = (turn if turn > 1 else 1) * float(tokens[p]) / (size if size > 1.0 else 1.0)  # noqa: FURB136
-                        sc_p = v / (age if age > MIN_AGE_S else MIN_AGE_S)  # noqa: FURB136
+                        v = (turn if turn > 1 else 1) * float(tokens[p]) / (size if size > 1.0 else 1.0)
+                        sc_p = v / (age if age > MIN_AGE_S else MIN_AGE_S)
                     elif fast_keep:  # inline _truncated_score without reset: the value is unchanged
-                        age = age if age > MIN_AGE_S else MIN_AGE_S  # noqa: FURB136
+                        age = age if age > MIN_AGE_S else MIN_AGE_S
                         v = float(values[p])
                         if tau != np.inf and int(turns[p]) == 0:
                             size = float(sizes[p])
-                            base = min(float(tokens[p]) / (size if size > 1.0 else 1.0), v)  # noqa: FURB136
+                            base = min(float(tokens[p]) / (size if size > 1.0 else 1.0), v)
                             v = base + (v - base) * math.exp(-age / tau)
                         sc_p = v / age
                     else:

@@ -138,7 +138,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                                              applied_plan_version=self._last_plan(row.id))
 
     # ----- servers -------------------------------------------------------------------------------
-    async def RegisterCacheServer(self, request, context):  # noqa: N802
+    async def RegisterCacheServer(self, request, context):
         srv = request.server
         check_name("server.id", srv.id, max_chars=SERVER_ID_MAX_CHARS)
         check_name("server.pool", srv.pool)
@@ -161,7 +161,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             s.expunge(row)
         return cache_manager_pb2.RegisterCacheServerResponse(server=await self._describe(row))
 
-    async def DeregisterCacheServer(self, request, context):  # noqa: N802
+    async def DeregisterCacheServer(self, request, context):
         # Under the lock: an apply or resize in progress records its outcome for the server once its LMCache
         # calls return (a row deleted meanwhile broke the record's foreign key: INTERNAL).
         async with self._lock:
@@ -172,7 +172,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             self.note_server_bytes(row.id, row.pool, None)
         return cache_manager_pb2.DeregisterCacheServerResponse()
 
-    async def ListCacheServers(self, request, context):  # noqa: N802
+    async def ListCacheServers(self, request, context):
         if request.pool:
             check_name("pool", request.pool)
         rows = self._servers(request.pool or None)
@@ -193,7 +193,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             row.applied_at = utcnow()
             s.commit()
 
-    async def ApplyCachePlan(self, request, context):  # noqa: N802
+    async def ApplyCachePlan(self, request, context):
         if request.plan_version < 1:
             raise InvalidArgument("plan_version", "must be >= 1")
         if request.plan_version > 2**31 - 1:
@@ -285,7 +285,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         await self._journal_evictions(row.pool, outcome.evicted_keys)
         return outcome
 
-    async def ResizeCache(self, request, context):  # noqa: N802
+    async def ResizeCache(self, request, context):
         row = self._server(request.server_id)
         if request.dram_bytes > MAX_BYTES:
             raise InvalidArgument("dram_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
@@ -306,7 +306,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                                                       dram_bytes=outcome.dram_bytes, disk_bytes=disk),
             evicted_entries=evicted)
 
-    async def SetQuota(self, request, context):  # noqa: N802
+    async def SetQuota(self, request, context):
         row = self._server(request.server_id)
         if any(c in request.salt for c in "@/\\\x00") or len(request.salt) > 128:
             raise InvalidArgument("salt", "at most 128 characters, without @ / \\ or NUL (LMCache's rule)")
@@ -322,7 +322,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         return cache_manager_pb2.SetQuotaResponse()
 
     # ----- index ---------------------------------------------------------------------------------
-    async def ReportAccesses(self, request_iterator, context):  # noqa: N802
+    async def ReportAccesses(self, request_iterator, context):
         # All or nothing: read and check the whole stream, journal it in one transaction, then apply it.
         messages = await journal.read_stream(request_iterator)
         events = journal.check_events(messages, _now_s())
@@ -344,11 +344,11 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                 log.warning("access history: %d events not recorded for the planner's replay: %s: %s",
                             len(events), type(exc).__name__, exc)
 
-    async def GetAccessWindow(self, request, context):  # noqa: N802
+    async def GetAccessWindow(self, request, context):
         query = access_history.check_request(request)
         return await asyncio.to_thread(self.access_history.window, query)
 
-    async def ListEvictionCandidates(self, request, context):  # noqa: N802
+    async def ListEvictionCandidates(self, request, context):
         check_name("pool", request.pool)
         if request.limit > 10000:
             raise InvalidArgument("limit", "at most 10000")
@@ -363,7 +363,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                                               hits=v.hits, age_s=v.age_s) for v in views])
 
     # ----- read or recompute ---------------------------------------------------------------------
-    async def DecideReadOrRecompute(self, request, context):  # noqa: N802
+    async def DecideReadOrRecompute(self, request, context):
         in_range("delay_budget_s", request.delay_budget_s, 0.0, MAX_CHUNK_S, " s")
         in_range("queue_wait_s", request.queue_wait_s, 0.0, MAX_CHUNK_S, " s")
         n = len(request.chunks)

@@ -30,7 +30,7 @@ class GroupTtlEviction(JournaledIndexes):
     ttl_rounds: int
     last_ttl_error: str
 
-    async def ComputeGroupTtls(self, request, context):  # noqa: N802
+    async def ComputeGroupTtls(self, request, context):
         check_name("pool", request.pool)
         if request.window_s != 0:
             in_range("window_s", request.window_s, 1.0, MAX_TTL_S, " s (0 means 3600)")

@@ -42,7 +42,7 @@ class Parser(argparse.ArgumentParser):
         self._unknown_in: Parser | None = None
         self._given: list[str] = []
 
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+    def parse_known_args(self, args=None, namespace=None):  # argparse's signature
         self._given = list(sys.argv[1:] if args is None else args)
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:

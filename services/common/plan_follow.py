@@ -229,7 +229,7 @@ class PlanFollower:
                 outcome = await self.reconcile_fn(plan, interval)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            except Exception as exc:  # reported, never fatal
                 log.exception("%s: reconcile of plan v%d failed", self.component, plan.version)
                 outcome = Outcome(FAILED, f"{type(exc).__name__}: {exc}")
             self.reconciled = key
@@ -255,7 +255,7 @@ class PlanFollower:
                 if self.connected:
                     log.warning("%s: plan stream lost (%s); keeping plan v%d", self.component, exc.code().name,
                                 self.version)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("%s: plan watch error", self.component)
             self.connected = False
             await asyncio.sleep(backoff)
@@ -284,7 +284,7 @@ class PlanFollower:
                 await self.reconcile_now()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("%s: timed reconcile failed", self.component)
 
 

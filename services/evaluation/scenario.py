@@ -55,7 +55,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml

@@ -39,7 +39,7 @@ def limit_native_threads(count: int = 1) -> None:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(count)
-    except Exception:  # threadpoolctl missing or no pool loaded yet: the env vars cover new loads
+    except Exception:  # noqa: BLE001 - threadpoolctl missing or no pool loaded yet: the env vars cover new loads
         pass
 
 

@@ -50,7 +50,7 @@ def fit_blob(model: str, values: np.ndarray, period: int, start_s: int | None = 
 
 
 def load_blob(blob: bytes) -> Model:
-    return pickle.loads(blob)  # noqa: S301 - blobs are written by this service only
+    return pickle.loads(blob)  # blobs are written by this service only
 
 
 def _worker_init(parent_pid: int) -> None:

@@ -127,6 +127,6 @@ async def poll_forever(client: ElectricityMapsClient, servicer: ForecasterServic
                 try:
                     new = await ingest_history(client, servicer, zone, signal)
                     log.info("electricitymaps %s/%s: %d new hours", zone, signal, new)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - one zone's failure is logged, the poll goes on
                     log.warning("electricitymaps %s/%s: %s", zone, signal, exc)
         await asyncio.sleep(interval_s)

@@ -96,7 +96,7 @@ class FittedSeries:
                 continue
             try:
                 state.model = fitting.load_blob(blob)
-            except Exception as exc:  # corrupt or from an incompatible build: refit instead
+            except Exception as exc:  # noqa: BLE001 - corrupt or from an incompatible build: refit instead
                 log.warning("series %s: stored fit unreadable (%s); will refit", key, exc)
                 continue
             state.model_name, state.history_end_s = name, history_end_s

@@ -205,7 +205,7 @@ class ApplyCoordinator:
                     f"GPU {gpu_uuid}: refusing to destroy GPU instances that host engines registered with the router "
                     f"and not drained: {names}; drain or deregister them first (apply {apply_id} rolled back, "
                     "nothing was changed)")
-        except Exception as exc:  # noqa: BLE001 - nothing changed on the GPU yet
+        except Exception as exc:  # nothing changed on the GPU yet
             self._close_steps(apply_id, failed_index=None, done_state="rolled_back")
             self._set_run(apply_id, state="rolled_back", error=f"drain: {exc}", ended_at=utcnow())
             await self._undrain(apply_id)

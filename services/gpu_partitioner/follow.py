@@ -164,7 +164,7 @@ class GpuReporter:
                     log.info("ReportGpus failed (%s); retrying in %.1f s", exc.code().name, backoff)
                     wait_s = backoff
                     backoff = min(self.backoff_max_s, backoff * 2)
-            except Exception:  # noqa: BLE001 - keep reporting; the backend may come back
+            except Exception:  # keep reporting; the backend may come back
                 log.exception("reading the node's GPUs failed")
                 wait_s = backoff
                 backoff = min(self.backoff_max_s, backoff * 2)
@@ -218,7 +218,7 @@ class Following:
                     outcome = await follower.reconcile_now(force=True)
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # noqa: BLE001 - reported by the follower already
+                except Exception:  # reported by the follower already
                     log.exception("watchdog reconcile failed")
                     outcome = None
                 key = follower.reconciled
@@ -250,7 +250,7 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     """Starts GPU reports, the plan follower and the engine watchdog per the settings (nothing when off)."""
     settings = ctx.settings
     assert isinstance(settings, PlanFollowSettings)
-    node: str = getattr(settings, "node_name")
+    node: str = settings.node_name
     if not settings.follow_plans:
         return Following(None, None, None, None, [])
     launcher_name = settings.engine_launcher

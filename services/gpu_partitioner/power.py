@@ -426,7 +426,7 @@ def combine(*reconciles: Callable[[common_pb2.Plan, common_pb2.PlanInterval | No
                 outcome = await fn(plan, interval)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - reported, as PlanFollower reports a reconcile that raised
+            except Exception as exc:  # reported, as PlanFollower reports a reconcile that raised
                 log.exception("reconcile part failed")
                 outcome = Outcome(FAILED, f"{type(exc).__name__}: {exc}")
             state = _worst(state, outcome.state) if outcome.state in _SEVERITY else outcome.state

@@ -91,7 +91,7 @@ def explain(plan: common_pb2.Plan, inputs: PlanningInputs, results: dict[str, Kn
             parts.append(f"expected attainment {fig.expected_slo_attainment_fraction:.2f} "
                          f"(target {pool.slo.attainment_fraction:.2f})")
             lines.append(" ".join(parts[:1]) + " " + "; ".join(parts[1:]))
-    for knob, result in results.items():
+    for _knob, result in results.items():
         lines.extend(result.explanation)
     for outcome in plan.solver_outcomes:
         label = KNOB_LABELS.get(outcome.knob, outcome.knob)

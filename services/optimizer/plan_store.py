@@ -52,7 +52,7 @@ MAX_DETAIL_CHARS = 4000
 MAX_REPORTERS_PER_PLAN = 4096
 
 
-def _dt(ts) -> datetime:  # noqa: ANN001 - a protobuf Timestamp
+def _dt(ts) -> datetime:  # a protobuf Timestamp
     return ts.ToDatetime(tzinfo=UTC)
 
 

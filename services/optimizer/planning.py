@@ -223,7 +223,7 @@ class Planner:
             outcome.status = "timeout"
             outcome.detail = f"no answer within {self.solver_timeout_s:g} s; {KNOB_LABELS[solver.knob]} left as in force"
             result = KnobPlan(keep_current_messages(inputs, solver.knob))
-        except Exception as exc:  # noqa: BLE001 - a failing solver leaves its knob as it is
+        except Exception as exc:  # a failing solver leaves its knob as it is
             log.exception("solver %s failed", solver.name)
             outcome.status = "failed"
             outcome.detail = f"{type(exc).__name__}: {exc}; {KNOB_LABELS[solver.knob]} left as in force"[:2000]
@@ -247,7 +247,7 @@ class Planner:
             future.cancel()
             status, detail = "timeout", f"no answer within {self.solver_timeout_s:g} s"
             answers = {}
-        except Exception as exc:  # noqa: BLE001 - a failing solver leaves its knobs as they are
+        except Exception as exc:  # a failing solver leaves its knobs as they are
             log.exception("solver %s failed", solver.name)
             status, detail = "failed", f"{type(exc).__name__}: {exc}"[:1800]
             answers = {}

@@ -183,7 +183,7 @@ class EngineBackend:
         if self._nvml is None:
             try:
                 self._nvml = load_nvml()
-            except Exception as exc:  # pynvml.NVMLError_LibraryNotFound / DriverNotLoaded, ImportError
+            except Exception as exc:  # noqa: BLE001 - pynvml.NVMLError_LibraryNotFound / DriverNotLoaded, ImportError
                 if mode == "nvml":
                     raise FailedPrecondition(f"NVML did not initialise: {exc}", field="nvml_power") from None
                 self._nvml_note = f"NVML unavailable ({type(exc).__name__})"
@@ -210,7 +210,7 @@ class EngineBackend:
         try:
             reply = await gpu_partitioner_pb2_grpc.GpuPartitionerServiceStub(channel).GetEnergy(
                 gpu_partitioner_pb2.GetEnergyRequest(), timeout=PROBE_TIMEOUT_S)
-        except Exception as exc:  # grpc.aio.AioRpcError: gpu-partitioner down or not there
+        except Exception as exc:  # noqa: BLE001 - grpc.aio.AioRpcError: gpu-partitioner down or not there
             log.warning("gpu-partitioner energy unavailable", extra={"error": str(exc)})
             return None
         finally:
@@ -324,7 +324,7 @@ class EngineBackend:
             try:
                 servers = await stub.ListCacheServers(cache_manager_pb2.ListCacheServersRequest(),
                                                       timeout=PROBE_TIMEOUT_S)
-            except Exception as exc:  # grpc.aio.AioRpcError: cache-manager down
+            except Exception as exc:  # noqa: BLE001 - grpc.aio.AioRpcError: cache-manager down
                 raise FailedPrecondition(f"cache-manager at {self.settings.cache_manager_addr} did not answer: {exc}",
                                          field="spec.cache_server_id") from None
             finally:

@@ -58,7 +58,7 @@ def profiles_from_document(document: Mapping[str, Any], *, source: int = common_
         try:
             if "slo" in table:
                 json_format.ParseDict(dict(table["slo"]), profile.slo)
-            for j, point in enumerate(table.get("points", [])):
+            for _j, point in enumerate(table.get("points", [])):
                 json_format.ParseDict(dict(point), profile.points.add())
         except (json_format.ParseError, TypeError) as exc:
             raise ValueError(f"{where}: {exc}") from None

@@ -269,7 +269,7 @@ class SweepRunner:
             except asyncio.CancelledError:
                 if sweep_id not in self._cancel_requested:
                     raise  # shutdown: the sweep stays RUNNING and resumes on the next start
-            except Exception as exc:  # noqa: BLE001 - a failing sweep must not stop the worker
+            except Exception as exc:  # a failing sweep must not stop the worker
                 log.exception("sweep failed", extra={"sweep_id": sweep_id})
                 await asyncio.to_thread(self._finish, sweep_id, "failed", f"{type(exc).__name__}: {exc}", False)
             finally:

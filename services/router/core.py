@@ -223,7 +223,7 @@ class RouterCore(EngineAdmin):
         """Loads stored engines and plan, adds the flag engines, starts the background tasks."""
         if self.db is not None:
             await asyncio.to_thread(self._load_stored)
-        for i, url in enumerate(engine_urls):
+        for _i, url in enumerate(engine_urls):
             url = url.rstrip("/")
             if self.registry.by_url(url) is None:
                 engine_id = url.split("://", 1)[-1].replace("/", "_")

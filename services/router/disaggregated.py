@@ -45,7 +45,7 @@ def kv_transfer_params(text: str) -> dict[str, Any]:
     except ValueError as exc:
         raise ValueError(f"must be a JSON object ({exc})") from None
     if not isinstance(params, dict):
-        raise ValueError("must be a JSON object")  # noqa: TRY004 - a bad field value (INVALID_ARGUMENT)
+        raise ValueError("must be a JSON object")  # a bad field value (INVALID_ARGUMENT)
     if "disagg_spec" in params and not isinstance(params["disagg_spec"], dict):
         raise ValueError("disagg_spec must be a JSON object")
     return params

@@ -194,7 +194,7 @@ class EngineSleeper:
         if self.on_change is not None:
             try:
                 self.on_change()
-            except Exception:  # noqa: BLE001 - a report is best effort
+            except Exception:  # a report is best effort
                 log.exception("engine sleep report failed")
 
     # -- one engine ----------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ class EngineSleeper:
                 delay = min(s.retry_max_s, delay * 2)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - one engine's trouble never stops the others
+        except Exception as exc:  # one engine's trouble never stops the others
             log.exception("engine sleep task failed", extra={"engine_id": engine.id})
             self.problems[engine.id] = f"{type(exc).__name__}: {exc}"
             self._changed_now()

@@ -40,7 +40,7 @@ def _stores(prefix: str, n: int) -> list[pb.ReportAccessesRequest]:
 
 def _choice_state(index) -> tuple:
     """What choosing victims changes in an index (refreshes, uses of the candidate pool, tau, pool time)."""
-    return index.refreshes, index._pool_uses, index.tau_s, index._pool_t0, index._dirty_n  # noqa: SLF001
+    return index.refreshes, index._pool_uses, index.tau_s, index._pool_t0, index._dirty_n
 
 
 async def test_eviction_candidates_wait_for_a_checkpoint_in_progress(start_inprocess, tmp_path, monkeypatch) -> None:

@@ -117,7 +117,7 @@ def test_incremental_choice_is_exact(seed: int, hit_decay: str | float, reset: b
     chains: list[list[int]] = []
     free = list(range(cap))
     now = 0.0
-    for step in range(400):
+    for _step in range(400):
         now += float(rng.exponential(1.0))
         if free and rng.random() < 0.6:
             base = chains[int(rng.integers(len(chains)))] if chains and rng.random() < 0.5 else []

@@ -98,7 +98,7 @@ def test_numeric_fields_name_their_unit() -> None:
         file_proto = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(file_proto)
 
-        def walk(messages, prefix=""):
+        def walk(messages, prefix="", file_proto=file_proto):
             for msg in messages:
                 for field in msg.field:
                     if field.type in (field.TYPE_DOUBLE, field.TYPE_FLOAT):

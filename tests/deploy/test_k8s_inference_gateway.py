@@ -31,7 +31,7 @@ def test_inference_pool_points_at_the_routers_picker() -> None:
     assert {"name": "GREENSERVE_ENVOY_PICKER", "value": "true"} in env
 
 
-def test_envoy_bootstrap_is_the_generators_and_envoy_accepts_it(tmp_path) -> None:  # noqa: ANN001
+def test_envoy_bootstrap_is_the_generators_and_envoy_accepts_it(tmp_path) -> None:
     pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
     from greenserve.router.envoy.bootstrap import bootstrap
     from greenserve.router.envoy.gateway import envoy_binary

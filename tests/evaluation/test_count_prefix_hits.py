@@ -34,7 +34,7 @@ def test_the_plans_count_the_hit_fraction_measured_the_hour_before(tmp_path: Pat
     asked: list[float] = []
     real = capacity.predict
 
-    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - records what day.py asks for
+    def recording(*args, **kwargs):  # records what day.py asks for
         asked.append(args[6] if len(args) > 6 else kwargs.get("prefix_hit_fraction", 0.0))
         return real(*args, **kwargs)
 

@@ -29,7 +29,7 @@ AGREE_S = 5.0  # the enforcers look at the clock every second; room for two load
 
 
 @pytest.fixture
-def jump():  # noqa: ANN201
+def jump():
     """``jump(offset_s)``: this process's clock reads ``offset_s`` from the wall clock from now on; restored after."""
     previous = set_clock(VirtualClock(time.time()))
 
@@ -40,7 +40,7 @@ def jump():  # noqa: ANN201
     set_clock(previous)
 
 
-async def _everyone_on_interval(loop, plan: common_pb2.Plan, offset_s: float) -> None:  # noqa: ANN001
+async def _everyone_on_interval(loop, plan: common_pb2.Plan, offset_s: float) -> None:  # noqa: F811 - the imported fixture
     """Both enforcers hold ``plan``, the router routes on the interval covering its clock and both report it."""
     want = interval_at(plan, time.time() + offset_s)[1].start.ToSeconds()
 
@@ -63,7 +63,7 @@ async def _everyone_on_interval(loop, plan: common_pb2.Plan, offset_s: float) ->
                 every_s=0.2)
 
 
-async def test_clock_jumping_forward_and_back_keeps_every_enforcer_on_the_interval_in_force(loop, jump) -> None:  # noqa: ANN001
+async def test_clock_jumping_forward_and_back_keeps_every_enforcer_on_the_interval_in_force(loop, jump) -> None:  # noqa: F811 - the imported fixture
     plan = (await loop.stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=8))).plan
     assert len(plan.intervals) >= 6
     await _everyone_on_interval(loop, plan, 0.0)

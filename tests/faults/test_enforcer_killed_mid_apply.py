@@ -62,7 +62,7 @@ def layout(placements: list[tuple[str, int, int]], gpu: str) -> common_pb2.MigLa
         common_pb2.MigPlacement(profile=p, start=s, size=n) for p, s, n in placements])
 
 
-async def test_partitioner_sigkill_mid_apply_rolls_back_from_its_journal(start_inprocess, tmp_path) -> None:  # noqa: ANN001
+async def test_partitioner_sigkill_mid_apply_rolls_back_from_its_journal(start_inprocess, tmp_path) -> None:
     router = await start_inprocess(RouterSettings, build_router, http_port=0, watch_plans=False, feeds=False,
                                    health_interval_s=0.2, scrape_interval_s=0.2, default_pool="chat",
                                    log_level="WARNING")

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 THRESHOLD = 0.05
 
 
-async def flat_history(stub, ref: common_pb2.SeriesRef, value: float, end_s: float) -> None:  # noqa: ANN001
+async def flat_history(stub, ref: common_pb2.SeriesRef, value: float, end_s: float) -> None:
     points = []
     for h in range(4 * 24):
         point = common_pb2.TimeSeriesPoint(value=value)
@@ -46,7 +46,7 @@ async def flat_history(stub, ref: common_pb2.SeriesRef, value: float, end_s: flo
 
 
 @pytest.fixture
-def restore_clock():  # noqa: ANN201
+def restore_clock():
     previous = set_clock(VirtualClock(now_s(), 1.0))
     set_clock(previous)
     yield
@@ -54,7 +54,7 @@ def restore_clock():  # noqa: ANN201
 
 
 async def test_ci_oscillating_around_the_threshold_does_not_replan_per_sample(start_inprocess,
-                                                                               restore_clock) -> None:  # noqa: ANN001
+                                                                               restore_clock) -> None:
     h0 = hour_floor_s(now_s())
     forecaster = await start_inprocess(ForecasterSettings, build_forecaster, forecast_model="seasonal_naive",
                                        log_level="WARNING")
@@ -92,7 +92,7 @@ async def test_ci_oscillating_around_the_threshold_does_not_replan_per_sample(st
                 before = loop.scheduler.computed
                 if await loop.monitor_once():
                     replans += 1
-                    await until(lambda: loop.scheduler.computed > before, 60, "the re-plan asked for")
+                    await until(lambda before=before: loop.scheduler.computed > before, 60, "the re-plan asked for")
         return replans, beyond
 
     replans, beyond = await hours([106.5, 103.5] * 3)  # A
@@ -107,7 +107,7 @@ async def test_ci_oscillating_around_the_threshold_does_not_replan_per_sample(st
     assert sum(p.trigger in ("ci_change", "forecast") for p in plans) == 3, [p.trigger for p in plans]
 
 
-async def test_attainment_flapping_around_the_target_replans_once_per_cooldown(start_inprocess, restore_clock) -> None:  # noqa: ANN001
+async def test_attainment_flapping_around_the_target_replans_once_per_cooldown(start_inprocess, restore_clock) -> None:
     h0 = hour_floor_s(now_s())
     forecaster = await start_inprocess(ForecasterSettings, build_forecaster, forecast_model="seasonal_naive",
                                        log_level="WARNING")

@@ -39,7 +39,7 @@ MAX_AGE_S = 4.0  # --forecast-max-age-s
 SLO = common_pb2.Slo(ttft_s=2.0, tpot_s=0.2, attainment_fraction=0.9)
 
 
-async def serve_some(handle, version: int, n: int = 4) -> None:  # noqa: ANN001
+async def serve_some(handle, version: int, n: int = 4) -> None:
     """``n`` requests through the router, each answered, routed on plan ``version``."""
     request = router_pb2.RequestDescriptor(pool="chat", completion=router_pb2.CompletionInput(prompt="hello"))
     for _ in range(n):
@@ -50,7 +50,7 @@ async def serve_some(handle, version: int, n: int = 4) -> None:  # noqa: ANN001
         assert chunks and chunks[-1].finish_reason
 
 
-async def test_forecaster_late_then_down_then_back(tmp_path, start_inprocess, emulators, router) -> None:  # noqa: ANN001
+async def test_forecaster_late_then_down_then_back(tmp_path, start_inprocess, emulators, router) -> None:
     fc_port = free_port()
     env = {"GREENSERVE_FORECAST_MODEL": "seasonal_naive"}
     forecaster = await asyncio.to_thread(start_forecaster, tmp_path / "forecaster", fc_port, **env)

@@ -40,7 +40,7 @@ APPLIED = optimizer_pb2.ENFORCEMENT_STATE_APPLIED
 SLO = common_pb2.Slo(ttft_s=2.0, tpot_s=0.2, attainment_fraction=0.9)
 
 
-def start_optimizer(data_dir: Path, port: int, forecaster: str):  # noqa: ANN201
+def start_optimizer(data_dir: Path, port: int, forecaster: str):
     return start_service_process(
         "greenserve.optimizer", "greenserve.v1.OptimizerService", data_dir, port, env={}, log_name="optimizer.log",
         extra_args=[f"--forecaster-addr={forecaster}", "--profiler-addr=127.0.0.1:9",
@@ -51,7 +51,7 @@ def start_optimizer(data_dir: Path, port: int, forecaster: str):  # noqa: ANN201
 class Loop:
     """The forecaster, a router and a cache-manager in this process; the optimizer in its own."""
 
-    def __init__(self, tmp_path: Path, start_inprocess, emulators, router) -> None:  # noqa: ANN001
+    def __init__(self, tmp_path: Path, start_inprocess, emulators, router) -> None:
         self.tmp_path, self.start_inprocess, self.emulators, self.router = tmp_path, start_inprocess, emulators, router
         self.port = free_port()
         self.proc = None
@@ -130,7 +130,7 @@ class Loop:
 
 
 @pytest.fixture
-async def loop(tmp_path, start_inprocess, emulators, router):  # noqa: ANN001, ANN201
+async def loop(tmp_path, start_inprocess, emulators, router):
     started = Loop(tmp_path, start_inprocess, emulators, router)
     try:
         await started.start()
@@ -139,7 +139,7 @@ async def loop(tmp_path, start_inprocess, emulators, router):  # noqa: ANN001, A
         await started.close()
 
 
-async def test_optimizer_sigkill_mid_computation_while_watchers_stream(loop) -> None:  # noqa: ANN001
+async def test_optimizer_sigkill_mid_computation_while_watchers_stream(loop) -> None:
     for _ in range(2):
         await loop.stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=48))
     before = await loop.active()
@@ -187,7 +187,7 @@ async def test_optimizer_sigkill_mid_computation_while_watchers_stream(loop) -> 
     await loop.everyone_on(nxt.version)
 
 
-async def test_a_watcher_back_on_an_old_plan_and_racing_plans_end_on_the_plan_in_force(loop) -> None:  # noqa: ANN001
+async def test_a_watcher_back_on_an_old_plan_and_racing_plans_end_on_the_plan_in_force(loop) -> None:
     first = (await loop.stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=6))).plan
     await loop.everyone_on(first.version)
     # the cache-manager stops (its plan file keeps v1); two plans are made meanwhile
@@ -210,8 +210,8 @@ async def test_a_watcher_back_on_an_old_plan_and_racing_plans_end_on_the_plan_in
             loop.stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2)),
             other.ActivatePlan(optimizer_pb2.ActivatePlanRequest(version=first.version)))
         in_force = await loop.active()
-        await until(lambda: loop.handle.core.plans.version == in_force, 20, f"the router on v{in_force}")
-        await until(lambda: loop.cache_manager_version() == in_force, 20, f"the cache-manager on v{in_force}")
+        await until(lambda in_force=in_force: loop.handle.core.plans.version == in_force, 20, f"the router on v{in_force}")
+        await until(lambda in_force=in_force: loop.cache_manager_version() == in_force, 20, f"the cache-manager on v{in_force}")
     plans = await loop.plans()
     assert [p.version for p in plans if p.state == common_pb2.PLAN_STATE_ACTIVE] == [await loop.active()]
     await loop.everyone_on(await loop.active())

@@ -56,7 +56,7 @@ def _clean_failure(err: BaseException) -> None:
     assert "unreachable" in err.details(), err.details()
 
 
-async def test_optimizer_keeps_acknowledged_plans_across_a_postgres_restart(pg: PostgresServer, tmp_path) -> None:  # noqa: ANN001
+async def test_optimizer_keeps_acknowledged_plans_across_a_postgres_restart(pg: PostgresServer, tmp_path) -> None:
     fc_port, port = free_port(), free_port()
     db_url = pg.url(pg.create_database("optimizer"))
     forecaster = await seeded_forecaster(tmp_path, fc_port)
@@ -126,7 +126,7 @@ async def test_optimizer_keeps_acknowledged_plans_across_a_postgres_restart(pg: 
                 proc.wait()
 
 
-async def test_router_replicas_agree_again_within_a_second_of_postgres_returning(pg: PostgresServer, router,  # noqa: ANN001
+async def test_router_replicas_agree_again_within_a_second_of_postgres_returning(pg: PostgresServer, router,
                                                                                emulators) -> None:
     emu1, emu2 = await emulators(2, model="m")
     db_url = pg.url(pg.create_database("router"))
@@ -174,6 +174,6 @@ def _route(pool_name: str) -> router_pb2.RouteRequest:
         pool=pool_name, completion=router_pb2.CompletionInput(prompt="hello")))
 
 
-async def _register(stub, engine_id: str, url: str, timeout: float = 10) -> None:  # noqa: ANN001
+async def _register(stub, engine_id: str, url: str, timeout: float = 10) -> None:
     await stub.RegisterEngine(router_pb2.RegisterEngineRequest(engine=common_pb2.Engine(
         id=engine_id, url=url, pool="p", model="m")), timeout=timeout)

@@ -85,7 +85,7 @@ class Fleet:
         self.slowest_ttft_s = 0.0
         self.killed_at: float | None = None  # time.monotonic() of the last kill_router
 
-    async def start(self, start_inprocess, emulators) -> None:  # noqa: ANN001
+    async def start(self, start_inprocess, emulators) -> None:
         from tests.optimizer.conftest import ForecasterSettings, build_forecaster
 
         forecaster = await start_inprocess(ForecasterSettings, build_forecaster, forecast_model="seasonal_naive")
@@ -221,7 +221,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-async def fleet(request, tmp_path, start_inprocess, emulators):  # noqa: ANN001, ANN201
+async def fleet(request, tmp_path, start_inprocess, emulators):
     started = Fleet(tmp_path, getattr(request, "param", 1))
     try:
         await started.start(start_inprocess, emulators)

@@ -71,11 +71,11 @@ def points(first_hour: int, n: int) -> forecaster_pb2.IngestPointsRequest:
         for i in range(n)])
 
 
-async def stored(stub) -> int:  # noqa: ANN001
+async def stored(stub) -> int:
     return len((await stub.GetPoints(forecaster_pb2.GetPointsRequest(series=CI_FR), timeout=10)).points)
 
 
-async def test_forecaster_writes_wait_then_fail_unavailable_under_another_writer(tmp_path) -> None:  # noqa: ANN001
+async def test_forecaster_writes_wait_then_fail_unavailable_under_another_writer(tmp_path) -> None:
     port = free_port()
     proc = await asyncio.to_thread(start_forecaster, tmp_path, port, GREENSERVE_FORECAST_MODEL="seasonal_naive")
     try:
@@ -108,7 +108,7 @@ async def test_forecaster_writes_wait_then_fail_unavailable_under_another_writer
         proc.wait()
 
 
-async def test_optimizer_writes_under_another_writer_fail_unavailable_and_change_nothing(tmp_path) -> None:  # noqa: ANN001
+async def test_optimizer_writes_under_another_writer_fail_unavailable_and_change_nothing(tmp_path) -> None:
     fc_port, port = free_port(), free_port()
     forecaster = await seeded_forecaster(tmp_path, fc_port)
     optimizer = None

@@ -58,7 +58,7 @@ os.execv(sys.executable, [sys.executable, "-m", "greenserve.simulator.emulator",
 
 
 async def test_an_engine_failing_health_is_reported_stopped_and_retried_with_backoff(start_inprocess,
-                                                                                     tmp_path) -> None:  # noqa: ANN001
+                                                                                     tmp_path) -> None:
     router = await start_inprocess(RouterSettings, build_router, http_port=0, watch_plans=False, feeds=False,
                                    health_interval_s=0.2, default_pool="chat", log_level="WARNING")
     kept = EngineEmulator(EmulatorConfig(host="127.0.0.1", port=0, time_scale=20.0))

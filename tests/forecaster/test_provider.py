@@ -21,7 +21,7 @@ def _iso(ts_s: int) -> str:
 
 
 @pytest.fixture
-async def em_server(data_dir):  # noqa: ANN201
+async def em_server(data_dir):
     """Serves GB (Electricity Maps CSV, 2023-05-28 to 06-02) as /v3/carbon-intensity/{latest,history,forecast} at
     NOW."""
     path = data_dir / "GB_2023_hourly.csv"

@@ -263,7 +263,7 @@ async def test_an_ingest_does_not_wait_behind_a_fit_whose_store_waits_for_the_da
     storing, release = threading.Event(), threading.Event()
     real = FittedSeries._persist_fit
 
-    def waits_for_the_database(self, *args):  # noqa: ANN001, ANN002, ANN202
+    def waits_for_the_database(self, *args):
         storing.set()
         assert release.wait(60)
         return real(self, *args)

@@ -102,7 +102,7 @@ def _fail(seed: int, case: int, what: str, exc: BaseException, text: str) -> Non
     pytest.fail(f"seed {seed} case {case} ({what}): {type(exc).__name__}: {exc}\n--- document ---\n{text[:3000]}")
 
 
-def test_fleet_file_reader_refuses_cleanly(tmp_path) -> None:  # noqa: ANN001
+def test_fleet_file_reader_refuses_cleanly(tmp_path) -> None:
     seed, cases = fuzz_seed(), fuzz_cases()
     rng = random.Random(seed * 1009 + 1)
     base = yaml.safe_load(FLEET.read_text())
@@ -130,7 +130,7 @@ def test_fleet_file_reader_refuses_cleanly(tmp_path) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("source", ["scenario_mig.yaml", "whole-gpu"])
-def test_scenario_file_reader_refuses_cleanly(tmp_path, source: str) -> None:  # noqa: ANN001
+def test_scenario_file_reader_refuses_cleanly(tmp_path, source: str) -> None:
     seed, cases = fuzz_seed(), fuzz_cases()
     rng = random.Random(seed * 1013 + len(source))
     base = yaml.safe_load(SCENARIOS[0].read_text()) if source != "whole-gpu" else WHOLE_GPU_SCENARIO

@@ -45,7 +45,7 @@ def test_fleet_file_with_an_infinite_enum_is_refused_naming_the_key(value: float
 
 
 @pytest.mark.parametrize("value", [".inf", ".nan", "-.inf"])
-def test_scenario_with_an_infinite_number_is_refused_naming_the_key(tmp_path, value: str) -> None:  # noqa: ANN001
+def test_scenario_with_an_infinite_number_is_refused_naming_the_key(tmp_path, value: str) -> None:
     """Issue 36, the file fuzz: ``peak_requests_per_s: .inf`` was taken (only `< 0` was refused) and reached the
     evaluation as an infinite load."""
     from greenserve.evaluation.scenario import ScenarioError, load

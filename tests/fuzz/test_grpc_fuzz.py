@@ -105,13 +105,13 @@ COMPANIONS: dict[str, dict[str, str]] = {
 class EmptyRouter(router_pb2_grpc.RouterServiceServicer):
     """A RouterService with no engines: ListEngines is empty, Drain/Undrain of anything succeed."""
 
-    async def ListEngines(self, request: Any, context: Any) -> router_pb2.ListEnginesResponse:  # noqa: N802
+    async def ListEngines(self, request: Any, context: Any) -> router_pb2.ListEnginesResponse:
         return router_pb2.ListEnginesResponse()
 
-    async def Drain(self, request: Any, context: Any) -> router_pb2.DrainResponse:  # noqa: N802
+    async def Drain(self, request: Any, context: Any) -> router_pb2.DrainResponse:
         return router_pb2.DrainResponse(idle_engine_ids=list(request.engine_ids))
 
-    async def Undrain(self, request: Any, context: Any) -> router_pb2.UndrainResponse:  # noqa: N802
+    async def Undrain(self, request: Any, context: Any) -> router_pb2.UndrainResponse:
         return router_pb2.UndrainResponse()
 
 

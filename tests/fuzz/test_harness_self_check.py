@@ -27,16 +27,16 @@ class FaultyProfiler(profiler_pb2_grpc.ProfilerServiceServicer):
     def __init__(self, ctx) -> None:
         self.ctx = ctx
 
-    async def PutProfile(self, request, context):  # noqa: N802 - writes, then refuses
+    async def PutProfile(self, request, context):  # writes, then refuses
         with self.ctx.db.engine.begin() as conn:
             conn.execute(text("CREATE TABLE IF NOT EXISTS planted (n INTEGER)"))
             conn.execute(text("INSERT INTO planted VALUES (1)"))
         raise InvalidArgument("profile", "refused after writing")
 
-    async def GetProfile(self, request, context):  # noqa: N802 - an unhandled error: INTERNAL
+    async def GetProfile(self, request, context):  # an unhandled error: INTERNAL
         raise RuntimeError("planted")
 
-    async def ListSweeps(self, request, context):  # noqa: N802 - clean
+    async def ListSweeps(self, request, context):  # clean
         if request.page_size > 1000:
             raise InvalidArgument("page_size", "must be at most 1000")
         return profiler_pb2.ListSweepsResponse()

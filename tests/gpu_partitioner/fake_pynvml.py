@@ -494,7 +494,7 @@ class FakeNvml:
 
     def start_process(self, mig_uuid: str) -> None:
         for dev in self.devices:
-            for gi, ci in self._mig_list(dev):
+            for _gi, ci in self._mig_list(dev):
                 if ci.uuid == mig_uuid:
                     ci.processes += 1
                     return

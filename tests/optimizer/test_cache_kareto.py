@@ -23,7 +23,9 @@ def _inputs(rate: float, ci: float = 300.0, **pool_kw) -> PlanningInputs:
     chat = pool("chat", [engine("e1")], **pool_kw)
     other = pool("batch", [engine("e2")])  # no cache limit: not searched, nothing emitted for it
     hours = 2
-    flat = lambda v: SeriesForecast((v,) * hours, (v,) * hours, (v,) * hours)
+    def flat(v: float) -> SeriesForecast:
+        return SeriesForecast((v,) * hours, (v,) * hours, (v,) * hours)
+
     return PlanningInputs(0.0, hours, common_pb2.FleetInventory(pools=[chat, other]), {"FR": flat(ci)},
                           {"chat": flat(rate), "batch": flat(1.0)}, {}, load_default_params(), {})
 

@@ -94,7 +94,9 @@ def test_trace_rebuilds_shared_prefixes_and_scales_to_the_forecast_rate() -> Non
 def _inputs(traffic: dict, missing: dict) -> PlanningInputs:
     chat = pool("chat", [engine("e1")], max_cache_dram_bytes=8 * GIB, cache_step_bytes=4 * GIB)
     other = pool("docs", [engine("e2")], max_cache_dram_bytes=8 * GIB, cache_step_bytes=4 * GIB)
-    flat = lambda v: SeriesForecast((v,) * 2, (v,) * 2, (v,) * 2)
+    def flat(v: float) -> SeriesForecast:
+        return SeriesForecast((v,) * 2, (v,) * 2, (v,) * 2)
+
     return PlanningInputs(0.0, 2, common_pb2.FleetInventory(pools=[chat, other]), {"FR": flat(300.0)},
                           {"chat": flat(1.0), "docs": flat(1.0)}, {}, load_default_params(), {},
                           traffic=traffic, traffic_missing=missing)

@@ -26,7 +26,9 @@ def _inputs(rate: float, *, ttft_s: float = 1.0, tiers=(NVME, HDD), ci: float = 
     chat = pool("chat", [engine("e1")], max_cache_disk_bytes=128 * GIB, cache_step_bytes=32 * GIB,
                 disk_tiers=list(tiers), **kw)
     chat.slo.ttft_s = ttft_s
-    flat = lambda v: SeriesForecast((v,), (v,), (v,))
+    def flat(v: float) -> SeriesForecast:
+        return SeriesForecast((v,), (v,), (v,))
+
     return PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[chat]), {"FR": flat(ci)}, {"chat": flat(rate)},
                           {}, load_default_params(), {})
 

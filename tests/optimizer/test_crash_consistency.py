@@ -17,7 +17,7 @@ from tests.process import sigkill_while_writing, start_service_process
 WRITERS = 16
 
 
-def _start(tmp_path, port: int, forecaster: str):  # noqa: ANN001, ANN202
+def _start(tmp_path, port: int, forecaster: str):
     return start_service_process(
         "greenserve.optimizer", "greenserve.v1.OptimizerService", tmp_path / "opt", port, env={},
         log_name="optimizer.log", extra_args=[f"--forecaster-addr={forecaster}", "--profiler-addr=127.0.0.1:9",

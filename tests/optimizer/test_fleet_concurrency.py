@@ -32,7 +32,7 @@ def _report(gpu: str) -> Callable[[FleetStore], Any]:
 
 @pytest.mark.parametrize(("first", "second"), [(_declare("a"), _declare("b")), (_report("GPU-a"), _report("GPU-b"))],
                          ids=["SetFleet", "ReportGpus"])
-def test_two_writes_at_once_leave_memory_as_stored(tmp_path: Path, first, second) -> None:  # noqa: ANN001
+def test_two_writes_at_once_leave_memory_as_stored(tmp_path: Path, first, second) -> None:
     db = Database.open(f"sqlite:///{tmp_path / 'optimizer.db'}", "optimizer")
     try:
         store = FleetStore(db)

@@ -11,7 +11,7 @@ from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from tests.optimizer.conftest import ci_ref, engine, ingest_daily, load_ref, pool
 
 
-async def _setup(forecaster, optimizer, **overrides):  # noqa: ANN001, ANN202
+async def _setup(forecaster, optimizer, **overrides):
     fc_channel = grpc.aio.insecure_channel(forecaster.address)
     await ingest_daily(fc_channel, ci_ref("FR"), 50.0, 20.0)
     await ingest_daily(fc_channel, load_ref("chat"), 2.0, 1.0)
@@ -166,7 +166,7 @@ async def test_failing_solver_keeps_its_knob(forecaster, optimizer) -> None:
     class Broken:
         knob, name = "routing_weights", "routing_weights.broken"
 
-        def solve(self, inputs):  # noqa: ANN001, ANN201
+        def solve(self, inputs):
             raise RuntimeError("solver exploded")
 
     servicer_loop.planner.solvers[0] = Broken()
@@ -198,7 +198,7 @@ async def test_bad_requests_are_invalid_argument(forecaster, optimizer) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "report.component" in err.value.details()
 
 
-def _loop(running):  # noqa: ANN001, ANN202
+def _loop(running):
     return next(r.servicer for r in running.server.registrations).loop
 
 

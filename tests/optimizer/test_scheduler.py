@@ -21,7 +21,7 @@ def test_plan_start_takes_the_next_hour_once_its_lead_window_opens() -> None:
 
 
 @pytest.fixture
-def virtual_clock():  # noqa: ANN201
+def virtual_clock():
     clocks = []
 
     def install(start: str, speed: float) -> VirtualClock:

@@ -25,7 +25,7 @@ class StuckSolver:
         self.started = 0
         self._lock = threading.Lock()
 
-    def solve(self, inputs: PlanningInputs):  # noqa: ANN201 - never answers in time
+    def solve(self, inputs: PlanningInputs):  # never answers in time
         with self._lock:
             self.started += 1
         self.release.wait(30)

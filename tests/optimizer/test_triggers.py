@@ -7,7 +7,7 @@ import math
 from greenserve.optimizer.triggers import ThresholdTrigger, relative_deviation
 
 
-def fires(deviations: list[float], step_s: float = 3600.0, **kw) -> list[bool]:  # noqa: ANN003
+def fires(deviations: list[float], step_s: float = 3600.0, **kw) -> list[bool]:
     trigger = ThresholdTrigger(0.05, **kw)
     return [trigger.look("k", d, i * step_s, sample=i) for i, d in enumerate(deviations)]
 

@@ -10,7 +10,7 @@ from greenserve.common.db_engine import DEFAULT_SQLITE_BUSY_TIMEOUT_MS, make_eng
 
 
 @pytest.mark.postgres
-def test_postgres_connections_carry_the_lock_timeout(postgres_server) -> None:  # noqa: ANN001 - fixture
+def test_postgres_connections_carry_the_lock_timeout(postgres_server) -> None:  # fixture
     engine = make_engine(postgres_server.url(postgres_server.create_database()))
     try:
         with engine.connect() as conn:

@@ -7,7 +7,6 @@ adversarial audit of the profiler's concurrent writes (failed before the fix on 
 
 from __future__ import annotations
 
-import pytest
 
 from greenserve.common.persistence import Database
 from greenserve.profiler import calibrate

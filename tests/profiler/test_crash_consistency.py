@@ -15,7 +15,7 @@ from tests.process import sigkill_while_writing, start_service_process
 from tests.profiler.test_store import measured
 
 
-def _start(tmp_path, port: int):  # noqa: ANN001, ANN202
+def _start(tmp_path, port: int):
     return start_service_process("greenserve.profiler", "greenserve.v1.ProfilerService", tmp_path / "pr", port, env={},
                                  log_name="profiler.log", extra_args=["--no-import-published", "--log-level=WARNING"])
 

@@ -112,7 +112,7 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         real.stop()
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:  # noqa: D103
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if STARTS:
         figures = ", ".join(f"{name} {s:.1f} s" for name, s in STARTS)
         terminalreporter.write_line(f"real vLLM start to healthy: {figures} (cores: {os.cpu_count()})")

@@ -11,7 +11,6 @@ What a CPU build does with the GPU flags is in docs/gpu_partitioner.md ("Real vL
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator

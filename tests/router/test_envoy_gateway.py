@@ -240,7 +240,7 @@ async def test_the_gateways_subset_hint_bounds_the_pick(gateway: dict[str, Any])
             "x-gateway-destination-endpoint"].string_value == destination(emu.url)
     assert ledger.open_count == 2  # no access log here (no Envoy): closed below without a receipt
     for k in range(2):
-        ledger._abandon(f"subset-{k}", time.monotonic())  # noqa: SLF001
+        ledger._abandon(f"subset-{k}", time.monotonic())
     answer = await pick(listed("10.255.0.1:8000"), "subset-none")
     assert answer.immediate_response.status.code == 503
     answer = await pick(listed(), "subset-empty")

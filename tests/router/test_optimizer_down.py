@@ -26,7 +26,7 @@ def _start_optimizer(data_dir: Path, port: int, forecaster: str) -> subprocess.P
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-async def test_router_keeps_routing_after_optimizer_sigkill(tmp_path, forecaster, emulators, router) -> None:  # noqa: ANN001
+async def test_router_keeps_routing_after_optimizer_sigkill(tmp_path, forecaster, emulators, router) -> None:
     fc = grpc.aio.insecure_channel(forecaster.address)
     await ingest_daily(fc, ci_ref("FR"), 50.0, 20.0)
     await ingest_daily(fc, load_ref("chat"), 2.0, 1.0)

@@ -24,7 +24,7 @@ def _plan(version: int, engine: str) -> common_pb2.Plan:
     return plan
 
 
-async def test_a_plan_that_cannot_be_stored_is_in_force_and_reported_not_stored(monkeypatch) -> None:  # noqa: ANN001
+async def test_a_plan_that_cannot_be_stored_is_in_force_and_reported_not_stored(monkeypatch) -> None:
     store = PlanStore()
 
     def locked(plan: common_pb2.Plan) -> None:
@@ -45,7 +45,7 @@ async def test_a_plan_that_cannot_be_stored_is_in_force_and_reported_not_stored(
 
 
 @pytest.mark.parametrize("stored", [True, False])
-async def test_a_plan_read_back_at_start_is_reported_again(tmp_path, stored: bool) -> None:  # noqa: ANN001
+async def test_a_plan_read_back_at_start_is_reported_again(tmp_path, stored: bool) -> None:
     db = Database.open(f"sqlite:///{tmp_path / 'router.db'}", "router")
     if stored:
         PlanStore(db).persist(_plan(4, "e4"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-import pytest
 from greenserve.router.prefix_index import PrefixIndex, chain_hashes, render_chat
 from greenserve.simulator.workloads import trace_path
 

@@ -90,7 +90,7 @@ async def test_a_drain_through_one_replica_does_not_bring_back_an_engine_deregis
         await _register(a.stub, f"e{i}", f"http://10.3.0.{i + 1}:8000")
         await _agree(a, b)
 
-        async def drain() -> str:
+        async def drain(i: int = i) -> str:
             await asyncio.sleep(0.01 * (i % 3))
             request = getattr(router_pb2, f"{rpc}Request")(engine_ids=["keep", f"e{i}"])
             try:

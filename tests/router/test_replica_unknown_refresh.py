@@ -19,7 +19,7 @@ from tests.router.test_replicas import _register, _route, shared_db  # noqa: F40
 SLOW_POLL = {"state_poll_interval_s": 1.0}  # B reads the shared state only once a second on its own
 
 
-async def test_a_pool_registered_through_a_is_found_by_b_before_its_next_poll(router, emulators, shared_db) -> None:
+async def test_a_pool_registered_through_a_is_found_by_b_before_its_next_poll(router, emulators, shared_db) -> None:  # noqa: F811 - the imported fixture
     emus = await emulators(2, model="m")
     extra = {"db_url": shared_db} if shared_db else {}
     a = await router([], replica_id="a", **extra)
@@ -41,7 +41,7 @@ async def test_a_pool_registered_through_a_is_found_by_b_before_its_next_poll(ro
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_requests_for_unknown_pools_share_and_space_their_reads(router, shared_db, monkeypatch) -> None:
+async def test_requests_for_unknown_pools_share_and_space_their_reads(router, shared_db, monkeypatch) -> None:  # noqa: F811 - the imported fixture
     extra = {"db_url": shared_db} if shared_db else {}
     b = await router([], replica_id="b", **extra, **SLOW_POLL)
     reads = 0

@@ -158,7 +158,7 @@ async def test_a_request_stream_cut_for_size_is_never_applied(start_inprocess) -
     applied: list[int] = []
 
     class Recorder(forecaster_pb2_grpc.ForecasterServiceServicer):
-        async def StreamLoad(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        async def StreamLoad(self, request_iterator, context):  # gRPC method name
             samples = [s async for s in request_iterator]
             applied.append(len(samples))
             return forecaster_pb2.StreamLoadResponse(accepted_samples=len(samples))

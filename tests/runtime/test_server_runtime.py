@@ -198,13 +198,13 @@ async def test_deadline_is_visible_to_handlers_and_bounds_outbound_calls(start_i
     seen: dict[str, float | None] = {}
 
     class Probe(optimizer_pb2_grpc.OptimizerServiceServicer):
-        def __init__(self, ctx) -> None:  # noqa: ANN001
+        def __init__(self, ctx) -> None:
             self.ctx = ctx
 
-        async def EstimateCarbon(self, request, context):  # noqa: N802 - gRPC method name
+        async def EstimateCarbon(self, request, context):  # gRPC method name
             return estimate_carbon(request)
 
-        async def GetFleet(self, request, context):  # noqa: N802 - gRPC method name
+        async def GetFleet(self, request, context):  # gRPC method name
             seen["remaining_s"] = server_mod.remaining_s()
             # An outbound call made from here gets at most the remaining time, even if it asks for more.
             outbound = create_channel(ChannelConfig(address=seen_address["addr"], default_timeout_s=60))
@@ -276,16 +276,16 @@ async def test_client_retries_idempotent_calls_only(start_inprocess) -> None:
     attempts = {"GetPlan": 0, "ComputePlan": 0}
 
     class Flaky(optimizer_pb2_grpc.OptimizerServiceServicer):
-        def __init__(self, ctx) -> None:  # noqa: ANN001
+        def __init__(self, ctx) -> None:
             self.ctx = ctx
 
-        async def GetPlan(self, request, context):  # noqa: N802 - gRPC method name
+        async def GetPlan(self, request, context):  # gRPC method name
             attempts["GetPlan"] += 1
             if attempts["GetPlan"] < 3:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
             return optimizer_pb2.GetPlanResponse()
 
-        async def ComputePlan(self, request, context):  # noqa: N802
+        async def ComputePlan(self, request, context):
             attempts["ComputePlan"] += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
 

@@ -47,7 +47,7 @@ def _levelled(samples: list[tuple[float, int]]) -> tuple[float, float, float]:
 
 
 @pytest.mark.slow
-async def test_optimizer_memory_levels_off(tmp_path, forecaster) -> None:
+async def test_optimizer_memory_levels_off(tmp_path, forecaster) -> None:  # noqa: F811 - the imported fixture
     fc = grpc.aio.insecure_channel(forecaster.address)
     await ingest_daily(fc, ci_ref("FR"), 50.0, 20.0)
     await ingest_daily(fc, load_ref("chat"), 2.0, 1.0)

@@ -19,7 +19,9 @@ def test_recovers_known_parameters_from_noisy_synthetic_points() -> None:
     truth = base.with_overrides(prefill_mfu=0.31, decode_mbu=0.58, step_overhead_s=0.0072, idle_w=71.0, max_w=377.0)
     model = PerfModel(truth)
     rng = np.random.default_rng(7)
-    noise = lambda: 1.0 + rng.normal(0, 0.003)
+    def noise() -> float:
+        return 1.0 + rng.normal(0, 0.003)
+
     prefill = [PrefillPoint(n, model.prefill_time_s(n) * noise()) for n in (256, 512, 1024, 2048, 4096, 8192)]
     decode = [DecodePoint(b, b * ctx, model.decode_step_time_s(b, b * ctx) * noise())
               for b in (1, 4, 16, 64) for ctx in (500, 2000)]

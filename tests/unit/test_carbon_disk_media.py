@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from greenserve.common import carbon
-from greenserve.common.carbon_params import DISK_MEDIA, CarbonParams, load_default_params
+from greenserve.common.carbon_params import DISK_MEDIA, load_default_params
 from greenserve.simulator.tiers import DISK_MEDIA as SIMULATED_MEDIA
 
 TB = 10**12

@@ -9,6 +9,7 @@ import time
 
 import grpc
 import pytest
+from google.protobuf.message import DecodeError
 
 from greenserve.common.clock import VirtualClock, set_clock
 from greenserve.common.plan_follow import (
@@ -29,6 +30,7 @@ from tests.plan_peer import PlanPeer, interval, serve
 
 HOUR_S = 3600.0
 T0 = 1_800_000_000.0  # an hour boundary
+DONE = Outcome(APPLIED, "done")
 
 
 def _plan(version: int, hours: int = 3, start_s: float = T0) -> common_pb2.Plan:
@@ -39,7 +41,7 @@ def _plan(version: int, hours: int = 3, start_s: float = T0) -> common_pb2.Plan:
 class Recorder:
     """A reconcile that records (plan version, interval start) and how many ran at once."""
 
-    def __init__(self, outcome: Outcome = Outcome(APPLIED, "done"), delay_s: float = 0.0) -> None:
+    def __init__(self, outcome: Outcome = DONE, delay_s: float = 0.0) -> None:
         self.calls: list[tuple[int, int]] = []
         self.outcome = outcome
         self.delay_s = delay_s
@@ -190,7 +192,7 @@ async def test_plan_file_store_round_trip_and_a_corrupt_file_starts_without_plan
     assert (await load()).version == 8 and rec.calls[0][0] == 8
 
     path.write_bytes(b"\xff\xff not a plan")
-    with pytest.raises(Exception):
+    with pytest.raises(DecodeError):
         await load()
     fresh = PlanFollower(component="t", instance="i", channel=None, reconcile=rec, save=save, load=load)
     await fresh.start()

@@ -91,7 +91,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     restarts = 0
     configs: dict[str, int] = {}
-    for h, ci_h in enumerate(ci):
+    for _h, ci_h in enumerate(ci):
         problem = problem_for(setup, states, load, ci_h, base_ci, PUE, WEIGHT, headroom=HEADROOM,
                               max_accuracy_loss=MAX_ACCURACY_LOSS, change_s=DEFAULT_CHANGE_S)
         solution = solve_exact(problem)

@@ -217,7 +217,7 @@ class Combination(Model):
             member = factory()
             try:
                 member.fit(y, start_s=start_s, holidays=holidays)
-            except Exception:  # a member that cannot fit this history (too short, singular) is left out
+            except Exception:  # noqa: BLE001 - a member that cannot fit this history (too short, singular) is left out
                 continue
             self.members.append(member)
         if not self.members:
@@ -247,7 +247,7 @@ class Combination(Model):
             try:
                 parts = [member.transform.inverse(member.forecast_z_from(member.z[:o], p)) for o in origins]
                 forecasts[m] = np.concatenate(parts)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a member that cannot forecast gets no weight
                 forecasts[m] = np.nan
         self.weights = None
         self.log_shift = 0.0

@@ -137,7 +137,7 @@ def solve_exact(problem: Problem, *, gap_rel: float = 0.0, time_limit_s: float |
     coef = flow_coefficients(problem, load)
     y = {k: model.column(coef[k], 0.0, math.inf) for k in kinds}
     instances: dict[Kind, dict[int, float]] = defaultdict(dict)  # kind -> {z column: instances per GPU}
-    for (gi, pattern), cols in n_cols.items():
+    for (_gi, pattern), cols in n_cols.items():
         for k, m in problem.kinds_of(pattern).items():
             for c in cols:
                 instances[k][c] = float(m)

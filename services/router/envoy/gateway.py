@@ -45,7 +45,7 @@ class EnvoyGateway:
         self._dir = tempfile.TemporaryDirectory(prefix="greenserve-envoy-")
         config = Path(self._dir.name) / "envoy.json"
         config.write_text(bootstrap_json(**self.bootstrap_args))
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
                 envoy_command(config, self.concurrency), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

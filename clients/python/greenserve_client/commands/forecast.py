@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_series(ns: argparse.Namespace, kind: str = "ci"):  # noqa: ANN202 - GridSeries, imported lazily
+def _read_series(ns: argparse.Namespace, kind: str = "ci"):  # GridSeries, imported lazily
     from greenserve.forecaster.csv_sources import read_csv_series, to_grid
 
     raw = read_csv_series(
@@ -139,7 +139,7 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _channel(ns: argparse.Namespace):  # noqa: ANN202
+def _channel(ns: argparse.Namespace):
     from greenserve.common.client import ChannelConfig, create_channel
     from greenserve_client.cli import check_connection
 
@@ -148,7 +148,7 @@ def _channel(ns: argparse.Namespace):  # noqa: ANN202
     return create_channel(ChannelConfig(address=ns.addr, token=token, tls_ca=ns.tls_ca, default_timeout_s=ns.timeout_s))
 
 
-def _ref(ns: argparse.Namespace):  # noqa: ANN202
+def _ref(ns: argparse.Namespace):
     from greenserve.v1 import common_pb2
 
     if ns.region:

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
-import time
 from typing import Any
 
 import grpc
@@ -339,7 +337,7 @@ def _plot(profiles: list[Any], out: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:  # noqa: C901 - one dispatch over the actions
+def main(argv: list[str]) -> int:  # one dispatch over the actions
     from greenserve.v1 import common_pb2, profiler_pb2
 
     parser = _parser()
