@@ -149,6 +149,10 @@ class EngineLauncher(Protocol):
     def command(self, spec: EngineSpec) -> LaunchCommand:
         """The command that runs `spec` (ValueError when it cannot be run)."""
 
+    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool) -> str:
+        """Why this launcher's engines cannot run the pool in ``target``'s mode ("" when they can): checked
+        before an engine is stopped for the mode change, so a mode they cannot run leaves the running ones be."""
+
 
 def mig_hardware(gpu_model: str, mig_profile: str) -> str:
     """Hardware name of a MIG instance as profiles name it: "A100-80GB" + "3g.40gb" -> "A100-80GB-MIG-3g.40gb"."""
@@ -190,6 +194,14 @@ class VllmLauncher:
         self.executable = executable
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
+
+    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool) -> str:
+        mode = target.serving_mode
+        if mode == common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE:
+            return "vLLM has no disaggregated speculative decoding (GreenLLM's DSD is its own plug-in)"
+        if mode == common_pb2.SERVING_MODE_SPEC_DECODE and not (pool.HasField("draft") and pool.draft.model):
+            return "vLLM's speculative decoding needs the pool's draft model (fleet.pools[].draft.model)"
+        return ""
 
     def command(self, spec: EngineSpec) -> LaunchCommand:
         if not spec.model:
@@ -344,6 +356,16 @@ class EmulatorLauncher:
 
             known_profiles = list_profiles()
         self.known_profiles = list(known_profiles)
+
+    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool) -> str:
+        mode = target.serving_mode
+        speculative = (common_pb2.SERVING_MODE_SPEC_DECODE, common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE)
+        if mode in speculative and not (pool.HasField("draft") and pool.draft.simulator_model):
+            return ("the emulator's speculative modes need the draft's simulator model "
+                    "(fleet.pools[].draft.simulator_model)")
+        if mode == common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE and not target.old_hardware:
+            return "DSD names no older GPU for the draft (old_hardware)"
+        return ""
 
     def command(self, spec: EngineSpec) -> LaunchCommand:
         profile, note = closest_profile(spec.simulator_model, spec.hardware, self.known_profiles)

@@ -78,6 +78,7 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
         self.on_change = on_change
         self.modes: dict[str, common_pb2.ServingModeTarget] = {}  # the interval's serving mode per pool
         self.mode_index: dict[str, int] = {}  # its index in interval.serving_modes (to name it in a refusal)
+        self.mode_targets: list[common_pb2.ServingModeTarget] = []  # interval.serving_modes as the plan lists them
         self.whole_gpus: list[GpuState] = []  # this node's GPUs without MIG (or MIG off): DPD decoders run there
 
     # ---------------------------------------------------------------------------------------------
@@ -88,6 +89,7 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
         notes: list[str] = self._crashed_notes()
         if interval is None:
             return Outcome(APPLIED, "; ".join(["the plan has no interval: nothing to do", *notes]))
+        self.mode_targets = list(interval.serving_modes)
         self.modes = {t.pool: t for t in interval.serving_modes}
         self.mode_index = {t.pool: k for k, t in enumerate(interval.serving_modes)}
         gpus = {g.uuid: g for g in await asyncio.to_thread(self.backend.list_gpus)}

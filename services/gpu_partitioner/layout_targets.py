@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.apply import ApplyCoordinator, ApplyPreconditionError
 from greenserve.gpu_partitioner.backend import GpuState, MigBackendError
-from greenserve.common.engine_launch import EngineSupervisor, mode_name
+from greenserve.common.engine_launch import MODE_NAMES, EngineSupervisor, mode_name
 from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import FleetPools
 from greenserve.v1 import common_pb2
@@ -50,6 +50,7 @@ class LayoutTargets:
     supervisor: EngineSupervisor | None
     modes: dict[str, common_pb2.ServingModeTarget]
     mode_index: dict[str, int]
+    mode_targets: list[common_pb2.ServingModeTarget]
     whole_gpus: list[GpuState]
 
     async def _validate(self, mine: list[tuple[int, common_pb2.MigLayout]]) -> list[GpuTarget]:
@@ -98,8 +99,36 @@ class LayoutTargets:
             target = GpuTarget(index, gpu, geo, lplan)
             self._assign_wants(target, layout, placed, unplaced)
             targets.append(target)
+        self._check_modes(targets, pools or {})
         self._check_pairs(targets)
         return targets
+
+    def _check_modes(self, targets: list[GpuTarget], pools: dict[str, common_pb2.Pool]) -> None:
+        """The serving mode of every pool this node starts engines for is one this release knows, given once, and
+        one its launcher's engines can run: Refusal naming ``serving_modes[k]`` (and the field) otherwise, before
+        any engine is stopped for a mode change, so the engines of the mode in force keep running."""
+        if self.supervisor is None:
+            return  # no engines are started here
+        used = {want.pool for target in targets for want in target.wants.values()}
+        first: dict[str, int] = {}
+        for k, mode in enumerate(self.mode_targets):
+            if mode.pool not in used:
+                continue
+            where = f"serving_modes[{k}]"
+            if mode.pool in first:
+                raise Refusal(f"{where}.pool: pool {mode.pool!r} has two serving modes in the interval "
+                              f"(serving_modes[{first[mode.pool]}] too)")
+            first[mode.pool] = k
+            if mode.serving_mode not in MODE_NAMES:
+                known = ", ".join(common_pb2.ServingMode.Name(v) for v in sorted(MODE_NAMES) if v)
+                raise Refusal(f"{where}.serving_mode: unknown serving mode {mode.serving_mode} for pool "
+                              f"{mode.pool!r} (known: {known})")
+            problem = self.supervisor.launcher.mode_problem(mode, pools[mode.pool])
+            if problem:
+                raise Refusal(f"{where}: pool {mode.pool!r} cannot run in mode {mode_name(mode.serving_mode)} "
+                              f"({common_pb2.ServingMode.Name(mode.serving_mode)}) on node {self.node}'s "
+                              f"{self.supervisor.launcher.name} engines: {problem}; the engines of the mode in "
+                              "force keep running")
 
     def _check_pairs(self, targets: list[GpuTarget]) -> None:
         """Every DPD instance of the interval pairs with a whole older GPU of this node (its decoder's): Refusal
