@@ -3,30 +3,24 @@
 One HTTP listener; every request passes the ext_proc filter (headers, then the buffered body, to the picker)
 and goes to an ORIGINAL_DST cluster that sends it to the ``ip:port`` in ``x-gateway-destination-endpoint``, the
 header the picker sets (the Gateway API Inference Extension's reference configuration does the same with the
-``envoy.lb`` metadata). The response streams back without the picker: ext_proc skips the response. The
+``envoy.lb`` metadata). The response streams back without the picker: ext_proc skips the response; a Lua
+filter (usage_filter.py) reads the engine's usage and first-token time on the way, in Envoy. The
 HTTP gRPC access log sends one entry per request to the router (buffer 0: at once), which closes the request's
 carbon receipt (ledger.py). Envoy returns ``x-request-id`` on every response: the receipt's key.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import sys
 from typing import Any
 
+from greenserve.router.envoy.addresses import is_ip
 from greenserve.router.envoy.picker import DESTINATION_HEADER
+from greenserve.router.envoy.usage_filter import lua_filter
 
 PICKER_CLUSTER = "greenserve_picker"
 ENGINES_CLUSTER = "greenserve_engines"
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
@@ -42,10 +36,13 @@ def _grpc_service(token: str | None, timeout_s: float) -> dict[str, Any]:
 
 def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_port: int,
               token: str | None = None, picker_timeout_s: float = 5.0, connect_timeout_s: float = 2.0,
-              max_body_bytes: int = 16 * 1024 * 1024, admin_port: int | None = None) -> dict[str, Any]:
+              max_body_bytes: int = 16 * 1024 * 1024, admin_port: int | None = None,
+              usage_filter: bool = True) -> dict[str, Any]:
     """The bootstrap as a dict (Envoy reads it as JSON). ``token``: the router's bearer token, sent as gRPC
     metadata on the picker's and the access log's streams. ``max_body_bytes``: the largest request body Envoy
-    buffers for the picker (its per-connection buffer limit)."""
+    buffers for the picker (its per-connection buffer limit). ``usage_filter``: the Lua filter that reads the
+    engine's token counts and first-token time for the receipt (usage_filter.py); without it receipts count
+    no completion tokens and take the engine's first byte as the first token."""
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
                  ".HttpConnectionManager",
@@ -66,6 +63,7 @@ def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_po
                     "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
                     "request_trailer_mode": "SKIP", "response_header_mode": "SKIP",
                     "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}}},
+            *([lua_filter()] if usage_filter else []),
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
         ],
@@ -92,7 +90,7 @@ def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_po
                  "circuit_breakers": {"thresholds": [{"max_connections": 1_000_000, "max_pending_requests": 1_000_000,
                                                       "max_requests": 1_000_000}]}},
                 # a name (a Kubernetes Service) is resolved by DNS and followed; an address is taken as is
-                {"name": PICKER_CLUSTER, "type": "STATIC" if _is_ip(picker_host) else "STRICT_DNS",
+                {"name": PICKER_CLUSTER, "type": "STATIC" if is_ip(picker_host) else "STRICT_DNS",
                  "connect_timeout": f"{connect_timeout_s}s",
                  "typed_extension_protocol_options": h2,
                  "circuit_breakers": {"thresholds": [{"max_connections": 1_000_000, "max_pending_requests": 1_000_000,

@@ -4,8 +4,10 @@ The picker opens an entry when it chooses an engine (the engine's energy accumul
 decision, the prompt's size); Envoy's gRPC access log (envoy.service.accesslog.v3.AccessLogService) closes it
 when the response has left, keyed by the ``x-request-id`` Envoy gives every request. Closing runs the same
 ``RouterCore.finish`` as the built-in fronts, so the receipt's carbon is computed the same way: energy
-accumulated on the engine between the pick and the log's arrival, duration from the pick to then. No Python
-runs per token: Envoy streams the response and sends one log entry per request.
+accumulated on the engine between the pick and the log's arrival, duration from the pick to then; token
+counts and the first token's time come from the entry's dynamic metadata, written by Envoy's Lua usage filter
+(usage_filter.py) as the response passed. No Python runs per token: Envoy streams the response and sends one
+log entry per request.
 
 Memory is bounded: at most ``max_open`` open entries (the oldest is closed without a receipt past it, and
 entries older than ``open_ttl_s`` are closed the same way: Envoy never logged them) and ``max_receipts``
@@ -24,6 +26,7 @@ from typing import Any
 import grpc
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from greenserve.router.core import RouterCore
+from greenserve.router.envoy.usage_filter import METADATA_NAMESPACE
 from greenserve.router.policy import Decision
 from greenserve.router.prefix_index import PrefixHashes
 from greenserve.router.upstream import Call
@@ -79,6 +82,15 @@ class Ledger:
         self.core.release()
         self.abandoned += 1
 
+    def abandon_unsent(self, request_id: str) -> Any:
+        """Closes, without a receipt, a request picked but never sent (its engine's address unknown); returns
+        its engine (None when the request is not open)."""
+        item = self._open.get(request_id)
+        if item is None:
+            return None
+        self._abandon(request_id, time.monotonic())
+        return item.decision.engine
+
     @property
     def open_count(self) -> int:
         return len(self._open)
@@ -113,17 +125,41 @@ class Ledger:
             engine.end_request(now, self._saturation())
             core.count_failure(PROTOCOL, "client_error")
             return
-        start_wall_s = common.start_time.ToNanoseconds() / 1e9
-        first_s = common.time_to_first_upstream_rx_byte.ToNanoseconds() / 1e9
-        t_first = item.t0 + max(0.0, start_wall_s + first_s - item.t0_wall_s)
+        usage, first_token_wall_s = read_usage(common.metadata.filter_metadata.get(METADATA_NAMESPACE))
+        if first_token_wall_s is None:  # no usage filter in this Envoy: its first byte from the engine
+            start_wall_s = common.start_time.ToNanoseconds() / 1e9
+            first_token_wall_s = start_wall_s + common.time_to_first_upstream_rx_byte.ToNanoseconds() / 1e9
+        t_first = item.t0 + max(0.0, first_token_wall_s - item.t0_wall_s)
         acc_end = engine.end_request(now, self._saturation())
         core.registry.record_success(engine, started_at=item.t0)
         call = Call(decision=item.decision, engine=engine, response=None, t0=item.t0,  # type: ignore[arg-type]
-                    t_first=min(t_first, now), acc_start=item.acc_start, hashes=item.hashes)
+                    t_first=min(t_first, now), acc_start=item.acc_start, hashes=item.hashes, usage=usage)
         receipt = core.finish(call, PROTOCOL, acc_end, item.prompt_chars)
         self._receipts[request_id] = receipt.to_json()
         while len(self._receipts) > self.max_receipts:
             self._receipts.popitem(last=False)
+
+
+def read_usage(fields: Any) -> tuple[dict[str, Any] | None, float | None]:
+    """What the usage filter (usage_filter.py) wrote for one request: the engine's usage in the shape
+    ``RouterCore.finish`` reads (None when the filter found none), and the first token's wall-clock time in
+    seconds (None when unknown)."""
+    if fields is None:
+        return None, None
+    values = fields.fields
+    first = values.get("first_token_us")
+    first_s = None
+    if first is not None and first.WhichOneof("kind") == "string_value" and first.string_value.isdigit():
+        first_s = int(first.string_value) / 1e6
+    counts = {key: int(v.number_value) for key in ("prompt_tokens", "completion_tokens", "cached_tokens")
+              if (v := values.get(key)) is not None and v.WhichOneof("kind") == "number_value"
+              and 0 <= v.number_value < 2**53}
+    if "completion_tokens" not in counts or "prompt_tokens" not in counts:
+        return None, first_s
+    usage: dict[str, Any] = {"prompt_tokens": counts["prompt_tokens"], "completion_tokens": counts["completion_tokens"]}
+    if "cached_tokens" in counts:
+        usage["prompt_tokens_details"] = {"cached_tokens": counts["cached_tokens"]}
+    return usage, first_s
 
 
 class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):

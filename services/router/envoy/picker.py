@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -30,7 +30,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from greenserve.router.core import RouterCore
+from greenserve.router.envoy.addresses import EngineAddresses, UnresolvableEngine, destination
 from greenserve.router.envoy.ledger import PROTOCOL, Ledger
+from greenserve.router.envoy.usage_filter import STRIP_USAGE_HEADER
 from greenserve.router.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
 from greenserve.router.policy import NoEngineError, UnknownTargetError
 from greenserve.router.prefix_index import chain_hashes
@@ -54,14 +56,6 @@ class _Refusal(Exception):
         self.param = param
         self.err_type = err_type
         self.retry_after_s = retry_after_s
-
-
-def destination(url: str) -> str:
-    """``ip:port`` of an engine URL, as ORIGINAL_DST takes it (IPv6 in brackets)."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname or ""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _immediate(refusal: _Refusal) -> ext_pb2.ProcessingResponse:
@@ -97,10 +91,12 @@ def _header_map(headers: Any) -> dict[str, str]:
 class EndpointPicker(ext_grpc.ExternalProcessorServicer):
     """One ``Process`` stream per HTTP request: headers in, body in, the chosen endpoint out."""
 
-    def __init__(self, core: RouterCore, ledger: Ledger, max_body_bytes: int) -> None:
+    def __init__(self, core: RouterCore, ledger: Ledger, max_body_bytes: int, read_usage: bool = True) -> None:
         self.core = core
         self.ledger = ledger
         self.max_body_bytes = max_body_bytes
+        self.read_usage = read_usage  # Envoy runs the usage filter (bootstrap.py): ask engines for usage
+        self.addresses = EngineAddresses()
 
     async def Process(self, request_iterator: AsyncIterator[ext_pb2.ProcessingRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[ext_pb2.ProcessingResponse]:
@@ -132,12 +128,15 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
                 if not body.end_of_stream:  # streamed body mode: wait for the rest
                     yield ext_pb2.ProcessingResponse(request_body=ext_pb2.BodyResponse())
                     continue
+                if subset is not None:  # engines registered by name are compared by their addresses
+                    await self._resolve_all()
                 try:
-                    endpoint = self._pick(headers, b"".join(chunks), subset)
+                    request_id, url, new_body = self._pick(headers, b"".join(chunks), subset)
+                    endpoint = self.addresses.cached(url) or await self._resolve_picked(request_id, url)
                 except _Refusal as refusal:
                     yield _immediate(refusal)
                     return
-                yield self._routed(endpoint)
+                yield self._routed(endpoint, new_body)
             elif kind == "response_headers":
                 yield ext_pb2.ProcessingResponse(response_headers=ext_pb2.HeadersResponse())
             elif kind == "response_body":
@@ -147,7 +146,27 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             elif kind == "response_trailers":
                 yield ext_pb2.ProcessingResponse(response_trailers=ext_pb2.TrailersResponse())
 
-    def _pick(self, headers: dict[str, str], raw: bytes, subset: set[str] | None = None) -> str:
+    async def _resolve_all(self) -> None:
+        for engine in list(self.core.registry.engines.values()):
+            try:
+                await self.addresses.resolve(engine.url)
+            except UnresolvableEngine:
+                pass  # compared by its name; a pick of it is refused in _resolve_picked
+
+    async def _resolve_picked(self, request_id: str, url: str) -> str:
+        try:
+            return await self.addresses.resolve(url)
+        except UnresolvableEngine as exc:
+            engine = self.ledger.abandon_unsent(request_id)
+            if engine is not None:
+                self.core.registry.record_failure(engine, time.monotonic(), str(exc))
+            self.core.count_failure(PROTOCOL, "unavailable")
+            raise _Refusal(503, str(exc), err_type="service_unavailable", retry_after_s=1) from None
+
+    def _pick(self, headers: dict[str, str], raw: bytes, subset: set[str] | None = None
+              ) -> tuple[str, str, bytes | None]:
+        """The request id, the chosen engine's URL, and the body to send instead of the caller's (None: the
+        caller's as is)."""
         core = self.core
         try:
             body = json.loads(raw)
@@ -162,6 +181,7 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             if not isinstance(model, str):
                 raise BadRequest("model", "must be a string")
             text = prompt_text(body, headers.get(":path", "").split("?", 1)[0] == CHAT_PATH)
+            new_body = with_usage_requested(raw, body) if self.read_usage else None
         except BadRequest as exc:
             raise _Refusal(400, f"{exc.param}: {exc}", exc.param) from None
         request_id = headers.get("x-request-id", "")
@@ -181,7 +201,8 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         try:
             if subset is not None:
                 candidates = core.registry.candidates(pool, model)
-                outside = {e.id for e in candidates if destination(e.url) not in subset}
+                outside = {e.id for e in candidates
+                           if (self.addresses.cached(e.url) or destination(e.url)) not in subset}
                 if candidates and len(outside) == len(candidates):  # (none at all: choose names the pool/model)
                     raise NoEngineError(f"{SUBSET_KEY}: no engine of the request is among the {len(subset)} "
                                         "endpoints the gateway allows")
@@ -203,16 +224,43 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         if hashes:
             core.index.insert(decision.engine.id, hashes)
         self.ledger.open(request_id, decision, hashes, len(text))
-        return destination(decision.engine.url)
+        return request_id, decision.engine.url, new_body
 
     @staticmethod
-    def _routed(endpoint: str) -> ext_pb2.ProcessingResponse:
-        header = base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=DESTINATION_HEADER, raw_value=endpoint.encode()),
-            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+    def _routed(endpoint: str, new_body: bytes | None = None) -> ext_pb2.ProcessingResponse:
+        headers = [_set(DESTINATION_HEADER, endpoint.encode())]
+        mutation = None
+        if new_body is not None:  # Envoy sends the mutated body with the caller's content-length: set it too
+            headers += [_set("content-length", str(len(new_body)).encode()), _set(STRIP_USAGE_HEADER, b"1")]
+            mutation = ext_pb2.BodyMutation(body=new_body)
         metadata = struct_pb2.Struct()
         metadata.update({LB_METADATA_NAMESPACE: {DESTINATION_HEADER: endpoint}})
         return ext_pb2.ProcessingResponse(
             request_body=ext_pb2.BodyResponse(response=ext_pb2.CommonResponse(
-                header_mutation=ext_pb2.HeaderMutation(set_headers=[header]), clear_route_cache=True)),
+                header_mutation=ext_pb2.HeaderMutation(set_headers=headers), body_mutation=mutation,
+                clear_route_cache=True)),
             dynamic_metadata=metadata)
+
+
+def _set(key: str, value: bytes) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value),
+                                      append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+
+
+def with_usage_requested(raw: bytes, body: dict[str, Any]) -> bytes | None:
+    """For a streamed request whose caller did not ask for usage: its body asking the engine for it (the usage
+    filter reads it and drops it from the caller's stream, usage_filter.py). None when nothing changes: not
+    streamed, or the caller asked for usage itself."""
+    if body.get("stream") is not True:
+        return None
+    options = body.get("stream_options")
+    if options is None:
+        trimmed = raw.rstrip()
+        if trimmed.endswith(b"}"):  # the caller's bytes with the request spliced in (no re-encoding)
+            return trimmed[:-1] + b',"stream_options":{"include_usage":true}}'
+    elif not isinstance(options, dict):
+        raise BadRequest("stream_options", "must be an object")
+    elif options.get("include_usage") is True:
+        return None
+    body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
+    return json.dumps(body, separators=(",", ":")).encode()
