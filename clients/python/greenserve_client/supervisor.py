@@ -11,6 +11,7 @@ the sidecars, with SIGTERM, then SIGKILL for any that outlive the grace period.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import signal
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import grpc
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
-from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT
+from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, ServiceSettings
 from greenserve.common.parent_death import dies_with_parent
 from greenserve.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 
@@ -71,6 +72,18 @@ def _service_command(info: ServiceInfo, host: str, port: int, data_dir: Path, po
     deps = [f"--{s.display}-addr={'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{ports[s.name]}" for s in SERVICES]
     return [sys.executable, "-m", f"greenserve.{info.name}", f"--host={host}", f"--port={port}",
             f"--data-dir={data_dir}", *deps, *extra]
+
+
+def service_token(args: list[str]) -> str | None:
+    """The bearer token a service started with ``args`` sends on its own calls, read from the same places the
+    service reads it: --auth-token-file / --auth-token among ``args`` (the last of each), else the
+    GREENSERVE_AUTH_TOKEN_FILE / GREENSERVE_AUTH_TOKEN environment; a file wins over a token. None: auth off.
+    ValueError for an empty file, OSError for an unreadable one."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--auth-token")
+    parser.add_argument("--auth-token-file", type=Path)
+    given, _ = parser.parse_known_args(args)
+    return ServiceSettings(**{k: v for k, v in vars(given).items() if v is not None}).token()
 
 
 async def _register_lmcache(address: str, url: str, pool: str) -> None:
@@ -240,10 +253,11 @@ def up(*, host: str, ports: dict[str, int], data_dir: Path, startup_timeout_s: f
         if fleet.gateway == "envoy":
             router = next(c for c in children if c.info.name == "router")
             try:
+                token = service_token([*per_service.get("router", []), *extra_args])
                 car, gateway_url = sidecars.start_envoy(router.address, logs=logs, data_dir=data_dir,
                                                         port=fleet.gateway_port, avoid=promised,
-                                                        timeout_s=startup_timeout_s)
-            except (RuntimeError, TimeoutError) as exc:
+                                                        timeout_s=startup_timeout_s, token=token)
+            except (RuntimeError, TimeoutError, ValueError, OSError) as exc:
                 print(f"greenserve up: error: --gateway envoy: {exc}", file=sys.stderr)
                 stop_all(children)
                 return 1
