@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from google.protobuf import json_format
 
 from greenserve.common.cli_parser import Parser
@@ -46,6 +47,8 @@ from greenserve.profiler.calibrate import calibration_points
 from greenserve.profiler.engine_backend import EngineBackend
 from greenserve.profiler.keys import config_key
 from greenserve.profiler.method import as_proto, resolve
+from greenserve.profiler.points import PointExtras, RequestSamples, summarize
+from greenserve.profiler.rounds import pooled_samples, round_spread
 from greenserve.profiler.settings_view import EngineSettingsView
 from greenserve.profiler.sim_backend import simulate_point
 from greenserve.profiler import step_fit
@@ -66,10 +69,11 @@ def base_profile() -> EngineProfile:
 
 
 def spec_for(workload: str, rates: list[float], args: argparse.Namespace, url: str,
-             backend: int = profiler_pb2.SWEEP_BACKEND_ENGINE) -> profiler_pb2.SweepSpec:
+             backend: int = profiler_pb2.SWEEP_BACKEND_ENGINE, seed: int | None = None) -> profiler_pb2.SweepSpec:
     return profiler_pb2.SweepSpec(
         backend=backend, engine_url=url if backend == profiler_pb2.SWEEP_BACKEND_ENGINE else "",
-        workload=workload, request_rates_per_s=rates, point_duration_s=args.duration_s, seed=args.seed,
+        workload=workload, request_rates_per_s=rates, point_duration_s=args.duration_s,
+        seed=args.seed if seed is None else seed,
         slo=common_pb2.Slo(ttft_s=args.ttft_slo_s, tpot_s=args.tpot_slo_s, attainment_fraction=0.9),
         configs=[common_pb2.ProfileConfig(model=MODEL, hardware=HARDWARE, workload=workload)],
         method=common_pb2.ProfileMethod(warmup_s=args.warmup_s, stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
@@ -80,41 +84,67 @@ def _ms(value: float | None) -> str:
 
 
 async def sweep(url: str, args: argparse.Namespace,
-                engine_side: dict[tuple[str, float], dict[str, float | None]]) -> dict[str, common_pb2.Profile]:
-    """One measured profile per workload, through the profiler's engine backend; ``engine_side`` gets each point's
-    means of vLLM's own TTFT and per-request TPOT histograms over the window (its /metrics)."""
+                engine_side: dict[tuple[str, float], dict[str, Any]]) -> dict[str, common_pb2.Profile]:
+    """One measured profile per workload, through the profiler's engine backend, in ``--rounds`` interleaved
+    rounds (round k measures every workload and rate once, with seed ``--seed`` + k: new prompts and arrivals), so
+    that a change of the machine's load over the sweep reaches every rate alike. A point is its rounds' requests
+    pooled (client-side per-request timings: exact p50s). ``engine_side`` gets each point's mean of vLLM's own TTFT
+    and per-request TPOT histograms over its windows (its /metrics), each round's p50s and the spread."""
     backend = EngineBackend(EngineSettingsView(nvml_power="off"), vocab_high=args.vocab_size)
-    profiles = {}
+    samples: dict[tuple[str, float], list[RequestSamples]] = {}
+    per_round: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    specs: dict[str, profiler_pb2.SweepSpec] = {}
     try:
-        for workload in args.workloads:
-            spec = spec_for(workload, args.rates, args, url)
-            await backend.prepare(spec)
-            method = resolve(spec)
-            config = spec.configs[0]
-            points = []
-            for rate in args.rates:
-                t0 = time.monotonic()
-                point = await backend.measure(spec, config, rate, method)
-                points.append(point)
-                win = backend.last_window
-                engine_side[(workload, rate)] = {"engine_ttft_mean_s": win.ttft_mean_s if win else None,
-                                                 "engine_tpot_mean_s": win.tpot_mean_s if win else None}
-                print(f"{workload} {rate:g}/s: {point.requests} req, {point.failed_requests} failed, "
-                      f"TTFT p50 {point.ttft_p50_s * 1e3:.1f} ms, TPOT p50 {point.tpot_p50_s * 1e3:.2f} ms, "
-                      f"batch {point.mean_batch_size:.2f}, engine-side TTFT/TPOT means "
-                      f"{_ms(engine_side[(workload, rate)]['engine_ttft_mean_s'])}/"
-                      f"{_ms(engine_side[(workload, rate)]['engine_tpot_mean_s'])} ms, client CPU {backend.last_client_cpu_fraction:.2f}, "
-                      f"{time.monotonic() - t0:.0f} s", flush=True)
-            profile = common_pb2.Profile(
-                config_key=config_key(config), version=1, config=config, slo=spec.slo, points=points,
-                source=common_pb2.PROFILE_SOURCE_MEASURED, method=as_proto(method),
-                note=f"real vLLM {args.vllm_version} (CPU build, tiny random Llama, float32, --enforce-eager) on "
-                     f"{os.cpu_count()} shared CPU cores, engine backend of greenserve.profiler")
-            profile.created_at.GetCurrentTime()
-            validate_profile(profile)
-            profiles[workload] = profile
+        for k in range(args.rounds):
+            for workload in args.workloads:
+                spec = spec_for(workload, args.rates, args, url, seed=args.seed + k)
+                specs.setdefault(workload, spec)
+                await backend.prepare(spec)
+                method = resolve(spec)
+                for rate in args.rates:
+                    t0 = time.monotonic()
+                    point = await backend.measure(spec, spec.configs[0], rate, method)
+                    win = backend.last_window
+                    assert backend.last_samples is not None
+                    samples.setdefault((workload, rate), []).append(backend.last_samples)
+                    row = {"round": k, "requests": point.requests, "failed": point.failed_requests,
+                           "ttft_p50_s": point.ttft_p50_s, "tpot_p50_s": point.tpot_p50_s,
+                           "batch": point.mean_batch_size, "load_average_1m": os.getloadavg()[0],
+                           "client_cpu_fraction": backend.last_client_cpu_fraction,
+                           "engine_ttft_mean_s": win.ttft_mean_s if win else None,
+                           "engine_tpot_mean_s": win.tpot_mean_s if win else None}
+                    per_round.setdefault((workload, rate), []).append(row)
+                    print(f"round {k + 1}/{args.rounds} {workload} {rate:g}/s: {point.requests} req, "
+                          f"{point.failed_requests} failed, TTFT p50 {point.ttft_p50_s * 1e3:.1f} ms, TPOT p50 "
+                          f"{point.tpot_p50_s * 1e3:.2f} ms, batch {point.mean_batch_size:.2f}, engine-side TTFT/TPOT "
+                          f"means {_ms(row['engine_ttft_mean_s'])}/{_ms(row['engine_tpot_mean_s'])} ms, client CPU "
+                          f"{backend.last_client_cpu_fraction:.2f}, load {row['load_average_1m']:.1f}, "
+                          f"{time.monotonic() - t0:.0f} s", flush=True)
     finally:
         await backend.close()
+    profiles = {}
+    for workload, spec in specs.items():
+        points = []
+        for rate in args.rates:
+            rounds = per_round[(workload, rate)]
+            batches = [r["batch"] for r in rounds if r["batch"] > 0]
+            extras = PointExtras(mean_batch_size=float(np.mean(batches)) if batches else math.nan)
+            points.append(summarize(rate, pooled_samples(samples[(workload, rate)]), spec.slo, extras))
+            means = {}
+            for q in ("engine_ttft_mean_s", "engine_tpot_mean_s"):
+                values = [r[q] for r in rounds if r[q]]
+                means[q] = float(np.mean(values)) if values else None
+            engine_side[(workload, rate)] = {**means, "rounds": rounds, **round_spread(samples[(workload, rate)])}
+        config = spec.configs[0]
+        profile = common_pb2.Profile(
+            config_key=config_key(config), version=1, config=config, slo=spec.slo, points=points,
+            source=common_pb2.PROFILE_SOURCE_MEASURED, method=as_proto(resolve(spec)),
+            note=f"real vLLM {args.vllm_version} (CPU build, tiny random Llama, float32, --enforce-eager) on "
+                 f"{os.cpu_count()} shared CPU cores, engine backend of greenserve.profiler, {args.rounds} "
+                 f"interleaved round(s) of {args.duration_s:g} s per point pooled")
+        profile.created_at.GetCurrentTime()
+        validate_profile(profile)
+        profiles[workload] = profile
     return profiles
 
 
@@ -192,7 +222,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                          "result.json) a previous run wrote there")
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["humaneval", "longbench"])
     ap.add_argument("--rates", type=floats, default=[1.0, 2.0, 3.0, 4.0, 5.0], help="req/s, ascending")
-    ap.add_argument("--fit-rates", type=floats, default=[1.0, 3.0, 5.0], help="rates the calibration sees")
+    ap.add_argument("--fit-rates", type=floats, default=None,
+                    help="rates the calibration sees (default 1,3,5; with --profiles-from the stored run's)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="interleaved rounds: each measures every workload and rate once; a point pools its rounds")
+    ap.add_argument("--engine-omp-threads", type=int, default=1,
+                    help="OMP_NUM_THREADS of the engine this script starts (0: vLLM's default, every core). One: "
+                         "on 2 shared cores a step's OpenMP team waits at each barrier for a thread the API server "
+                         "or another process preempted, so step times jump with whatever else runs")
+    ap.add_argument("--target", choices=("client-p50", "engine-mean"), default="client-p50",
+                    help="what the CPU step model is fitted to and scored on (greenserve bench calibration's --target)")
     ap.add_argument("--duration-s", type=float, default=20.0, help="measurement window per point")
     ap.add_argument("--warmup-s", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=11)
@@ -201,17 +240,45 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ttft-slo-s", type=float, default=10.0)
     ap.add_argument("--tpot-slo-s", type=float, default=1.0)
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
+    if args.profiles_from:
+        stored_rates(ap, args)
+    elif args.fit_rates is None:
+        args.fit_rates = [1.0, 3.0, 5.0]
     if not set(args.fit_rates) <= set(args.rates):
-        ap.error("--fit-rates must be among --rates")
+        ap.error(f"--fit-rates must be among the rates ({', '.join(f'{r:g}' for r in args.rates)})")
     return args
+
+
+def stored_rates(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With --profiles-from: the rates are those of the stored profiles, the fit rates (unless given) the stored
+    run's (its arguments, else its rows not held back); a missing or unreadable file is a usage error naming it."""
+    args.profiles = {}
+    for workload in args.workloads:
+        path = args.profiles_from / f"profile-{workload}.json"
+        try:
+            args.profiles[workload] = json_format.Parse(path.read_text(), common_pb2.Profile())
+        except (OSError, json_format.ParseError) as exc:
+            ap.error(f"--profiles-from: no readable profile-{workload}.json there ({exc.__class__.__name__})")
+    try:
+        args.previous = json.loads((args.profiles_from / "result.json").read_text())
+    except (OSError, ValueError) as exc:
+        ap.error(f"--profiles-from: no readable result.json there ({exc.__class__.__name__})")
+    args.rates = sorted({p.request_rate_per_s for pr in args.profiles.values() for p in pr.points})
+    if args.fit_rates is None:
+        args.fit_rates = [float(r) for r in args.previous.get("args", {}).get("fit_rates") or []] or sorted(
+            {float(r["rate_per_s"]) for r in args.previous.get("rows", []) if r.get("held_back") is False})
+        if not args.fit_rates:
+            ap.error("--fit-rates: the stored run does not say its fit rates; give them")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    args.vllm_version = vllm_version()
     if args.profiles_from:
         return refit(args)
+    args.vllm_version = vllm_version()
     engine = None
     t0 = time.monotonic()
     try:
@@ -223,12 +290,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sys.exit(f"real vLLM unavailable: {reason}")
             scratch = Path(tempfile.mkdtemp(prefix="real-profile-"))
             model = engines.ensure_model(scratch / "tiny-llama")
-            engine = engines.start(model, port=free_port(), log_path=args.out / "vllm.log", scratch=scratch / "vllm")
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.engine_omp_threads)} if args.engine_omp_threads else None
+            engine = engines.start(model, port=free_port(), log_path=args.out / "vllm.log", scratch=scratch / "vllm",
+                                   env=env)
             print(f"engine healthy after {engine.wait_healthy():.1f} s", flush=True)
             url = engine.url
         t_sweep = time.monotonic()
         load_start = os.getloadavg()
-        engine_side: dict[tuple[str, float], dict[str, float | None]] = {}
+        engine_side: dict[tuple[str, float], dict[str, Any]] = {}
         profiles = asyncio.run(sweep(url, args, engine_side))
         sweep_s = time.monotonic() - t_sweep
         load_end = os.getloadavg()
@@ -243,18 +312,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row.update(engine_side.get((row["workload"], row["rate_per_s"]), {}))
     result.update(sweep_wall_s=sweep_s, total_wall_s=time.monotonic() - t0, vllm=args.vllm_version,
                   cpus=os.cpu_count(), load_average_start=load_start, load_average_end=load_end,
+                  nice=os.getpriority(os.PRIO_PROCESS, 0),
                   args={k: v for k, v in vars(args).items() if k not in ("out",)})
     result = report(result, args)
-    step_model(args)
+    step_model(args, args.out)
     return result
 
 
-def step_model(args: argparse.Namespace) -> None:
-    """The CPU step model fitted on this sweep's engine-side means at --fit-rates (bench calibration's run)."""
+def step_model(args: argparse.Namespace, folder: Path) -> None:
+    """The CPU step model fitted on the sweep in ``folder`` at --fit-rates, to --target (bench calibration's run)."""
     from greenserve.bench import profiler_calibration as bench_calibration
 
     try:
-        fitted = bench_calibration.run(args.out, list(args.fit_rates), "engine-mean", args.seed)
+        fitted = bench_calibration.run(folder, list(args.fit_rates), args.target, args.seed)
     except ValueError as exc:
         print(f"step model not fitted: {exc}", flush=True)
         return
@@ -266,19 +336,21 @@ def step_model(args: argparse.Namespace) -> None:
 
 def refit(args: argparse.Namespace) -> dict[str, Any]:
     """Calibration and prediction again on a previous run's profiles (other --fit-rates, a changed model)."""
-    profiles = {}
-    for workload in args.workloads:
-        text = (args.profiles_from / f"profile-{workload}.json").read_text()
-        profiles[workload] = json_format.Parse(text, common_pb2.Profile())
-    args.rates = sorted({p.request_rate_per_s for pr in profiles.values() for p in pr.points})
-    previous = json.loads((args.profiles_from / "result.json").read_text())
+    profiles, previous = args.profiles, args.previous
     result = fit_and_predict(profiles, args)
-    engine_side = {(r["workload"], r["rate_per_s"]): r for r in previous["rows"]}
+    engine_side = {(r["workload"], r["rate_per_s"]): r for r in previous.get("rows", [])}
+    measured_keys = ("engine_ttft_mean_s", "engine_tpot_mean_s", "rounds", "round_ttft_p50_s", "round_tpot_p50_s",
+                     "ttft_p50_s_round_range", "tpot_p50_s_round_range", "ttft_p50_s_split_half",
+                     "tpot_p50_s_split_half")
     for row in result["rows"]:
         old = engine_side.get((row["workload"], row["rate_per_s"]), {})
-        row.update({k: old.get(k) for k in ("engine_ttft_mean_s", "engine_tpot_mean_s")})
-    result.update({k: previous.get(k) for k in ("sweep_wall_s", "vllm", "cpus")}, refit_of=str(args.profiles_from.name))
-    return report(result, args)
+        row.update({k: old[k] for k in measured_keys if k in old})
+    result.update({k: previous.get(k) for k in ("sweep_wall_s", "vllm", "cpus", "load_average_start",
+                                                "load_average_end", "nice")},
+                  refit_of=str(args.profiles_from.name))
+    result = report(result, args)
+    step_model(args, args.profiles_from)
+    return result
 
 
 def engine_side_table(result: dict[str, Any]) -> str:

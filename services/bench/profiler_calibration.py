@@ -92,19 +92,26 @@ def run(folder: Path, fit_rates: list[float], target: str, seed: int = 11) -> di
                 m, p = measured(profile, engine, rate, q), getattr(predicted[rate], q)
                 row[f"measured_{q}"], row[f"predicted_{q}"] = m, p
                 row[f"{q}_error"] = p / m - 1.0 if m else None
+            side = engine.get((workload, rate), {})
+            for q in ("ttft_p50_s", "tpot_p50_s"):
+                row[f"{q}_split_half"] = side.get(f"{q}_split_half")
             rows.append(row)
     held = [r for r in rows if r["held_back"]]
     worst = {}
     for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s"):
         errors = [abs(r[f"{q}_error"]) for r in held if r[f"{q}_error"] is not None]
         worst[q] = max(errors) if errors else None
+    spread = {}
+    for q in ("ttft_p50_s", "tpot_p50_s"):
+        halves = [r[f"{q}_split_half"] for r in held if r[f"{q}_split_half"] is not None]
+        spread[q] = max(halves) if halves else None
     citation = (f"greenserve bench calibration: {target} of sweep {folder.name} at "
                 f"{', '.join(f'{r:g}' for r in fit_rates)} req/s")
     calibrated = {w: step_fit.with_fitted_facts(p, fit, citation) for w, p in profiles.items()}
     return {"sweep": folder.name, "target": target, "fit_rates": fit_rates, "coefficients": fit.coefficients,
             "calibrated": calibrated,
             "fit_rms_log_error": fit.rms_relative_error, "fit_s": fit_s, "rows": rows,
-            "max_abs_error_held_back": worst}
+            "max_abs_error_held_back": worst, "max_split_half_held_back": spread}
 
 
 def table(result: dict[str, Any]) -> str:

@@ -157,6 +157,8 @@ class EngineBackend:
         #: CPU seconds this process used per wall second during the last window (> ~0.8: the client may be the
         #: bottleneck and latencies are overstated)
         self.last_client_cpu_fraction: float = math.nan
+        #: the last point's per-request client-side timings (a caller pooling repeated points takes them)
+        self.last_samples: RequestSamples | None = None
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -508,6 +510,7 @@ class EngineBackend:
         samples = RequestSamples(arrival_s=arrivals, ttft_s=arr[:, 0], tpot_s=arr[:, 1], e2e_s=arr[:, 2],
                                  output_tokens=np.asarray(wl.output_tokens[pw.warmup:], dtype=float),
                                  prompt_tokens=np.asarray(wl.prompt_tokens[pw.warmup:], dtype=float))
+        self.last_samples = samples
         extras = PointExtras(power_w=power_w, power_source=power_source,
                              cache_hit_fraction=min(hit, 1.0) if hit is not None else math.nan,
                              mean_batch_size=float(np.mean(running)) if running else math.nan,
