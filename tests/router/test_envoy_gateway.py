@@ -26,14 +26,17 @@ SYSTEM = "You answer questions about the power grid and its carbon intensity. " 
 
 
 @pytest.fixture
-async def gateway(emulators: Callable[..., Any], router: Callable[..., Any]) -> AsyncIterator[dict[str, Any]]:
+async def gateway(request: pytest.FixtureRequest, emulators: Callable[..., Any], router: Callable[..., Any]
+                  ) -> AsyncIterator[dict[str, Any]]:
+    """Two engines, the router with --envoy-picker, Envoy; ``usage_reader`` by indirect parametrization."""
+    usage_reader = getattr(request, "param", "lua")
     emus = await emulators(2)
     global MODEL
     MODEL = emus[0].model
     r = await router([e.url for e in emus], envoy_picker=True, auth_token=TOKEN)
     picker_host, picker_port = r.running.address.rsplit(":", 1)
     gw = EnvoyGateway(listen_host="127.0.0.1", listen_port=free_port(), picker_host=picker_host,
-                      picker_port=int(picker_port), token=TOKEN)
+                      picker_port=int(picker_port), token=TOKEN, usage_reader=usage_reader)
     await asyncio.to_thread(gw.start)
     client = openai.AsyncOpenAI(base_url=f"http://{gw.address}/v1", api_key="unused", max_retries=0)
     try:
@@ -125,9 +128,10 @@ RECEIPT_FIGURES = ("engine_id", "pool", "plan_version", "ci_g_per_kwh", "prompt_
                    "completion_tokens")
 
 
+@pytest.mark.parametrize("gateway", ["lua", "ext_proc"], indirect=True)
 async def test_receipt_matches_the_built_in_front(gateway: dict[str, Any]) -> None:
     """The same request through Envoy and through the built-in HTTP front, on the same engine, plan and CI:
-    the same token counts (the engine's usage, read by Envoy's Lua filter), and the same carbon for the
+    the same token counts (the engine's usage, read by Envoy's Lua filter or by the picker), and the same carbon for the
     engine time each one measured (carbon is energy x PUE x CI plus embodied, both integrals over the
     request's time on the engine: two requests' wall times differ, their carbon per second must not). A
     caller that did not ask for usage gets none through Envoy, one that asked gets it."""
@@ -173,6 +177,7 @@ async def test_receipt_matches_the_built_in_front(gateway: dict[str, Any]) -> No
             builtin["energy_kwh"] / builtin["e2e_s"], rel=0.2)
 
 
+@pytest.mark.parametrize("gateway", ["lua", "ext_proc"], indirect=True)
 async def test_every_streamed_request_through_envoy_gets_a_receipt(gateway: dict[str, Any]) -> None:
     """N concurrent streams through Envoy: each gets exactly one receipt, with the engine's token counts;
     nothing stays open in the ledger or the router."""
@@ -194,6 +199,17 @@ async def test_every_streamed_request_through_envoy_gets_a_receipt(gateway: dict
     ledger = _ledger(r)
     assert ledger.open_count == 0 and ledger.unmatched_logs == 0 and ledger.abandoned == 0
     assert r.core.in_flight == 0
+
+
+@pytest.mark.parametrize("gateway", ["none"], indirect=True)
+async def test_a_gateway_without_a_usage_reader_gets_the_body_untouched(gateway: dict[str, Any]) -> None:
+    """An Envoy that reads no usage (a gateway greenserve did not configure): the picker does not ask the
+    engine for usage, so none reaches a caller that did not ask; its receipt counts no completion tokens."""
+    client, r = gateway["client"], gateway["router"]
+    raw, chunks = await _stream_chunks(client, "no reader", None)
+    assert chunks and all(c.usage is None and c.choices for c in chunks)
+    receipt = await _receipt(r, raw.headers["x-request-id"])
+    assert receipt["completion_tokens"] == 0 and receipt["carbon"]["total_g"] > 0
 
 
 async def test_engines_registered_by_host_name(emulators: Callable[..., Any], router: Callable[..., Any]) -> None:

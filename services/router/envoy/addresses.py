@@ -69,11 +69,11 @@ class EngineAddresses:
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise UnresolvableEngine(f"engine host {host!r} does not resolve: {exc}") from None
-        v4 = [info for info in infos if info[0] == socket.AF_INET]
-        chosen = (v4 or [info for info in infos if info[0] == socket.AF_INET6])
-        if not chosen:
+        found = {family: str(sockaddr[0]) for family, _, _, _, sockaddr in reversed(infos)}  # the first of each
+        ip = found.get(socket.AF_INET) or found.get(socket.AF_INET6)
+        if ip is None:
             raise UnresolvableEngine(f"engine host {host!r} has no IPv4 or IPv6 address")
-        address = _join(str(chosen[0][4][0]), port)
+        address = _join(ip, port)
         key = (host, port)
         self._names.pop(key, None)
         self._names[key] = (address, time.monotonic() + self.ttl_s)

@@ -4,7 +4,7 @@ One HTTP listener; every request passes the ext_proc filter (headers, then the b
 and goes to an ORIGINAL_DST cluster that sends it to the ``ip:port`` in ``x-gateway-destination-endpoint``, the
 header the picker sets (the Gateway API Inference Extension's reference configuration does the same with the
 ``envoy.lb`` metadata). The response streams back without the picker: ext_proc skips the response; a Lua
-filter (usage_filter.py) reads the engine's usage and first-token time on the way, in Envoy. The
+filter (usage_filter.py) reads the engine's usage and first-token time on the way, in Envoy (by default). The
 HTTP gRPC access log sends one entry per request to the router (buffer 0: at once), which closes the request's
 carbon receipt (ledger.py). Envoy returns ``x-request-id`` on every response: the receipt's key.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from greenserve.router.envoy.addresses import is_ip
 from greenserve.router.envoy.picker import DESTINATION_HEADER
-from greenserve.router.envoy.usage_filter import lua_filter
+from greenserve.router.envoy.usage_filter import READER_METADATA_KEY, READERS, lua_filter
 
 PICKER_CLUSTER = "greenserve_picker"
 ENGINES_CLUSTER = "greenserve_engines"
@@ -27,22 +27,28 @@ def _socket(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _grpc_service(token: str | None, timeout_s: float) -> dict[str, Any]:
+def _grpc_service(token: str | None, timeout_s: float, **metadata: str) -> dict[str, Any]:
     service: dict[str, Any] = {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}, "timeout": f"{timeout_s}s"}
-    if token:
-        service["initial_metadata"] = [{"key": "authorization", "value": f"Bearer {token}"}]
+    sent = [{"key": "authorization", "value": f"Bearer {token}"}] if token else []
+    sent += [{"key": key, "value": value} for key, value in metadata.items()]
+    if sent:
+        service["initial_metadata"] = sent
     return service
 
 
 def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_port: int,
               token: str | None = None, picker_timeout_s: float = 5.0, connect_timeout_s: float = 2.0,
               max_body_bytes: int = 16 * 1024 * 1024, admin_port: int | None = None,
-              usage_filter: bool = True) -> dict[str, Any]:
+              usage_reader: str = "lua") -> dict[str, Any]:
     """The bootstrap as a dict (Envoy reads it as JSON). ``token``: the router's bearer token, sent as gRPC
     metadata on the picker's and the access log's streams. ``max_body_bytes``: the largest request body Envoy
-    buffers for the picker (its per-connection buffer limit). ``usage_filter``: the Lua filter that reads the
-    engine's token counts and first-token time for the receipt (usage_filter.py); without it receipts count
-    no completion tokens and take the engine's first byte as the first token."""
+    buffers for the picker (its per-connection buffer limit). ``usage_reader``: how the engine's token counts and
+    first-token time reach the receipt (usage_filter.py): ``lua`` (a Lua filter in Envoy, the default),
+    ``ext_proc`` (every response chunk through the picker) or ``none`` (receipts count no completion tokens
+    and take the engine's first byte as the first token)."""
+    if usage_reader not in READERS:
+        raise ValueError(f"usage_reader must be one of {', '.join(READERS)}, got {usage_reader!r}")
+    reader_metadata = {} if usage_reader == "none" else {READER_METADATA_KEY: usage_reader}
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
                  ".HttpConnectionManager",
@@ -56,14 +62,15 @@ def bootstrap(*, listen_host: str, listen_port: int, picker_host: str, picker_po
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-                "grpc_service": _grpc_service(token, picker_timeout_s),
+                "grpc_service": _grpc_service(token, picker_timeout_s, **reader_metadata),
                 "failure_mode_allow": False,  # no pick, no request: never an engine chosen by chance
                 "message_timeout": f"{picker_timeout_s}s",
                 "processing_mode": {
                     "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
                     "request_trailer_mode": "SKIP", "response_header_mode": "SKIP",
-                    "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}}},
-            *([lua_filter()] if usage_filter else []),
+                    "response_body_mode": "STREAMED" if usage_reader == "ext_proc" else "NONE",
+                    "response_trailer_mode": "SKIP"}}},
+            *([lua_filter()] if usage_reader == "lua" else []),
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
         ],
@@ -117,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--picker", required=True, help="the router's gRPC address (HOST:PORT), run with --envoy-picker")
     parser.add_argument("--listen", default="0.0.0.0:8081", help="Envoy's HTTP listener (default 0.0.0.0:8081)")
     parser.add_argument("--admin-port", type=int, default=None, help="Envoy's admin port on 127.0.0.1 (default: none)")
+    parser.add_argument("--usage-reader", choices=READERS, default="lua",
+                        help="how receipts get the engine's token counts: lua (in Envoy, default), ext_proc "
+                             "(every response chunk through the picker), none")
     ns = parser.parse_args(argv)
     try:
         picker_host, picker_port = ns.picker.rsplit(":", 1)
@@ -127,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if not all(0 < p < 65536 for p in ports) or (ns.admin_port is not None and not 0 < ns.admin_port < 65536):
         parser.error("ports must be in 1..65535")
     sys.stdout.write(bootstrap_json(listen_host=listen_host, listen_port=ports[1], picker_host=picker_host,
-                                    picker_port=ports[0], admin_port=ns.admin_port) + "\n")
+                                    picker_port=ports[0], admin_port=ns.admin_port,
+                                    usage_reader=ns.usage_reader) + "\n")
     return 0
 
 

@@ -45,6 +45,8 @@ class OpenRequest:
     t0: float  # monotonic, at the pick
     t0_wall_s: float  # wall clock at the pick (Envoy's log times are wall-clock)
     acc_start: tuple[float, float]
+    usage: dict[str, Any] | None = None  # read by the picker (the ext_proc usage reader), else None
+    first_token_wall_s: float | None = None
 
 
 class Ledger:
@@ -81,6 +83,12 @@ class Ledger:
         entry.decision.engine.end_request(now, self._saturation())
         self.core.release()
         self.abandoned += 1
+
+    def note_usage(self, request_id: str, usage: dict[str, Any] | None, first_token_wall_s: float | None) -> None:
+        """What the picker read from the response (the ext_proc usage reader), for the receipt at the close."""
+        item = self._open.get(request_id)
+        if item is not None:
+            item.usage, item.first_token_wall_s = usage, first_token_wall_s
 
     def abandon_unsent(self, request_id: str) -> Any:
         """Closes, without a receipt, a request picked but never sent (its engine's address unknown); returns
@@ -126,7 +134,9 @@ class Ledger:
             core.count_failure(PROTOCOL, "client_error")
             return
         usage, first_token_wall_s = read_usage(common.metadata.filter_metadata.get(METADATA_NAMESPACE))
-        if first_token_wall_s is None:  # no usage filter in this Envoy: its first byte from the engine
+        usage = usage or item.usage
+        first_token_wall_s = first_token_wall_s or item.first_token_wall_s
+        if first_token_wall_s is None:  # no usage reader in this Envoy: its first byte from the engine
             start_wall_s = common.start_time.ToNanoseconds() / 1e9
             first_token_wall_s = start_wall_s + common.time_to_first_upstream_rx_byte.ToNanoseconds() / 1e9
         t_first = item.t0 + max(0.0, first_token_wall_s - item.t0_wall_s)

@@ -32,7 +32,7 @@ from google.protobuf import struct_pb2
 from greenserve.router.core import RouterCore
 from greenserve.router.envoy.addresses import EngineAddresses, UnresolvableEngine, destination
 from greenserve.router.envoy.ledger import PROTOCOL, Ledger
-from greenserve.router.envoy.usage_filter import STRIP_USAGE_HEADER
+from greenserve.router.envoy.usage_filter import READER_METADATA_KEY, STRIP_USAGE_HEADER, UsageScanner
 from greenserve.router.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
 from greenserve.router.policy import NoEngineError, UnknownTargetError
 from greenserve.router.prefix_index import chain_hashes
@@ -91,17 +91,18 @@ def _header_map(headers: Any) -> dict[str, str]:
 class EndpointPicker(ext_grpc.ExternalProcessorServicer):
     """One ``Process`` stream per HTTP request: headers in, body in, the chosen endpoint out."""
 
-    def __init__(self, core: RouterCore, ledger: Ledger, max_body_bytes: int, read_usage: bool = True) -> None:
+    def __init__(self, core: RouterCore, ledger: Ledger, max_body_bytes: int) -> None:
         self.core = core
         self.ledger = ledger
         self.max_body_bytes = max_body_bytes
-        self.read_usage = read_usage  # Envoy runs the usage filter (bootstrap.py): ask engines for usage
         self.addresses = EngineAddresses()
 
     async def Process(self, request_iterator: AsyncIterator[ext_pb2.ProcessingRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[ext_pb2.ProcessingResponse]:
         headers: dict[str, str] = {}
         subset: set[str] | None = None
+        scanner: UsageScanner | None = None
+        request_id = ""
         chunks: list[bytes] = []
         size = 0
         async for request in request_iterator:
@@ -130,17 +131,28 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
                     continue
                 if subset is not None:  # engines registered by name are compared by their addresses
                     await self._resolve_all()
+                reader = _reader(context)
                 try:
-                    request_id, url, new_body = self._pick(headers, b"".join(chunks), subset)
+                    request_id, url, new_body = self._pick(headers, b"".join(chunks), subset, reader is not None)
                     endpoint = self.addresses.cached(url) or await self._resolve_picked(request_id, url)
                 except _Refusal as refusal:
                     yield _immediate(refusal)
                     return
-                yield self._routed(endpoint, new_body)
+                if reader == "ext_proc":
+                    scanner = UsageScanner(strip=new_body is not None)
+                yield self._routed(endpoint, new_body, strip_header=reader == "lua")
             elif kind == "response_headers":
                 yield ext_pb2.ProcessingResponse(response_headers=ext_pb2.HeadersResponse())
             elif kind == "response_body":
-                yield ext_pb2.ProcessingResponse(response_body=ext_pb2.BodyResponse())
+                mutation = None
+                if scanner is not None:
+                    kept = scanner.feed(request.response_body.body)
+                    if kept is not None:
+                        mutation = ext_pb2.BodyMutation(body=kept)
+                    if request.response_body.end_of_stream:  # before Envoy ends the stream and logs it
+                        self.ledger.note_usage(request_id, scanner.usage, scanner.first_token_wall_s)
+                yield ext_pb2.ProcessingResponse(response_body=ext_pb2.BodyResponse(
+                    response=ext_pb2.CommonResponse(body_mutation=mutation) if mutation is not None else None))
             elif kind == "request_trailers":
                 yield ext_pb2.ProcessingResponse(request_trailers=ext_pb2.TrailersResponse())
             elif kind == "response_trailers":
@@ -163,10 +175,11 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             self.core.count_failure(PROTOCOL, "unavailable")
             raise _Refusal(503, str(exc), err_type="service_unavailable", retry_after_s=1) from None
 
-    def _pick(self, headers: dict[str, str], raw: bytes, subset: set[str] | None = None
+    def _pick(self, headers: dict[str, str], raw: bytes, subset: set[str] | None = None, read_usage: bool = False
               ) -> tuple[str, str, bytes | None]:
         """The request id, the chosen engine's URL, and the body to send instead of the caller's (None: the
-        caller's as is)."""
+        caller's as is). ``read_usage``: Envoy reads the response's usage (usage_filter.py): ask the engine
+        for it."""
         core = self.core
         try:
             body = json.loads(raw)
@@ -181,7 +194,7 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             if not isinstance(model, str):
                 raise BadRequest("model", "must be a string")
             text = prompt_text(body, headers.get(":path", "").split("?", 1)[0] == CHAT_PATH)
-            new_body = with_usage_requested(raw, body) if self.read_usage else None
+            new_body = with_usage_requested(raw, body) if read_usage else None
         except BadRequest as exc:
             raise _Refusal(400, f"{exc.param}: {exc}", exc.param) from None
         request_id = headers.get("x-request-id", "")
@@ -227,11 +240,14 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         return request_id, decision.engine.url, new_body
 
     @staticmethod
-    def _routed(endpoint: str, new_body: bytes | None = None) -> ext_pb2.ProcessingResponse:
+    def _routed(endpoint: str, new_body: bytes | None = None, strip_header: bool = False
+                ) -> ext_pb2.ProcessingResponse:
         headers = [_set(DESTINATION_HEADER, endpoint.encode())]
         mutation = None
         if new_body is not None:  # Envoy sends the mutated body with the caller's content-length: set it too
-            headers += [_set("content-length", str(len(new_body)).encode()), _set(STRIP_USAGE_HEADER, b"1")]
+            headers.append(_set("content-length", str(len(new_body)).encode()))
+            if strip_header:  # the Lua filter drops the usage event the caller did not ask for
+                headers.append(_set(STRIP_USAGE_HEADER, b"1"))
             mutation = ext_pb2.BodyMutation(body=new_body)
         metadata = struct_pb2.Struct()
         metadata.update({LB_METADATA_NAMESPACE: {DESTINATION_HEADER: endpoint}})
@@ -240,6 +256,14 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
                 header_mutation=ext_pb2.HeaderMutation(set_headers=headers), body_mutation=mutation,
                 clear_route_cache=True)),
             dynamic_metadata=metadata)
+
+
+def _reader(context: grpc.aio.ServicerContext) -> str | None:
+    """The usage reader the Envoy of this stream runs (its gRPC metadata, bootstrap.py); None: none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == READER_METADATA_KEY:
+            return value if value in ("lua", "ext_proc") else None
+    return None
 
 
 def _set(key: str, value: bytes) -> base_pb2.HeaderValueOption:

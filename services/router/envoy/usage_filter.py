@@ -1,22 +1,37 @@
-"""Envoy's Lua filter (envoy.filters.http.lua) that reads what a receipt needs out of the response as Envoy
-streams it, in Envoy's own process: the engine's ``usage`` object (prompt, completion and cached prompt
-tokens) and the wall-clock time of the first token. It writes them to the request's dynamic metadata under
-``greenserve``; the gRPC access log entry carries that metadata to the router (ledger.py), so no Python runs
-per token.
+"""Reading what a receipt needs out of the response as Envoy streams it: the engine's ``usage`` object
+(prompt, completion and cached prompt tokens) and the wall-clock time of the first token.
+
+Two readers, chosen in Envoy's bootstrap (``usage_reader``): ``lua`` (the default), a Lua filter
+(envoy.filters.http.lua) that does it in Envoy's own process and writes the figures to the request's dynamic
+metadata under ``greenserve``, which the gRPC access log entry carries to the router (ledger.py), so no Python
+runs per token; ``ext_proc``, Envoy's streamed response-body mode, every chunk sent to the picker and read by
+``UsageScanner`` there (a gRPC round trip per chunk: measured dearer, docs/router.md). Envoy tells the picker
+which reader it runs in the gRPC metadata of the picker's stream (``x-greenserve-usage-reader``); without
+one (a gateway greenserve did not configure) the picker changes nothing and receipts count no completion
+tokens.
 
 The picker asks the engine for usage on every streamed request (``stream_options.include_usage``, as the
-router's own HTTP front does); when the caller did not ask for it, the picker marks the request with
-``x-greenserve-strip-usage`` and the filter drops the usage event from the stream the caller sees. In that
-mode the filter passes on whole SSE events only (an event split across two reads goes out with the second).
+router's own HTTP front does); when the caller did not ask for it, the usage event is dropped from the stream
+the caller sees (the Lua reader learns it from ``x-greenserve-strip-usage``, a request header the picker sets
+and the filter removes). While dropping, a reader passes on whole SSE events only (an event split across two
+reads goes out with the second).
 
-Per chunk the filter does one pattern search for ``"usage":{`` (and, until the first token, one for the
+Per chunk the Lua filter does one pattern search for ``"usage":{`` (and, until the first token, one for the
 first token's text); only the chunk holding the usage object is parsed.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import time
+from typing import Any
+
 METADATA_NAMESPACE = "greenserve"
 """The dynamic metadata namespace the filter writes (and the access log entry carries)."""
+READER_METADATA_KEY = "x-greenserve-usage-reader"
+"""gRPC metadata of Envoy's stream to the picker: the usage reader this Envoy runs (``lua`` or ``ext_proc``)."""
+READERS = ("lua", "ext_proc", "none")
 STRIP_USAGE_HEADER = "x-greenserve-strip-usage"
 """Set by the picker on a streamed request whose caller did not ask for usage; removed before the engine."""
 
@@ -117,3 +132,43 @@ def lua_filter() -> dict[str, object]:
     return {"name": "envoy.filters.http.lua", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
         "default_source_code": {"inline_string": LUA_SOURCE}}}
+
+
+_USAGE = re.compile(rb'"usage":\s*\{')
+_FIRST_TOKEN = re.compile(rb'"(?:content|text)":\s*"[^"]|"finish_reason":\s*"')
+_CHOICES_EMPTY = re.compile(rb'"choices":\s*\[\s*\]')
+_DECODER = json.JSONDecoder()
+
+
+class UsageScanner:
+    """The Lua filter's reading, done in the picker for Envoy's streamed response-body mode (``ext_proc``)."""
+
+    def __init__(self, strip: bool) -> None:
+        self.strip = strip
+        self.usage: dict[str, Any] | None = None
+        self.first_token_wall_s: float | None = None
+        self._tail = b""
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes | None:
+        """Reads one chunk; returns the bytes to pass on instead of it (None: the chunk as it is)."""
+        if self.first_token_wall_s is None and _FIRST_TOKEN.search(chunk):
+            self.first_token_wall_s = time.time()
+        data = self._tail + chunk
+        self._tail = data[-24:]  # the marker may be split across two reads
+        for found in _USAGE.finditer(data):
+            start = found.end() - 1
+            try:
+                obj, _ = _DECODER.raw_decode(data[start:].decode("utf-8", "replace"))
+            except ValueError:  # the object goes on in the next read
+                self._tail = data[found.start():]
+                break
+            if isinstance(obj, dict) and isinstance(obj.get("completion_tokens"), int):
+                self.usage = obj
+        if not self.strip:
+            return None
+        whole = self._held + chunk
+        cut = whole.rfind(b"\n\n") + 2 if b"\n\n" in whole else 0
+        self._held = whole[cut:]
+        events = whole[:cut].split(b"\n\n")[:-1] if cut else []
+        return b"".join(e + b"\n\n" for e in events if not (_USAGE.search(e) and _CHOICES_EMPTY.search(e)))
