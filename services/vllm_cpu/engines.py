@@ -64,6 +64,25 @@ def python() -> Path:
     return venv() / "bin" / "python"
 
 
+LMCACHE_VENV_ENV = "GREENSERVE_VLLM_LMCACHE_VENV"
+LMCACHE_STAMP = ".greenserve-vllm-lmcache-installed"  # written by scripts/install-vllm.sh --with-lmcache
+
+
+def lmcache_venv() -> Path:
+    """The same vLLM plus LMCache 0.5.6 (LMCache's in-process KV connector, LMCacheConnectorV1):
+    $GREENSERVE_VLLM_LMCACHE_VENV, else <repo>/.venv-vllm-lmcache."""
+    return Path(os.environ.get(LMCACHE_VENV_ENV) or REPO_ROOT / ".venv-vllm-lmcache")
+
+
+def lmcache_unavailable_reason() -> str | None:
+    """Why no engine with LMCache's in-process connector can start here (None when one can)."""
+    where = lmcache_venv()
+    if not (where / "bin" / "vllm").exists() or not (where / LMCACHE_STAMP).exists():
+        return (f"no vLLM + LMCache virtualenv at {where} (bash scripts/install-vllm.sh --with-lmcache makes it; "
+                f"{LMCACHE_VENV_ENV} moves it)")
+    return None
+
+
 def unavailable_reason() -> str | None:
     """Why real vLLM engines cannot start here (None when they can)."""
     where = venv()
