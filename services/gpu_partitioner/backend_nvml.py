@@ -88,6 +88,7 @@ class NvmlBackend:
             self.N.NVML_ERROR_INVALID_ARGUMENT: InvalidPlacementError,
             self.N.NVML_ERROR_NO_PERMISSION: NoPermissionError,
             self.N.NVML_ERROR_NOT_FOUND: NotFoundError,
+            self.N.NVML_ERROR_GPU_IS_LOST: NotFoundError,  # fell off the bus: a handle taken before answers this
             self.N.NVML_ERROR_RESET_REQUIRED: ResetRequiredError,
             self.N.NVML_ERROR_IN_USE: InUseError,
             self.N.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResourcesError,

@@ -80,6 +80,10 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
         self.mode_index: dict[str, int] = {}  # its index in interval.serving_modes (to name it in a refusal)
         self.mode_targets: list[common_pb2.ServingModeTarget] = []  # interval.serving_modes as the plan lists them
         self.whole_gpus: list[GpuState] = []  # this node's GPUs without MIG (or MIG off): DPD decoders run there
+        # Every GPU this process has listed on the node: a layout for one that is no longer listed is for a GPU that
+        # vanished (fell off the bus), not for another node's.
+        self.seen_gpus: set[str] = set()
+        self.vanished: set[str] = set()  # the GPUs whose layouts the last reconcile could not apply: gone
 
     # ---------------------------------------------------------------------------------------------
     # Reconcile
@@ -93,27 +97,56 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
         self.modes = {t.pool: t for t in interval.serving_modes}
         self.mode_index = {t.pool: k for k, t in enumerate(interval.serving_modes)}
         gpus = {g.uuid: g for g in await asyncio.to_thread(self.backend.list_gpus)}
+        self.seen_gpus.update(gpus)
         self.whole_gpus = sorted((g for g in gpus.values() if g.whole), key=lambda g: g.index)
         mine = [(i, layout) for i, layout in enumerate(interval.mig_layouts) if layout.gpu_uuid in gpus]
-        others = len(interval.mig_layouts) - len(mine)
+        lost = [layout.gpu_uuid for layout in interval.mig_layouts
+                if layout.gpu_uuid not in gpus and layout.gpu_uuid in self.seen_gpus]
+        others = len(interval.mig_layouts) - len(mine) - len(lost)
         if others:
             notes.append(f"{others} layout(s) for other nodes' GPUs ignored")
         try:
-            targets = await self._validate(mine)
+            targets, lost_now = await self._validate(mine)
         except Refusal as exc:
             return Outcome(REFUSED, "; ".join([f"nothing changed: {exc}", *notes]))
+        lost += lost_now
+        self.vanished = set(lost)
         state = APPLIED
         details: list[str] = []
+        applied = 0
         for target in targets:
             gpu_state, detail = await self._reconcile_gpu(plan.version, target)
             details.append(f"GPU {target.gpu.uuid}: {detail}")
+            applied += gpu_state == APPLIED
             if _SEVERITY[gpu_state] > _SEVERITY[state]:
                 state = gpu_state
-        if not targets:
+        for uuid in lost:
+            # Not a refusal of the plan (REFUSED is final): the GPU may come back, so FAILED, retried with back-off
+            # by the watchdog and at once when the GPU is listed again.
+            details.append(f"GPU {uuid}: layout refused: the GPU is not on this node any more (NVML no longer lists "
+                           "it: fallen off the bus or removed); nothing changed on it, tried again when it is back")
+            if _SEVERITY[FAILED] > _SEVERITY[state]:
+                state = FAILED
+        if lost:
+            total = len(targets) + len(lost)
+            details.insert(0, f"partially applied: {applied} of {total} GPU layouts of node {self.node}" if applied
+                           else f"not applied: 0 of {total} GPU layouts of node {self.node}")
+        if not targets and not lost:
             details.append("no MIG layout for this node's GPUs")
         if self.on_change is not None:
             self.on_change()
         return Outcome(state, "; ".join(details + notes))
+
+    async def vanished_back(self) -> bool:
+        """Whether a GPU whose layout the last reconcile could not apply (gone) is listed again."""
+        if not self.vanished:
+            return False
+        try:
+            listed = {g.uuid for g in await asyncio.to_thread(self.backend.list_gpus)}
+        except MigBackendError as exc:
+            log.warning("listing the node's GPUs failed: %s", exc)
+            return False
+        return bool(self.vanished & listed)
 
     def _crashed_notes(self) -> list[str]:
         if self.supervisor is None:

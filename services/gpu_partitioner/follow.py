@@ -190,10 +190,10 @@ class Following:
 
     def start_watchdog(self, interval_s: float, backoff_max_s: float = 300.0) -> None:
         """Every ``interval_s``, reconcile again when an engine exited or the last reconcile FAILED (an engine that
-        did not start). Retries back off (issue 36, fault 4: an engine failing its health check after every launch
-        was launched again at every check, for ever): after ``n`` consecutive retries that did not fix it, the next
-        waits ``interval_s x 2^n``, at most ``backoff_max_s``; a new plan or interval, or a check that finds
-        nothing to do, starts again at once."""
+        did not start, or a GPU with a layout that vanished). Retries back off, so that an engine failing its health
+        check after every launch is not launched again at every check: after ``n`` consecutive retries that did not
+        fix it, the next waits ``interval_s x 2^n``, at most ``backoff_max_s``; a new plan or interval, a check that
+        finds nothing to do, or a vanished GPU listed again, starts again at once."""
 
         async def watch() -> None:
             loop = asyncio.get_running_loop()
@@ -211,6 +211,8 @@ class Following:
                     continue
                 if follower.reconciled != key:  # another plan or interval since the last retry: no back-off
                     failures, next_try, key = 0, 0.0, follower.reconciled
+                if loop.time() < next_try and self.enforcer is not None and await self.enforcer.vanished_back():
+                    next_try = 0.0  # a GPU that had vanished is back: its layout now, not when the back-off ends
                 if loop.time() < next_try:
                     continue
                 try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from greenserve.gpu_partitioner import planner
 from greenserve.gpu_partitioner.apply import ApplyCoordinator, ApplyPreconditionError
-from greenserve.gpu_partitioner.backend import GpuState, MigBackendError
+from greenserve.gpu_partitioner.backend import GpuState, MigBackendError, NotFoundError
 from greenserve.common.engine_launch import MODE_NAMES, EngineSupervisor, mode_name
 from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import FleetPools
@@ -53,14 +53,16 @@ class LayoutTargets:
     mode_targets: list[common_pb2.ServingModeTarget]
     whole_gpus: list[GpuState]
 
-    async def _validate(self, mine: list[tuple[int, common_pb2.MigLayout]]) -> list[GpuTarget]:
-        """Every layout of this node checked against its GPU and the fleet; Refusal names the first problem."""
+    async def _validate(self, mine: list[tuple[int, common_pb2.MigLayout]]) -> tuple[list[GpuTarget], list[str]]:
+        """Every layout of this node checked against its GPU and the fleet; Refusal names the first problem. Also
+        answers the GPUs that vanished since they were listed (NotFound): their layouts are not targets."""
         pools: dict[str, common_pb2.Pool] | None = None
         if any(p.pool for _, layout in mine for p in layout.placements):
             pools = await self.fleet()
             if pools is None:
                 raise Refusal("placements name pools but the fleet inventory is unknown (optimizer unreachable)")
         targets = []
+        vanished: list[str] = []
         seen: set[str] = set()
         for index, layout in mine:
             where = f"mig_layouts[{index}]"
@@ -94,6 +96,9 @@ class LayoutTargets:
                 at = (f"{where}.placements[{placed_index[exc.index]}]" if 0 <= exc.index < len(placed_index)
                       else f"{where}.placements")
                 raise Refusal(f"{at}: {exc}") from None
+            except NotFoundError:
+                vanished.append(layout.gpu_uuid)
+                continue
             except (ApplyPreconditionError, MigBackendError) as exc:
                 raise Refusal(f"{where}: {exc}") from None
             target = GpuTarget(index, gpu, geo, lplan)
@@ -101,7 +106,7 @@ class LayoutTargets:
             targets.append(target)
         self._check_modes(targets, pools or {})
         self._check_pairs(targets)
-        return targets
+        return targets, vanished
 
     def _check_modes(self, targets: list[GpuTarget], pools: dict[str, common_pb2.Pool]) -> None:
         """The serving mode of every pool this node starts engines for is one this release knows, given once, and

@@ -61,6 +61,22 @@ def test_vllm_speculative_config_and_disaggregated_prefill_flags() -> None:
     # the DPD pair's two commands: test_dpd_pair.py
 
 
+def test_launchers_say_which_modes_their_engines_cannot_run() -> None:
+    target = common_pb2.ServingModeTarget
+    no_draft = common_pb2.Pool(name="chat", model=POOL.model)
+    vllm, emulator = VllmLauncher(), EmulatorLauncher(argv0=["sim"])
+    dsd = target(pool="chat", serving_mode=common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE, old_hardware="T4")
+    spec = target(pool="chat", serving_mode=common_pb2.SERVING_MODE_SPEC_DECODE)
+    assert "no disaggregated speculative decoding" in vllm.mode_problem(dsd, POOL)
+    assert "draft.model" in vllm.mode_problem(spec, no_draft)
+    for mode in (common_pb2.SERVING_MODE_STANDALONE, common_pb2.SERVING_MODE_SPEC_DECODE,
+                 common_pb2.SERVING_MODE_DISAGGREGATED):  # DPD runs as a pair (its older GPU: _check_pairs)
+        assert vllm.mode_problem(target(pool="chat", serving_mode=mode), POOL) == ""
+    assert emulator.mode_problem(dsd, POOL) == "" and emulator.mode_problem(spec, POOL) == ""
+    assert "old_hardware" in emulator.mode_problem(target(pool="chat", serving_mode=dsd.serving_mode), POOL)
+    assert "draft.simulator_model" in emulator.mode_problem(spec, no_draft)
+
+
 def test_emulator_gets_the_mode_and_its_profiles() -> None:
     launcher = EmulatorLauncher(argv0=["sim"])
     argv = launcher.command(_spec(common_pb2.SERVING_MODE_SPEC_DECODE)).argv
