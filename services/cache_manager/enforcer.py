@@ -36,14 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from greenserve.cache_manager import journal
 from greenserve.cache_manager.disk_tier import (
     NO_L2_ADAPTER,
     why_not_on_medium,
     why_not_sizable,
 )
-from greenserve.cache_manager.lmcache_admin import GIB, LmcacheError
+from greenserve.cache_manager.lmcache_admin import LmcacheError, gib
 from greenserve.cache_manager.models import LmcacheServer
 from greenserve.cache_manager.request_checks import check_targets
+from greenserve.cache_manager.resize_recovery import report_recovered
 from greenserve.common.app import ServiceContext
 from greenserve.common.client import create_channel
 from greenserve.common.errors import InvalidArgument
@@ -65,12 +67,6 @@ if TYPE_CHECKING:
 COMPONENT = "cache-manager"
 PLAN_FILE = "cache_manager_plan.pb"
 MAX_RECORDED_VERSION = 2**31 - 1  # cache_applications.plan_version is a 32-bit column
-
-
-def gib(size_bytes: int) -> str:
-    """A size in GiB for a detail line: 1.0 GiB, 0.25 GiB, 2.5 GiB."""
-    text = f"{size_bytes / GIB:.3f}".rstrip("0")
-    return (text + "0" if text.endswith(".") else text) + " GiB"
 
 
 def host_memory_bytes() -> int:
@@ -149,12 +145,19 @@ class CacheEnforcer:
     def __init__(self, servicer: CacheManagerServicer, max_dram_bytes: int = 0) -> None:
         self.servicer = servicer
         self.max_dram_bytes = max_dram_bytes
+        # plan version -> what recovery at start did about its resize a kill cut: said first in its next report
+        self.recovered: dict[int, str] = {}
 
     def dram_limit_bytes(self, row: LmcacheServer) -> int | None:
         """Largest L1 size ``row`` can take: the flag, else this host's memory for a local server, else None."""
         return dram_limit_bytes(row.url, self.max_dram_bytes)
 
     async def reconcile(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
+        outcome = await self._reconcile(plan, interval)
+        note = self.recovered.pop(plan.version, "")
+        return Outcome(outcome.state, f"{note}; {outcome.detail}") if note else outcome
+
+    async def _reconcile(self, plan: common_pb2.Plan, interval: common_pb2.PlanInterval | None) -> Outcome:
         if interval is None or not interval.cache_targets:
             return Outcome(APPLIED, "no cache targets in this interval: cache sizes left as they are")
         index = next((i for i, iv in enumerate(plan.intervals) if iv == interval), 0)
@@ -174,7 +177,10 @@ class CacheEnforcer:
             steps, notes, failure = await self._current_sizes(interval, by_pool)
             if failure:
                 return Outcome(FAILED, f"{failure}; nothing changed")
-            return await self._apply(plan, interval, steps, notes)
+            outcome = await self._apply(plan, interval, steps, notes)
+            # every outcome recorded: the journaled restart steps of this apply are over
+            journal.end_resize(svc.ctx.db, *(step.row.id for pool_steps in steps.values() for step in pool_steps))
+            return outcome
 
     async def _current_sizes(self, interval: common_pb2.PlanInterval, by_pool: dict[str, list[LmcacheServer]]
                              ) -> tuple[dict[str, list[_Step]], list[str], str]:
@@ -225,7 +231,7 @@ class CacheEnforcer:
         for pool, pool_steps in steps.items():
             for step in pool_steps:
                 if step.before_bytes != step.target_bytes:
-                    outcome = await svc._resize(step.row, step.target_bytes)
+                    outcome = await svc._resize(step.row, step.target_bytes, plan.version)
                     if not outcome.applied:
                         reason = (f"pool {pool}: resizing server {step.row.id} from {gib(step.before_bytes)} to "
                                   f"{gib(step.target_bytes)} failed: {outcome.detail}")
@@ -291,7 +297,7 @@ class CacheEnforcer:
                                  f"({disk_outcome.detail})")
             if not step.dram_done:
                 continue
-            outcome = await self.servicer._resize(step.row, step.before_bytes)
+            outcome = await self.servicer._resize(step.row, step.before_bytes, plan.version)
             if outcome.applied:
                 back.append(f"{step.row.id} to {gib(step.before_bytes)}")
                 self._record(plan, step, False, f"rolled back: {reason}")
@@ -319,7 +325,13 @@ def follow_plans(ctx: ServiceContext, servicer: CacheManagerServicer) -> PlanFol
     enforcer = CacheEnforcer(servicer, settings.lmcache_max_dram_bytes)  # type: ignore[attr-defined]
     follower = PlanFollower(component=COMPONENT, instance=settings.instance,  # type: ignore[attr-defined]
                             channel=channel, reconcile=enforcer.reconcile, save=save, load=load)
-    started = asyncio.get_running_loop().create_task(follower.start(), name="cache-manager-plan-follow")
+
+    async def start() -> None:
+        settled = await servicer.recovered()  # cut resizes settled before any plan is reconciled
+        await follower.start()
+        await report_recovered(follower, enforcer, settled)
+
+    started = asyncio.get_running_loop().create_task(start(), name="cache-manager-plan-follow")
 
     async def stop() -> None:
         await cancel_and_wait(started)

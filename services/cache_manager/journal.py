@@ -1,4 +1,5 @@
-"""Access events: their checks, their journal in the database, and how one event changes a pool's index.
+"""The cache-manager's journals in its database: access events (their checks, their journal, and how one event
+changes a pool's index), and the L1 resize by controlled restart in progress (``begin_resize`` ... ``end_resize``).
 
 `ReportAccesses` reads the whole stream, checks every event (`check_events`: the first bad one refuses the
 stream with INVALID_ARGUMENT naming `events[i].field`, nothing stored), writes all of them to the journal in
@@ -19,10 +20,16 @@ holds exactly the acknowledged events. Documented ranges (protos/greenserve/v1/c
 | tier | a CacheTier value |
 | events per stream | at most MAX_EVENTS_PER_STREAM |
 | one event's message | at most MAX_EVENT_BYTES serialized (unknown fields included) |
+
+A resize step is written (one transaction) before the restart command stops the old LMCache server: target and
+previous size, the L2 quotas the restart will make LMCache forget, the plan version; then the restart command's
+pid once it runs. It is cleared once the outcome is recorded; a row found at start is a restart a kill cut,
+finished or rolled back by resize_recovery.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from collections.abc import AsyncIterable, Iterator
@@ -32,9 +39,10 @@ import numpy as np
 from sqlalchemy import delete, func, insert, select
 
 from greenserve.cache_manager.index import CacheIndex
-from greenserve.cache_manager.models import AccessEvent
+from greenserve.cache_manager.models import AccessEvent, ResizeStep
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.names import check_name
+from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2, common_pb2
 
@@ -215,3 +223,59 @@ def apply(index: CacheIndex, event_id: int, ev: Event, history: deque, max_entri
 def new_history(maxlen: int = HISTORY_PER_POOL) -> deque:
     """Recent accesses of one pool, (time, key hash, group), the oldest dropped past `maxlen`."""
     return deque(maxlen=maxlen)
+
+
+# ----- the resize step in progress -------------------------------------------------------------
+@dataclass(frozen=True)
+class ResizeRecord:
+    """One journaled resize step (a row of cache_resize_steps)."""
+
+    server_id: str
+    plan_version: int | None
+    target_bytes: int
+    previous_bytes: int
+    quotas: dict[str, int]
+    restart_pid: int | None = None
+    restart_start_ticks: int | None = None
+
+
+def begin_resize(db: Database, server_id: str, plan_version: int | None, target_bytes: int, previous_bytes: int,
+                 quotas: dict[str, int]) -> None:
+    """Journal a resize of `server_id` before its restart (one transaction; replaces a row left for it)."""
+    with db.session() as s:
+        row = s.get(ResizeStep, server_id)
+        if row is None:
+            row = ResizeStep(server_id=server_id)
+            s.add(row)
+        row.plan_version, row.target_bytes, row.previous_bytes = plan_version, target_bytes, previous_bytes
+        row.quotas_json = json.dumps(quotas, sort_keys=True)
+        row.restart_pid = row.restart_start_ticks = None
+        row.started_at = utcnow()
+        s.commit()
+
+
+def note_restart(db: Database, server_id: str, pid: int, start_ticks: int | None) -> None:
+    """The restart command of the journaled step runs as `pid` (started at `start_ticks`, /proc)."""
+    with db.session() as s:
+        row = s.get(ResizeStep, server_id)
+        if row is not None:
+            row.restart_pid, row.restart_start_ticks = pid, start_ticks
+            s.commit()
+
+
+def unfinished_resizes(db: Database) -> list[ResizeRecord]:
+    """Every journaled resize step (at start: the ones a kill cut), by server."""
+    with db.session(readonly=True) as s:
+        return [ResizeRecord(r.server_id, r.plan_version, int(r.target_bytes), int(r.previous_bytes),
+                             {str(k): int(v) for k, v in json.loads(r.quotas_json).items()}, r.restart_pid,
+                             r.restart_start_ticks)
+                for r in s.scalars(select(ResizeStep).order_by(ResizeStep.server_id))]
+
+
+def end_resize(db: Database, *server_ids: str) -> None:
+    """The resize steps of `server_ids` are over (their outcome recorded): their rows go, in one transaction."""
+    if not server_ids:
+        return
+    with db.session() as s:
+        s.execute(delete(ResizeStep).where(ResizeStep.server_id.in_(server_ids)))
+        s.commit()

@@ -44,6 +44,12 @@ import httpx
 
 GIB = 1024**3
 DEFAULT_TIMEOUT_S = 5.0
+
+
+def gib(size_bytes: int) -> str:
+    """A size in GiB for a detail line: 1.0 GiB, 0.25 GiB, 2.5 GiB."""
+    text = f"{size_bytes / GIB:.3f}".rstrip("0")
+    return (text + "0" if text.endswith(".") else text) + " GiB"
 URL_MAX_CHARS = 512  # the lmcache_servers.url column
 _HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _PATH_RE = re.compile(r"(?:/[A-Za-z0-9._~-]*)*")

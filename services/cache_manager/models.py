@@ -8,6 +8,10 @@ service itself made), in the order applied. The index snapshots on disk are chec
 the id of the last event it includes); at start each pool's snapshot is loaded and the later events are
 replayed, so the index holds exactly the acknowledged events even after a kill. Events older than every
 pool's previous checkpoint are pruned (docs/cache_manager.md, "Durability").
+
+``ResizeStep`` is the journal of an L1 resize by controlled restart: written before the restart command stops
+the old LMCache server, cleared once the outcome is recorded; a row found at start is a restart a kill cut
+(resize_recovery.py).
 """
 
 from __future__ import annotations
@@ -130,3 +134,27 @@ class AccessSample(Base):
     document_id: Mapped[str] = mapped_column(String(256), default="")
     time_s: Mapped[float] = mapped_column(Double)  # Unix seconds
     hour_s: Mapped[int] = mapped_column(BigInteger)  # the UTC hour holding time_s (the cap's bucket)
+
+
+class ResizeStep(Base):
+    """An L1 resize by controlled restart in progress on one server (at most one per server): what a restarted
+    cache-manager needs to finish it or roll it back (resize_recovery.py)."""
+
+    __tablename__ = "cache_resize_steps"
+    __table_args__ = (
+        CheckConstraint("plan_version IS NULL OR plan_version >= 1", name="plan_version_positive"),
+        CheckConstraint("target_bytes >= 0 AND previous_bytes >= 0", name="sizes_non_negative"),
+    )
+
+    server_id: Mapped[str] = mapped_column(ForeignKey("lmcache_servers.id", ondelete="CASCADE"), primary_key=True)
+    plan_version: Mapped[int | None] = mapped_column(Integer)  # None: a ResizeCache call, no plan
+    target_bytes: Mapped[int] = mapped_column(BigInteger)
+    previous_bytes: Mapped[int] = mapped_column(BigInteger)
+    quotas_json: Mapped[str] = mapped_column(Text)  # {salt: quota bytes} read before the restart, to put back
+    restart_pid: Mapped[int | None] = mapped_column(Integer)  # the restart command (leader of its own session)
+    restart_start_ticks: Mapped[int | None] = mapped_column(BigInteger)  # its start time (/proc), against pid reuse
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+    def __repr__(self) -> str:
+        return (f"ResizeStep(server_id={self.server_id!r}, plan_version={self.plan_version!r}, "
+                f"target_bytes={self.target_bytes!r}, previous_bytes={self.previous_bytes!r})")

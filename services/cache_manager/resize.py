@@ -11,12 +11,23 @@ policy's leader, adaptive.py: lowest LCS score, or least recently accessed) unti
 target, (2) delete them on the server (`DELETE /cache/objects`), (3) restart at the new size. A grow only
 restarts and records that the new space starts cold (warm-up). Idempotency by plan version is the
 caller's job (service.py records every (server, plan version) outcome in cache_applications).
+
+The restart is journaled (``RestartJournal``: journal.begin_resize) before the command runs, so before it stops
+the old server: the sizes, the plan version and the L2 quotas to put back; then the command's pid. The command
+runs in a session of its own: a signal to the cache-manager's process group (a terminal's Ctrl-C, a kill of the
+group) does not cut it halfway, and a cache-manager killed meanwhile leaves it to finish; the restarted one finds
+the step and waits for it (resize_recovery.py). A command that times out, or is running when the service stops,
+is killed with its process group: the LMCache server it starts must be detached from it (a session of its own,
+or a service manager), as the test command and ``greenserve up``'s are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from greenserve.cache_manager.index import CacheIndex
@@ -32,6 +43,73 @@ class ResizeOutcome:
     dram_bytes: int
     evicted_entries: int
     evicted_keys: tuple[str, ...] = ()  # entries dropped from the index (the caller journals them)
+
+
+@dataclass(frozen=True)
+class RestartJournal:
+    """Where a resize journals its restart step (journal.begin_resize, journal.note_restart)."""
+
+    begin: Callable[[int, dict[str, int]], None]  # (previous L1 bytes, L2 quotas) before the command runs
+    running: Callable[[int, int | None], None]  # (the command's pid, its start ticks) once it runs
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat field 22); None when it is gone,
+    a zombie, or the platform has no /proc. With the pid it names one process, whatever pid reuse happens."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def restart_argv(restart_command: str, server_id: str, url: str, target_bytes: int) -> list[str]:
+    """The restart command template filled in and split; ValueError saying why when it is not a valid template."""
+    try:
+        cmd = restart_command.format(server_id=server_id, url=url, l1_size_bytes=target_bytes,
+                                     l1_size_gb=f"{target_bytes / GIB:.6g}")
+        return shlex.split(cmd)  # ValueError on an unclosed quote
+    except (KeyError, IndexError, ValueError) as exc:  # e.g. a literal { } not doubled in the template
+        raise ValueError(f"--lmcache-restart-command is not a valid template ({type(exc).__name__}: {exc}; "
+                         "literal braces must be doubled, quotes closed)") from None
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL to the process group led by `pid` (a restart command in its own session); gone already: nothing."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def run_restart(argv: list[str], timeout_s: float,
+                      running: Callable[[int, int | None], None] | None = None) -> str:
+    """Runs a restart command in a session of its own; "" once it exits 0, else why not. It is killed with its
+    process group when it outlives `timeout_s` (it must not restart the server later) or when the caller is
+    cancelled (the service stops: no child left behind)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return f"restart command failed to run: {exc!r}"
+    try:
+        if running is not None:
+            running(proc.pid, start_ticks(proc.pid))
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        kill_group(proc.pid)
+        await proc.wait()
+        return f"restart command failed to run: timed out after {timeout_s:g} s"
+    except BaseException:
+        kill_group(proc.pid)
+        await asyncio.shield(proc.wait())
+        raise
+    if proc.returncode != 0:
+        return f"restart command exited {proc.returncode}: {out.decode(errors='replace')[-300:]}"
+    return ""
 
 
 def victims_to_fit(index: CacheIndex, target_bytes: int, now_s: float, order: str | None = None) -> list[str]:
@@ -64,9 +142,14 @@ def victims_to_fit(index: CacheIndex, target_bytes: int, now_s: float, order: st
     return keys
 
 
+RESTART_TIMEOUT_S = 120.0  # longest a restart command may run
+
+
 async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex | None, target_bytes: int,
-                        now_s: float, restart_command: str | None, timeout_s: float = 120.0) -> ResizeOutcome:
-    """Apply target_bytes as the server's L1 size; on failure the previous size stays and detail says why."""
+                        now_s: float, restart_command: str | None, timeout_s: float = RESTART_TIMEOUT_S,
+                        journal: RestartJournal | None = None) -> ResizeOutcome:
+    """Apply target_bytes as the server's L1 size; on failure the previous size stays and detail says why.
+    With `journal`, the restart step is journaled before the restart command runs (module docstring)."""
     try:
         state = await admin.state()
     except LmcacheError as exc:
@@ -102,27 +185,15 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
             return ResizeOutcome(False, f"cannot read the L2 quotas to keep across the restart: {exc}; previous "
                                  f"size {current} bytes stays in force", current, evicted, removed)
     try:
-        cmd = restart_command.format(server_id=server_id, url=admin.url, l1_size_bytes=target_bytes,
-                                     l1_size_gb=f"{target_bytes / GIB:.6g}")
-        argv = shlex.split(cmd)  # ValueError on an unclosed quote
-    except (KeyError, IndexError, ValueError) as exc:  # e.g. a literal { } not doubled in the template
-        return ResizeOutcome(False, f"--lmcache-restart-command is not a valid template ({type(exc).__name__}: "
-                             f"{exc}; literal braces must be doubled, quotes closed); previous size {current} "
-                             "bytes stays in force", current, evicted, removed)
-    proc = None
-    try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except (OSError, asyncio.TimeoutError) as exc:
-        if proc is not None and proc.returncode is None:  # timed out: it must not restart the server later
-            proc.kill()
-            await proc.wait()
-        return ResizeOutcome(False, f"restart command failed to run: {exc!r}; previous size {current} bytes "
-                             "stays in force", current, evicted, removed)
-    if proc.returncode != 0:
-        return ResizeOutcome(False, f"restart command exited {proc.returncode}: {out.decode()[-300:]}; "
-                             f"previous size {current} bytes stays in force", current, evicted, removed)
+        argv = restart_argv(restart_command, server_id, admin.url, target_bytes)
+    except ValueError as exc:
+        return ResizeOutcome(False, f"{exc}; previous size {current} bytes stays in force", current, evicted, removed)
+    if journal is not None:
+        journal.begin(current, quotas)
+    error = await run_restart(argv, timeout_s, None if journal is None else journal.running)
+    if error:
+        return ResizeOutcome(False, f"{error}; previous size {current} bytes stays in force", current, evicted,
+                             removed)
     try:
         after = await admin.state()
     except LmcacheError as exc:

@@ -18,7 +18,7 @@ import numpy as np
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from sqlalchemy import select
 
-from greenserve.cache_manager import access_history, adaptive, journal, read_or_recompute, shrink_order
+from greenserve.cache_manager import access_history, adaptive, journal, read_or_recompute, resize_recovery, shrink_order
 from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
 from greenserve.cache_manager.enforcer import check_dram_limit, check_dram_limits, follow_plans, on_this_host
 from greenserve.cache_manager.index import CacheIndex
@@ -35,7 +35,7 @@ from greenserve.cache_manager.request_checks import (
     check_targets,
     in_range,
 )
-from greenserve.cache_manager.resize import resize_server
+from greenserve.cache_manager.resize import RestartJournal, resize_server
 from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.snapshots import SnapshotStore
 from greenserve.cache_manager.ttl_eviction import GroupTtlEviction
@@ -73,10 +73,29 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         self._events_since_checkpoint = 0
         self._checkpoint_task: asyncio.Task | None = None
         self.checkpoints = 0
+        self._recovery: asyncio.Task[list[resize_recovery.Settled]] | None = None
         self.access_history = access_history.AccessHistory(ctx.db, self.settings.access_history_per_hour,
                                                            self.settings.access_history_days)
         self._load_server_sizes()
         self._load_indexes()
+
+    # ----- resize steps a kill cut ----------------------------------------------------------------
+    def start_recovery(self) -> None:
+        """Settles the resize steps a kill cut (resize_recovery.py), in the background, holding the resize lock."""
+        self._recovery = asyncio.get_running_loop().create_task(resize_recovery.recover(self),
+                                                               name="cache-manager-resize-recovery")
+
+    async def recovered(self) -> list[resize_recovery.Settled]:
+        """The steps settled at start, once they all are ([] without a recovery, or when it failed: logged)."""
+        if self._recovery is None:
+            return []
+        try:
+            return await asyncio.shield(self._recovery)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the rows stay for the next start; the plan is followed meanwhile
+            log.exception("settling the resize steps a kill cut failed")
+            return []
 
     # ----- helpers -------------------------------------------------------------------------------
     def _load_server_sizes(self) -> None:
@@ -223,7 +242,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                 return cache_manager_pb2.CacheApplyResult(
                     server_id=row.id, applied=True, dram_bytes=done.l1_size_bytes,
                     detail=f"plan version {version} already applied: {done.detail}")
-        outcome = await self._resize(row, dram)
+        outcome = await self._resize(row, dram, version)
         detail = outcome.detail
         disk_in_force = 0
         if outcome.applied:
@@ -237,15 +256,22 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             detail += f"; TTL {ttl_s:g} s in force for pool {row.pool}"
         self._record(row.id, version, outcome.dram_bytes if outcome.applied else dram,
                      disk_in_force if outcome.applied else None, outcome.applied, detail)
+        journal.end_resize(self.ctx.db, row.id)  # its outcome recorded: the restart step is over
         return cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=outcome.applied, detail=detail,
                                                   dram_bytes=outcome.dram_bytes, disk_bytes=disk_in_force)
 
-    async def _resize(self, row: LmcacheServer, dram: int):
-        """Resize one server (the caller holds the lock); entries it evicts are journaled."""
+    async def _resize(self, row: LmcacheServer, dram: int, plan_version: int | None = None):
+        """Resize one server (the caller holds the lock); entries it evicts are journaled, and so is its restart
+        step (journal.begin_resize), which the caller ends (journal.end_resize) once the outcome is recorded."""
+        db = self.ctx.db
+        version = plan_version if plan_version is not None and 1 <= plan_version <= 2**31 - 1 else None
+        steps = RestartJournal(
+            begin=lambda previous, quotas: journal.begin_resize(db, row.id, version, dram, previous, quotas),
+            running=lambda pid, ticks: journal.note_restart(db, row.id, pid, ticks))
         admin = self._admin(row.url)
         try:
             outcome = await resize_server(admin, row.id, self.indexes.get(row.pool), dram, _now_s(),
-                                          self.settings.lmcache_restart_command)
+                                          self.settings.lmcache_restart_command, journal=steps)
         finally:
             await admin.aclose()
         await self._journal_evictions(row.pool, outcome.evicted_keys)
@@ -301,6 +327,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                 applied, disk = disk_outcome.applied, disk_outcome.disk_bytes
                 detail += f"; {disk_outcome.detail}" if disk_outcome.detail else ""
                 evicted += disk_outcome.evicted_entries
+            journal.end_resize(self.ctx.db, row.id)
         return cache_manager_pb2.ResizeCacheResponse(
             result=cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=applied, detail=detail,
                                                       dram_bytes=outcome.dram_bytes, disk_bytes=disk),
@@ -414,6 +441,7 @@ def _policy_metrics(meter: Meter, servicer: CacheManagerServicer) -> None:
 def build(ctx: ServiceContext) -> list[Registration]:
     servicer = CacheManagerServicer(ctx)
     _policy_metrics(ctx.telemetry.meter, servicer)
+    servicer.start_recovery()  # before the plan follower starts: it reconciles only once this is done
     follow_plans(ctx, servicer)  # stops first (its on_stop hook precedes the index save below)
     settings: CacheManagerSettings = ctx.settings  # type: ignore[assignment]
     task: asyncio.Task | None = None
@@ -436,7 +464,8 @@ def build(ctx: ServiceContext) -> list[Registration]:
     checkpoint_task = asyncio.get_event_loop().create_task(checkpoints())
 
     async def stop() -> None:
-        await cancel_and_wait(task, checkpoint_task, servicer._checkpoint_task)  # nothing else changes the index
+        await cancel_and_wait(task, checkpoint_task, servicer._checkpoint_task,  # nothing else changes the index
+                              servicer._recovery)  # a restart it runs is killed; its row stays for the next start
         await servicer.checkpoint()
 
     ctx.on_stop.append(stop)
