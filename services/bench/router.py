@@ -124,6 +124,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
     p.add_argument("--front", action="append", choices=["envoy"], default=[],
                    help="also measure this front: envoy = the pinned Envoy with the router as its endpoint picker "
                         "(router/envoy/; CPU per request of Envoy and the router together, receipts issued)")
+    p.add_argument("--envoy-usage-reader", choices=["lua", "ext_proc", "none"], default="lua",
+                   help="with --front envoy: how receipts get the engine's token counts (router/envoy/usage_filter.py): "
+                        "lua = a Lua filter in Envoy (default), ext_proc = every response chunk through the picker, "
+                        "none = not read")
     p.add_argument("--paired-grpc", action="store_true",
                    help="also run the paired phase for the router over gRPC (default: HTTP and vllm-router)")
     p.add_argument("--no-install-peer", action="store_true", help="use .venv-vllm-router only if it exists")
@@ -227,7 +231,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             from greenserve.bench.router_envoy_front import PathMeter, start_envoy_front
 
             log("starting Envoy (the router its endpoint picker)")
-            envoy_url, envoy_proc = start_envoy_front(procs, router_grpc, data_dir, pinning.get("vllm_router"))
+            envoy_url, envoy_proc = start_envoy_front(procs, router_grpc, data_dir, pinning.get("vllm_router"),
+                                                      usage_reader=args.envoy_usage_reader)
         prompt = ("You are a helpful assistant answering questions about carbon-aware serving. " * 64)[
             : args.prompt_chars]
         base = {"model": model, "max_tokens": args.max_tokens, "prompt": prompt, "stagger_s": args.stagger_s,
@@ -420,7 +425,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                                  "added_ttft_p99_ms": seq_peer_head.get("added_ttft_p99_ms"),
                                  "rps_at_concurrency": seq_peer_head["rps"]} if seq_peer_head else None)}
                 if peer_head else {"skipped": peer_reason or "not run"})},
-            "fronts": {"envoy": _envoy_summary(rows, paired_rows, tp_rows, seq_head) if envoy_url else
+            "fronts": {"envoy": {**_envoy_summary(rows, paired_rows, tp_rows, seq_head),
+                                 "usage_reader": args.envoy_usage_reader} if envoy_url else
                        {"skipped": "not asked (--front envoy)"}},
             "cpu_pinning": pinning,
             "engine": args.engine if args.engine == "emulator" else f"noop (tpot {args.noop_tpot_s:g} s)",

@@ -17,15 +17,16 @@ from greenserve.router.envoy.gateway import envoy_command
 from greenserve.router.envoy.ledger import PROTOCOL
 
 
-def start_envoy_front(procs: Procs, router_grpc: str, data_dir: str, cpus: list[int] | None
-                      ) -> tuple[str, subprocess.Popen[bytes]]:
-    """Envoy on free ports, asking the router at ``router_grpc`` (started with --envoy-picker); its base URL
-    once ready."""
+def start_envoy_front(procs: Procs, router_grpc: str, data_dir: str, cpus: list[int] | None,
+                      usage_reader: str = "lua") -> tuple[str, subprocess.Popen[bytes]]:
+    """Envoy on free ports, asking the router at ``router_grpc`` (started with --envoy-picker) and reading
+    usage with ``usage_reader`` (bootstrap.py); its base URL once ready."""
     port, admin_port = free_port(), free_port()
     picker_host, picker_port = router_grpc.rsplit(":", 1)
     config = Path(data_dir) / "envoy.json"
     config.write_text(bootstrap_json(listen_host="127.0.0.1", listen_port=port, picker_host=picker_host,
-                                     picker_port=int(picker_port), admin_port=admin_port))
+                                     picker_port=int(picker_port), admin_port=admin_port,
+                                     usage_reader=usage_reader))
     log_file = open(Path(data_dir) / "envoy.log", "wb")  # closed with the process
     proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
     wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
