@@ -149,9 +149,10 @@ class EngineLauncher(Protocol):
     def command(self, spec: EngineSpec) -> LaunchCommand:
         """The command that runs `spec` (ValueError when it cannot be run)."""
 
-    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool) -> str:
-        """Why this launcher's engines cannot run the pool in ``target``'s mode ("" when they can): checked
-        before an engine is stopped for the mode change, so a mode they cannot run leaves the running ones be."""
+    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool, lmcache_url: str = "") -> str:
+        """Why this launcher's engines cannot run the pool in ``target``'s mode ("" when they can), the pool's
+        LMCache server being ``lmcache_url`` ("" for none): checked before an engine is stopped for the mode
+        change, so a mode they cannot run leaves the running ones be."""
 
 
 def mig_hardware(gpu_model: str, mig_profile: str) -> str:
@@ -195,12 +196,15 @@ class VllmLauncher:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
 
-    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool) -> str:
+    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool, lmcache_url: str = "") -> str:
         mode = target.serving_mode
         if mode == common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE:
             return "vLLM has no disaggregated speculative decoding (GreenLLM's DSD is its own plug-in)"
         if mode == common_pb2.SERVING_MODE_SPEC_DECODE and not (pool.HasField("draft") and pool.draft.model):
             return "vLLM's speculative decoding needs the pool's draft model (fleet.pools[].draft.model)"
+        if mode == common_pb2.SERVING_MODE_DISAGGREGATED and lmcache_url:
+            return ("the pool has an LMCache server (--engine-lmcache-servers) and vLLM takes one KV connector per "
+                    "engine: DPD's KV transfer cannot run beside it")
         return ""
 
     def command(self, spec: EngineSpec) -> LaunchCommand:
@@ -357,7 +361,7 @@ class EmulatorLauncher:
             known_profiles = list_profiles()
         self.known_profiles = list(known_profiles)
 
-    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool) -> str:
+    def mode_problem(self, target: common_pb2.ServingModeTarget, pool: common_pb2.Pool, lmcache_url: str = "") -> str:
         mode = target.serving_mode
         speculative = (common_pb2.SERVING_MODE_SPEC_DECODE, common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE)
         if mode in speculative and not (pool.HasField("draft") and pool.draft.simulator_model):

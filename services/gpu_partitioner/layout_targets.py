@@ -48,6 +48,7 @@ class LayoutTargets:
     node: str
     fleet: FleetPools
     supervisor: EngineSupervisor | None
+    lmcache_servers: dict[str, str]
     modes: dict[str, common_pb2.ServingModeTarget]
     mode_index: dict[str, int]
     mode_targets: list[common_pb2.ServingModeTarget]
@@ -128,7 +129,8 @@ class LayoutTargets:
                 known = ", ".join(common_pb2.ServingMode.Name(v) for v in sorted(MODE_NAMES) if v)
                 raise Refusal(f"{where}.serving_mode: unknown serving mode {mode.serving_mode} for pool "
                               f"{mode.pool!r} (known: {known})")
-            problem = self.supervisor.launcher.mode_problem(mode, pools[mode.pool])
+            problem = self.supervisor.launcher.mode_problem(mode, pools[mode.pool],
+                                                            self.lmcache_servers.get(mode.pool, ""))
             if problem:
                 raise Refusal(f"{where}: pool {mode.pool!r} cannot run in mode {mode_name(mode.serving_mode)} "
                               f"({common_pb2.ServingMode.Name(mode.serving_mode)}) on node {self.node}'s "

@@ -120,7 +120,9 @@ async def test_a_layout_for_a_vanished_gpu_is_refused_for_it_retried_with_backof
                     "APPLIED once the GPU is back")
         arrived, converged = optimizer.reports_of(v2, APPLIED)[0]
         took_s = arrived - back_at
-        assert f"GPU {gone}: layout applied" in converged.detail, converged.detail
+        # the previous layout was kept while it was gone: its two instances are what the apply replaced
+        assert f"GPU {gone}: layout applied" in converged.detail and "2 GI destroyed, 1 created" in converged.detail, \
+            converged.detail
         # the try that applied it began at the watchdog's next check, not when the back-off (8 s) ran out
         began_s = min(t for t, _ in optimizer.reports_of(v2, optimizer_pb2.ENFORCEMENT_STATE_APPLYING)
                       if t > back_at) - back_at

@@ -72,6 +72,8 @@ def test_launchers_say_which_modes_their_engines_cannot_run() -> None:
     for mode in (common_pb2.SERVING_MODE_STANDALONE, common_pb2.SERVING_MODE_SPEC_DECODE,
                  common_pb2.SERVING_MODE_DISAGGREGATED):  # DPD runs as a pair (its older GPU: _check_pairs)
         assert vllm.mode_problem(target(pool="chat", serving_mode=mode), POOL) == ""
+    dpd = target(pool="chat", serving_mode=common_pb2.SERVING_MODE_DISAGGREGATED, old_hardware="T4")
+    assert "one KV connector per engine" in vllm.mode_problem(dpd, POOL, "tcp://10.0.0.5:5555")
     assert emulator.mode_problem(dsd, POOL) == "" and emulator.mode_problem(spec, POOL) == ""
     assert "old_hardware" in emulator.mode_problem(target(pool="chat", serving_mode=dsd.serving_mode), POOL)
     assert "draft.simulator_model" in emulator.mode_problem(spec, no_draft)
