@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envoy.data.accesslog.v3 import accesslog_pb2
+import pytest
 from greenserve.router.envoy.ledger import Ledger
 from greenserve.router.prefix_index import chain_hashes
 
@@ -55,3 +56,39 @@ async def test_ledger_closes_into_receipts_failures_and_stays_bounded(
     pick("d")
     ledger.close(_entry("d", 200, 0.01))
     assert ledger.receipt("d") is not None and ledger.receipt("b") is None  # max_receipts 1: the oldest goes
+
+
+async def test_the_usage_filters_metadata_makes_the_receipts_tokens_and_ttft(
+        emulators: Callable[..., Any], router: Callable[..., Any]) -> None:
+    """The figures Envoy's usage filter writes (dynamic metadata ``greenserve``) become the receipt's token
+    counts and first-token time; values of the wrong kind are not taken."""
+    emus = await emulators(1)
+    r = await router([emus[0].url])
+    core = r.core
+    ledger = Ledger(core)
+    hashes = chain_hashes("a prompt " * 100)
+
+    def close(request_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        assert core.admit()
+        ledger.open(request_id, core.policy.choose("", "", hashes), hashes, 900)
+        time.sleep(0.02)
+        entry = _entry(request_id, 200, 0.001)
+        if fields.get("first_token_us") == "5 ms ago":  # the first token 5 ms before the log's arrival
+            fields["first_token_us"] = str(int((time.time() - 0.005) * 1e6))
+        entry.common_properties.metadata.filter_metadata["greenserve"].update(fields)
+        ledger.close(entry)
+        receipt = ledger.receipt(request_id)
+        assert receipt is not None
+        return receipt
+
+    receipt = close("read", {"prompt_tokens": 300, "completion_tokens": 40, "cached_tokens": 256,
+                             "first_token_us": "5 ms ago", "strip_usage": True})
+    assert (receipt["prompt_tokens"], receipt["completion_tokens"], receipt["cached_prompt_tokens"]) == (300, 40, 256)
+    assert 0.01 < receipt["ttft_s"] < receipt["e2e_s"]  # from the first token, not Envoy's first byte (1 ms)
+    assert receipt["tpot_s"] == pytest.approx((receipt["e2e_s"] - receipt["ttft_s"]) / 39, abs=2e-6)
+
+    receipt = close("wrong-kinds", {"prompt_tokens": "300", "completion_tokens": -4, "first_token_us": 12.5})
+    assert receipt["completion_tokens"] == 0  # no usage taken: the router's estimate of the prompt, no tokens
+    assert receipt["prompt_tokens"] == int(900 / core.chars_per_token)
+    assert receipt["ttft_s"] >= 0.02  # Envoy's first upstream byte (the entry starts after the 20 ms sleep)
+    assert core.in_flight == 0 and ledger.open_count == 0
