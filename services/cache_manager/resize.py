@@ -12,8 +12,9 @@ target, (2) delete them on the server (`DELETE /cache/objects`), (3) restart at 
 restarts and records that the new space starts cold (warm-up). Idempotency by plan version is the
 caller's job (service.py records every (server, plan version) outcome in cache_applications).
 
-The restart is journaled (``RestartJournal``: journal.begin_resize) before the command runs, so before it stops
-the old server: the sizes, the plan version and the L2 quotas to put back; then the command's pid. The command
+The step is journaled (``RestartJournal``: journal.begin_resize) before anything changes on the server (the
+evictions of a shrink, then the restart command, which stops the old server): the sizes, the plan version and the
+L2 quotas to put back; then the command's pid. The command
 runs in a session of its own: a signal to the cache-manager's process group (a terminal's Ctrl-C, a kill of the
 group) does not cut it halfway, and a cache-manager killed meanwhile leaves it to finish; the restarted one finds
 the step and waits for it (resize_recovery.py). A command that times out, or is running when the service stops,
@@ -162,6 +163,22 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
             "LMCache 0.5.6 cannot change the DRAM L1 size at run time (only Device-DAX arenas are "
             "reconfigurable) and no --lmcache-restart-command is configured for a controlled restart; "
             f"the previous size {current} bytes stays in force"), current, 0)
+    # LMCache keeps L2 quotas in memory only (QuotaManager): a restart forgets them, and an IsolatedLRU L2 then
+    # empties every salt without a quota at its next cycle. Read them now, put them back after the restart.
+    quotas: dict[str, int] = {}
+    if state.l2_adapters:
+        try:
+            quotas = {salt: int(round(float(q.get("limit_gb", 0.0)) * GIB))
+                      for salt, q in (await admin.quotas()).items()}
+        except LmcacheError as exc:
+            return ResizeOutcome(False, f"cannot read the L2 quotas to keep across the restart: {exc}; previous "
+                                 f"size {current} bytes stays in force", current, 0)
+    try:
+        argv = restart_argv(restart_command, server_id, admin.url, target_bytes)
+    except ValueError as exc:
+        return ResizeOutcome(False, f"{exc}; previous size {current} bytes stays in force", current, 0)
+    if journal is not None:  # before anything changes on the server: a kill from here on leaves the step
+        journal.begin(current, quotas)
     evicted = deleted = 0
     removed: tuple[str, ...] = ()
     if target_bytes < current and index is not None:
@@ -174,22 +191,6 @@ async def resize_server(admin: LmcacheAdmin, server_id: str, index: CacheIndex |
         for k in keys:
             index.remove(k)
         evicted, removed = len(keys), tuple(keys)
-    # LMCache keeps L2 quotas in memory only (QuotaManager): a restart forgets them, and an IsolatedLRU L2 then
-    # empties every salt without a quota at its next cycle. Read them now, put them back after the restart.
-    quotas: dict[str, int] = {}
-    if state.l2_adapters:
-        try:
-            quotas = {salt: int(round(float(q.get("limit_gb", 0.0)) * GIB))
-                      for salt, q in (await admin.quotas()).items()}
-        except LmcacheError as exc:
-            return ResizeOutcome(False, f"cannot read the L2 quotas to keep across the restart: {exc}; previous "
-                                 f"size {current} bytes stays in force", current, evicted, removed)
-    try:
-        argv = restart_argv(restart_command, server_id, admin.url, target_bytes)
-    except ValueError as exc:
-        return ResizeOutcome(False, f"{exc}; previous size {current} bytes stays in force", current, evicted, removed)
-    if journal is not None:
-        journal.begin(current, quotas)
     error = await run_restart(argv, timeout_s, None if journal is None else journal.running)
     if error:
         return ResizeOutcome(False, f"{error}; previous size {current} bytes stays in force", current, evicted,

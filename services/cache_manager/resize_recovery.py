@@ -133,7 +133,7 @@ async def settle(servicer: CacheManagerServicer, row: LmcacheServer, step: journ
         error = await _restart_to(servicer, row, step.target_bytes)
         finished = not error
         if finished:
-            said.append(f"finished: the server was {seen}, restarted again to {gib(step.target_bytes)}")
+            said.append(f"finished: the server was {seen}, restarted to {gib(step.target_bytes)}")
         else:
             said.append(f"the server was {seen}; the target could not be reached: {error}")
             back = "" if now == step.previous_bytes else await _restart_to(servicer, row, step.previous_bytes)

@@ -64,8 +64,15 @@ async def test_a_step_whose_server_is_down_is_restarted_to_the_target(fleet) -> 
     (settled,) = await recover(fleet.servicer)
     assert settled.finished and fleet.size("s2") == 3 * GIB
     assert fleet.runs() == [f"s2:{3 * GIB}"]
-    assert "finished: the server was not answering" in settled.detail and "restarted again to 3.0 GiB" in settled.detail
+    assert "finished: the server was not answering" in settled.detail and "restarted to 3.0 GiB" in settled.detail
     assert journal.unfinished_resizes(fleet.db) == []
+
+
+async def test_a_step_cut_before_its_restart_ran_is_restarted_to_the_target(fleet) -> None:  # noqa: F811
+    journal.begin_resize(fleet.db, "s3", 9, 2 * GIB, GIB, {})  # killed while a shrink evicted: no command ran
+    (settled,) = await recover(fleet.servicer)
+    assert settled.finished and fleet.size("s3") == 2 * GIB and fleet.runs() == [f"s3:{2 * GIB}"]
+    assert "finished: the server was L1 1.0 GiB, restarted to 2.0 GiB" in settled.detail
 
 
 async def test_an_unreachable_target_is_rolled_back_and_reported_failed(fleet) -> None:  # noqa: F811
