@@ -170,6 +170,7 @@ class PlanFollower:
         self.reconciled: tuple[int, float] | None = None  # (plan version, interval start) last reconciled
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        self._watch_generation = 0  # moved on by resubscribe: what the WatchPlans call before still sends is dropped
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -214,6 +215,27 @@ class PlanFollower:
         await self.reconcile_now()
         self._changed.set()
 
+    def resubscribe(self, plan: common_pb2.Plan) -> None:
+        """The component put ``plan`` in force from elsewhere, ahead of the stream (the router: a plan another replica
+        stored in the shared database). The follower holds it (its next timed reconcile reports on it) and watches
+        again after its version: the plans the current call still has queued were activated before it (a stream
+        gives activations in commit order), so they are dropped unread, and a new call starts with the plan in
+        force if that is another one (a rollback past it, a newer plan)."""
+        self.plan = plan
+        self.reconciled = None
+        self._watch_generation += 1
+        self._changed.set()
+
+    def _drop(self, plan: common_pb2.Plan) -> None:
+        """A plan the call before a resubscribe delivered: not applied; reported when older than the plan held (a
+        rollback to it comes again as the new call's first plan, and its report then replaces this one)."""
+        log.info("%s: plan v%d from the stream dropped: v%d was put in force ahead of the stream; watching again "
+                 "after it", self.component, plan.version, self.version)
+        if 0 < plan.version < self.version:
+            self.reporter.report(plan.version, None, Outcome(
+                REFUSED, f"plan v{plan.version} skipped as stale: v{self.version}, newer, was put in force before "
+                         "this stream delivered it"))
+
     async def reconcile_now(self, force: bool = False) -> Outcome | None:
         """Reconciles the interval in force (skipped when that interval of that plan is already done)."""
         async with self._lock:
@@ -243,12 +265,19 @@ class PlanFollower:
         assert self.stub is not None
         backoff = 0.2
         while True:
+            generation = self._watch_generation
             try:
                 call = self.stub.WatchPlans(optimizer_pb2.WatchPlansRequest(after_version=self.version))
                 async for event in call:
                     self.connected = True
                     backoff = 0.2
+                    if generation != self._watch_generation:
+                        self._drop(event.plan)
+                        break
                     await self.offer(event.plan)
+                if generation != self._watch_generation:
+                    call.cancel()
+                    continue  # at once: the stream is up
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:

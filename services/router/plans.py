@@ -7,6 +7,13 @@
   (``greenserve.common.plan_follow``: reconnects with capped backoff, after the version it holds); every new
   plan is validated, put in force and persisted (one row, written off the event loop). A plan with bad
   weights is refused and the old one kept.
+* Never backwards: a worker or replica whose stream lags takes a newer plan another one stored from the shared
+  database (shared_state.py) ahead of its stream. The stream gives activations in commit order, so what it still
+  has queued was activated before that plan: the follower drops it and watches again after the plan in force
+  (``PlanFollower.resubscribe``); the new call starts with the optimizer's plan in force if that is another one (an
+  operator's rollback is applied that way). A plan dropped so that is older than the one in force is reported
+  REFUSED, "skipped as stale". The database is only a way forward: a stored plan no newer than every plan this
+  process has had in force is not taken from it (a replica whose stream lags may store an older one late).
 * It reports to the optimizer (component ``router``): ``applied`` with the pools and engines the interval
   in force weights (and the weighted engines the router does not know even after GetFleet), ``refused``
   with the reason for a plan it cannot route on; again each time the clock enters the plan's next interval.
@@ -96,6 +103,9 @@ class PlanStore:
         self.plan: common_pb2.Plan | None = None
         self.version = 0
         self.received_at = 0.0
+        self.seen_version = 0  # the highest version this store has had in force
+        # called with a plan read from the database and put in force (ahead of the WatchPlans stream)
+        self.on_stored_plan: Callable[[common_pb2.Plan], None] | None = None
         self._weights: dict[str, Weights] = {}
         self._runs: dict[str, int] = {}  # engine id -> EngineRunState of the interval in force (resolved)
         self._interval: common_pb2.PlanInterval | None = None  # the interval in force (_select_interval)
@@ -193,15 +203,23 @@ class PlanStore:
 
     def apply(self, plan: common_pb2.Plan, *, rollback: bool = False) -> bool:
         """Puts ``plan`` in force if it is valid and newer (or, with ``rollback``, any other version: the optimizer
-        streams an older plan when an operator re-activates it); returns whether it was applied."""
+        streams an older plan when an operator re-activates it); returns whether it was applied.
+
+        Without ``rollback`` the plan is one read from the database: taken only when newer than every plan in force
+        before (after a rollback a stored plan of a higher version may be stale), and ``on_stored_plan`` is told."""
         validate_plan(plan)
         if plan.version == self.version or (plan.version < self.version and not rollback):
             return False
+        if not rollback and plan.version <= self.seen_version:
+            return False
         self.plan = plan
         self.version = plan.version
+        self.seen_version = max(self.seen_version, plan.version)
         self.received_at = self.clock()
         self._valid_until = -math.inf
         self._select_interval()
+        if not rollback and self.on_stored_plan is not None:
+            self.on_stored_plan(plan)
         return True
 
     def apply_fleet(self, fleet: common_pb2.FleetInventory) -> None:
@@ -282,6 +300,8 @@ class PlanWatcher:
         self.follower = PlanFollower(component="router", instance=instance or socket.gethostname(), channel=channel,
                                      reconcile=self._reconcile, load=self._in_force, backoff_max_s=backoff_max_s)
         self._start: asyncio.Task[None] | None = None
+        # a plan taken from the shared database ahead of the stream: what the stream has queued is older
+        store.on_stored_plan = self.follower.resubscribe
 
     @property
     def connected(self) -> bool:
