@@ -3,10 +3,13 @@
 `MigEnforcer.reconcile(plan, interval)` is the `reconcile` of the node's `PlanFollower` (component
 "gpu-partitioner", instance = the node name). For the interval in force it:
 
-1. takes the ``mig_layouts`` whose GPU is on this node (the others belong to other nodes' partitioners);
+1. takes the ``mig_layouts`` whose GPU is on this node (the others belong to other nodes' partitioners); a layout
+   for a GPU this process listed on the node earlier but that is gone now (fallen off the bus) is not applied,
+   the other GPUs' are, and the outcome is FAILED ("partially applied", naming the GPU), retried by the watchdog;
 2. validates every one of them against its GPU's geometry (planner/geometry, the same checks as
-   ``ApplyLayout``) and every placement's pool and model variant against the fleet inventory, before anything
-   changes: one invalid part -> REFUSED naming it, nothing changed;
+   ``ApplyLayout``), every placement's pool and model variant against the fleet inventory, and the serving mode
+   of every pool it runs against what its launcher's engines can run, before anything changes: one invalid part
+   -> REFUSED naming it, nothing changed;
 3. per GPU: drains (router ``Drain`` with wait) the engines on instances to be destroyed and on kept instances
    whose pool/variant changes, stops and deregisters the ones it launched there, applies the layout with the
    journaled apply (`ApplyCoordinator`: a failure midway restores the previous layout -> ROLLED_BACK with the
