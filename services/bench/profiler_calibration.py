@@ -1,12 +1,13 @@
 """`greenserve bench calibration`: the simulator's step model fitted on some rates of a stored real-engine sweep,
 its error at the rates it did not see.
 
-A sweep folder holds ``profile-<workload>.json`` (MEASURED profiles, protobuf JSON: the client-side p50s) and
-``result.json`` (its ``rows`` carry the engine's own TTFT and per-request TPOT means over each window, from vLLM's
-``/metrics`` histograms), as ``scripts/real_engine_profile.py`` writes them. The fit (``step_fit``) sees the
-``--fit-rates``; the replay predicts every rate. The default target is the engine-side means (the client's
-streaming timings on a loaded CPU are at times a burst, see docs/profiler.md); ``--target client-p50`` fits and
-scores the stored p50s. Progress and the table go to stderr, one JSON object is the last line of stdout.
+A sweep folder holds ``profile-<workload>.json`` (MEASURED profiles, protobuf JSON: the client-side p50s over the
+pooled rounds of each point) and ``result.json`` (its ``rows`` carry the engine's own TTFT and per-request TPOT means
+over each window, from vLLM's ``/metrics`` histograms, and the split-half spread of the p50s between rounds), as
+``scripts/real_engine_profile.py`` writes them. The fit (``step_fit``) sees the ``--fit-rates`` (default: the ones
+the sweep was calibrated on); the replay predicts every rate. The default target is the client-side p50s (exact per
+request; vLLM's histogram buckets are too coarse for a p50); ``--target engine-mean`` fits and scores the engine's
+means. Progress and the table go to stderr, one JSON object is the last line of stdout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from greenserve.profiler import step_fit
 from greenserve.v1 import common_pb2
 
 STORED_SWEEP = Path(__file__).resolve().parents[1] / "profiler" / "data" / "real_engine_cpu"
-"""The shipped sweep of vLLM's CPU build on the tiny Llama (run 2 of docs/profiler.md, "Real engine")."""
+"""The shipped sweeps of vLLM's CPU build on the tiny Llama (docs/profiler.md, "Real engine")."""
+
+DEFAULT_RUN = "run3"
+"""The shipped sweep ``greenserve bench calibration`` fits by default (a folder of ``STORED_SWEEP``)."""
 
 TARGETS = {"engine-mean": ("ttft_mean_s", "tpot_mean_s"), "client-p50": ("ttft_p50_s", "tpot_p50_s")}
 
@@ -66,9 +70,31 @@ def measured(profile: common_pb2.Profile, engine: dict[tuple[str, float], dict[s
     return value if value > 0 else None
 
 
-def run(folder: Path, fit_rates: list[float], target: str, seed: int = 11) -> dict[str, Any]:
-    """Fit on ``fit_rates`` of the sweep in ``folder``, predict every rate; the rows and the held-back errors."""
+def stored_fit_rates(folder: Path) -> list[float]:
+    """The rates the sweep in ``folder`` was calibrated on: its result.json's ``args.fit_rates``, else the rates of
+    its rows not held back; empty when it says neither."""
+    try:
+        result = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        return []
+    given = (result.get("args") or {}).get("fit_rates") or []
+    if given:
+        return sorted(float(r) for r in given)
+    return sorted({float(r["rate_per_s"]) for r in result.get("rows", []) if r.get("held_back") is False})
+
+
+def run(folder: Path, fit_rates: list[float] | None, target: str, seed: int = 11) -> dict[str, Any]:
+    """Fit on ``fit_rates`` (None: the sweep's own, ``stored_fit_rates``) of the sweep in ``folder``, predict every
+    rate; the rows and the held-back errors."""
     profiles, engine = load_sweep(folder)
+    if fit_rates is None:
+        fit_rates = stored_fit_rates(folder)
+        if not fit_rates:
+            raise ValueError(f"--fit-rates: sweep {folder.name} does not say its fit rates; give them")
+    swept = {p.request_rate_per_s for profile in profiles.values() for p in profile.points}
+    if not set(fit_rates) <= swept:
+        raise ValueError(f"--fit-rates: sweep {folder.name} measured {', '.join(f'{r:g}' for r in sorted(swept))} "
+                         f"req/s, not {', '.join(f'{r:g}' for r in fit_rates if r not in swept)}")
     quantities = TARGETS[target]
     observations = []
     for profile in profiles.values():
@@ -144,10 +170,12 @@ def write_profile(path: Path, profile: common_pb2.Profile) -> None:
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = Parser(prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--sweep", type=Path, action="append", default=None,
-                        help="sweep folder (repeatable: one fit per folder); default: the shipped run 2")
-    parser.add_argument("--fit-rates", default="2,6,10", help="rates the fit sees, req/s (default 2,6,10)")
-    parser.add_argument("--target", choices=sorted(TARGETS), default="engine-mean",
-                        help="what is fitted (default engine-mean: vLLM's own histograms)")
+                        help=f"sweep folder (repeatable: one fit per folder); default: the shipped {DEFAULT_RUN}")
+    parser.add_argument("--fit-rates", default=None,
+                        help="rates the fit sees, req/s (default: the ones the sweep was calibrated on)")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="client-p50",
+                        help="what is fitted and scored (default client-p50: the profile's p50s, the client's "
+                             "per-request timings; engine-mean: vLLM's own histogram means)")
     parser.add_argument("--seed", type=int, default=11, help="the replay's seed, the sweep's (default 11)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for each workload's measured profile with the fitted step model as facts "
@@ -159,13 +187,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
     parser = _parser(prog)
     ns = parser.parse_args(argv)
-    try:
-        fit_rates = [float(x) for x in ns.fit_rates.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--fit-rates: not a comma-separated list of numbers: {ns.fit_rates!r}")
-    if not fit_rates or any(not (r > 0 and math.isfinite(r)) for r in fit_rates):
-        parser.error("--fit-rates: give rates > 0")
-    folders = ns.sweep or [STORED_SWEEP / "run2"]
+    fit_rates: list[float] | None = None
+    if ns.fit_rates is not None:
+        try:
+            fit_rates = [float(x) for x in ns.fit_rates.split(",") if x.strip()]
+        except ValueError:
+            parser.error(f"--fit-rates: not a comma-separated list of numbers: {ns.fit_rates!r}")
+        if not fit_rates or any(not (r > 0 and math.isfinite(r)) for r in fit_rates):
+            parser.error("--fit-rates: give rates > 0")
+    folders = ns.sweep or [STORED_SWEEP / DEFAULT_RUN]
     results = []
     for folder in folders:
         if not folder.is_dir():
@@ -174,7 +204,7 @@ def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
             result = run(folder, fit_rates, ns.target, ns.seed)
         except ValueError as exc:
             parser.error(str(exc))
-        print(f"sweep {result['sweep']}: fitted {', '.join(f'{k} {v:.3g}' for k, v in result['coefficients'].items())}"
+        print(f"sweep {result['sweep']}, fit on {', '.join(f'{r:g}' for r in result['fit_rates'])} req/s: fitted {', '.join(f'{k} {v:.3g}' for k, v in result['coefficients'].items())}"
               f" in {result['fit_s']:.1f} s", file=sys.stderr)
         print(table(result), file=sys.stderr)
         calibrated = result.pop("calibrated")
@@ -185,8 +215,11 @@ def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
     worst = {q: max((r["max_abs_error_held_back"][q] for r in results
                      if r["max_abs_error_held_back"][q] is not None), default=None)
              for q in ("ttft_mean_s", "tpot_mean_s", "ttft_p50_s", "tpot_p50_s")}
+    spread = {q: max((r["max_split_half_held_back"][q] for r in results
+                      if r["max_split_half_held_back"][q] is not None), default=None)
+              for q in ("ttft_p50_s", "tpot_p50_s")}
     print(json.dumps({"benchmark": "calibration", "target": ns.target, "fit_rates": fit_rates,
-                      "max_abs_error_held_back": worst, "sweeps": results}))
+                      "max_abs_error_held_back": worst, "max_split_half_held_back": spread, "sweeps": results}))
     return 0
 
 
