@@ -1,12 +1,15 @@
 """Profile a real vLLM engine (CPU build, tiny random Llama), calibrate the simulator on part of the ladder and
 predict the rest (issue 34 item 4).
 
-1. One real engine (``greenserve.vllm_cpu.engines``), or the one at ``--engine-url``.
+1. One real engine (``greenserve.vllm_cpu.engines``, ``--engine-omp-threads`` OpenMP threads), or the one at
+   ``--engine-url``.
 2. The profiler's own engine backend (``EngineBackend.measure``: open-loop Poisson arrivals, streamed
    ``/v1/completions``, client-side TTFT/TPOT, batch size from ``/metrics``) over ``--rates`` x ``--workloads``
-   (fixed-size workloads: every request has the dataset's P50 prompt/output length). Each workload's ladder is
-   one MEASURED ``common.Profile`` (validated as ``ProfileStore.put`` validates it), written as protobuf JSON into
-   ``--out`` (``profile-<workload>.json``; ``greenserve profile show``'s fields).
+   (fixed-size workloads: every request has the dataset's P50 prompt/output length), ``--rounds`` times
+   interleaved (``profiler.rounds``: a point pools its rounds' requests). Each workload's ladder is one MEASURED
+   ``common.Profile`` (validated as ``ProfileStore.put`` validates it), written as protobuf JSON into ``--out``
+   (``profile-<workload>.json``; ``greenserve profile show``'s fields); ``result.json`` keeps each round's p50s
+   and their spread.
 3. Calibration: the points at ``--fit-rates`` of every workload give the prefill and decode points that
    ``greenserve profile calibrate`` takes (``profiler.calibrate.calibration_points``), fitted jointly to a base
    profile of the tiny model on this CPU (``base_profile``: the tiny model's shape; datasheet-free CPU numbers
@@ -14,14 +17,18 @@ predict the rest (issue 34 item 4).
 4. Prediction: the simulator backend's point (``sim_backend.simulate_point``, the same workload, seed, warm-up and
    window) with the calibrated profile at every rate; the rates not in ``--fit-rates`` are the held-back ones.
    TTFT p50 and TPOT p50 relative errors are printed as a Markdown table and written to ``result.json``.
-5. The CPU step model (``profiler.step_fit``, what ``greenserve bench calibration`` fits): fitted on the engine's own
-   TTFT/TPOT means at ``--fit-rates``, its table printed and each workload's profile with the fitted coefficients
-   written as ``calibrated-<out folder>-<workload>.json`` (for ``greenserve evaluate --profile``). The load
-   average at the sweep's start and end goes into ``result.json``.
+5. The CPU step model (``profiler.step_fit``, what ``greenserve bench calibration`` fits): fitted at ``--fit-rates``
+   on ``--target`` (the client-side p50s, or the engine's own TTFT/TPOT means), its table printed and each
+   workload's profile with the fitted coefficients written as ``calibrated-<out folder>-<workload>.json`` (for
+   ``greenserve evaluate --profile``). The load average at the sweep's start and end and the process's CPU
+   scheduling policy go into ``result.json``.
 
-Run with greenserve's interpreter from the repository root (vLLM's own virtualenv, ``.venv-vllm``, serves)::
+Run with greenserve's interpreter from the repository root (vLLM's own virtualenv, ``.venv-vllm``, serves). On a
+shared machine, run it (and so the engine it starts) in the real-time class, so that other work does not preempt
+the engine or the client mid-request (docs/profiler.md, "Real engine")::
 
-    .venv/bin/python scripts/real_engine_profile.py --out OUT
+    chrt -r 20 .venv/bin/python scripts/real_engine_profile.py --out OUT --rates 1,2,3,4,5 --fit-rates 1,3,5 \
+        --rounds 4 --duration-s 15 --warmup-s 3
 """
 
 from __future__ import annotations
@@ -197,6 +204,14 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def scheduler() -> str:
+    """This process's CPU scheduling policy and priority (``chrt -r 20`` reads "SCHED_RR 20")."""
+    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
+             if hasattr(os, n)}
+    policy = os.sched_getscheduler(0)
+    return f"{names.get(policy, str(policy))} {os.sched_getparam(0).sched_priority}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -219,7 +234,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine-url", default="", help="an engine already serving tiny-llama (default: start one)")
     ap.add_argument("--profiles-from", type=Path, default=None,
                     help="no sweep: calibrate and predict on the profile-*.json (and engine-side figures of "
-                         "result.json) a previous run wrote there")
+                         "result.json) a previous run wrote there; the rates are the stored ones")
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["humaneval", "longbench"])
     ap.add_argument("--rates", type=floats, default=[1.0, 2.0, 3.0, 4.0, 5.0], help="req/s, ascending")
     ap.add_argument("--fit-rates", type=floats, default=None,
@@ -312,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row.update(engine_side.get((row["workload"], row["rate_per_s"]), {}))
     result.update(sweep_wall_s=sweep_s, total_wall_s=time.monotonic() - t0, vllm=args.vllm_version,
                   cpus=os.cpu_count(), load_average_start=load_start, load_average_end=load_end,
-                  nice=os.getpriority(os.PRIO_PROCESS, 0),
+                  nice=os.getpriority(os.PRIO_PROCESS, 0), scheduler=scheduler(),
                   args={k: v for k, v in vars(args).items() if k not in ("out",)})
     result = report(result, args)
     step_model(args, args.out)
