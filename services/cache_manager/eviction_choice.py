@@ -181,9 +181,7 @@ class EvictionChoice:
         parent, nchild, key_hash, ref = self.parent, self.nchild, self.key_hash, self._ref_times()
         tokens, turns, sizes = self.tokens, self.turn, self.size_bytes
         # The inlined scores below are CacheIndex's own (a subclass may score differently).
-        from greenserve.cache_manager.index import CacheIndex
-
-        lcs = self.order == "lcs" and type(self) is CacheIndex
+        lcs = self.order == "lcs" and self._scores_inlinable()
         fast_truncate = self.truncation_reset and not self._n_doc_entries and lcs
         fast_keep = not self.truncation_reset and not self._n_doc_entries and lcs
         values, tau = self.value, self.tau_s

@@ -164,6 +164,10 @@ class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
             self._alloc(capacity)
         self._n = max(self._n, capacity)
 
+    def _scores_inlinable(self) -> bool:
+        """Whether eviction_choice may inline this class's scores: a subclass may score differently."""
+        return type(self) is CacheIndex
+
     def __len__(self) -> int:
         return self._live
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from greenserve.common.server import remaining_s
+from greenserve.common.deadline import remaining_s
 from greenserve.v1 import (
     cache_manager_pb2,
     forecaster_pb2,

@@ -9,7 +9,6 @@ to status codes, deadline propagation to outbound calls, and graceful shutdown o
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import hmac
 import inspect
 import logging
@@ -28,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from greenserve.common.config import ServiceSettings
 from greenserve.common.db_errors import unavailable_reason
+from greenserve.common.deadline import current_deadline
 from greenserve.common.errors import GreenserveError, InvalidArgument, Unavailable
 from greenserve.common.telemetry import Telemetry
 
@@ -39,16 +39,6 @@ REFLECTION_SERVICE = reflection.SERVICE_NAME
 AUTH_EXEMPT_PREFIXES = (f"/{HEALTH_SERVICE}/",)
 # Metadata keys that carry a caller's trace context (W3C trace context and baggage, the default propagators).
 _TRACE_KEYS = frozenset({"traceparent", "tracestate", "baggage"})
-
-# Absolute deadline (time.monotonic()) of the RPC being served; outbound calls never outlive it.
-current_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("greenserve_deadline", default=None)
-
-
-def remaining_s() -> float | None:
-    """Seconds left before the current RPC's deadline, or None when it has none."""
-    deadline = current_deadline.get()
-    return None if deadline is None else deadline - time.monotonic()
-
 
 @dataclass(frozen=True)
 class Registration:

@@ -7,7 +7,8 @@ import pickle
 
 import numpy as np
 from greenserve.forecaster.forecast_models import make_model
-from greenserve.forecaster.forecast_models.base import MAX_KEPT_STEPS, weekday_of
+from greenserve.forecaster.forecast_models.base import MAX_KEPT_STEPS
+from greenserve.forecaster.forecast_models.holiday_calendar import weekday_of
 from greenserve.forecaster.forecast_models.day_type import DayTypeNaive, DayTypeShift
 from greenserve.forecaster.forecast_models.simple import (
     PHI_GRID,

@@ -187,7 +187,7 @@ def test_bad_settings_are_refused() -> None:
     ("router", ["--engine", "vllm"], "--engine"),
     ("router_workers", ["--engine-tpot-s", "-0.5"], "--engine-tpot-s"),
     ("router_engine", ["serve", "--tpot-s", "-1"], "--tpot-s"),
-    ("router_engine", ["cpu", "--engines", "noop,other"], "--engines"),
+    ("router_engine_cpu", ["--engines", "noop,other"], "--engines"),
 ])
 def test_bench_flags_are_checked_naming_them(main_of: str, argv: list[str], flag: str, capsys: Any) -> None:
     import importlib

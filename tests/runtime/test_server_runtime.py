@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import TracerProvider
 
+from greenserve.common import deadline as deadline_mod
 from greenserve.common import server as server_mod
 from greenserve.common.client import ChannelConfig, create_channel, idempotent_methods
 from greenserve.common.errors import error_detail_from_rpc_error
@@ -205,7 +206,7 @@ async def test_deadline_is_visible_to_handlers_and_bounds_outbound_calls(start_i
             return estimate_carbon(request)
 
         async def GetFleet(self, request, context):  # gRPC method name
-            seen["remaining_s"] = server_mod.remaining_s()
+            seen["remaining_s"] = deadline_mod.remaining_s()
             # An outbound call made from here gets at most the remaining time, even if it asks for more.
             outbound = create_channel(ChannelConfig(address=seen_address["addr"], default_timeout_s=60))
             try:
@@ -234,13 +235,13 @@ def test_client_timeout_is_capped_by_propagated_deadline() -> None:
     meta = _Metadata(token="t", default_timeout_s=30.0)
     details = grpc.aio.ClientCallDetails("/x/y", None, None, None, None)
     assert meta._details(details, 30.0).timeout == 30.0
-    token = server_mod.current_deadline.set(time.monotonic() + 2.0)
+    token = deadline_mod.current_deadline.set(time.monotonic() + 2.0)
     try:
         capped = meta._details(details, 30.0)
         assert 0 < capped.timeout <= 2.0
         assert ("authorization", "Bearer t") in list(capped.metadata)
     finally:
-        server_mod.current_deadline.reset(token)
+        deadline_mod.current_deadline.reset(token)
 
 
 def test_retry_policy_covers_only_idempotent_methods() -> None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
+from greenserve.forecaster.forecast_models.holiday_calendar import Holidays, off_days
 
 #: Daily seasonality of hourly data (GreenCache section 5.3: SARIMA with m=24).
 HOURLY_PERIOD = 24
@@ -76,15 +74,6 @@ def fill_gaps(z: np.ndarray, period: int = HOURLY_PERIOD) -> np.ndarray:
     return out
 
 
-#: Unix time 0 (1970-01-01) was a Thursday: weekday index 3 with Monday = 0.
-_EPOCH_WEEKDAY = 3
-
-
-def weekday_of(times_s: np.ndarray) -> np.ndarray:
-    """UTC weekday (Monday = 0 ... Sunday = 6) of each Unix time."""
-    return (np.floor_divide(np.asarray(times_s, dtype=np.int64), 86_400) + _EPOCH_WEEKDAY) % 7
-
-
 def z_of(coverage_fraction: float) -> float:
     """Standard normal quantile of a central interval (the stdlib's: importing scipy.stats cost the service
     start about a second)."""
@@ -134,8 +123,6 @@ class Model(abc.ABC):
 
     def off_day(self, times_s: np.ndarray) -> np.ndarray:
         """Per Unix time: a Saturday, Sunday or (with a holiday calendar) public holiday?"""
-        from greenserve.forecaster.forecast_models.holiday_calendar import off_days
-
         return off_days(times_s, self.holidays)
 
     def _append_z(self, new_z: np.ndarray) -> None:

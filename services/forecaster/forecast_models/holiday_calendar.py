@@ -19,10 +19,16 @@ from functools import lru_cache
 
 import numpy as np
 
-from greenserve.forecaster.forecast_models.base import weekday_of
-
 _DAY_S = 86_400
+#: Unix time 0 (1970-01-01) was a Thursday: weekday index 3 with Monday = 0.
+_EPOCH_WEEKDAY = 3
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+
+
+def weekday_of(times_s: np.ndarray) -> np.ndarray:
+    """UTC weekday (Monday = 0 ... Sunday = 6) of each Unix time."""
+    return (np.floor_divide(np.asarray(times_s, dtype=np.int64), _DAY_S) + _EPOCH_WEEKDAY) % 7
+
 
 #: Region keys that are not ``CC`` or ``CC-...`` with CC a country: balancing authorities and zones whose holidays
 #: are those of a state (US grids serve one state or several; several: federal holidays only).
