@@ -179,8 +179,8 @@ async def test_receipt_matches_the_built_in_front(gateway: dict[str, Any]) -> No
 
 @pytest.mark.parametrize("gateway", ["lua", "ext_proc"], indirect=True)
 async def test_every_streamed_request_through_envoy_gets_a_receipt(gateway: dict[str, Any]) -> None:
-    """N concurrent streams through Envoy: each gets exactly one receipt, with the engine's token counts;
-    nothing stays open in the ledger or the router."""
+    """N concurrent streams through Envoy: each gets exactly one receipt, with the engine's token counts, as
+    does a request that is not streamed; nothing stays open in the ledger or the router."""
     client, r = gateway["client"], gateway["router"]
     n, width = 48, 12
     gate = asyncio.Semaphore(width)
@@ -196,6 +196,11 @@ async def test_every_streamed_request_through_envoy_gets_a_receipt(gateway: dict
     receipts = [await _receipt(r, request_id) for request_id in ids]
     assert [x["completion_tokens"] for x in receipts] == [5 + k % 4 for k in range(n)]
     assert all(x["prompt_tokens"] > 0 and x["carbon"]["total_g"] > 0 for x in receipts)
+    # a response that is not streamed carries its usage in the JSON body: read the same way
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=6, messages=[{"role": "user", "content": "not streamed"}])
+    assert raw.parse().usage.completion_tokens == 6
+    assert (await _receipt(r, raw.headers["x-request-id"]))["completion_tokens"] == 6
     ledger = _ledger(r)
     assert ledger.open_count == 0 and ledger.unmatched_logs == 0 and ledger.abandoned == 0
     assert r.core.in_flight == 0
