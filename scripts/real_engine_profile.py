@@ -1,5 +1,5 @@
 """Profile a real vLLM engine (CPU build, tiny random Llama), calibrate the simulator on part of the ladder and
-predict the rest (issue 34 item 4).
+predict the rest.
 
 1. One real engine (``greenserve.vllm_cpu.engines``, ``--engine-omp-threads`` OpenMP threads), or the one at
    ``--engine-url``.

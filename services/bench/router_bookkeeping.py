@@ -1,5 +1,5 @@
 """``python -m greenserve.bench.router_bookkeeping``: CPU per request of the router's bookkeeping, outside
-the forwarding path (issue 22, item 2): prefix hashing, the routing policy's choice, the prefix index
+the forwarding path: prefix hashing, the routing policy's choice, the prefix index
 insert, the engine's energy accounting at start and end, ``RouterCore.finish`` (receipt, SLO attainment,
 prometheus metrics) with the receipt's JSON form, and the OTel receipt metrics' flush.
 

@@ -1,4 +1,4 @@
-"""What one streamed gRPC message costs the server, per way of sending it (issue 22 item 1).
+"""What one streamed gRPC message costs the server, per way of sending it.
 
 ``python -m greenserve.bench.router_grpc_message`` starts a bare gRPC server in a child process for each
 variant, streams ``--streams`` concurrent ``Generate`` calls of ``--messages`` messages each to a client

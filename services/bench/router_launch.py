@@ -59,7 +59,7 @@ def pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
     also gets a session, hence a scheduler autogroup, of its own with that nice: where the kernel groups
     by session (``sched_autogroup_enabled``, the development VM), a process nice ranks a process only
     inside its group, and the router's group, its load all on one CPU, lost that CPU to other sessions'
-    jobs (issue 22: the HTTP front's hidden TTFT; docs/router.md)."""
+    jobs (the HTTP front's hidden TTFT; docs/router.md)."""
     if not cpus and not NICE:
         return cmd
     return [sys.executable, "-c", _LAUNCH, ",".join(map(str, cpus or [])), str(NICE), *cmd]

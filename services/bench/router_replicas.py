@@ -1,5 +1,5 @@
 """Router replicas on one database: how fast a registration reaches every replica, and what four replicas
-cost in prefix-cache hit rate against one (issue 22, items 4 and 5).
+cost in prefix-cache hit rate against one.
 
 Runs alone (``greenserve bench router-replicas``) or as a phase of ``greenserve bench router``
 (``--replicas-phase``); prints progress to stderr and one JSON object on the last line.

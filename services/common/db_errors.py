@@ -26,8 +26,8 @@ def unavailable_reason(exc: BaseException) -> str | None:
     * PostgreSQL: a connection that failed or broke (``OperationalError``, ``InterfaceError``, or a connection
       SQLAlchemy invalidated: the server restarted or is unreachable).
 
-    The services' interceptor answers these UNAVAILABLE (issue 36, fault 6), which the clients' retry policy
-    retries for idempotent methods; before, they were INTERNAL."""
+    The services' interceptor answers these UNAVAILABLE, which the clients' retry policy
+    retries for idempotent methods (not INTERNAL: the request may succeed once the database is back)."""
     from sqlalchemy import exc as sa_exc  # local: this module is imported by the engine module before SQLAlchemy
 
     if not isinstance(exc, sa_exc.DBAPIError):

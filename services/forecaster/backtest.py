@@ -1,4 +1,4 @@
-"""Day-ahead backtest with the windows of issue 4, so results compare across runs and tools.
+"""Day-ahead backtest with fixed windows, so results compare across runs and tools.
 
 For each of the last ``days`` whole UTC days of a series, the model is fitted on the ``history_hours`` hours
 before that day's 00:00 and forecasts ``horizon_hours`` hours from 00:00. It sees nothing else. The scores:

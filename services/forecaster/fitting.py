@@ -91,7 +91,7 @@ class FitPool:
 
         ``ProcessPoolExecutor.shutdown(wait=False)`` alone let a running work item finish: the executor's
         manager thread, joined at interpreter exit, waited for it, so a forecaster stopped with SIGTERM during a
-        fit ran on with its workers for as long as the fit took (issue 36). Python 3.14 has
+        fit ran on with its workers for as long as the fit took. Python 3.14 has
         ``terminate_workers()``; before it the executor's process table is the only handle on its workers."""
         processes = list((getattr(self._executor, "_processes", None) or {}).values())
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,12 +1,10 @@
 """Validation and storage of series points: all-or-nothing batches, idempotent duplicates, reported gaps.
 
-Rules (issue 4):
+Rules:
 
 * every value must be finite and in ``[0, MAX_POINT_VALUE]`` (1e15). A bad point fails the whole batch with
   INVALID_ARGUMENT naming ``points[i]``, and nothing of the batch is stored;
-* a timestamp must lie in ``[TIME_MIN_S, TIME_MAX_S)``: 1970-01-01 to 2100-01-01 UTC (issue 21: a point in
-  year 10000 could not be stored, and two points 2^32 steps apart made every later call on the series fail
-  with INTERNAL; within this range no span, gap or step count overflows a uint32 or a datetime), and sit on
+* a timestamp must lie in ``[TIME_MIN_S, TIME_MAX_S)``: 1970-01-01 to 2100-01-01 UTC (within this range no span, gap or step count overflows a uint32 or a datetime), and sit on
   the series' step (a multiple of ``resolution_s`` since the epoch);
 * a timestamp already stored with the same value is a duplicate and is ignored; with another value it is a
   conflict, rejected like a bad point (stored history is never silently rewritten);
@@ -284,7 +282,7 @@ def load_grid(db: Database, series_id: int, resolution_s: int, start_s: int | No
               end_s: int | None = None) -> tuple[int, np.ndarray]:
     """Stored points on a regular grid (NaN where missing): (first time, values). The grid spans the first to the
     last stored point of the range: callers bound the range (a fit window, a backtest's days), never the whole
-    series (issue 21: a sparse series over decades made a grid of gigabytes)."""
+    series (a sparse series over decades would make a grid of gigabytes)."""
     with db.session(readonly=True) as s:
         rows = s.execute(_points_in_range(series_id, start_s, end_s)).all()
     if not rows:

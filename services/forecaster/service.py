@@ -6,7 +6,7 @@ keeps it) and every new point is fed to it with ``update()`` (GreenCache's hourl
 re-fits (re-tunes) each series every ``refit_interval_s``. Forecasts are computed from the in-memory model
 and cached per (fit, points seen, horizon, coverage), so repeated GetForecast calls cost a dictionary lookup.
 
-Bounds (issue 21): memory per series is bounded by the fit window, whatever arrives. An update feeds the model at
+Bounds: memory per series is bounded by the fit window, whatever arrives. An update feeds the model at
 most ``fit_history_hours`` steps (more, e.g. points after a long gap or a backlog replayed on restart, and the
 series is refitted on its last window instead of replaying them); no call builds a regular grid over more than a
 bounded window (GetPoints returns the stored rows, a backtest reads the last days it scores); every numeric field

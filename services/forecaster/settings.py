@@ -33,7 +33,7 @@ class ForecasterSettings(ServiceSettings, DependencyAddresses):
     stream_load_max_ahead_s: float = Field(
         300.0, ge=0.0, le=86_400.0,
         description="StreamLoad refuses a sample whose time is further ahead of the greenserve clock than this "
-        "(clock skew allowance; a far-future sample used to open an hour every later sample was older than)")
+        "(clock skew allowance; a far-future sample would open an hour that every later sample is older than)")
     stream_load_late_s: float = Field(
         DEFAULT_LATE_S, ge=0.0, le=3600.0,
         description="StreamLoad takes late samples of an hour up to this long after the hour ends (several router "

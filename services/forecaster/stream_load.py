@@ -6,7 +6,7 @@ grace has passed (below), as rate = count / covered seconds (so an hour the rout
 read as low load, and an hour with no sample at all stays missing). Three series per pool: requests, input
 tokens and output tokens per second.
 
-Late samples (issue 22 follow-up). Several reporters (router workers and replicas) flush at their own phase,
+Late samples. Several reporters (router workers and replicas) flush at their own phase,
 and an RPC may be delayed: once one of them has sent a sample of hour H+1, another may still send its last
 samples of H. So a pool keeps up to two hours open, its newest and the one before it, and an hour H is emitted
 only once its grace (``late_s``, ``--stream-load-late-s``, default 300 s) has passed: a sample of a later
@@ -16,10 +16,10 @@ hour's samples show its grace has not passed). A sample of an hour that is close
 hour before the newest, or that hour once its grace has passed) is refused, naming ``samples[i].time``. For
 the forecaster's consumers this means an hour's load point is stored up to ``late_s`` (plus a flush interval
 of the router) after the hour ends: a forecast made before then does not see the hour yet (it starts from
-the hour before, as it would if the point were missing). ``late_s = 0`` is the behaviour before: every sample
-of a later hour ends after H's end, so the first one emits H.
+the hour before, as it would if the point were missing). With ``late_s = 0`` no grace is given: every
+sample of a later hour ends after H's end, so the first one emits H.
 
-Covered seconds (issue 22). The router runs several worker processes and several replicas, each sending its
+Covered seconds. The router runs several worker processes and several replicas, each sending its
 own samples of the same pool and hour; their counts add up to the pool's load, but their windows overlap in
 time, so the sum of the windows over-counts the time covered (N reporters over half an hour would sum to N
 half hours). The covered seconds are therefore
@@ -35,7 +35,7 @@ change). The span is not clipped to the hour: a window straddling the hour's edg
 hour holding its middle, so its whole length is the time its counts were taken over (clipping it would read
 one reporter's hour too high).
 
-A call is all or nothing (issue 21): every sample is checked first (:func:`check_sample`: ranges, and a time
+A call is all or nothing: every sample is checked first (:func:`check_sample`: ranges, and a time
 within a window around now by the greenserve clock, so that one far-future sample cannot open an hour that every
 later sample is "older" than), then :meth:`LoadAccumulator.plan` works on copies of the open hours, and the
 caller stores the completed hours and the open ones (at most two per pool,

@@ -1,4 +1,4 @@
-"""GPU power caps and locked SM clocks: the gpu-partitioner's part of the plan's ``gpu_power`` (issue 33).
+"""GPU power caps and locked SM clocks: the gpu-partitioner's part of the plan's ``gpu_power``.
 
 For the plan interval in force, ``PowerEnforcer.reconcile`` sets on each GPU of this node what the interval's
 ``GpuPowerTarget`` of the GPU's pool asks:

@@ -107,9 +107,9 @@ def simulator_profile_name(simulator_model: str, hardware: str) -> tuple[str, bo
     """``"<model>@<hardware>"`` when the simulator knows it; else the closest known one and False. Closest, among
     the model's profiles, the same GPU (``A100-80GB`` of its slices); then the same family (``A100`` of
     ``A100-40GB``); then the same maker's line (``H`` of ``H200``); then any single GPU; then any: at each step a
-    MIG slice for a slice and a whole GPU for a GPU. Before, a slice of a GPU
-    with no stored profile took the model's first profile by name (an A100-40GB slice became ``2xL40``: two GPUs'
-    idle power for one slice)."""
+    MIG slice for a slice and a whole GPU for a GPU, so that a slice of a GPU with no
+    stored profile never takes the model's first profile by name (an A100-40GB slice as ``2xL40``: two GPUs' idle
+    power for one slice)."""
     known = list_profiles()
     wanted = f"{simulator_model}@{hardware}"
     if wanted in known:

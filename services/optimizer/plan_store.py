@@ -5,7 +5,7 @@ Writes are one transaction each (``Database.session``); watchers get the plan no
 through a bounded queue per watcher (a watcher too slow to take 16 plans is dropped and reconnects). A plan is
 handed to the watchers under the same lock as its activation's commit, so two activations racing (a computed plan
 and a rollback) reach every watcher in the order they were committed, and the last one a watcher gets is the plan
-in force (issue 36, fault 5).
+in force.
 """
 
 from __future__ import annotations

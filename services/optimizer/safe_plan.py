@@ -1,4 +1,4 @@
-"""The safe plan: what the optimizer plans when its forecasts are too old to plan on (issue 36, fault 3).
+"""The safe plan: what the optimizer plans when its forecasts are too old to plan on.
 
 While the forecaster is down or late, a computation plans on the last forecast of each series it fetched, with the
 forecast's age stated (``inputs.ForecastSource``: ``source`` "cache", ``stale_s``). Past ``--forecast-max-age-s``

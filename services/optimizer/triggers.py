@@ -1,4 +1,4 @@
-"""When a moving input asks for a new plan: debounce, hysteresis and a cooldown (issue 36, fault 7).
+"""When a moving input asks for a new plan: debounce, hysteresis and a cooldown.
 
 The CI monitor (loop.py) looks, every ``--ci-monitor-interval-s``, at how far the actual CI of each region and a
 fresh forecast of it are from what the plan in force assumed. Compared with the threshold alone

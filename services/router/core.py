@@ -469,7 +469,7 @@ class RouterCore(EngineAdmin):
         the router lacks (registered, source "plan"), but not one that was deregistered (``deregistered``): the
         gpu-partitioner deregisters the engines of the MIG instances it destroys before its next GPU report, and a
         plan names them (weight 0) until the next plan, so a fleet read meanwhile still lists them, with their URLs;
-        registered again, they stayed in the router for good, on instances that no longer exist."""
+        registered again, they would stay in the router for good, on instances that no longer exist."""
         if self._optimizer is None:
             return
         try:

@@ -5,7 +5,7 @@
 Why not aiohttp's client: on the request path every token of every stream passes through the client. aiohttp's
 costs a Python ``data_received``, its parser, a ``StreamReader`` and its flow control per token, and a request
 pipeline (``ClientRequest``, yarl, tracing, timers) per request; the router's user CPU per request was about
-twice that of vllm-router (issue 22). This client does only what the router needs of an engine:
+twice that of vllm-router. This client does only what the router needs of an engine:
 
 * ``EnginePool.post`` sends a POST as one prebuilt write (request line, Host, Content-Type: application/json,
   Content-Length, body) on an idle pooled connection to the engine's (scheme, host, port), or a new one

@@ -1,4 +1,4 @@
-"""Engines that step down: the router's part of the plan's ``engine_runs`` (vLLM sleep mode; issue 33).
+"""Engines that step down: the router's part of the plan's ``engine_runs`` (vLLM sleep mode).
 
 For the plan interval in force (``PlanStore.run_targets``: engine id -> ENGINE_RUN_STATE_*, MIG placements resolved
 as routing weights are; an engine the interval does not name is awake), ``EngineSleeper.apply`` drives every

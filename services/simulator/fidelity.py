@@ -43,7 +43,7 @@ class FidelityRow:
     unit: str
     kind: str = "value"  # "value": relative error; "bound": published is an upper/lower bound or SLO
     bound: str = ""      # for kind == "bound": "<=" (model must not exceed) or ">=" (model must reach)
-    before: float | None = None  # the model's value before the issue-20 fidelity fixes (None: unchanged or new row)
+    before: float | None = None  # the earlier model's value (reload latency hidden behind queueing) (None: unchanged or new row)
 
     @property
     def relative_error(self) -> float:
@@ -101,7 +101,7 @@ def _kareto_rows() -> list[FidelityRow]:
         fleet = FleetConfig(tuple(spec for _ in range(4)), policy="prefix_affinity")
         mean_ttft[bw] = float(np.nanmean(replay(trace, fleet).ttft_s))
     setup = "Mooncake conversation hour, 4x Llama-3 8B H100, DRAM tier 4M tokens/engine, every hit loaded"
-    # before: the latency rule (reloads hidden behind queueing), the model's figures before issue 20
+    # the earlier model's figures: the latency rule (reloads hidden behind queueing)
     before = {5: 1.11, 20: 1.03, 40: 1.01, 60: 0.996}
     rows = [FidelityRow("Kareto Table 1", f"mean TTFT at {bw} GB/s / mean TTFT at 100 GB/s", setup,
                         published_ms[bw] / published_ms[100], mean_ttft[bw] / mean_ttft[100], "ratio",
@@ -180,7 +180,7 @@ def _fmt(x: float) -> str:
 
 def render_markdown(rows: list[FidelityRow]) -> str:
     """The fidelity table in Markdown (as in docs/simulator.md)."""
-    lines = ["| source | quantity | setup | published | model | unit | relative error | model before issue 20 |",
+    lines = ["| source | quantity | setup | published | model | unit | relative error | earlier model |",
              "|---|---|---|---:|---:|---|---:|---:|"]
     for r in rows:
         if r.kind == "bound":

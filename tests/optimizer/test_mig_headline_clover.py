@@ -9,7 +9,7 @@ def test_clover_headline_quick() -> None:
 
     row = check("clover", clover.run(quick=True))
     ours = row["ours"]
-    assert ours["issue 19's conditions (loss <= 4 %, a saving, optimum = ORACLE)"] is True
+    assert ours["the reproduction's conditions (loss <= 4 %, a saving, optimum = ORACLE)"] is True
     assert 0 < ours["accuracy loss (%)"]["value"] <= 4.0
     saved = ours["operational carbon saved vs BASE (%)"]
     assert saved["hours"] == clover.QUICK_HOURS and saved["ours_g"] < saved["base_g"]

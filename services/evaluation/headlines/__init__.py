@@ -23,9 +23,9 @@ from typing import Any
 from greenserve.common.cli_parser import Parser
 
 HEADLINES: dict[str, str] = {
-    "greencache": "greenserve.evaluation.headlines.greencache",  # issue 18
-    "greenllm": "greenserve.evaluation.headlines.greenllm",  # issue 19
-    "clover": "greenserve.evaluation.headlines.clover",  # issue 19
+    "greencache": "greenserve.evaluation.headlines.greencache",
+    "greenllm": "greenserve.evaluation.headlines.greenllm",
+    "clover": "greenserve.evaluation.headlines.clover",
 }
 REQUIRED_KEYS = ("seed", "setting", "paper", "ours", "within_tolerance", "notes")
 

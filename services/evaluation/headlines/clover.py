@@ -1,4 +1,4 @@
-"""CLOVER's headline, its LLM analogue reproduced with the optimizer's exact solver (issue 19, "Figures").
+"""CLOVER's headline, its LLM analogue reproduced with the optimizer's exact solver.
 
 CLOVER (Sec. 5.1-5.2) serves one application's model variants on 10 A100 GPUs partitioned with MIG, over 48 h of
 CISO's carbon intensity, and reports operational carbon saved against BASE (the highest-quality variant on every
@@ -117,7 +117,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "solve_s": time.perf_counter() - started,
     }
     required = bool(loss <= 100 * MAX_ACCURACY_LOSS + 1e-9 and saved > 0 and set(statuses) == {"optimal"})
-    ours["issue 19's conditions (loss <= 4 %, a saving, optimum = ORACLE)"] = required
+    ours["the reproduction's conditions (loss <= 4 %, a saving, optimum = ORACLE)"] = required
     within = required and abs(saved - PAPER_SAVING_PCT) <= TOLERANCE * PAPER_SAVING_PCT
     notes = [
         f"an LLM analogue, not CLOVER's models: the 8B's 4-bit variant keeps 97.5 % of BF16's quality, so the "
@@ -127,7 +127,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "energy per request can be saved at a fixed load",
         "capabilities of each variant on each slice are simulator predictions (scaled from the closest profile), "
         "not measurements",
-        "within tolerance means the saving is within +-20 % of CLOVER's 75 % with issue 19's conditions met "
+        "within tolerance means the saving is within +-20 % of CLOVER's 75 % with the reproduction's conditions met "
         "(accuracy loss <= 4 %, every hour proven optimal = ORACLE); those conditions are reported apart",
     ]
     if quick:

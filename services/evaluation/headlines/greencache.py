@@ -1,4 +1,4 @@
-"""GreenCache's headline reproduced in the simulator, in GreenCache's own setting (issue 18, "Figures").
+"""GreenCache's headline reproduced in the simulator, in GreenCache's own setting.
 
 The setting (GreenCache Sec. 6.1-6.2): Llama-3 70B INT8 on one 4 x L40 server (``llama3-70b-int8@4xL40``), the
 multi-turn conversation task (ShareGPT-like, 8k window), an SSD cache of 0-16 TB in 1 TB steps on LMCache (every
@@ -89,7 +89,7 @@ from greenserve.simulator.perf_model import PerfModel
 __all__ = ["DECOMPOSITION", "run"]
 
 
-# the decomposition: ours -> the paper's setting, one assumption at a time (issue 18)
+# the decomposition: ours -> the paper's setting, one assumption at a time
 DECOMPOSITION: tuple[tuple[str, str, Assumptions], ...] = (
     ("ours", "ours: life-cycle CI, GPU power, 6-turn conversations", OURS),
     ("ci_direct", "ours + GreenCache's CI (direct, CarbonCast)", replace(OURS, ci_kind="direct")),

@@ -1,4 +1,4 @@
-"""GreenLLM's headline reproduced in the simulator, in GreenLLM's own setting (issue 19, "Figures").
+"""GreenLLM's headline reproduced in the simulator, in GreenLLM's own setting.
 
 The setting (GreenLLM Sec. V-A): Llama 7B as the target on one A100 (``llama2-7b@A100-40GB``), a 1B Llama draft
 (``llama3.2-1b``) with 3 speculative tokens accepted at 45.7 % (accepted / proposed, Sec. V-A), an older T4 or V100
@@ -39,7 +39,7 @@ CI_G_PER_KWH = 261.0  # CISO, GreenLLM Sec. V-A
 ACCEPTANCE = 0.457  # 1B draft, GreenLLM Sec. V-A
 LINK_BYTES_PER_S = 2e9  # 16 Gbps, GreenLLM Sec. II-C / V-A
 PAPER_SAVING_RANGE_PCT = (31.3, 40.6)
-TOLERANCE = 0.20  # +-20 % relative (issue 19): the largest saving in [31.3 x 0.8, 40.6 x 1.2]
+TOLERANCE = 0.20  # +-20 % relative: the largest saving in [31.3 x 0.8, 40.6 x 1.2]
 QPS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 21.0, 22.0, 23.0,
        24.0, 26.0)
 QUICK_QPS = (0.5, 2.0, 22.0)

@@ -10,7 +10,7 @@ All take ``max_fit_steps``: only the most recent steps are used to estimate (and
 time. ``update`` extends the Kalman filter with new observations without re-estimating, as GreenCache's hourly
 online step does.
 
-Memory (issue 21): statsmodels keeps the filter's output for every step it filtered (a k_states x k_states
+Memory: statsmodels keeps the filter's output for every step it filtered (a k_states x k_states
 covariance per step and array: about 20 KB per step and array for the seasonal SARIMA, whose state has 49
 entries). A model that serves forecasts therefore keeps the output of one short filter pass only: updates (and
 the filter pass after loading a pickle) run in chunks of at most :data:`UPDATE_CHUNK_STEPS` steps, each started

@@ -22,7 +22,7 @@ capacity at the pool's SLO from the profiles (``capacity.py``). Then
   cannot carry the load is infeasible, never scored. When no layout can carry it, the plan carries the most any
   layout can and says so.
 * optional accuracy-loss cap: ``sum_k q_k y[k] >= (1 - cap) x load``;
-* change cost (issue 19 item 3): each engine a GPU must (re)start to go from its state to the pattern is charged
+* change cost: each engine a GPU must (re)start to go from its state to the pattern is charged
   the carbon of its idle power over drain + start-up + cache warm-up, in the objective's units; ties are broken
   towards fewer restarts, so a GPU is never reshuffled for a gain below its change cost;
 * optional bound on the graph edit distance (CLOVER Sec. 4.2: edge-weight changes of the (variant, slice) graph)

@@ -1,4 +1,4 @@
-"""Serving modes of the emulated engine (GreenLLM; issue 19 item 6), paced by the performance model as the replay
+"""Serving modes of the emulated engine (GreenLLM), paced by the performance model as the replay
 paces them.
 
 * ``standalone``: the engine's own steps (``pacing.StepTimer``).

@@ -81,7 +81,7 @@ def _scalar(desc: Descriptor, field: FieldDescriptor, value: Any, path: str) -> 
         raise FleetFileError(path, f"must be {_expected(field)}, got nothing (null)")
     try:
         ParseDict({field.name: [value] if field.is_repeated else value}, GetMessageClass(desc)())
-    except (ParseError, OverflowError, ValueError):  # OverflowError: an infinite number for an enum (fuzz, issue 36)
+    except (ParseError, OverflowError, ValueError):  # OverflowError: an infinite number for an enum
         raise FleetFileError(path, f"must be {_expected(field)}, got {value!r}") from None
     return value
 

@@ -1,4 +1,4 @@
-"""forecaster: open StreamLoad hours per pool (issue 21: acknowledged samples survive a restart)
+"""forecaster: open StreamLoad hours per pool (acknowledged samples survive a restart)
 
 Revision ID: 0003
 Revises: 0002

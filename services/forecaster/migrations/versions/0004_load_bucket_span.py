@@ -1,4 +1,4 @@
-"""forecaster: the span of an open StreamLoad hour (issue 22: several router workers and replicas report)
+"""forecaster: the span of an open StreamLoad hour (several router workers and replicas report)
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""forecaster: up to two open StreamLoad hours per pool (issue 22 follow-up: late samples within a grace period)
+"""forecaster: up to two open StreamLoad hours per pool (late samples within a grace period)
 
 Revision ID: 0005
 Revises: 0004

@@ -1,4 +1,4 @@
-"""router: the prefill URL of a disaggregated prefill/decode pair is stored (issue 19, DPD)
+"""router: the prefill URL of a disaggregated prefill/decode pair is stored (DPD)
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""router: a DPD pair's prefill kv_transfer_params are stored (issue 19, LMCache's PD disagg_spec)
+"""router: a DPD pair's prefill kv_transfer_params are stored (LMCache's PD disagg_spec)
 
 Revision ID: 0005
 Revises: 0004
