@@ -109,7 +109,7 @@ async def run_restart(argv: list[str], timeout_s: float,
         await asyncio.shield(proc.wait())
         raise
     if proc.returncode != 0:
-        return f"restart command exited {proc.returncode}: {out.decode(errors='replace')[-300:]}"
+        return f"restart command exited {proc.returncode}: {out.decode(errors='replace').strip()[-300:]}"
     return ""
 
 

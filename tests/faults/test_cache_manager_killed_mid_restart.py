@@ -12,7 +12,10 @@ What must hold: no APPLIED for v1 while it is down (``plan status`` says APPLYIN
 session of its own, is not cut by the kill; restarted on its database, the cache-manager finds the step, waits for
 that command instead of starting a second restart beside it, finds the target size in force, puts the L2 quotas
 back, records and reports v1 APPLIED saying what was interrupted, and leaves no journal row. Exactly one LMCache
-server runs on the configured ports, and no restart command is left running.
+server runs on the configured ports, and no restart command is left running. Run three times: the restart command
+left to finish; killed as well before it started the new server (the restarted cache-manager then restarts the
+server to the target itself); and killed with the target then refused by the command (rolled back to the previous
+size, reported FAILED naming why, the quotas back all the same).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
 
 APPLYING = optimizer_pb2.ENFORCEMENT_STATE_APPLYING
 APPLIED = optimizer_pb2.ENFORCEMENT_STATE_APPLIED
+FAILED = optimizer_pb2.ENFORCEMENT_STATE_FAILED
 MIB = 1 << 20
 QUOTAS = {"": 8 * MIB, "tenant-a": 4 * MIB}  # SetQuota salts -> bytes ("" is LMCache's _default)
 
@@ -137,13 +141,30 @@ async def cache_manager_report(opt: optimizer_pb2_grpc.OptimizerServiceStub, ver
     return next((r for r in status.reports if r.component == "cache-manager"), None)
 
 
-async def test_cache_manager_sigkilled_mid_restart_finishes_the_step_on_restart(tmp_path: Path) -> None:
+REFUSING_RESTART = """
+import os, sys
+flag, size_bytes, *restart = sys.argv[1:]
+if os.path.exists(flag) and open(flag).read() == size_bytes:
+    print(f"this test's restart command refuses {size_bytes} bytes")
+    sys.exit(3)
+os.execv(restart[0], restart)
+"""
+
+
+@pytest.mark.parametrize("mode", ["command-finishes", "command-killed-too", "target-unreachable"])
+async def test_cache_manager_sigkilled_mid_restart_settles_the_step_on_restart(tmp_path: Path, mode: str) -> None:
+    """command-finishes: the restart command runs on after the kill; command-killed-too: it is killed as well,
+    before it starts the new server (as a host crash would); target-unreachable: killed too, and the command then
+    refuses the target size (the restarted cache-manager rolls back to the previous size and reports FAILED)."""
     work = tmp_path / "lmcache"
     work.mkdir()
     folder = work / "l2"
     folder.mkdir()
+    refuse = tmp_path / "refuse"  # holds the L1 size in bytes the restart command then refuses
+    wrapper = tmp_path / "restart.py"
+    wrapper.write_text(REFUSING_RESTART)
     with running_lmcache_server(work, "--l2-adapter", _l2_spec(folder)) as server:
-        restart = _restart_command(server, folder)
+        restart = f"{sys.executable} {wrapper} {refuse} {{l1_size_bytes}} {_restart_command(server, folder)}"
         opt_port, cm_port = free_port(), free_port()
         optimizer = await asyncio.to_thread(start_optimizer, tmp_path / "opt", opt_port, "127.0.0.1:9")
         cm_dir = tmp_path / "cm"
@@ -173,11 +194,21 @@ async def test_cache_manager_sigkilled_mid_restart_finishes_the_step_on_restart(
             await asyncio.to_thread(cm.wait, 10)
             (step,) = steps(cm_dir)
             assert step[:4] == ("lm1", version, target, before)
-            assert restart_commands(server.pidfile), "the kill cut the restart command (it must run on its own)"
+            commands = restart_commands(server.pidfile)
+            assert commands, "the kill cut the restart command (it must run on its own)"
+            none_started = False
+            if mode != "command-finishes":
+                os.killpg(commands[0], signal.SIGKILL)
+                await until(lambda: not restart_commands(server.pidfile), 10, "the restart command's end")
+                # it waits for the old server's end before it starts the new one: none started yet, as a rule
+                none_started = lmcache_servers(server.http_port) == []
+            if mode == "target-unreachable":
+                assert none_started, "the new server started before the restart command was killed"
+                refuse.write_text(str(target))
             report = await cache_manager_report(opt, version)
             assert report is not None and report.state == APPLYING, report  # no APPLIED while the step is cut
 
-            # restarted on its database: it waits for that command, finds the target in force, puts the quotas back
+            # restarted on its database: it settles the step, puts the quotas back and reports
             cm = await asyncio.to_thread(start_cache_manager, cm_dir, cm_port, f"127.0.0.1:{opt_port}", restart)
 
             async def settled() -> bool:
@@ -186,23 +217,36 @@ async def test_cache_manager_sigkilled_mid_restart_finishes_the_step_on_restart(
 
             await until(settled, 180, "a final cache-manager report on the plan", every_s=0.5)
             report = await cache_manager_report(opt, version)
-            assert report.state == APPLIED, report.detail
             assert report.detail.startswith(f"interrupted (service restart) during the controlled restart of lm1 "
                                             f"from {gib(before)} to {gib(target)}"), report.detail
-            assert "waited for its restart command" in report.detail
-            assert f"finished: L1 {gib(target)} in force" in report.detail
             assert "2 L2 quota(s) put back" in report.detail
-            assert f"pool chat: dram {gib(target)} already in force (lm1); disk {gib(QUOTAS[''])} already in " \
-                   "force (lm1)" in report.detail
             status = await opt.GetPlanStatus(optimizer_pb2.GetPlanStatusRequest(version=version))
-            assert status.fleet_matches_plan and not status.pending_components
+            if mode == "target-unreachable":
+                assert report.state == FAILED, report.detail
+                assert ("the target could not be reached: restart command exited 3: this test's restart command "
+                        f"refuses {target} bytes") in report.detail
+                assert f"rolled back: L1 {gib(before)} in force" in report.detail
+                assert not status.fleet_matches_plan
+                size, outcome = before, "failed"
+            else:
+                assert report.state == APPLIED, report.detail
+                if mode == "command-finishes":
+                    assert "waited for its restart command" in report.detail
+                    assert f"finished: L1 {gib(target)} in force" in report.detail
+                elif none_started:
+                    assert "finished: the server was not answering" in report.detail
+                    assert f"restarted to {gib(target)}" in report.detail
+                assert f"pool chat: dram {gib(target)} already in force (lm1); disk {gib(QUOTAS[''])} already in " \
+                       "force (lm1)" in report.detail
+                assert status.fleet_matches_plan and not status.pending_components
+                size, outcome = target, "applied"
 
-            assert l1_bytes(server.http_url) == target
+            assert l1_bytes(server.http_url) == size
             assert quotas(server.http_url) == held
             assert steps(cm_dir) == []
-            assert ("lm1", version, "applied") in applications(cm_dir)
+            assert ("lm1", version, outcome) in applications(cm_dir)
             listed = (await stub.ListCacheServers(cm_pb.ListCacheServersRequest(pool="chat"))).servers
-            assert listed[0].dram_bytes == target and listed[0].applied_plan_version == version
+            assert listed[0].dram_bytes == size
             servers = lmcache_servers(server.http_port)
             assert servers == [int(server.pidfile.read_text())], servers  # one server, the one the pidfile names
             assert restart_commands(server.pidfile) == []
