@@ -3,7 +3,7 @@
 * **Forecasts**: at 00:00 of the day, the forecaster's model (``--forecast-model``, the service's default ``auto``)
   is fitted on the history before the day only (CI: the grid's previous days; load: the load shape's previous
   days) and forecasts the 24 hours; ``oracle`` uses the actual values instead (what forecast errors cost).
-* **Plans**: every hour the real planner (``greenserve.optimizer.planning.Planner``) runs the strategy's solvers on
+* **Plans**: every hour the real planner (``greenserve.optimizer.plan_builder.Planner``) runs the strategy's solvers on
   the remaining hours of the day, with the plan of the previous hour in force; the interval of the hour is applied.
 * **Replay**: each hour the pool's traffic (GreenCache's multi-turn conversations at the hour's actual rate) is
   replayed through the simulator on the engines the plan weights, each with the plan's cache size. The window
@@ -36,7 +36,8 @@ from greenserve.evaluation.scenario import (
 from greenserve.forecaster.forecast_models import make_model
 from greenserve.optimizer import capacity
 from greenserve.optimizer.inputs import GPU_FAMILY
-from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
+from greenserve.optimizer.plan_builder import Planner
+from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers.baselines import EvenRouting, FixedCache
 from greenserve.optimizer.solvers.coupled import CoupledSolver
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp

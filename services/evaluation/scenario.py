@@ -194,7 +194,7 @@ def _mig_gpus(where: str, gpus: object) -> dict:
 def _variants(where: str, entries: object) -> tuple[common_pb2.ModelVariant, ...]:
     """Declared variants, best first: catalogue names (the optimizer's data/variants.toml) or mappings."""
     from greenserve.optimizer.solvers import mig_patterns as mp
-    from greenserve.optimizer.solvers.serving_modes import simulator_models
+    from greenserve.optimizer.fleet import simulator_models
 
     if not isinstance(entries, list) or not entries:
         raise ScenarioError(f"{where}.variants: must be a non-empty list")
@@ -359,10 +359,7 @@ def load(path: str | Path) -> Scenario:
         if not 0 < pool.attainment_fraction <= 1 or pool.ttft_s <= 0 or pool.tpot_s <= 0:
             raise ScenarioError(f"{where}.slo: ttft_s and tpot_s > 0, attainment_fraction in (0, 1]")
         if pool.draft_model:
-            from greenserve.optimizer.solvers.serving_modes import (
-                MAX_SPEC_TOKENS,
-                simulator_models,
-            )
+            from greenserve.optimizer.fleet import MAX_SPEC_TOKENS, simulator_models
 
             if pool.draft_model not in simulator_models():
                 raise ScenarioError(f"{where}.draft_model: unknown simulator model {pool.draft_model!r} (known: "

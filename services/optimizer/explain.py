@@ -3,6 +3,7 @@ force; then each knob's solver outcome and the inputs that were stale or predict
 
 from __future__ import annotations
 
+from greenserve.optimizer.inputs import EXPIRED
 from greenserve.optimizer.planning import KNOB_LABELS, KnobPlan, PlanningInputs
 from greenserve.v1 import common_pb2
 
@@ -37,8 +38,6 @@ def _share_text(shares: dict[str, float]) -> str:
 def degraded_lines(inputs: PlanningInputs) -> list[str]:
     """The first lines when forecasts were not fresh: the safe plan (a forecast older than the age a plan may use,
     safe_plan.py) or the cached forecasts the plan was made on, each with its age."""
-    from greenserve.optimizer.inputs import EXPIRED  # local: inputs imports planning, which imports this module
-
     series = [(f"ci:{k}", fc) for k, fc in sorted(inputs.ci.items())] + [
         (f"load:{k}", fc) for k, fc in sorted(inputs.load.items())]
     expired = [f"{label} {fc.stale_s / 3600:.1f} h old" for label, fc in series if fc.source == EXPIRED]

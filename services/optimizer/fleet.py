@@ -23,6 +23,7 @@ from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.optimizer.models import Fleet, ReportedGpus
+from greenserve.simulator.engine_profile import list_profiles
 from greenserve.v1 import common_pb2, optimizer_pb2
 
 FLEET_ROW_ID = 1
@@ -199,16 +200,12 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
         if gpu.pool and gpu.pool not in pools:
             raise InvalidArgument(f"fleet.gpus[{i}].pool", f"unknown pool {gpu.pool}")
         _mig_layout(f"fleet.gpus[{i}]", gpu, gpu.model or (reported_models or {}).get(gpu.uuid, 0))
-    from greenserve.optimizer.solvers.serving_modes import validate_modes  # the link and the pools' drafts
-
     validate_modes(fleet)
 
 
 def _simulator_model(field: str, name: str) -> None:
     """A variant's simulator architecture must be one the simulator has (else its capacity cannot be predicted)."""
-    from greenserve.simulator.engine_profile import list_profiles
-
-    known = sorted({p.split("@")[0] for p in list_profiles()})
+    known = simulator_models()
     if name not in known:
         raise InvalidArgument(field, f"unknown simulator model {name!r} (known: {', '.join(known)}); without a "
                                      f"stored profile the variant's capacity could not be predicted")
@@ -453,3 +450,39 @@ class FleetStore:
             self._merged = None
             self.generation += 1
         return self.merged(), material
+
+
+MAX_SPEC_TOKENS = 16
+MAX_LINK_BANDWIDTH_BYTES_PER_S = 1e13  # 80 Tb/s: beyond any NIC or NVLink
+
+
+def validate_modes(fleet: common_pb2.FleetInventory) -> None:
+    """InvalidArgument naming the first bad field of what the modes read: the link and each pool's draft."""
+    bw = fleet.link_bandwidth_bytes_per_s
+    if not math.isfinite(bw) or not 0 <= bw <= MAX_LINK_BANDWIDTH_BYTES_PER_S:
+        raise InvalidArgument("fleet.link_bandwidth_bytes_per_s",
+                              f"must be in [0, {MAX_LINK_BANDWIDTH_BYTES_PER_S:g}] bytes/s (0: not declared), "
+                              f"got {bw!r}")
+    for i, pool in enumerate(fleet.pools):
+        if not pool.HasField("draft"):
+            continue
+        path = f"fleet.pools[{i}].draft"
+        d = pool.draft
+        if not d.model or len(d.model) > 256 or any(c.isspace() for c in d.model):
+            raise InvalidArgument(f"{path}.model", "must name the draft model (1..256 characters, no spaces)")
+        if not math.isfinite(d.acceptance_fraction) or not 0 < d.acceptance_fraction <= 1:
+            raise InvalidArgument(f"{path}.acceptance_fraction",
+                                  f"must be in (0, 1] (accepted / proposed draft tokens), got "
+                                  f"{d.acceptance_fraction!r}")
+        if d.num_speculative_tokens > MAX_SPEC_TOKENS:
+            raise InvalidArgument(f"{path}.num_speculative_tokens",
+                                  f"must be 0 (3) to {MAX_SPEC_TOKENS}, got {d.num_speculative_tokens}")
+        if d.simulator_model and d.simulator_model not in simulator_models():
+            raise InvalidArgument(f"{path}.simulator_model", f"unknown simulator model {d.simulator_model!r} "
+                                                             f"(known: {', '.join(simulator_models())})")
+        if len(d.acceptance_source) > 1024:
+            raise InvalidArgument(f"{path}.acceptance_source", "at most 1024 characters")
+
+
+def simulator_models() -> list[str]:
+    return sorted({p.split("@")[0] for p in list_profiles()})

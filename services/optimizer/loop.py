@@ -29,7 +29,7 @@ from greenserve.optimizer import inputs as planning_inputs
 from greenserve.optimizer import safe_plan
 from greenserve.optimizer.fleet import FleetStore
 from greenserve.optimizer.plan_store import PlanStore
-from greenserve.optimizer.planning import Planner
+from greenserve.optimizer.plan_builder import Planner
 from greenserve.optimizer.scheduler import PlanScheduler, plan_start_s
 from greenserve.optimizer.solvers import default_solvers
 from greenserve.optimizer.triggers import ThresholdTrigger, relative_deviation

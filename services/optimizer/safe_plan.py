@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from greenserve.optimizer.inputs import DEGRADED_SOURCES, EXPIRED
-from greenserve.optimizer.planning import KnobPlan, PlanningInputs, Planner, solver_knobs
+from greenserve.optimizer.plan_builder import Planner
+from greenserve.optimizer.planning import KnobPlan, PlanningInputs, solver_knobs
 from greenserve.optimizer.solvers.baselines import EvenRouting
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 

@@ -10,7 +10,8 @@ import pytest
 from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer import cache_profiles, capacity
 from greenserve.optimizer.capacity import Capability
-from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
+from greenserve.optimizer.plan_builder import Planner
+from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers.cache_greencache import GreenCacheIlp, engines_loaded
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting

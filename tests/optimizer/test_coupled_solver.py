@@ -11,7 +11,8 @@ import pytest
 from greenserve.common.carbon_params import load_default_params
 from greenserve.evaluation.scenario import Scenario
 from greenserve.optimizer import capacity
-from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
+from greenserve.optimizer.plan_builder import Planner
+from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers.coupled import CoupledSolver, affinity_imbalance
 from greenserve.optimizer.solvers.keep_current import KeepCurrent
 from greenserve.simulator.clocks import clocked_profile

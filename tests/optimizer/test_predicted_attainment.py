@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer import capacity
-from greenserve.optimizer.planning import Planner, PlanningInputs, SeriesForecast
+from greenserve.optimizer.plan_builder import Planner
+from greenserve.optimizer.planning import PlanningInputs, SeriesForecast
 from greenserve.optimizer.solvers.routing_weights import MinCarbonRouting
 from greenserve.v1 import common_pb2
 

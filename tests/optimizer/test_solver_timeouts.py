@@ -13,7 +13,8 @@ import threading
 import time
 
 from greenserve.common.carbon_params import load_default_params
-from greenserve.optimizer.planning import Planner, PlanningInputs
+from greenserve.optimizer.plan_builder import Planner
+from greenserve.optimizer.planning import PlanningInputs
 from greenserve.v1 import common_pb2
 
 

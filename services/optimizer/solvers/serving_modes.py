@@ -37,10 +37,9 @@ from functools import lru_cache
 import numpy as np
 from greenserve.common.errors import InvalidArgument
 from greenserve.optimizer import capacity
-from greenserve.optimizer.fleet import gpu_hardware
+from greenserve.optimizer.fleet import gpu_hardware, simulator_models
 from greenserve.optimizer.inputs import guess_simulator_model
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs
-from greenserve.simulator.engine_profile import list_profiles
 from greenserve.simulator.mode_units import (
     DPD,
     DSD,
@@ -61,44 +60,10 @@ from greenserve.v1 import common_pb2
 MODES = (STANDALONE, SPEC_DECODE, DPD, DSD)
 MODE_NAMES = {STANDALONE: "Standalone", SPEC_DECODE: "SpecDecode", DPD: "DPD", DSD: "DSD"}
 DEFAULT_SPEC_TOKENS = 3  # GreenLLM Sec. V-A
-MAX_SPEC_TOKENS = 16
-MAX_LINK_BANDWIDTH_BYTES_PER_S = 1e13  # 80 Tb/s: beyond any NIC or NVLink
 PREDICTION_REQUESTS = 600
 RATE_GRID = 1.1  # evaluated rates: powers of 1.1 req/s (rounded up: conservative)
 MIN_RATE_PER_S = 0.05
 DEFAULT_LIFETIME_S = 5 * 365 * 24 * 3600.0
-
-
-def validate_modes(fleet: common_pb2.FleetInventory) -> None:
-    """InvalidArgument naming the first bad field of what the modes read: the link and each pool's draft."""
-    bw = fleet.link_bandwidth_bytes_per_s
-    if not math.isfinite(bw) or not 0 <= bw <= MAX_LINK_BANDWIDTH_BYTES_PER_S:
-        raise InvalidArgument("fleet.link_bandwidth_bytes_per_s",
-                              f"must be in [0, {MAX_LINK_BANDWIDTH_BYTES_PER_S:g}] bytes/s (0: not declared), "
-                              f"got {bw!r}")
-    for i, pool in enumerate(fleet.pools):
-        if not pool.HasField("draft"):
-            continue
-        path = f"fleet.pools[{i}].draft"
-        d = pool.draft
-        if not d.model or len(d.model) > 256 or any(c.isspace() for c in d.model):
-            raise InvalidArgument(f"{path}.model", "must name the draft model (1..256 characters, no spaces)")
-        if not math.isfinite(d.acceptance_fraction) or not 0 < d.acceptance_fraction <= 1:
-            raise InvalidArgument(f"{path}.acceptance_fraction",
-                                  f"must be in (0, 1] (accepted / proposed draft tokens), got "
-                                  f"{d.acceptance_fraction!r}")
-        if d.num_speculative_tokens > MAX_SPEC_TOKENS:
-            raise InvalidArgument(f"{path}.num_speculative_tokens",
-                                  f"must be 0 (3) to {MAX_SPEC_TOKENS}, got {d.num_speculative_tokens}")
-        if d.simulator_model and d.simulator_model not in simulator_models():
-            raise InvalidArgument(f"{path}.simulator_model", f"unknown simulator model {d.simulator_model!r} "
-                                                             f"(known: {', '.join(simulator_models())})")
-        if len(d.acceptance_source) > 1024:
-            raise InvalidArgument(f"{path}.acceptance_source", "at most 1024 characters")
-
-
-def simulator_models() -> list[str]:
-    return sorted({p.split("@")[0] for p in list_profiles()})
 
 
 # ----------------------------------------------------------------------------------------------------------------
