@@ -1,19 +1,26 @@
-"""LMCache's in-process KV connector on a real vLLM engine (CPU build, tiny model), end to end: the product sees the
-tier does not work and plans without it.
+"""LMCache's KV connectors on a real vLLM engine (CPU build, tiny model), end to end: the product sees that the
+in-process connector's tier does not work and plans without it, and sees that the multiprocess one's does.
 
-The gpu-partitioner's launcher starts ``vllm serve`` (of .venv-vllm-lmcache: the same vLLM plus LMCache 0.5.6,
-``scripts/install-vllm.sh --with-lmcache``) with ``--kv-transfer-config`` naming ``LMCacheConnectorV1`` and an
+The gpu-partitioner's launcher starts ``vllm serve`` of .venv-vllm-lmcache (the same vLLM plus LMCache 0.5.6:
+``scripts/install-vllm.sh --with-lmcache``). With ``--kv-transfer-config`` naming ``LMCacheConnectorV1`` and an
 LMCache configuration (``LMCACHE_CONFIG_FILE``) whose remote store is a running LMCache server of .venv-lmcache
-(``lm://``). The connector starts, but LMCache has no CPU connector for vLLM's KV cache ("No supported cpu connector
-found") and runs in degraded mode. The profiler's engine backend then measures one point of multi-turn
-conversations (each turn's prompt extends the previous context: shared prefixes of several 256-token blocks) and
-reads vLLM's own counters: the engine's prefix cache hits, the connector is asked for thousands of tokens and serves
-none, so the point's ``kv_connector_state`` is DEGRADED. Stored in the profiler and read by the optimizer, that
-profile makes the plan report the pool's LMCache tier NOT WORKING and give it no cache target.
+(``lm://``), the connector starts, but LMCache has no CPU connector for vLLM's KV cache ("No supported cpu connector
+found") and runs in degraded mode. The profiler's engine backend measures one point of multi-turn conversations
+(each turn's prompt extends the previous context: shared prefixes of several 256-token blocks), the engine is
+restarted and the same point measured again: the engine's own prefix cache hits within the point, the connector is
+asked for thousands of tokens it was given before the restart and serves none, so the point's
+``kv_connector_state`` is DEGRADED. Stored in the profiler and read by the optimizer, that profile makes the plan
+report the pool's LMCache tier NOT WORKING and give it no cache target.
 
-Every new request also waits for LMCache's lookup RPC to time out (``lookup_timeout_ms``, 3 s by default): the
-worker side that would answer it never started. The configuration here sets 1 s to keep the test short.
-About 1.5-2 min on 2 shared cores, most of it the engine's start.
+The control runs the same two measurements through the launcher's own LMCache path (``--engine-lmcache-servers``:
+``LMCacheMPConnector`` to a ``lmcache server``): on the CPU build it works, the restarted engine gets the prefixes
+from the server and the point is WORKING. So the verdict is the connector's, not an artefact of the workload (an
+engine whose own cache holds everything asks a working connector only for tokens it never had).
+
+Every new request to the degraded in-process connector also waits for LMCache's lookup RPC to time out
+(``lookup_timeout_ms``, 3 s by default): the worker side that would answer it never started. The configuration here
+sets 1 s to keep the test short. About 3 min each on 2 shared cores at load average 10, most of it two engine
+starts.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ import grpc
 import httpx
 import pytest
 
-from greenserve.common.engine_launch import EngineSupervisor, VllmLauncher, make_launcher
+from greenserve.common.engine_launch import EngineSpec, EngineSupervisor, VllmLauncher, make_launcher
 from greenserve.gpu_partitioner.service import GpuPartitionerSettings
+from greenserve.optimizer import cache_tier_health
 from greenserve.profiler import engine_metrics
 from greenserve.profiler.engine_backend import EngineBackend
 from greenserve.profiler.keys import config_key
@@ -44,6 +52,7 @@ from greenserve.profiler.settings_view import EngineSettingsView
 from greenserve.profiler.store import validate_profile
 from greenserve.v1 import common_pb2, optimizer_pb2, profiler_pb2, profiler_pb2_grpc
 from greenserve.vllm_cpu import engines as vllm
+from tests.cache_manager.conftest import running_lmcache_server
 from tests.optimizer.conftest import forecaster, optimizer
 from tests.optimizer.test_plans import FLEET, _setup
 from tests.real_engine.conftest import free_port
@@ -123,32 +132,47 @@ def sweep_spec(url: str, hardware: str) -> profiler_pb2.SweepSpec:
                                         stop_rule=common_pb2.LADDER_STOP_RULE_FULL_LADDER))
 
 
-async def measured_profile(url: str, hardware: str) -> tuple[common_pb2.Profile, dict[str, float]]:
-    """One point measured by the profiler's engine backend, as a MEASURED profile, and vLLM's counters' changes
-    over the whole run."""
-    spec = sweep_spec(url, hardware)
+async def fill_then_measure(sup: EngineSupervisor, spec: EngineSpec,
+                            name: str) -> tuple[common_pb2.Profile, dict[str, float], str]:
+    """The profiler's engine backend runs one point of the workload on the engine (the tier, if it works, stores
+    every prompt's KV), the engine is restarted (its own prefix cache empty, the LMCache server still running), and
+    the same point (the same backend: the same prompts) is measured again: whatever prefix the restarted engine
+    gets beyond its own cache can only come from the tier. Returns the second point as a MEASURED profile, vLLM's
+    counters' changes over it and the engine's log."""
+    sweep = sweep_spec(spec.url, spec.hardware)
+    method = resolve(sweep)
+    config = sweep.configs[0]
     backend = EngineBackend(EngineSettingsView(nvml_power="off"), vocab_high=TINY_VOCAB)
-    first = engine_metrics.parse(httpx.get(url + "/metrics", timeout=10).text)
+    engine = await started(sup, spec, name)
     try:
-        await backend.prepare(spec)
-        method = resolve(spec)
-        point = await backend.measure(spec, spec.configs[0], RATE_PER_S, method)
+        await backend.prepare(sweep)
+        await backend.measure(sweep, config, RATE_PER_S, method)
     finally:
         await backend.close()
-    last = engine_metrics.parse(httpx.get(url + "/metrics", timeout=10).text)
-    deltas = {name: last.values.get(name, 0.0) - first.values.get(name, 0.0) for name in (
+        await sup.stop_all()
+    await wait_group_gone(engine.pid)
+    engine = await started(sup, spec, f"{name}, restarted")
+    try:
+        first = engine_metrics.parse(httpx.get(spec.url + "/metrics", timeout=10).text)
+        await backend.prepare(sweep)
+        point = await backend.measure(sweep, config, RATE_PER_S, method)
+        last = engine_metrics.parse(httpx.get(spec.url + "/metrics", timeout=10).text)
+    finally:
+        await backend.close()
+        await sup.stop_all()
+    await wait_group_gone(engine.pid)
+    deltas = {counter: last.values.get(counter, 0.0) - first.values.get(counter, 0.0) for counter in (
         "vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
         "vllm:external_prefix_cache_hits_total")}
-    config = spec.configs[0]
-    profile = common_pb2.Profile(config_key=config_key(config), version=1, config=config, slo=spec.slo,
+    profile = common_pb2.Profile(config_key=config_key(config), version=1, config=config, slo=sweep.slo,
                                  points=[point], source=common_pb2.PROFILE_SOURCE_MEASURED, method=as_proto(method),
-                                 note="real vLLM (CPU build, tiny model) with LMCache's LMCacheConnectorV1")
+                                 note=f"real vLLM (CPU build, tiny model), {name}")
     profile.created_at.GetCurrentTime()
     validate_profile(profile)
-    return profile, deltas
+    return profile, deltas, engine.log_path.read_text(errors="replace")
 
 
-async def test_lmcaches_degraded_connector_on_a_real_engine_is_reported_not_working(
+async def test_lmcaches_in_process_connector_is_degraded_and_planned_not_working(
         tiny_model: Path, tmp_path: Path, lmcache_config: Path, forecaster: Any, optimizer: Any,
         start_inprocess: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from greenserve_client.commands import plan as plan_cli
@@ -157,17 +181,10 @@ async def test_lmcaches_degraded_connector_on_a_real_engine_is_reported_not_work
     sup = lmcache_supervisor(tmp_path)
     # the instance the fleet's "mig" engine stands for (tests/optimizer/test_plans.FLEET): its pool and hardware
     spec = spec_for(tiny_model, vllm_args=("--enforce-eager", "--enable-prefix-caching", "--kv-transfer-config", kv))
-    engine = await started(sup, spec, "launcher, LMCacheConnectorV1")
-    try:
-        assert engine.command.argv[0] == str(vllm.lmcache_venv() / "bin" / "vllm")
-        profile, deltas = await measured_profile(spec.url, spec.hardware)
-    finally:
-        await sup.stop_all()
-    await wait_group_gone(engine.pid)
-    log = engine.log_path.read_text(errors="replace")
+    profile, deltas, log = await fill_then_measure(sup, spec, "launcher, LMCacheConnectorV1")
     assert DEGRADED_LOG_LINE in log, log[-3000:]
-    # vLLM's own counters: the shared prefixes hit the engine's cache; the connector was asked for thousands of
-    # tokens and served none
+    # vLLM's own counters: the shared prefixes hit the engine's own cache; the connector was asked for thousands of
+    # tokens it had been given before the restart, and served none
     assert deltas["vllm:prefix_cache_hits_total"] >= 256, deltas
     assert deltas["vllm:external_prefix_cache_queries_total"] >= engine_metrics.DEGRADED_MIN_QUERY_TOKENS, deltas
     assert deltas["vllm:external_prefix_cache_hits_total"] == 0, deltas
@@ -196,3 +213,23 @@ async def test_lmcaches_degraded_connector_on_a_real_engine_is_reported_not_work
     capsys.readouterr()
     await asyncio.to_thread(plan_cli.main, ["status", "--optimizer-addr", running.address])
     assert "LMCache tier of pool chat: NOT WORKING, planned without it" in capsys.readouterr().out
+
+
+async def test_lmcaches_multiprocess_connector_serves_a_restarted_engine(tiny_model: Path, tmp_path: Path,
+                                                                         cpu_env: None) -> None:
+    """The control: the launcher's own LMCache path (a pool with an LMCache server, ``--engine-lmcache-servers``:
+    ``LMCacheMPConnector`` to a ``lmcache server`` of .venv-lmcache) does work on the CPU build, and the same
+    measurement says so (WORKING), so the verdict above is the connector's, not the workload's."""
+    why = vllm.lmcache_unavailable_reason() or vllm.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    with running_lmcache_server(tmp_path) as server:
+        spec = spec_for(tiny_model, lmcache_url=server.rpc_url, vllm_args=("--enforce-eager", "--enable-prefix-caching"))
+        profile, deltas, log = await fill_then_measure(lmcache_supervisor(tmp_path), spec,
+                                                       "launcher, LMCacheMPConnector")
+    assert DEGRADED_LOG_LINE not in log
+    assert deltas["vllm:external_prefix_cache_hits_total"] >= 256, deltas
+    (point,) = profile.points
+    assert point.failed_requests == 0
+    assert point.kv_connector_state == common_pb2.KV_CONNECTOR_STATE_WORKING
+    assert cache_tier_health.faults(FLEET, [profile], {"mig": spec.hardware}) == {}
