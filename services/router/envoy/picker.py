@@ -5,7 +5,11 @@ then the whole request body (``request_body_mode: BUFFERED``); the picker parses
 routing needs (``model``, the prompt's text for prefix affinity), chooses an engine with the router's own
 policy, plans, prefix index and engine registry, and answers the body with the chosen ``ip:port`` in the
 ``x-gateway-destination-endpoint`` request header and in the ``envoy.lb`` dynamic metadata under the same key;
-Envoy's ORIGINAL_DST cluster sends the request there and streams the response without the picker.
+Envoy's ORIGINAL_DST cluster sends the request there and streams the response without the picker. An
+engine registered by host name is resolved first (addresses.py). When Envoy reads the response's usage
+(its stream's ``x-greenserve-usage-reader`` metadata, usage_filter.py), a streamed request's body is
+answered with ``stream_options.include_usage`` added, so the receipt gets the engine's token counts; with
+the ``ext_proc`` reader the response's chunks come back here and are read by a ``UsageScanner``.
 
 Routing hints are the HTTP front's: ``x-greenserve-pool``, ``x-greenserve-session`` / ``x-session-id``, else
 the body's ``user``. A request the picker cannot route gets an immediate response, never a crash: 400 naming
