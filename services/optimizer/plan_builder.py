@@ -150,7 +150,7 @@ class Planner:
             outcomes[solver.knob] = outcome
             if result.capabilities is not None and len(result.capabilities) == inputs.horizon_hours:
                 inputs = dataclasses.replace(inputs, interval_capabilities=result.capabilities)
-        outcomes = [outcomes[k] for s in self.solvers for k in solver_knobs(s)]
+        in_order = [outcomes[k] for s in self.solvers for k in solver_knobs(s)]  # the solvers' order
         if "routing_weights" in results and "mig_layouts" in results:
             # The routing knob follows the layouts: a partitioned GPU's weight goes to its instances' engines.
             try:
@@ -159,7 +159,7 @@ class Planner:
                     solver=next(s for s in self.solvers if "routing_weights" in solver_knobs(s)))
             except Exception:  # the whole-GPU weights stay; the plan still goes out
                 log.exception("routing weights not split over MIG instances")
-        plan = assemble(inputs, results, outcomes, trigger=trigger, created_s=created_s)
+        plan = assemble(inputs, results, in_order, trigger=trigger, created_s=created_s)
         return PlannerResult(plan, time.perf_counter() - started)
 
 
