@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from greenserve.router.envoy.gateway import envoy_binary, envoy_command, free_port
-from greenserve.router.envoy.usage_filter import STRIP_USAGE_HEADER, UsageScanner, lua_filter
+from greenserve.router.envoy.usage_filter import HELD_LIMIT_BYTES, STRIP_USAGE_HEADER, UsageScanner, lua_filter
 
 try:
     envoy_binary()
@@ -60,9 +60,18 @@ async def _scripted(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+JSON_BODY = json.dumps({"choices": [{"message": {"content": "abc"}}],
+                        "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+
+
+async def _json(request: web.Request) -> web.Response:
+    return web.Response(text=JSON_BODY, content_type="application/json")
+
+
 async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_asked(tmp_path: Path) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", _scripted)
+    app.router.add_post("/json", _json)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -88,6 +97,10 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
                                         headers=headers) as resp:
                     assert resp.status == 200
                     bodies.append(await resp.text())
+            # not an event stream (an engine that ignored "stream"): passed on as it is, its usage still read
+            async with session.post(f"http://127.0.0.1:{listen_port}/json", data=b"{}",
+                                    headers={STRIP_USAGE_HEADER: "1"}) as resp:
+                assert resp.status == 200 and await resp.text() == JSON_BODY
     finally:
         proc.terminate()
         proc.wait(10)  # the access log is flushed on exit
@@ -97,8 +110,9 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
     assert bodies[1] == whole.replace(USAGE_EVENT, "")  # every other event whole, in order
     logged = [json.loads(line)["greenserve"] for line in log_path.read_text().splitlines()]
     posts = [m for m in logged if m]  # the listener probe (GET) has no metadata
-    assert len(posts) == 2
-    for metadata in posts:
+    assert len(posts) == 3
+    assert (posts[2]["prompt_tokens"], posts[2]["completion_tokens"]) == (7, 3)
+    for metadata in posts[:2]:
         assert (metadata["prompt_tokens"], metadata["completion_tokens"], metadata["cached_tokens"]) == (7, 3, 2)
         assert metadata["first_token_us"].isdigit()
     assert "strip_usage" not in posts[0] and posts[1]["strip_usage"] is True
@@ -114,3 +128,11 @@ def test_the_pickers_scanner_reads_the_same_pieces() -> None:
         assert scanner.usage == {"prompt_tokens": 7, "total_tokens": 10, "completion_tokens": 3,
                                  "prompt_tokens_details": {"cached_tokens": 2}}
         assert scanner.first_token_wall_s is not None
+
+
+def test_the_scanner_passes_on_what_is_not_an_event_stream() -> None:
+    scanner = UsageScanner(strip=True)
+    assert scanner.feed(b"{") == b""  # held back: an event may be starting
+    big = b"x" * HELD_LIMIT_BYTES
+    assert scanner.feed(big) == b"{" + big  # past the limit: all of it, and no more holding back
+    assert scanner.feed(b"tail") is None

@@ -14,7 +14,7 @@ The picker asks the engine for usage on every streamed request (``stream_options
 router's own HTTP front does); when the caller did not ask for it, the usage event is dropped from the stream
 the caller sees (the Lua reader learns it from ``x-greenserve-strip-usage``, a request header the picker sets
 and the filter removes). While dropping, a reader passes on whole SSE events only (an event split across two
-reads goes out with the second).
+reads goes out with the second; a response that is not an event stream passes on as it is).
 
 Per chunk the Lua filter does one pattern search for ``"usage":{`` (and, until the first token, one for the
 first token's text); only the chunk holding the usage object is parsed.
@@ -32,6 +32,9 @@ METADATA_NAMESPACE = "greenserve"
 READER_METADATA_KEY = "x-greenserve-usage-reader"
 """gRPC metadata of Envoy's stream to the picker: the usage reader this Envoy runs (``lua`` or ``ext_proc``)."""
 READERS = ("lua", "ext_proc", "none")
+HELD_LIMIT_BYTES = 1 << 20
+"""While dropping the usage event, a reader holds back an unfinished SSE event up to this size; past it the
+response is not SSE after all and passes on as it is."""
 STRIP_USAGE_HEADER = "x-greenserve-strip-usage"
 """Set by the picker on a streamed request whose caller did not ask for usage; removed before the engine."""
 
@@ -40,6 +43,7 @@ local find, match, sub, gmatch = string.find, string.match, string.sub, string.g
 local NS = "greenserve"
 local STRIP = "x-greenserve-strip-usage"
 local USAGE = '"usage":%s*{'
+local HELD_LIMIT = @HELD_LIMIT_BYTES@  -- bytes of an unfinished event held back while dropping
 
 function envoy_on_request(h)
   local headers = h:headers()
@@ -78,7 +82,8 @@ function envoy_on_response(h)
     return
   end
   local mine = h:streamInfo():dynamicMetadata():get(NS)
-  local strip = mine ~= nil and mine["strip_usage"] ~= nil
+  local content_type = h:headers():get("content-type") or ""
+  local strip = mine ~= nil and mine["strip_usage"] ~= nil and find(content_type, "text/event-stream", 1, true) ~= nil
   local first_us, tail, held = nil, "", ""
   local prompt, completion, cached
   for chunk in h:bodyChunks() do
@@ -106,8 +111,14 @@ function envoy_on_response(h)
       if strip then
         local whole = held .. bytes
         local cut = last_event_end(whole)
-        held = sub(whole, cut + 1)
-        chunk:setBytes(without_usage(sub(whole, 1, cut)))
+        local rest = sub(whole, cut + 1)
+        if #rest > HELD_LIMIT then  -- no event ends: not SSE after all; pass it on and stop dropping
+          strip, held = false, ""
+          chunk:setBytes(whole)
+        else
+          held = rest
+          chunk:setBytes(without_usage(sub(whole, 1, cut)))
+        end
       end
     end
   end
@@ -125,6 +136,8 @@ function envoy_on_response(h)
   end
 end
 """
+
+LUA_SOURCE = LUA_SOURCE.replace("@HELD_LIMIT_BYTES@", str(HELD_LIMIT_BYTES))
 
 
 def lua_filter() -> dict[str, object]:
@@ -169,6 +182,9 @@ class UsageScanner:
             return None
         whole = self._held + chunk
         cut = whole.rfind(b"\n\n") + 2 if b"\n\n" in whole else 0
+        if len(whole) - cut > HELD_LIMIT_BYTES:  # no event ends: not SSE after all
+            self.strip, self._held = False, b""
+            return whole
         self._held = whole[cut:]
         events = whole[:cut].split(b"\n\n")[:-1] if cut else []
         return b"".join(e + b"\n\n" for e in events if not (_USAGE.search(e) and _CHOICES_EMPTY.search(e)))
