@@ -244,6 +244,17 @@ async def test_engines_registered_by_host_name(emulators: Callable[..., Any], ro
     assert await addresses.resolve(url) == f"127.0.0.1:{emu.port}"
     with pytest.raises(Exception, match="does not resolve"):
         await addresses.resolve("http://no-such-engine.invalid:8000")
+    # a pick whose engine's name does not resolve: refused with 503, the engine charged, nothing left open
+    picker = next(reg.servicer for reg in r.running.server.registrations if hasattr(reg.servicer, "addresses"))
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode()
+    request_id, _, _ = picker._pick({":path": "/v1/chat/completions", "x-request-id": "unresolvable"}, body)
+    engine = r.core.registry.get(receipt["engine_id"])
+    failures = engine.consecutive_failures
+    with pytest.raises(Exception) as refused:
+        await picker._resolve_picked(request_id, "http://no-such-engine.invalid:8000")
+    assert refused.value.status == 503 and "does not resolve" in str(refused.value)
+    assert engine.consecutive_failures == failures + 1
+    assert picker.ledger.open_count == 0 and r.core.in_flight == 0
 
 
 async def test_bad_bodies_get_an_immediate_answer_not_a_route(gateway: dict[str, Any]) -> None:
