@@ -58,21 +58,21 @@ from greenserve.profiler.points import PointExtras, RequestSamples, summarize
 from greenserve.profiler.rounds import pooled_samples, round_spread
 from greenserve.profiler.settings_view import EngineSettingsView
 from greenserve.profiler.sim_backend import simulate_point
-from greenserve.profiler import step_fit
 from greenserve.profiler.store import validate_profile
 from greenserve.simulator.calibration import calibrate
+from greenserve.simulator import engine_profile
 from greenserve.simulator.engine_profile import EngineProfile
 from greenserve.v1 import common_pb2, profiler_pb2
 
-MODEL = step_fit.TINY_LLAMA
-HARDWARE = step_fit.CPU
+MODEL = engine_profile.TINY_LLAMA
+HARDWARE = engine_profile.CPU
 TINY_VOCAB = 700  # the tiny model's tokenizer trains to 744 tokens (tiny_model.VOCAB_SIZE 1024 is its upper bound)
 
 
 def base_profile() -> EngineProfile:
-    """The tiny model on a CPU (step_fit.tiny_llama_cpu_profile) with the batch limit this roofline calibration
+    """The tiny model on a CPU (engine_profile.tiny_llama_cpu_profile) with the batch limit this roofline calibration
     was run with."""
-    return step_fit.tiny_llama_cpu_profile().with_overrides(max_num_seqs=256)
+    return engine_profile.tiny_llama_cpu_profile().with_overrides(max_num_seqs=256)
 
 
 def spec_for(workload: str, rates: list[float], args: argparse.Namespace, url: str,

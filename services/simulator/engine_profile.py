@@ -21,6 +21,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from google.protobuf import json_format
+
+from greenserve.v1 import common_pb2
+
 __all__ = [
     "DATA_FILE",
     "DEFAULT_PROFILE",
@@ -28,6 +32,12 @@ __all__ = [
     "data_version",
     "list_profiles",
     "load_profile",
+    "FACT_NAMES",
+    "base_profile",
+    "engine_profile_from_file",
+    "engine_profile_from_measured",
+    "tiny_llama_cpu_profile",
+    "with_coefficients",
 ]
 
 DATA_FILE: Path = Path(__file__).resolve().parent / "data" / "profiles.toml"
@@ -206,8 +216,6 @@ def measured_profiles() -> dict[str, EngineProfile]:
 
 @lru_cache(maxsize=4)
 def _measured_from(paths: str) -> dict[str, EngineProfile]:
-    from greenserve.profiler.step_fit import engine_profile_from_file
-
     engines = {}
     for path in (p for p in paths.split(os.pathsep) if p):
         engine = engine_profile_from_file(Path(path))
@@ -327,3 +335,75 @@ def _load_profile_cached(name: str, path: str) -> EngineProfile:
     })
     values["sources"] = sources
     return EngineProfile(**values)
+
+
+# -- measured profiles: the linear step model of a CPU engine (fitted by profiler/step_fit.py) ----------------
+
+FACT_NAMES: tuple[str, ...] = ("step_overhead_s", "step_per_prefill_token_s", "step_per_sequence_s",
+                               "step_per_context_token_s", "request_frontend_s")
+"""The step model's coefficients, as facts of a measured profile and fields of ``EngineProfile``."""
+
+TINY_LLAMA = "tiny-llama"
+CPU = "CPU"
+TINY_KV_CACHE_BYTES = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (vllm_cpu.engines)
+
+
+def tiny_llama_cpu_profile() -> EngineProfile:
+    """The tiny model (vllm_cpu/tiny_model.py: 2 layers, hidden 128, 2 KV heads of 32, MLP 256, vocabulary <= 1024,
+    float32) on a CPU with a 1 GiB KV pool: the shape (KV bytes per token, KV capacity, batch limits) that the
+    linear step model's coefficients complete. The roofline numbers (2e11 FLOP/s, 2e10 B/s) are orders of
+    magnitude only; a fitted step model replaces them."""
+    n_params = 2 * (4 * 128 * 128 // 2 + 2 * 128 * 64 + 3 * 128 * 256) + 2 * 1024 * 128
+    return load_profile("llama3-8b@A100-80GB", DATA_FILE).with_overrides(
+        name=f"{TINY_LLAMA}@{CPU}", model=TINY_LLAMA, hardware=CPU, n_params=float(n_params), n_layers=2,
+        hidden_size=128, n_kv_heads=2, head_dim=32, weight_bytes_per_param=4.0, kv_bytes_per_element=4.0,
+        gpu_count=1, peak_flops=2e11, hbm_bandwidth_bytes_per_s=2e10,
+        memory_bytes=TINY_KV_CACHE_BYTES + 4.0 * n_params, gpu_memory_utilization=1.0,
+        non_kv_reserve_bytes_per_gpu=0.0, max_num_seqs=128, max_num_batched_tokens=2048, idle_w=1.0, max_w=1.0,
+        calibrated_from="", sources={})
+
+
+def base_profile(config: common_pb2.ProfileConfig) -> EngineProfile:
+    """The engine shape a measured profile of ``config`` is fitted onto: the data file's profile of that model and
+    hardware, or the tiny CPU Llama. ValueError naming ``config`` when neither fits."""
+    name = f"{config.model}@{config.hardware}"
+    if name in list_profiles(DATA_FILE):
+        return load_profile(name, DATA_FILE)
+    if (config.model, config.hardware) == (TINY_LLAMA, CPU):
+        return tiny_llama_cpu_profile()
+    raise ValueError(f"config: no engine shape for {name!r} (the simulator's data file or {TINY_LLAMA}@{CPU})")
+
+
+def with_coefficients(base: EngineProfile, coefficients: Mapping[str, float], label: str) -> EngineProfile:
+    sources = dict(base.sources)
+    sources.update({n: f"least-squares step-model fit to {label}" for n in FACT_NAMES})
+    return base.with_overrides(**{n: float(coefficients[n]) for n in FACT_NAMES}, calibrated_from=label,
+                               sources=sources)
+
+
+def engine_profile_from_measured(profile: common_pb2.Profile, field: str = "profile") -> EngineProfile:
+    """The simulator's engine for a MEASURED profile that carries the step model's facts. ValueError naming
+    ``field`` otherwise (another source, a fact missing or not a positive number where one is needed)."""
+    if profile.source != common_pb2.PROFILE_SOURCE_MEASURED:
+        raise ValueError(f"{field}.source: a calibrated step model needs a MEASURED profile")
+    facts = {f.name: f.value for f in profile.facts}
+    missing = [n for n in FACT_NAMES if n not in facts]
+    if missing:
+        raise ValueError(f"{field}.facts: no fitted {missing[0]} (fit it with greenserve bench calibration)")
+    for name in FACT_NAMES:
+        if not math.isfinite(facts[name]) or facts[name] < 0:
+            raise ValueError(f"{field}.facts: {name} must be a finite number >= 0")
+    try:
+        return with_coefficients(base_profile(profile.config), facts, profile.config_key or "measured profile")
+    except ValueError as exc:
+        raise ValueError(f"{field}.{exc}") from None
+
+
+def engine_profile_from_file(path: Path, field: str = "profile") -> EngineProfile:
+    """``engine_profile_from_measured`` of a profile file (protobuf JSON); ValueError naming ``field`` when the file
+    cannot be read or parsed."""
+    try:
+        profile = json_format.Parse(path.read_text(), common_pb2.Profile())
+    except (OSError, UnicodeDecodeError, json_format.ParseError) as exc:
+        raise ValueError(f"{field}: cannot read a profile from {path.name}: {exc}") from None
+    return engine_profile_from_measured(profile, field)

@@ -10,6 +10,7 @@ import pytest
 
 from greenserve.bench import profiler_calibration as bench_calibration
 from greenserve.profiler import step_fit
+from greenserve.simulator import engine_profile
 from greenserve.simulator.perf_model import PerfModel
 from greenserve.v1 import common_pb2
 
@@ -17,7 +18,7 @@ STORED = bench_calibration.STORED_SWEEP / bench_calibration.DEFAULT_RUN
 
 
 def test_linear_step_model_is_overhead_plus_tokens_sequences_and_context() -> None:
-    engine = step_fit.tiny_llama_cpu_profile().with_overrides(
+    engine = engine_profile.tiny_llama_cpu_profile().with_overrides(
         step_overhead_s=1e-3, step_per_prefill_token_s=3e-5, step_per_sequence_s=2e-4, step_per_context_token_s=1e-7)
     pm = PerfModel(engine)
     assert pm.prefill_time_s(100) == pytest.approx(1e-3 + 100 * 3e-5)
@@ -26,7 +27,7 @@ def test_linear_step_model_is_overhead_plus_tokens_sequences_and_context() -> No
     flops = pm.prefill_flops(50, 1, 0)
     assert pm.step_time_s(flops, 0, 3, 300) == pytest.approx(1e-3 + 50 * 3e-5 + 3 * 2e-4 + 300 * 1e-7)
     # the GPU profiles keep the roofline: the decode step grows with the KV context read
-    gpu = PerfModel(step_fit.load_profile("llama3-8b@A100-80GB"))
+    gpu = PerfModel(engine_profile.load_profile("llama3-8b@A100-80GB"))
     assert not gpu.linear and gpu.decode_step_time_s(8, 512_000) > 3 * gpu.decode_step_time_s(8, 0)
     with pytest.raises(ValueError, match="step_per_sequence_s"):
         engine.with_overrides(step_per_sequence_s=0.0)
@@ -59,16 +60,16 @@ def test_a_measured_profile_carries_the_fit_and_becomes_an_engine() -> None:
     fit = step_fit.fit_step_model(observations)
     assert all(math.isfinite(v) and v >= 0 for v in fit.coefficients.values())
     stored = step_fit.with_fitted_facts(profiles["humaneval"], fit, "test fit")
-    engine = step_fit.engine_profile_from_measured(stored)
+    engine = engine_profile.engine_profile_from_measured(stored)
     assert engine.step_per_prefill_token_s == pytest.approx(fit.coefficients["step_per_prefill_token_s"])
     assert PerfModel(engine).linear and engine.model == "tiny-llama"
     with pytest.raises(ValueError, match=r"profile\.facts: no fitted step_overhead_s"):
-        step_fit.engine_profile_from_measured(profiles["humaneval"])
+        engine_profile.engine_profile_from_measured(profiles["humaneval"])
     simulated = common_pb2.Profile()
     simulated.CopyFrom(stored)
     simulated.source = common_pb2.PROFILE_SOURCE_SIMULATED
     with pytest.raises(ValueError, match=r"profile\.source"):
-        step_fit.engine_profile_from_measured(simulated)
+        engine_profile.engine_profile_from_measured(simulated)
     with pytest.raises(ValueError, match="observations"):
         step_fit.fit_step_model([])
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from greenserve.profiler import step_fit
+from greenserve.simulator import engine_profile
 from greenserve.v1 import common_pb2
 
 from .conftest import start_vllm
@@ -53,6 +53,6 @@ def test_a_real_engines_measured_profile_calibrates_the_simulator(tiny_model: Pa
     # the CPU step model fitted on the engine's own means: the calibrated profile carries its coefficients
     calibrated = json_format.Parse((out / "calibrated-out-humaneval.json").read_text(), common_pb2.Profile())
     facts = {f.name: f.value for f in calibrated.facts}
-    assert set(facts) == set(step_fit.FACT_NAMES) and facts["step_per_prefill_token_s"] > 0
-    assert step_fit.engine_profile_from_measured(calibrated).model == "tiny-llama"
+    assert set(facts) == set(engine_profile.FACT_NAMES) and facts["step_per_prefill_token_s"] > 0
+    assert engine_profile.engine_profile_from_measured(calibrated).model == "tiny-llama"
     assert len(result["load_average_start"]) == 3

@@ -64,7 +64,7 @@ def _measured_engine(path: Path):  # -> EngineProfile
     ValueError naming --profile when the file is not a measured profile with a fitted step model."""
     import os
 
-    from greenserve.profiler.step_fit import engine_profile_from_file
+    from greenserve.simulator.engine_profile import engine_profile_from_file
     from greenserve.simulator.engine_profile import MEASURED_PROFILES_ENV
 
     engine = engine_profile_from_file(path, "--profile")
