@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from greenserve.common.cli_parser import Parser
 from greenserve.profiler import step_fit
+from greenserve.simulator.engine_profile import EngineProfile
 from greenserve.v1 import common_pb2
 
 STORED_SWEEP = Path(__file__).resolve().parents[1] / "profiler" / "data" / "real_engine_cpu"
@@ -135,9 +136,28 @@ def run(folder: Path, fit_rates: list[float] | None, target: str, seed: int = 11
                 f"{', '.join(f'{r:g}' for r in fit_rates)} req/s")
     calibrated = {w: step_fit.with_fitted_facts(p, fit, citation) for w, p in profiles.items()}
     return {"sweep": folder.name, "target": target, "fit_rates": fit_rates, "coefficients": fit.coefficients,
-            "calibrated": calibrated,
+            "calibrated": calibrated, "engine": fit.profile,
             "fit_rms_log_error": fit.rms_relative_error, "fit_s": fit_s, "rows": rows,
             "max_abs_error_held_back": worst, "max_split_half_held_back": spread}
+
+
+def check_on(engine: EngineProfile, folder: Path, seed: int = 11) -> dict[str, Any]:
+    """The fitted ``engine`` predicting every rate of another sweep (a repeat on another occasion): per workload and
+    rate the measured and predicted p50s, and the largest |error|."""
+    profiles, _ = load_sweep(folder)
+    rows = []
+    for workload, profile in profiles.items():
+        predicted = step_fit.predict(profile, engine, [p.request_rate_per_s for p in profile.points], seed)
+        for point in profile.points:
+            row: dict[str, Any] = {"workload": workload, "rate_per_s": point.request_rate_per_s}
+            for q in ("ttft_p50_s", "tpot_p50_s"):
+                m, p = getattr(point, q), getattr(predicted[point.request_rate_per_s], q)
+                row[f"measured_{q}"], row[f"predicted_{q}"] = m, p
+                row[f"{q}_error"] = p / m - 1.0 if m > 0 else None
+            rows.append(row)
+    worst = {q: max((abs(r[f"{q}_error"]) for r in rows if r[f"{q}_error"] is not None), default=None)
+             for q in ("ttft_p50_s", "tpot_p50_s")}
+    return {"sweep": folder.name, "rows": rows, "max_abs_error": worst}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -176,6 +196,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--target", choices=sorted(TARGETS), default="client-p50",
                         help="what is fitted and scored (default client-p50: the profile's p50s, the client's "
                              "per-request timings; engine-mean: vLLM's own histogram means)")
+    parser.add_argument("--check-sweep", type=Path, default=None,
+                        help="another sweep folder (a repeat): the model fitted on each --sweep predicts its p50s at "
+                             "every rate")
     parser.add_argument("--seed", type=int, default=11, help="the replay's seed, the sweep's (default 11)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for each workload's measured profile with the fitted step model as facts "
@@ -197,6 +220,8 @@ def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
             parser.error("--fit-rates: give rates > 0")
     folders = ns.sweep or [STORED_SWEEP / DEFAULT_RUN]
     results = []
+    if ns.check_sweep is not None and not ns.check_sweep.is_dir():
+        parser.error(f"--check-sweep: not a folder: {ns.check_sweep}")
     for folder in folders:
         if not folder.is_dir():
             parser.error(f"--sweep: not a folder: {folder}")
@@ -207,7 +232,15 @@ def main(argv: list[str], prog: str = "greenserve bench calibration") -> int:
         print(f"sweep {result['sweep']}, fit on {', '.join(f'{r:g}' for r in result['fit_rates'])} req/s: fitted {', '.join(f'{k} {v:.3g}' for k, v in result['coefficients'].items())}"
               f" in {result['fit_s']:.1f} s", file=sys.stderr)
         print(table(result), file=sys.stderr)
-        calibrated = result.pop("calibrated")
+        calibrated, engine = result.pop("calibrated"), result.pop("engine")
+        if ns.check_sweep is not None:
+            try:
+                result["check"] = check_on(engine, ns.check_sweep, ns.seed)
+            except ValueError as exc:
+                parser.error(f"--check-sweep: {exc}")
+            print(f"fitted on {result['sweep']}, predicting {ns.check_sweep.name} at every rate: largest |error| TTFT "
+                  f"p50 {result['check']['max_abs_error']['ttft_p50_s']:.1%}, TPOT p50 "
+                  f"{result['check']['max_abs_error']['tpot_p50_s']:.1%}", file=sys.stderr)
         if ns.out is not None:
             for workload, profile in calibrated.items():
                 write_profile(ns.out / f"calibrated-{result['sweep']}-{workload}.json", profile)
