@@ -16,7 +16,7 @@ import numpy as np
 from greenserve.bench import cache_policies as policies
 from greenserve.bench import cache_traces as traces
 from greenserve.cache_manager import read_or_recompute
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.common.cli_parser import Parser
 from greenserve.simulator.workloads import trace_path
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from greenserve.cache_manager import adaptive, group_ttl
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 
 BLOCK_TOKENS = 512
 POLICIES = ("FIFO", "LRU", "LCS", "LCS+TTL", "Adaptive")

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from greenserve.cache_manager.index import CacheIndex
-from greenserve.cache_manager.index_keys import key_hash
+from greenserve.common.cache_index.index import CacheIndex
+from greenserve.common.cache_index.index_keys import key_hash
 from greenserve.v1 import cache_manager_pb2
 
 LRU, LCS = 0, 1

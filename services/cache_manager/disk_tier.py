@@ -43,7 +43,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.lmcache_admin import (
     DiskTierState,
     LmcacheAdmin,

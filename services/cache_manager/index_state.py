@@ -20,7 +20,7 @@ from collections import deque
 from pathlib import Path
 
 from greenserve.cache_manager import access_history, adaptive, journal
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.snapshots import SnapshotStore
 from greenserve.common.app import ServiceContext

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import delete, func, insert, select
 
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.models import AccessEvent, ResizeStep
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.names import check_name

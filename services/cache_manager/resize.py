@@ -31,7 +31,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.lmcache_admin import GIB, LmcacheAdmin, LmcacheError
 
 

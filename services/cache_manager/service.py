@@ -21,7 +21,7 @@ from sqlalchemy import select
 from greenserve.cache_manager import access_history, adaptive, journal, read_or_recompute, resize_recovery, shrink_order
 from greenserve.cache_manager.disk_tier import DiskOutcome, resize_disk
 from greenserve.cache_manager.enforcer import check_dram_limit, check_dram_limits, follow_plans, on_this_host
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.index_state import _now_s, _run_to_end
 from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError, check_admin_url
 from greenserve.cache_manager.models import CacheApplication, LmcacheServer

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from greenserve.cache_manager import adaptive
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.journal import Event
 from greenserve.cache_manager.models import AccessEvent
 from greenserve.common.persistence import Database

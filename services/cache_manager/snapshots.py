@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from greenserve.cache_manager.index import CacheIndex, fsync_dir
+from greenserve.common.cache_index.index import CacheIndex, fsync_dir
 from greenserve.common.names import is_name
 
 log = logging.getLogger("greenserve.cache_manager.snapshots")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 
 EVICTION_POLICIES = ("LRU", "FIFO", "LCS")
 

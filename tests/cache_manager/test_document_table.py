@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from greenserve.cache_manager import journal
-from greenserve.cache_manager.index import DOC_TABLE_MIN, CacheIndex
+from greenserve.common.cache_index.index import DOC_TABLE_MIN, CacheIndex
 from greenserve.v1 import cache_manager_pb2 as pb
 
 CAP = 100  # --index-max-entries

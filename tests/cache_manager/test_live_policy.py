@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.cache_manager import adaptive
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.service import build
 from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.shrink_order import lru_victims_to_fit

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from greenserve.cache_manager.disk_tier import resize_disk
-from greenserve.cache_manager.index import CacheIndex
+from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.journal import Event
 from greenserve.cache_manager.lmcache_admin import DiskTierState
 from greenserve.cache_manager.shrink_order import (

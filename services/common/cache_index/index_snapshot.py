@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from greenserve.cache_manager.lcs_scores import HIT_DECAYS
+from greenserve.common.cache_index.lcs_scores import HIT_DECAYS
 
 if TYPE_CHECKING:
-    from greenserve.cache_manager.index import CacheIndex
+    from greenserve.common.cache_index.index import CacheIndex
 
 
 def fsync_dir(path: Path) -> None:

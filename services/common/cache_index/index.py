@@ -17,7 +17,7 @@ the events (store, hit, touch, remove) and re-exports the names callers import f
 from __future__ import annotations
 
 import numpy as np
-from greenserve.cache_manager.eviction_choice import (
+from greenserve.common.cache_index.eviction_choice import (
     DIRTY_MAX,
     MAX_POOL_SIZE,
     NEAR_SIZE,
@@ -26,15 +26,15 @@ from greenserve.cache_manager.eviction_choice import (
     EntryView,
     EvictionChoice,
 )
-from greenserve.cache_manager.index_keys import (
+from greenserve.common.cache_index.index_keys import (
     _EMPTY,
     _KEY_BYTES,
     _LONG_KEY,
     KeyTable,
     key_hash,
 )
-from greenserve.cache_manager.index_snapshot import IndexSnapshot, fsync_dir
-from greenserve.cache_manager.lcs_scores import (
+from greenserve.common.cache_index.index_snapshot import IndexSnapshot, fsync_dir
+from greenserve.common.cache_index.lcs_scores import (
     _GAP_BINS,
     GAP_GHOST_MAX,
     GAP_SAMPLE_MOD,

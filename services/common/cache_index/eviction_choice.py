@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from greenserve.cache_manager.lcs_scores import MIN_AGE_S
+from greenserve.common.cache_index.lcs_scores import MIN_AGE_S
 
 POOL_SIZE = 1024  # entries kept in the candidate pool after a refresh (adapted up to MAX_POOL_SIZE)
 MAX_POOL_SIZE = 8192
