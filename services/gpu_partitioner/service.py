@@ -1,4 +1,5 @@
-"""GpuPartitionerService wiring: settings, servicer and the build function the process entry point runs.
+"""GpuPartitionerService wiring: servicer and the build function the process entry point runs (its settings:
+settings.py).
 
 The service picks the real NVML backend when ``nvmlInit`` succeeds and the simulated backend otherwise
 (or as ``--backend`` says), reports which in GetInventory, finishes or rolls back applies a crash left
@@ -15,16 +16,13 @@ import asyncio
 import contextlib
 import logging
 import math
-import socket
 from collections.abc import Sequence
-from typing import ClassVar, Literal
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.common.app import ServiceContext
 from greenserve.common.client import ChannelConfig
-from greenserve.common.config import DependencyAddresses, ServiceSettings
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
 from greenserve.common import mig_geometry as geometry_mod
@@ -40,16 +38,16 @@ from greenserve.gpu_partitioner.backend import MigBackend, NotFoundError
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
-from greenserve.gpu_partitioner.follow import PlanFollowSettings, inventory_of, start_following
+from greenserve.gpu_partitioner.follow import inventory_of, start_following
 from greenserve.common.mig_geometry import CURRENT_DRIVER, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
 from greenserve.gpu_partitioner.power import PowerCoordinator
+from greenserve.gpu_partitioner.settings import GpuPartitionerSettings
 from greenserve.v1 import (
     common_pb2,
     gpu_partitioner_pb2,
     gpu_partitioner_pb2_grpc,
 )
-from pydantic import Field
 
 log = logging.getLogger("greenserve.gpu_partitioner")
 
@@ -73,28 +71,6 @@ KIND_TO_ENUM = {
     planner.ENABLE_MIG: gpu_partitioner_pb2.LAYOUT_STEP_KIND_ENABLE_MIG,
     planner.DISABLE_MIG: gpu_partitioner_pb2.LAYOUT_STEP_KIND_DISABLE_MIG,
 }
-
-
-class GpuPartitionerSettings(ServiceSettings, DependencyAddresses, PlanFollowSettings):
-    """Flags and GREENSERVE_* env vars of greenserve-gpu-partitioner."""
-
-    service_name: ClassVar[str] = "gpu_partitioner"
-
-    backend: Literal["auto", "nvml", "simulated"] = Field(
-        "auto", description="MIG backend: auto (NVML when nvmlInit works, else simulated), nvml or simulated")
-    sim_gpus: str = Field(
-        "A100-40GB", description="simulated GPUs, comma-separated models (A100-40GB, A100-80GB, H100-80GB, "
-        "H200-141GB), ':nomig' to start with MIG off, or GPUs without MIG (T4, V100, L40: where a DPD pair's "
-        "decoder runs); used on first start of an empty database")
-    recovery_policy: Literal["rollback", "resume"] = Field(
-        "rollback", description="what to do at start with an apply a crash left open: restore the previous layout "
-        "(rollback) or finish it (resume, once its drain was done); the same for a GPU power limit / clock change")
-    require_router: bool = Field(
-        True, description="refuse to destroy GPU instances when the router cannot be asked to drain their engines")
-    energy_sample_interval_s: float = Field(
-        15.0, ge=0, le=3600, description="seconds between energy samples (0: only on GetEnergy and applies); "
-        "15 s is CodeCarbon's default measure_power_secs (codecarbon EmissionsTracker)")
-    node_name: str = Field(default_factory=socket.gethostname, description="node name reported in the inventory")
 
 
 def _ts(value: object) -> Timestamp | None:
