@@ -210,10 +210,11 @@ async def test_replicas_never_route_on_an_older_plan_and_agree_on_the_newest(tmp
             boundary_s = (math.floor(first_s / 3600.0) + 1) * 3600.0
             # plans in quick succession until MIN_PLANS are out and the clock is past an interval boundary
             while len(plans) < MIN_PLANS or virtual_clock.now_s() < boundary_s + 2 * PUSH_EVERY_S * SPEED:
+                if plans:
+                    await asyncio.sleep(PUSH_EVERY_S)
                 plans.append((await opt.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=4),
                                                     timeout=60)).plan)
                 pushed_at = time.monotonic()
-                await asyncio.sleep(PUSH_EVERY_S)
             newest = plans[-1].version
             for name in stubs:
                 await until(lambda name=name: decisions.versions[name][-1:] == [newest], AGREE_S,
