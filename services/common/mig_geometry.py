@@ -72,7 +72,7 @@ class Placement:
 
 
 @dataclass(frozen=True)
-class Profile:
+class MigProfile:
     """A GPU-instance profile of one GPU model (values of ``nvmlDeviceGetGpuInstanceProfileInfo``)."""
 
     name: str
@@ -108,7 +108,7 @@ class GpuGeometry:
 
     model: str
     display_name: str
-    profiles: tuple[Profile, ...]
+    profiles: tuple[MigProfile, ...]
     memory_slices: int = 8
     compute_slices: int = 7
     memory_mib: int = 0
@@ -121,22 +121,22 @@ class GpuGeometry:
     pci_ids: tuple[str, ...] = ()
     name_patterns: tuple[str, ...] = ()
     source: str = "table"  # "table" or "nvml" (read from the device)
-    _by_name: dict[str, Profile] = field(default_factory=dict, compare=False, repr=False)
+    _by_name: dict[str, MigProfile] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_name.update({p.name: p for p in self.profiles})
 
-    def profile(self, name: str) -> Profile:
+    def profile(self, name: str) -> MigProfile:
         """The profile called `name`; KeyError when the model has none."""
         return self._by_name[name]
 
     def has_profile(self, name: str) -> bool:
         return name in self._by_name
 
-    def profile_by_id(self, profile_id: int) -> Profile | None:
+    def profile_by_id(self, profile_id: int) -> MigProfile | None:
         return next((p for p in self.profiles if p.profile_id == profile_id), None)
 
-    def with_device_profiles(self, profiles: Sequence[Profile]) -> GpuGeometry:
+    def with_device_profiles(self, profiles: Sequence[MigProfile]) -> GpuGeometry:
         """A copy whose profile table is what the device reported (names/placements from NVML)."""
         return replace(self, profiles=tuple(profiles), source="nvml", _by_name={})
 
@@ -292,7 +292,7 @@ def _load_table(path: Path) -> dict[str, GpuGeometry]:
     models: dict[str, GpuGeometry] = {}
     for model, spec in data["models"].items():
         profiles = tuple(
-            Profile(
+            MigProfile(
                 name=p["name"], nvml_constant=p["nvml_constant"], nvml_value=int(p["nvml_value"]),
                 profile_id=int(p["profile_id"]), compute_slices=int(p["compute_slices"]),
                 memory_slices=int(p["memory_slices"]), starts=tuple(int(s) for s in p["starts"]),

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
+from greenserve.forecaster.csv_sources import HOUR_S, RegularSeries
 from greenserve.forecaster.forecast_models import DEFAULT_MODEL, make_model
 from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION, fill_gaps
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
@@ -98,7 +98,7 @@ def backtest_span_hours(history_hours: int, horizon_hours: int, days: int) -> in
     return 24 * days + history_hours + max(horizon_hours, 24) + 24
 
 
-def backtest_days(series: GridSeries, history_hours: int, horizon_hours: int, days: int) -> list[int]:
+def backtest_days(series: RegularSeries, history_hours: int, horizon_hours: int, days: int) -> list[int]:
     """Start indices (into ``series.values``) of the last ``days`` whole UTC days whose full history and
     forecast window lie inside the series, oldest first. Raises ``ValueError`` when there is none."""
     if series.step_s != HOUR_S:
@@ -141,7 +141,7 @@ def _ape(forecast: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return np.abs(forecast[ok] - truth[ok]) / np.abs(truth[ok]) * 100.0
 
 
-def run_backtest(series: GridSeries, *, history_hours: int = 72, horizon_hours: int = 24, days: int = 7,
+def run_backtest(series: RegularSeries, *, history_hours: int = 72, horizon_hours: int = 24, days: int = 7,
                  model: str = DEFAULT_MODEL, holidays: Holidays | None = None) -> BacktestResult:
     """Backtest ``model`` on ``series`` with the issue's windows (``holidays``: the region's public holidays, off
     days for the calendar-aware members; known in advance, so no peeking)."""

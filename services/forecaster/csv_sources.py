@@ -1,7 +1,7 @@
 """Readers for the time-series files the forecaster ingests, and resampling onto a regular grid.
 
 Every reader returns a :class:`RawSeries`: UTC timestamps (epoch seconds) and float values, in file order,
-plus a name and what the values measure. :func:`to_grid` turns that into a :class:`GridSeries` on a regular
+plus a name and what the values measure. :func:`to_grid` turns that into a :class:`RegularSeries` on a regular
 step with NaN where no observation exists (gaps are reported, never invented).
 
 Layouts (columns chosen by flag, or detected from the header by :func:`detect_layout`):
@@ -63,7 +63,7 @@ class RawSeries:
 
 
 @dataclass
-class GridSeries:
+class RegularSeries:
     """A regular series: ``values[i]`` covers ``[start_s + i*step_s, start_s + (i+1)*step_s)``; NaN = missing."""
 
     name: str
@@ -378,7 +378,7 @@ def requests_to_counts(
     return first, counts / step_s
 
 
-def read_azure_request_trace(path: str | Path, step_s: int = 60, name: str = "azure2023-conv") -> GridSeries:
+def read_azure_request_trace(path: str | Path, step_s: int = 60, name: str = "azure2023-conv") -> RegularSeries:
     """Azure LLM 2023 per-request trace (``TIMESTAMP,ContextTokens,GeneratedTokens``) to req/s per interval.
 
     Only whole intervals inside the trace's span are kept (a partial first/last interval would read low).
@@ -389,7 +389,7 @@ def read_azure_request_trace(path: str | Path, step_s: int = 60, name: str = "az
     start = int(np.ceil(t.min() / step_s) * step_s)
     end = int(np.floor(t.max() / step_s) * step_s)
     first, rates = requests_to_counts(t, step_s, start, end)
-    return GridSeries(name=name, start_s=first, step_s=step_s, values=rates, kind="load",
+    return RegularSeries(name=name, start_s=first, step_s=step_s, values=rates, kind="load",
                       signal="requests_per_s", region=name, source="azure-request-trace")
 
 
@@ -399,7 +399,7 @@ def read_azure_request_trace(path: str | Path, step_s: int = 60, name: str = "az
 
 
 def to_grid(raw: RawSeries, step_s: int = HOUR_S,
-            min_coverage_fraction: float = MIN_BIN_COVERAGE_FRACTION) -> GridSeries:
+            min_coverage_fraction: float = MIN_BIN_COVERAGE_FRACTION) -> RegularSeries:
     """Resample onto a regular ``step_s`` grid aligned to multiples of ``step_s`` (UTC).
 
     Finer data: each bin is the mean of the observations in it, missing when fewer than
@@ -432,7 +432,7 @@ def to_grid(raw: RawSeries, step_s: int = HOUR_S,
     if len(finite) == 0:
         raise ValueError(f"{raw.name}: no finite values")
     lo, hi = int(finite[0]), int(finite[-1]) + 1
-    return GridSeries(
+    return RegularSeries(
         name=raw.name, start_s=start + lo * step_s, step_s=step_s, values=values[lo:hi], kind=raw.kind,
         signal=raw.signal, region=raw.region, source=raw.source,
     )
@@ -518,7 +518,7 @@ def catalog(data_dir: Path | None = None) -> list[CatalogEntry]:
     return entries
 
 
-def load_entry(entry: CatalogEntry, data_dir: Path | None = None, step_s: int = HOUR_S) -> GridSeries:
+def load_entry(entry: CatalogEntry, data_dir: Path | None = None, step_s: int = HOUR_S) -> RegularSeries:
     """Load one catalogue entry onto an hourly grid (``data_dir`` None: a shipped entry)."""
     path = (data_dir or PACKAGE_DIR) / entry.path
     if entry.loader == "ci-csv":

@@ -20,7 +20,7 @@ import numpy as np
 
 from greenserve.common.parent_death import exit_with_parent
 from greenserve.forecaster.backtest import BacktestResult, limit_native_threads, run_backtest
-from greenserve.forecaster.csv_sources import GridSeries
+from greenserve.forecaster.csv_sources import RegularSeries
 from greenserve.forecaster.forecast_models import Model, make_model
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
 
@@ -58,7 +58,7 @@ def _worker_init(parent_pid: int) -> None:
     limit_native_threads(1)
 
 
-def _backtest(series: GridSeries, history_hours: int, horizon_hours: int, days: int, model: str,
+def _backtest(series: RegularSeries, history_hours: int, horizon_hours: int, days: int, model: str,
               holidays: Holidays | None) -> BacktestResult:
     return run_backtest(series, history_hours=history_hours, horizon_hours=horizon_hours, days=days, model=model,
                         holidays=holidays)
@@ -78,7 +78,7 @@ class FitPool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fit_blob, model, values, period, start_s, holidays)
 
-    async def backtest(self, series: GridSeries, history_hours: int, horizon_hours: int, days: int,
+    async def backtest(self, series: RegularSeries, history_hours: int, horizon_hours: int, days: int,
                        model: str, holidays: Holidays | None = None) -> BacktestResult:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, _backtest, series, history_hours, horizon_hours, days,

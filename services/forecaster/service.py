@@ -35,7 +35,7 @@ from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFou
 from greenserve.common.server import Registration, registration
 from greenserve.forecaster import fitting, ingest
 from greenserve.forecaster.backtest import backtest_span_hours, check_windows
-from greenserve.forecaster.csv_sources import HOUR_S, GridSeries
+from greenserve.forecaster.csv_sources import HOUR_S, RegularSeries
 from greenserve.forecaster.forecast_models import MODELS
 from greenserve.forecaster.forecast_models.base import DEFAULT_COVERAGE_FRACTION
 from greenserve.forecaster.forecast_models.holiday_calendar import Holidays
@@ -334,7 +334,7 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
             span_s = backtest_span_hours(history, horizon, days) * HOUR_S  # what the windows read, no more
             first, grid = await asyncio.to_thread(ingest.load_grid, self.db, state.series_id, HOUR_S,
                                                   last - span_s, None)
-            series = GridSeries(f"{state.key.kind}/{state.key.key}/{state.key.signal}", first, HOUR_S, grid)
+            series = RegularSeries(f"{state.key.kind}/{state.key.key}/{state.key.signal}", first, HOUR_S, grid)
             holidays = self.holidays_of(state.key)
         elif which == "inline":
             series = await asyncio.to_thread(_inline_series, request.inline,
@@ -383,7 +383,7 @@ def _range_end(request: forecaster_pb2.GetPointsRequest, field: str) -> int | No
     return ingest.check_time_s(field, time.seconds)
 
 
-def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> GridSeries:
+def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> RegularSeries:
     """Inline points as a grid over the last ``span_hours`` hours (all a backtest reads; older points are
     checked, then left out)."""
     if not inline.points:
@@ -406,7 +406,7 @@ def _inline_series(inline: forecaster_pb2.InlineSeries, span_hours: int) -> Grid
     first = int(times[0])
     grid = np.full(int((times[-1] - first) // HOUR_S) + 1, np.nan)
     grid[(times - first) // HOUR_S] = values
-    return GridSeries(inline.name or "inline", first, HOUR_S, grid)
+    return RegularSeries(inline.name or "inline", first, HOUR_S, grid)
 
 
 async def build(ctx: ServiceContext) -> list[Registration]:

@@ -163,7 +163,7 @@ Emitted = tuple[SeriesKey, np.ndarray, np.ndarray, int]
 
 
 @dataclass
-class Plan:
+class LoadChanges:
     """What one call changes: the open hours (oldest first) of each pool it touched, and the completed hours to
     store (series key, times, rates, index of the sample that completed the hour)."""
 
@@ -202,7 +202,7 @@ class LoadAccumulator:
         """Whether a sample of ``sample_hour_s`` whose window ends at ``end_s`` closes the hour ``hour_s``."""
         return sample_hour_s >= hour_s + 2 * HOUR_S or end_s >= hour_s + HOUR_S + self.late_s
 
-    def plan(self, samples: list[Sample]) -> Plan:
+    def plan(self, samples: list[Sample]) -> LoadChanges:
         """The effect of ``samples`` in order, without changing this accumulator; InvalidArgument naming the
         first sample of an hour already closed (emitted, or older than the hour before the newest one, or that
         hour once its grace has passed), or completing an hour whose rate is out of range."""
@@ -228,7 +228,7 @@ class LoadAccumulator:
             bucket.add(smp)
             assert len(open_hours) <= MAX_OPEN_HOURS, (smp.pool, [b.hour_s for b in open_hours])
             touched[smp.pool] = open_hours
-        return Plan(touched, emitted)
+        return LoadChanges(touched, emitted)
 
     def _check_late(self, smp: Sample, newest: _Bucket) -> None:
         """A sample of an hour with no open bucket, older than the pool's newest open hour: taken (opening the
@@ -244,7 +244,7 @@ class LoadAccumulator:
                                   f"samples are taken up to {self.late_s:g} s after it ends, and a sample ending at "
                                   f"{_iso(newest.hour_s + newest.span_end_s)} has arrived")
 
-    def commit(self, plan: Plan) -> None:
+    def commit(self, plan: LoadChanges) -> None:
         self.buckets.update(plan.buckets)
 
     @staticmethod

@@ -51,7 +51,7 @@ from greenserve.gpu_partitioner.backend import (
     PowerReading,
     ResetRequiredError,
 )
-from greenserve.common.mig_geometry import GpuGeometry, Placement, Profile
+from greenserve.common.mig_geometry import GpuGeometry, Placement, MigProfile
 
 log = logging.getLogger("greenserve.gpu_partitioner.nvml")
 
@@ -126,11 +126,11 @@ class NvmlBackend:
         model = geometry_mod.identify_model(name=name, pci_device_id=pci)
         return None if model is None else geometry_mod.geometry(model)
 
-    def _read_profiles(self, handle: Any, table: GpuGeometry | None) -> list[Profile]:
+    def _read_profiles(self, handle: Any, table: GpuGeometry | None) -> list[MigProfile]:
         """GI profiles the device offers (needs MIG on: the V call answers NOT_SUPPORTED otherwise)."""
         N = self.N
         constants = {getattr(N, n): n for n in dir(N) if n.startswith("NVML_GPU_INSTANCE_PROFILE_") and n != "NVML_GPU_INSTANCE_PROFILE_COUNT"}
-        profiles: list[Profile] = []
+        profiles: list[MigProfile] = []
         for const in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
                 info = N.nvmlDeviceGetGpuInstanceProfileInfo(handle, const)
@@ -151,7 +151,7 @@ class NvmlBackend:
             known = table.profile_by_id(info.id) if table is not None else None
             raw_name = _text(getattr(info, "name", "") or "")
             name = raw_name.removeprefix("MIG ").strip() or (known.name if known else f"profile-{info.id}")
-            profiles.append(Profile(
+            profiles.append(MigProfile(
                 name=name, nvml_constant=constants.get(const, str(const)), nvml_value=const, profile_id=int(info.id),
                 compute_slices=int(info.sliceCount), memory_slices=int(placements[0][1]),
                 starts=tuple(sorted(int(p[0]) for p in placements)), max_instances=int(info.instanceCount),
@@ -160,7 +160,7 @@ class NvmlBackend:
             ))
         return profiles
 
-    def _mig_identity(self, mig: Any, profile: Profile) -> tuple[str, int]:
+    def _mig_identity(self, mig: Any, profile: MigProfile) -> tuple[str, int]:
         """UUID and memory of a MIG device handle; without a handle (not enumerated yet) an empty UUID and
         the profile's nominal memory. Memory falls back to the profile when NVML cannot report it."""
         if mig is None:
@@ -171,7 +171,7 @@ class NvmlBackend:
         except self.N.NVMLError:
             return uuid, profile.memory_mib * MIB
 
-    def _gpu_instances(self, handle: Any, profile: Profile) -> list[Any]:
+    def _gpu_instances(self, handle: Any, profile: MigProfile) -> list[Any]:
         N = self.N
         count = ctypes.c_uint(0)
         array = (N.c_nvmlGpuInstance_t * max(1, profile.max_instances))()

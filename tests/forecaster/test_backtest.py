@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from greenserve.forecaster.backtest import backtest_days, naive_forecast, run_backtest
-from greenserve.forecaster.csv_sources import GridSeries
+from greenserve.forecaster.csv_sources import RegularSeries
 
 from .conftest import DAY0_S, daily_series
 
 
-def series(values: np.ndarray, start_s: int = DAY0_S) -> GridSeries:
-    return GridSeries("synthetic", start_s, 3600, np.asarray(values, dtype=float))
+def series(values: np.ndarray, start_s: int = DAY0_S) -> RegularSeries:
+    return RegularSeries("synthetic", start_s, 3600, np.asarray(values, dtype=float))
 
 
 def test_days_are_the_last_whole_utc_days_with_full_history() -> None:

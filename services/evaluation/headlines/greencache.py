@@ -50,7 +50,7 @@ from greenserve.evaluation.headlines.greencache_carbon import (
     other_embodied_g_per_h,
 )
 from greenserve.evaluation.headlines.greencache_profile import (
-    Profile,
+    CacheSizeProfile,
     build_profile,
     profile_from_size,
     prompt_stats,
@@ -110,9 +110,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     (the others interpolated in size), for tests; the full run replays every 1 TB size."""
     requests = 300 if quick else 1500
     sizes = (0, 2, 4, 8, 12, 16) if quick else tuple(range(MAX_TB + 1))
-    setups: dict[WorkloadShape, tuple[float, Profile]] = {}
+    setups: dict[WorkloadShape, tuple[float, CacheSizeProfile]] = {}
 
-    def setup(shape: WorkloadShape, service: str = "conv") -> tuple[float, list[float], Profile]:
+    def setup(shape: WorkloadShape, service: str = "conv") -> tuple[float, list[float], CacheSizeProfile]:
         if shape not in setups:
             peak = sustainable_rate(requests=requests, shape=shape, resolution=0.05 if quick else 0.02)
             ladder = (LADDER_FLOOR * peak,
@@ -217,7 +217,7 @@ def _describe(a: Assumptions) -> dict[str, Any]:
                          "mean_output_tokens": a.workload.mean_output_tokens, **prompt_stats(a.workload)}}
 
 
-def _best_hour(day: dict[str, Any], profile: Profile, rates: list[float], ci: list[float]) -> dict[str, Any]:
+def _best_hour(day: dict[str, Any], profile: CacheSizeProfile, rates: list[float], ci: list[float]) -> dict[str, Any]:
     """FR's best hour in the paper's setting: its rate, CI, size and the modelled server power with Full Cache
     (to set against the ~1 kW GreenCache's best hour implies)."""
     saved = [(f - g) / f for f, g in zip(day["full_cache_g_by_hour"], day["greencache_g_by_hour"])]

@@ -10,7 +10,7 @@ import numpy as np
 from greenserve.common import carbon
 from greenserve.common.carbon_params import CarbonParams
 from greenserve.common.embodied_carbon import amortised_embodied_g
-from greenserve.evaluation.headlines.greencache_profile import Profile
+from greenserve.evaluation.headlines.greencache_profile import CacheSizeProfile
 from greenserve.evaluation.headlines.greencache_setting import (
     GPU_ONLY,
     HOUR_S,
@@ -51,7 +51,7 @@ def hour_carbon_g(power_w: float, ci: float, size_tb: int, params: CarbonParams,
             "total_g": operational + ssd + other}
 
 
-def grid_day(profile: Profile, region: str, rates: list[float], params: CarbonParams,
+def grid_day(profile: CacheSizeProfile, region: str, rates: list[float], params: CarbonParams,
               ci: list[float] | None = None, power: PowerAccounting = GPU_ONLY) -> dict[str, Any]:
     ci = day_ci(region) if ci is None else ci
     sizes = profile.sizes_tb

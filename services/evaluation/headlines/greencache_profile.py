@@ -25,7 +25,7 @@ from greenserve.simulator.replay import replay
 from greenserve.simulator.replay_fleet import EngineSpec, FleetConfig
 from greenserve.simulator.workloads import Workload, multi_turn_workload
 
-__all__ = ["Profile", "build_profile", "profile_from_size", "prompt_stats", "sustainable_rate"]
+__all__ = ["CacheSizeProfile", "build_profile", "profile_from_size", "prompt_stats", "sustainable_rate"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _point(size_tb: float, rate_per_s: float, n: int, seed: int, shape: Workload
 
 
 @dataclass(frozen=True)
-class Profile:
+class CacheSizeProfile:
     sizes_tb: tuple[int, ...]
     rates_per_s: tuple[float, ...]
     points: tuple[tuple[_Point, ...], ...]  # [size][rate]
@@ -129,7 +129,7 @@ class Profile:
 
 
 def build_profile(rates_per_s: tuple[float, ...], *, sizes_tb: tuple[int, ...], requests: int,
-                  seed: int = 7, shape: WorkloadShape | None = None) -> Profile:
+                  seed: int = 7, shape: WorkloadShape | None = None) -> CacheSizeProfile:
     points = tuple(tuple(_point(s, r, requests, seed, shape) for r in rates_per_s) for s in sizes_tb)
     if sizes_tb != tuple(range(MAX_TB + 1)):  # interpolate the missing 1 TB sizes (smooth in the hit rate)
         full_sizes = tuple(range(MAX_TB + 1))
@@ -141,8 +141,8 @@ def build_profile(rates_per_s: tuple[float, ...], *, sizes_tb: tuple[int, ...], 
                         for f in ("ttft_ok", "tpot_ok", "power_w", "hit_rate")]
                 row.append(_Point(*(float(np.interp(size, sizes_tb, v)) for v in vals)))
             pts.append(tuple(row))
-        return Profile(full_sizes, rates_per_s, tuple(pts))
-    return Profile(sizes_tb, rates_per_s, points)
+        return CacheSizeProfile(full_sizes, rates_per_s, tuple(pts))
+    return CacheSizeProfile(sizes_tb, rates_per_s, points)
 
 
 def sustainable_rate(*, requests: int, seed: int = 7, lo: float = 0.05, hi: float = 4.0,
@@ -161,10 +161,10 @@ def sustainable_rate(*, requests: int, seed: int = 7, lo: float = 0.05, hi: floa
 
 
 
-def profile_from_size(profile: Profile, min_tb: int) -> Profile:
+def profile_from_size(profile: CacheSizeProfile, min_tb: int) -> CacheSizeProfile:
     """The profile without the sizes below ``min_tb`` (GreenCache's sweeps start at 1 TB: Sec. 3.1.3)."""
     keep = [i for i, s in enumerate(profile.sizes_tb) if s >= min_tb]
-    return Profile(tuple(profile.sizes_tb[i] for i in keep), profile.rates_per_s, tuple(profile.points[i] for i in keep))
+    return CacheSizeProfile(tuple(profile.sizes_tb[i] for i in keep), profile.rates_per_s, tuple(profile.points[i] for i in keep))
 
 
 def prompt_stats(shape: WorkloadShape) -> dict[str, float]:

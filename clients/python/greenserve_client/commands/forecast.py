@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_series(ns: argparse.Namespace, kind: str = "ci"):  # GridSeries, imported lazily
+def _read_series(ns: argparse.Namespace, kind: str = "ci"):  # a csv_sources.RegularSeries, imported lazily
     from greenserve.forecaster.csv_sources import read_csv_series, to_grid
 
     raw = read_csv_series(
