@@ -2,7 +2,7 @@
 
 Protocol (one GPU at a time):
 
-1. **validate** the target against the GPU's geometry and compute the minimal plan (`planner`);
+1. **validate** the target against the GPU's geometry and compute the minimal plan (`layout_diff`);
    a dry run stops here and returns the steps.
 2. **journal**: one transaction writes the run (previous layout, target) and every step as ``pending``.
 3. **drain**: ask the router (``RouterService.Drain`` with ``wait``) to stop sending work to the engines
@@ -37,12 +37,12 @@ from typing import Any, Protocol
 
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
-from greenserve.gpu_partitioner import planner
+from greenserve.gpu_partitioner import layout_diff
 from greenserve.gpu_partitioner.backend import GpuState, MigBackend
 from greenserve.gpu_partitioner.energy import EnergyAccountant
 from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from greenserve.gpu_partitioner.models import ApplyJournalEntry, ApplyRun
-from greenserve.gpu_partitioner.planner import Step
+from greenserve.gpu_partitioner.layout_diff import Step
 from sqlalchemy import select
 
 log = logging.getLogger("greenserve.gpu_partitioner.apply")
@@ -128,7 +128,7 @@ class ApplyCoordinator:
 
     async def prepare(
         self, gpu_uuid: str, placed: Sequence[Placement], unplaced: Sequence[str]
-    ) -> tuple[GpuState, GpuGeometry, planner.LayoutPlan]:
+    ) -> tuple[GpuState, GpuGeometry, layout_diff.LayoutPlan]:
         """Validate the target for the GPU and compute the plan (LayoutError on a bad target)."""
         gpu = await asyncio.to_thread(self.backend.gpu, gpu_uuid)
         if not gpu.mig_capable:
@@ -137,9 +137,9 @@ class ApplyCoordinator:
             raise ApplyPreconditionError(f"GPU {gpu_uuid} has a MIG mode change pending a GPU reset")
         geo = await asyncio.to_thread(self.backend.geometry, gpu_uuid)
         driver = self.backend.driver_branch()
-        target = planner.resolve_target(geo, placed, unplaced, gpu.layout, driver=driver)
-        plan = planner.plan(geo, gpu.layout, target, mig_enabled=gpu.mig_enabled, driver=driver)
-        if any(s.kind == planner.ENABLE_MIG for s in plan.steps) and geo.mode_change_needs_reset:
+        target = layout_diff.resolve_target(geo, placed, unplaced, gpu.layout, driver=driver)
+        plan = layout_diff.plan(geo, gpu.layout, target, mig_enabled=gpu.mig_enabled, driver=driver)
+        if any(s.kind == layout_diff.ENABLE_MIG for s in plan.steps) and geo.mode_change_needs_reset:
             # A100: the mode change only takes effect after a GPU reset, which this service never triggers on
             # a shared GPU (MIG User Guide, "Enable MIG Mode"). The operator enables MIG (nvidia-smi -i N -mig 1 +
             # reset) first.
@@ -185,9 +185,9 @@ class ApplyCoordinator:
             await self._run(apply_id, gpu, geo, plan, drain_timeout_s)
             return self.get(apply_id)
 
-    async def _run(self, apply_id: str, gpu: GpuState, geo: GpuGeometry, plan: planner.LayoutPlan, drain_timeout_s: float) -> None:
+    async def _run(self, apply_id: str, gpu: GpuState, geo: GpuGeometry, plan: layout_diff.LayoutPlan, drain_timeout_s: float) -> None:
         gpu_uuid = gpu.uuid
-        destroyed = {s.placement for s in plan.steps if s.kind == planner.DESTROY}
+        destroyed = {s.placement for s in plan.steps if s.kind == layout_diff.DESTROY}
         affected = [i.uuid for i in gpu.instances if i.placement in destroyed and i.uuid]
         # --- drain ------------------------------------------------------------------------------
         try:
@@ -244,15 +244,15 @@ class ApplyCoordinator:
             raise RuntimeError(f"GPU instances without a MIG device UUID: {', '.join(missing)}")
 
     def _execute(self, gpu_uuid: str, step: Step) -> None:
-        if step.kind == planner.DESTROY:
+        if step.kind == layout_diff.DESTROY:
             assert step.placement is not None
             self.backend.destroy_instance(gpu_uuid, step.placement)
-        elif step.kind == planner.CREATE:
+        elif step.kind == layout_diff.CREATE:
             assert step.placement is not None
             self.backend.create_instance(gpu_uuid, step.placement)
-        elif step.kind == planner.ENABLE_MIG:
+        elif step.kind == layout_diff.ENABLE_MIG:
             self.backend.set_mig_mode(gpu_uuid, True)
-        elif step.kind == planner.DISABLE_MIG:
+        elif step.kind == layout_diff.DISABLE_MIG:
             self.backend.set_mig_mode(gpu_uuid, False)
         else:
             raise ValueError(f"unknown step kind {step.kind!r}")
@@ -261,7 +261,7 @@ class ApplyCoordinator:
         """Bring the GPU from whatever it holds now to `goal`; returns the state read back (raises on failure)."""
         now = await asyncio.to_thread(self.backend.gpu, gpu_uuid)
         geo = await asyncio.to_thread(self.backend.geometry, gpu_uuid)
-        steps = planner.plan(geo, now.layout, goal, mig_enabled=now.mig_enabled,
+        steps = layout_diff.plan(geo, now.layout, goal, mig_enabled=now.mig_enabled,
                              target_mig_enabled=goal_mig_enabled or bool(goal)).steps
         for step in steps:
             await asyncio.to_thread(self._execute, gpu_uuid, step)

@@ -6,7 +6,7 @@
 1. takes the ``mig_layouts`` whose GPU is on this node (the others belong to other nodes' partitioners); a layout
    for a GPU this process listed on the node earlier but that is gone now (fallen off the bus) is not applied,
    the other GPUs' are, and the outcome is FAILED ("partially applied", naming the GPU), retried by the watchdog;
-2. validates every one of them against its GPU's geometry (planner/geometry, the same checks as
+2. validates every one of them against its GPU's geometry (layout_diff/geometry, the same checks as
    ``ApplyLayout``), every placement's pool and model variant against the fleet inventory, and the serving mode
    of every pool it runs against what its launcher's engines can run, before anything changes: one invalid part
    -> REFUSED naming it, nothing changed;
@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable
 
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, Outcome
-from greenserve.gpu_partitioner import planner
+from greenserve.gpu_partitioner import layout_diff
 from greenserve.gpu_partitioner.apply import (
     DEFAULT_DRAIN_TIMEOUT_S,
     ApplyBusy,
@@ -216,8 +216,8 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
                 state = ROLLED_BACK if result.state == "rolled_back" else FAILED
                 what = "rolled back to the previous layout" if state == ROLLED_BACK else "failed"
                 return state, "; ".join([f"apply {result.apply_id} {what}: {result.error}", *restarted])
-            creates = sum(1 for s in lplan.steps if s.kind == planner.CREATE)
-            destroys = sum(1 for s in lplan.steps if s.kind == planner.DESTROY)
+            creates = sum(1 for s in lplan.steps if s.kind == layout_diff.CREATE)
+            destroys = sum(1 for s in lplan.steps if s.kind == layout_diff.DESTROY)
             changed.append(f"layout applied (apply {result.apply_id}: {destroys} GI destroyed, {creates} created, "
                            f"{len(lplan.kept)} kept)")
             # engines somebody else registered on instances that are gone now

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from greenserve.gpu_partitioner import planner
+from greenserve.gpu_partitioner import layout_diff
 from greenserve.gpu_partitioner.apply import ApplyCoordinator, ApplyPreconditionError
 from greenserve.gpu_partitioner.backend import GpuState, MigBackendError, NotFoundError
 from greenserve.common.engine_launch import MODE_NAMES, EngineSupervisor, mode_name
@@ -33,7 +33,7 @@ class GpuTarget:
     index: int  # in interval.mig_layouts
     gpu: GpuState
     geo: GpuGeometry
-    plan: planner.LayoutPlan
+    plan: layout_diff.LayoutPlan
     wants: dict[Placement, Want] = field(default_factory=dict)
 
 

@@ -15,7 +15,7 @@ Unknown keys are errors, as in mig-parted. Profile keys may carry a compute-inst
 the partitioner runs one engine per GI.
 
 mig-parted is count-based: a config says *how many* of each profile, not *where*. Importing places the
-counts with the planner's packing rule (``planner.resolve_target``); exporting drops placements. An entry
+counts with the planner's packing rule (``layout_diff.resolve_target``); exporting drops placements. An entry
 with ``mig-enabled: false`` becomes a layout with no GIs. ``devices: all`` becomes one layout with an empty
 ``gpu_uuid`` (every GPU of the model); an index becomes the UUID of the GPU at that index when the service
 knows it, else ``index:<n>``.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from greenserve.gpu_partitioner import planner
+from greenserve.gpu_partitioner import layout_diff
 from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 
 ENTRY_KEYS = {"devices", "mig-enabled", "mig-devices", "device-filter"}
@@ -157,7 +157,7 @@ def parse(text: str, geo: GpuGeometry, *, index_to_uuid: Mapping[int, str] | Non
                                          f"{geo.memory_slices} GPU instances")
                 names.extend([name] * count)
             try:
-                placements = planner.resolve_target(geo, [], names)
+                placements = layout_diff.resolve_target(geo, [], names)
             except LayoutError as exc:
                 raise MigPartedError(f"{epath}.mig-devices", f"does not fit on one {geo.model}: {exc}") from None
             targets = [""] if devices == "all" else [index_to_uuid.get(d, f"index:{d}") for d in devices]

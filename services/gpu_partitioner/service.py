@@ -26,7 +26,7 @@ from greenserve.common.client import ChannelConfig
 from greenserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from greenserve.common.server import Registration, registration
 from greenserve.common import mig_geometry as geometry_mod
-from greenserve.gpu_partitioner import migparted, planner
+from greenserve.gpu_partitioner import layout_diff, migparted
 from greenserve.gpu_partitioner.apply import (
     DEFAULT_DRAIN_TIMEOUT_S,
     ApplyBusy,
@@ -66,10 +66,10 @@ STATE_TO_ENUM = {
     "failed": gpu_partitioner_pb2.APPLY_STATE_FAILED,
 }
 KIND_TO_ENUM = {
-    planner.DESTROY: gpu_partitioner_pb2.LAYOUT_STEP_KIND_DESTROY,
-    planner.CREATE: gpu_partitioner_pb2.LAYOUT_STEP_KIND_CREATE,
-    planner.ENABLE_MIG: gpu_partitioner_pb2.LAYOUT_STEP_KIND_ENABLE_MIG,
-    planner.DISABLE_MIG: gpu_partitioner_pb2.LAYOUT_STEP_KIND_DISABLE_MIG,
+    layout_diff.DESTROY: gpu_partitioner_pb2.LAYOUT_STEP_KIND_DESTROY,
+    layout_diff.CREATE: gpu_partitioner_pb2.LAYOUT_STEP_KIND_CREATE,
+    layout_diff.ENABLE_MIG: gpu_partitioner_pb2.LAYOUT_STEP_KIND_ENABLE_MIG,
+    layout_diff.DISABLE_MIG: gpu_partitioner_pb2.LAYOUT_STEP_KIND_DISABLE_MIG,
 }
 
 
@@ -112,7 +112,7 @@ def _placed_indices(layout: common_pb2.MigLayout) -> list[int]:
     return [i for i, p in enumerate(layout.placements) if p.size != 0]
 
 
-def _step_proto(step: planner.Step) -> gpu_partitioner_pb2.LayoutStep:
+def _step_proto(step: layout_diff.Step) -> gpu_partitioner_pb2.LayoutStep:
     msg = gpu_partitioner_pb2.LayoutStep(kind=KIND_TO_ENUM[step.kind])
     if step.placement is not None:
         msg.placement.CopyFrom(common_pb2.MigPlacement(profile=step.placement.profile, start=step.placement.start,
@@ -222,10 +222,10 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
             raise _layout_error(exc, "from", _placed_indices(getattr(request, "from"))) from None
         placed, unplaced = _placements(request.to, "to")
         try:
-            target = planner.resolve_target(geo, placed, unplaced, current)
+            target = layout_diff.resolve_target(geo, placed, unplaced, current)
         except LayoutError as exc:
             raise _layout_error(exc, "to", _placed_indices(request.to)) from None
-        result = planner.plan(geo, current, target)
+        result = layout_diff.plan(geo, current, target)
         return gpu_partitioner_pb2.DiffLayoutsResponse(
             steps=[_step_proto(s) for s in result.steps],
             kept=[common_pb2.MigPlacement(profile=p.profile, start=p.start, size=p.size) for p in result.kept],
@@ -308,7 +308,7 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
             for i, layout in enumerate(request.layouts.layouts):
                 placed, unplaced = _placements(layout, f"layouts.layouts[{i}]")
                 try:
-                    layouts.append((layout.gpu_uuid, planner.resolve_target(geo, placed, unplaced)))
+                    layouts.append((layout.gpu_uuid, layout_diff.resolve_target(geo, placed, unplaced)))
                 except LayoutError as exc:
                     raise _layout_error(exc, f"layouts.layouts[{i}]", _placed_indices(layout)) from None
             try:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 from greenserve.common import mig_geometry as geometry
-from greenserve.gpu_partitioner import planner
+from greenserve.gpu_partitioner import layout_diff
 from greenserve.common.mig_geometry import GpuGeometry, LayoutError, Placement
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -127,13 +127,13 @@ def test_plan_is_legal_at_every_step_reaches_target_and_keeps_shared_instances(d
     geo = data.draw(MODELS)
     current = data.draw(valid_layout(geo))
     target = data.draw(valid_layout(geo))
-    result = planner.plan(geo, current, target)
+    result = layout_diff.plan(geo, current, target)
     layout = list(current)
     destroyed: set[Placement] = set()
     for step in result.steps:
-        layout = planner.apply_step(geo, layout, step)  # raises if the step is illegal here
+        layout = layout_diff.apply_step(geo, layout, step)  # raises if the step is illegal here
         assert geo.is_valid(layout)
-        if step.kind == planner.DESTROY:
+        if step.kind == layout_diff.DESTROY:
             destroyed.add(step.placement)  # type: ignore[arg-type]
     assert sorted(layout) == sorted(target)
     shared = set(current) & set(target)
@@ -148,7 +148,7 @@ def test_unplaced_targets_keep_as_many_instances_as_any_placement_would(data: st
     current = data.draw(valid_layout(geo))
     wanted = data.draw(valid_layout(geo))
     names = [p.profile for p in wanted]
-    resolved = planner.resolve_target(geo, [], names, current)
+    resolved = layout_diff.resolve_target(geo, [], names, current)
     assert geo.is_valid(resolved) and sorted(p.profile for p in resolved) == sorted(names)
     # no placement of the same profiles keeps more: compare with the random placement we drew
     assert len(set(resolved) & set(current)) >= len(set(wanted) & set(current))
@@ -156,5 +156,5 @@ def test_unplaced_targets_keep_as_many_instances_as_any_placement_would(data: st
 
 def test_plan_with_mig_off_enables_first() -> None:
     geo = geometry.geometry("H100-80GB")
-    result = planner.plan(geo, [], [Placement(0, 8, "7g.80gb")], mig_enabled=False)
-    assert [s.kind for s in result.steps] == [planner.ENABLE_MIG, planner.CREATE]
+    result = layout_diff.plan(geo, [], [Placement(0, 8, "7g.80gb")], mig_enabled=False)
+    assert [s.kind for s in result.steps] == [layout_diff.ENABLE_MIG, layout_diff.CREATE]

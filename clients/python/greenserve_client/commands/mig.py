@@ -29,7 +29,7 @@ from greenserve.common.cli_parser import Parser
 from greenserve.common.config import DependencyAddresses
 from greenserve.common.mig_instances import instance_engine_ids
 from greenserve.common import mig_geometry as geometry_mod
-from greenserve.gpu_partitioner import planner
+from greenserve.gpu_partitioner import layout_diff
 from greenserve.common.mig_geometry import CURRENT_DRIVER, LayoutError
 
 from greenserve_client import rpc_errors
@@ -120,12 +120,12 @@ def cmd_diff(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
             return _fail(f"--from: {exc}")
         placed, unplaced = geometry_mod.parse_layout(geo, ns.to_layout)
         try:
-            target = planner.resolve_target(geo, placed, unplaced, current)
+            target = layout_diff.resolve_target(geo, placed, unplaced, current)
         except LayoutError as exc:
             return _fail(f"--to: {exc}")
     except LayoutError as exc:
         return _fail(str(exc))
-    result = planner.plan(geo, current, target)
+    result = layout_diff.plan(geo, current, target)
     if ns.json:
         print(json.dumps({"gpu": ns.gpu, "steps": [s.to_json() for s in result.steps],
                           "kept": [p.to_json() for p in result.kept], "target": [p.to_json() for p in result.target]}))
