@@ -15,7 +15,7 @@ How an engine is simulated (vLLM V1 continuous batching with chunked prefill):
   to ``max_num_batched_tokens`` prefill tokens (minus one per decoding sequence) are computed in the step,
   together with one decode token for every running sequence.
 * Between batch-composition changes the engine is in a **decode run** to the next completion, one event
-  (``EngineState.run_time``). A request routed to an engine in a decode run cuts the run at the end of the
+  (``ReplayEngine.run_time``). A request routed to an engine in a decode run cuts the run at the end of the
   step in progress.
 
 Energy: a step's energy is ``power_w(utilisation) x duration``; it is shared by the step's tokens (a
@@ -35,7 +35,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 
-from greenserve.simulator.replay_engine import EngineState
+from greenserve.simulator.replay_engine import ReplayEngine
 from greenserve.simulator.replay_fleet import FleetConfig
 from greenserve.simulator.replay_result import ReplayResult, finish_replay
 from greenserve.simulator.replay_routing import make_policy
@@ -59,7 +59,7 @@ class _Sim:
         if fleet.autoscale is not None:
             initial = fleet.autoscale.initial_engines or fleet.autoscale.min_engines
             initial = max(fleet.autoscale.min_engines, min(initial, n_eng))
-        self.engines = [EngineState(i, spec, workload.hash_block_tokens, i < initial) for i, spec in enumerate(fleet.engines)]
+        self.engines = [ReplayEngine(i, spec, workload.hash_block_tokens, i < initial) for i, spec in enumerate(fleet.engines)]
         self.policy = make_policy(fleet.policy, fleet.seed)
         self.disagg = any(e.role != "both" for e in self.engines)
         n = len(workload)
@@ -149,7 +149,7 @@ class _Sim:
         e = self.policy.choose(self, r, cands) if len(cands) > 1 else cands[0]
         self.enqueue(self.engines[e], r, now)
 
-    def enqueue(self, eng: EngineState, r: int, now: float) -> None:
+    def enqueue(self, eng: ReplayEngine, r: int, now: float) -> None:
         self.eng_of[r] = eng.idx
         eng.waiting.append(r)
         eng.outstanding += 1
@@ -162,7 +162,7 @@ class _Sim:
         elif eng.state == 2:
             self.cut_run(eng, now)
 
-    def cut_run(self, eng: EngineState, now: float) -> None:
+    def cut_run(self, eng: ReplayEngine, now: float) -> None:
         """End the current decode run at the end of the step in progress at ``now``."""
         elapsed = now - eng.run_t0
         n = eng.run_n
@@ -183,7 +183,7 @@ class _Sim:
             self.push(eng.run_end, _EV_STEP, eng.idx, eng.version)
 
     # -- scheduling -----------------------------------------------------------------------------------
-    def schedule(self, eng: EngineState, now: float) -> None:
+    def schedule(self, eng: ReplayEngine, now: float) -> None:
         """Start the engine's next step (mixed prefill step, decode run) or make it idle."""
         waiting = eng.waiting
         B = eng.B
@@ -275,7 +275,7 @@ class _Sim:
 
     step_extra_tmp = 0.0
 
-    def admit(self, eng: EngineState, r: int, need: int, now: float) -> None:
+    def admit(self, eng: ReplayEngine, r: int, need: int, now: float) -> None:
         """Reserve KV, look the prefix up in the tiers and apply the read-or-recompute rule."""
         self.admitted[r] = True
         self.need[r] = need
@@ -306,7 +306,7 @@ class _Sim:
         self.hit_h[r], self.hit_d[r], self.hit_k[r] = h_tok, d_tok, k_tok
         self.done[r] = h_tok + d_tok + k_tok
 
-    def join_decode(self, eng: EngineState, r: int) -> None:
+    def join_decode(self, eng: ReplayEngine, r: int) -> None:
         S = eng.S
         self.s_start[r] = S
         self.a_start[r] = eng.A
@@ -314,7 +314,7 @@ class _Sim:
         eng.B += 1
         heapq.heappush(eng.fin_heap, (S + self.output[r] - 1, r))
 
-    def finish(self, eng: EngineState, r: int, now: float) -> None:
+    def finish(self, eng: ReplayEngine, r: int, now: float) -> None:
         self.t_finish[r] = now
         self.energy[r] += eng.A - self.a_start[r]
         eng.reserved -= self.need[r]
@@ -322,7 +322,7 @@ class _Sim:
         eng.base_sum -= self.prompt[r] + 1 - self.s_start[r]
         eng.outstanding -= 1
 
-    def step_end(self, eng: EngineState, now: float) -> None:
+    def step_end(self, eng: ReplayEngine, now: float) -> None:
         if eng.state == 2:
             n, B = eng.run_n, eng.B
             dt = now - eng.run_t0
@@ -381,7 +381,7 @@ class _Sim:
         self.schedule(eng, now)
 
     # -- disaggregation -------------------------------------------------------------------------------
-    def start_transfer(self, eng: EngineState, r: int, now: float) -> None:
+    def start_transfer(self, eng: ReplayEngine, r: int, now: float) -> None:
         nbytes = self.prompt[r] * self.kv_bytes[eng.idx]
         start = max(self.link_free, now)
         dur = self.fleet.kv_link_latency_s + nbytes / self.fleet.kv_link_bandwidth_bytes_per_s

@@ -3,7 +3,7 @@
 Between batch-composition changes an engine is in a **decode run**: the time of ``n`` decode steps with a fixed
 batch is a closed-form sum (step time is piecewise linear in the growing context: the larger of a memory line
 and a compute line, or the speculative-decoding round's line), so a run to the next completion is one event, not
-one per token (``EngineState.run_time``).
+one per token (``ReplayEngine.run_time``).
 
 Bookkeeping is lazy and O(1) per event: a per-engine decode-step counter gives every running request's remaining
 tokens (finish heap keyed by target step), context sums and energy per sequence are running accumulators. The
@@ -19,12 +19,12 @@ from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay_fleet import EngineSpec
 from greenserve.simulator.tiers import PrefixTiers
 
-__all__ = ["EngineState"]
+__all__ = ["ReplayEngine"]
 
 INF = math.inf
 
 
-class EngineState:
+class ReplayEngine:
     """Mutable state of one simulated engine (hot path: plain attributes, no properties)."""
 
     __slots__ = (

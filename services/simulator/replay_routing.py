@@ -21,7 +21,7 @@ INF = math.inf
 
 
 
-class RoutingPolicy(Protocol):
+class ReplayRouting(Protocol):
     """Chooses an engine index for request ``r`` among ``candidates`` (routable engine indices)."""
 
     def choose(self, sim: _Sim, r: int, candidates: list[int]) -> int: ...
@@ -109,7 +109,7 @@ class WeightedRandom:
         return candidates[-1]
 
 
-def make_policy(policy: Any, seed: int = 0) -> RoutingPolicy:
+def make_policy(policy: Any, seed: int = 0) -> ReplayRouting:
     """A policy object from a name (``round_robin``, ``least_loaded``, ``prefix_affinity``) or an object."""
     if isinstance(policy, str):
         if policy == "round_robin":
