@@ -2,10 +2,11 @@
 
 The profiler says, per measured point, what the engine's KV connector did over the window
 (``ProfilePoint.kv_connector_state``, from vLLM's external-prefix counters: ``profiler/engine_metrics.py``).
-LMCache's vLLM connector on a CPU build runs in a degraded mode that stores nothing: asked for thousands of prefix
-tokens, it serves none (DEGRADED). A pool whose latest verdict is DEGRADED gets no cache target: a DRAM or disk size
-for a tier that serves nothing would count prefix hits that never come (capacity, energy) and pay its embodied carbon
-for nothing. A later profile in which the connector served tokens (WORKING) takes the fault back.
+LMCache's in-process vLLM connector (LMCacheConnectorV1) on a CPU build runs in a degraded mode that stores nothing:
+asked for thousands of prefix tokens, it serves none (DEGRADED). A pool whose latest verdict is DEGRADED gets no
+cache target: a DRAM or disk size for a tier that serves nothing would count prefix hits that never come (capacity,
+energy) and pay its embodied carbon for nothing. A later profile in which the connector served tokens (WORKING)
+takes the fault back.
 
 A profile belongs to a pool when its model (or variant) is one the pool serves and its hardware is one of the pool's
 engines' (or it names none).

@@ -13,10 +13,13 @@ missed), with any connector. That is the only LMCache figure on vLLM's page in L
 ``num_requested_tokens`` are in-process-mode metrics (``lmcache/observability.py``), on vLLM's page only with a
 shared ``PROMETHEUS_MULTIPROC_DIR``; they are read when vLLM's counters saw no connector query.
 
-A KV connector that does not work is told by ``kv_connector_verdict``: LMCache's vLLM connector on a CPU build starts,
-logs "No supported cpu connector found" and stores nothing, silently (degraded mode); vLLM then keeps asking it for
-the prompt tokens its own prefix cache missed, and it never has any. Over a window in which the connector was asked
-for at least ``DEGRADED_MIN_QUERY_TOKENS`` tokens and served none, the tier is reported as not working.
+A KV connector that does not work is told by ``kv_connector_verdict``: LMCache's in-process vLLM connector
+(LMCacheConnectorV1) on a CPU build starts, logs "No supported cpu connector found" and stores nothing, silently
+(degraded mode); vLLM then keeps asking it for the prompt tokens its own prefix cache missed, and it never has any.
+Over a window in which the connector was asked for at least ``DEGRADED_MIN_QUERY_TOKENS`` tokens and served none, the
+tier is reported as not working. A working tier asked only for tokens nobody stored yet serves none either, so the
+verdict is sound on a window whose prompts the tier was given before the engine's own cache lost them (a restart:
+tests/real_engine/test_lmcache_degraded.py, where LMCache's multiprocess connector reads "working").
 
 Power: an engine that models its own power (an emulator) may export ``greenserve:engine_energy_joules`` (counter)
 or ``greenserve:engine_power_watts`` (gauge); a real vLLM exports neither, so its power comes from NVML.
