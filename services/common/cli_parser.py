@@ -15,7 +15,7 @@ import sys
 from typing import NoReturn
 
 _UNKNOWN_IN = "_greenserve_unknown_flags_parser"  # namespace attribute: the innermost parser that left extras
-_NO_DEFAULT = (None, False, argparse.SUPPRESS, [], "")
+_NO_DEFAULT: tuple[object, ...] = (None, False, argparse.SUPPRESS, [], "")
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsConfigDict
@@ -188,7 +188,8 @@ def load_settings(cls: type[S], argv: list[str] | None = None, prog: str | None 
     args = sys.argv[1:] if argv is None else argv
     name = prog or getattr(cls, "service_name", "") or "greenserve"
     try:
-        source = CliSettingsSource(cls, cli_prog_name=name, cli_kebab_case=True, root_parser=_root_parser(cls, name))
+        source: CliSettingsSource[Any] = CliSettingsSource(cls, cli_prog_name=name, cli_kebab_case=True,
+                                                            root_parser=_root_parser(cls, name))
         _plain_defaults(source.root_parser)
         return CliApp.run(cls, cli_args=args, cli_settings_source=source)
     except ValidationError as exc:

@@ -83,7 +83,7 @@ class Tier:
         self.ttl_s = spec.ttl_s
         self.group_ttls = dict(spec.group_ttls_s or {})
         self.by_group: dict[int, OrderedDict[int, float]] = {}  # elastic: group -> block -> last access
-        self._t = None  # time of the last size change (block-seconds)
+        self._t: float | None = None  # time of the last size change (block-seconds)
         self.block_seconds = 0.0
         self.index: CacheIndex | None = None
         if self.policy == "LCS" and self.on:

@@ -60,7 +60,9 @@ class Milp:
             if integer and self.integer:
                 h.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
                                         np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
-            starts, index, value = [], [], []
+            starts: list[int] = []
+            index: list[int] = []
+            value: list[float] = []
             for _, _, coefficients in self.rows:
                 starts.append(len(index))
                 for c, v in coefficients.items():
