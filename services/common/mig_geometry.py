@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import Any
 
 DATA_FILE = Path(__file__).with_name("data") / "mig_profiles.toml"
 
@@ -64,8 +65,8 @@ class Placement:
         return {"profile": self.profile, "start": self.start, "size": self.size}
 
     @staticmethod
-    def from_json(value: dict[str, object]) -> Placement:
-        return Placement(start=int(value["start"]), size=int(value["size"]), profile=str(value["profile"]))  # type: ignore[arg-type]
+    def from_json(value: dict[str, Any]) -> Placement:
+        return Placement(start=int(value["start"]), size=int(value["size"]), profile=str(value["profile"]))
 
     def __str__(self) -> str:
         return f"{self.profile}@{self.start}:{self.size}"
@@ -211,7 +212,7 @@ class GpuGeometry:
     def candidates(self, profiles: Iterable[str] | None = None) -> list[Placement]:
         """Every (profile, legal start) placement of the allowed profiles."""
         names = [p.name for p in self.profiles] if profiles is None else list(profiles)
-        out = []
+        out: list[Placement] = []
         for name in names:
             prof = self.profile(name)
             out.extend(Placement(start=s, size=prof.memory_slices, profile=name) for s in prof.starts)

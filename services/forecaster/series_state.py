@@ -15,8 +15,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 from sqlalchemy import select
@@ -139,8 +141,8 @@ class FittedSeries:
             raise NotFound(f"no series {key.kind}/{key.key}/{key.signal}", field="series")
         return self.states[series_id]
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -70,15 +70,15 @@ def _validate(points: Sequence[object], kind: type, name: str) -> None:
         if not isinstance(p, kind):
             raise ValueError(f"{name}: every point must be a {kind.__name__}")
     if name == "prefill":
-        for p in points:  # type: ignore[assignment]
+        for p in points:
             if p.uncached_tokens < 1 or p.batch_size < 1 or p.cached_tokens < 0 or not p.time_s > 0:  # type: ignore[attr-defined]
                 raise ValueError("prefill: uncached_tokens and batch_size must be >= 1, time_s > 0")
     elif name == "decode":
-        for p in points:  # type: ignore[assignment]
+        for p in points:
             if p.batch_size < 1 or p.total_context_tokens < 0 or not p.time_s > 0:  # type: ignore[attr-defined]
                 raise ValueError("decode: batch_size must be >= 1, total_context_tokens >= 0, time_s > 0")
     else:
-        for p in points:  # type: ignore[assignment]
+        for p in points:
             if not 0.0 <= p.utilisation <= 1.0 or not p.power_w > 0:  # type: ignore[attr-defined]
                 raise ValueError("power: utilisation must be in [0, 1] and power_w > 0")
 
