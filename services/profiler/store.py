@@ -7,6 +7,7 @@ assigned here, one more than the key's latest, inside the transaction that inser
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterable, Sequence
 
@@ -94,7 +95,7 @@ def _to_proto(row: Profile) -> common_pb2.Profile:
     return profile
 
 
-def _ts(value) -> Timestamp:  # type: ignore[no-untyped-def]
+def _ts(value) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
@@ -179,7 +180,7 @@ class ProfileStore:
                 query = query.where(Profile.source == source)
             return int(s.scalar(query) or 0)
 
-    def put_many(self, profiles: Iterable[common_pb2.Profile]) -> list[common_pb2.Profile]:
+    def put_many(self, profiles: Iterable[common_pb2.Profile]) -> builtins.list[common_pb2.Profile]:  # list: the method
         """Validate all, then store all in one transaction (all or nothing)."""
         items: Sequence[common_pb2.Profile] = list(profiles)
         for i, p in enumerate(items):

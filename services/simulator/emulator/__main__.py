@@ -14,6 +14,8 @@ import logging
 import math
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from greenserve.common.cli_parser import Parser
 from greenserve.simulator.emulator.config import EmulatorConfig
@@ -49,7 +51,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _int_at_least(lo: int):  # type: ignore[no-untyped-def]
+def _int_at_least(lo: int):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
+    runner: Callable[..., Any]
     try:
         import uvloop
 
