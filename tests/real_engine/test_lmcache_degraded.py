@@ -40,13 +40,13 @@ import httpx
 import pytest
 
 from greenserve.common.engine_launch import EngineSpec, EngineSupervisor, VllmLauncher, make_launcher
-from greenserve.gpu_partitioner.service import GpuPartitionerSettings
+from greenserve.gpu_partitioner.settings import GpuPartitionerSettings
 from greenserve.optimizer import cache_tier_health
 from greenserve.profiler import engine_metrics
 from greenserve.profiler.engine_backend import EngineBackend
 from greenserve.profiler.keys import config_key
 from greenserve.profiler.method import as_proto, resolve
-from greenserve.profiler.service import ProfilerSettings
+from greenserve.profiler.settings import ProfilerSettings
 from greenserve.profiler.service import build as build_profiler
 from greenserve.profiler.settings_view import EngineSettingsView
 from greenserve.profiler.store import validate_profile
