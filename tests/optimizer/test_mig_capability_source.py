@@ -8,9 +8,9 @@ import pytest
 from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer import inputs as inputs_module
 from greenserve.optimizer.fleet import merge_fleet
+from greenserve.optimizer.plan_builder import Planner
 from greenserve.optimizer.planning import (
     KnobPlan,
-    Planner,
     PlanningInputs,
     SeriesForecast,
 )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from greenserve.common.carbon_params import load_default_params
 from greenserve.optimizer.capacity import Capability
+from greenserve.optimizer.plan_builder import Planner
 from greenserve.optimizer.planning import (
     KnobPlan,
-    Planner,
     PlanningInputs,
     SeriesForecast,
 )
