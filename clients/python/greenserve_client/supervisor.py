@@ -11,7 +11,6 @@ the sidecars, with SIGTERM, then SIGKILL for any that outlive the grace period.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import signal
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from greenserve.common.cli_parser import Parser
 from greenserve.common.client import ChannelConfig, create_channel, wait_until_serving
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, ServiceSettings
 from greenserve.common.parent_death import dies_with_parent
@@ -79,7 +79,7 @@ def service_token(args: list[str]) -> str | None:
     service reads it: --auth-token-file / --auth-token among ``args`` (the last of each), else the
     GREENSERVE_AUTH_TOKEN_FILE / GREENSERVE_AUTH_TOKEN environment; a file wins over a token. None: auth off.
     ValueError for an empty file, OSError for an unreadable one."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = Parser(add_help=False)
     parser.add_argument("--auth-token")
     parser.add_argument("--auth-token-file", type=Path)
     given, _ = parser.parse_known_args(args)
