@@ -2,17 +2,18 @@
 can take.
 
 Real processes: the optimizer and the cache-manager each in their own process (each on its SQLite database), the
-cache-manager following the optimizer's plans with ``--lmcache-max-dram-bytes`` set to 1 GiB (the flag, not the
-host's memory, so the limit is the same on every machine), and a real LMCache 0.5.6 server (the .venv-lmcache
-one, L1 0.25 GiB) whose controlled restart goes through a wrapper that logs each time the cache-manager runs it.
-Plan v1, activated in the optimizer, asks for an L1 of 2 GiB for the server's pool.
+cache-manager following the optimizer's plans, and a real LMCache 0.5.6 server (the .venv-lmcache one, L1
+0.25 GiB) whose controlled restart goes through a wrapper that logs each time the cache-manager runs it. Plan v1,
+activated in the optimizer, asks for more L1 for the server's pool than the cache-manager may give it: 2 GiB with
+``--lmcache-max-dram-bytes`` at 1 GiB (the same on every machine), and, the flag unset, 1 GiB more than this
+host's physical memory (the limit then for a server on this host).
 
 What must hold: ``plan status`` shows the cache-manager's REFUSED report for v1 naming the server, the size asked
 and the limit (and the flag it comes from), the fleet not matching the plan; the LMCache server keeps its size and
 is not restarted (the same pid, the restart command never run); the refusal is final for that plan, not retried per
 check: over the next ~10 s the restart command is never run, no resize is recorded and the report is not sent again
 (its time in the optimizer's database unchanged). Then plan v2, within the limit (0.5 GiB), is activated and applied
-with no operator call: APPLIED, one restart, the server at 0.5 GiB.
+with no operator call: APPLIED, one restart, the server at 0.5 GiB. About 35 s each at load 0.5.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from greenserve.cache_manager.enforcer import host_memory_bytes
 from greenserve.cache_manager.lmcache_admin import gib
 from greenserve.v1 import cache_manager_pb2 as cm_pb
 from greenserve.v1 import cache_manager_pb2_grpc as cm_grpc
@@ -83,7 +85,19 @@ def restarts(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_then_applies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("limit", ["flag", "host-memory"])
+async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_then_applies(tmp_path: Path,
+                                                                                            limit: str) -> None:
+    """flag: --lmcache-max-dram-bytes 1 GiB and a 2 GiB target; host-memory: the flag unset, so the limit of a
+    server on this host is the host's physical memory, and the target is 1 GiB more than that."""
+    if limit == "flag":
+        limit_bytes, too_large_bytes, source = LIMIT_BYTES, TOO_LARGE_BYTES, "--lmcache-max-dram-bytes"
+        limit_args = [f"--lmcache-max-dram-bytes={LIMIT_BYTES}"]
+    else:
+        limit_bytes = host_memory_bytes()
+        assert limit_bytes > 0
+        too_large_bytes, source = limit_bytes + GIB, "this host's memory (--lmcache-max-dram-bytes is unset)"
+        limit_args = []
     work = tmp_path / "lmcache"
     work.mkdir()
     wrapper, restart_log = tmp_path / "restart.py", tmp_path / "restarts.log"
@@ -97,8 +111,7 @@ async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_t
             start_service_process, "greenserve.cache_manager", "greenserve.v1.CacheManagerService", cm_dir, cm_port,
             env={}, log_name="cache_manager.log",
             extra_args=[f"--optimizer-addr=127.0.0.1:{opt_port}", "--instance=cm1",
-                        f"--lmcache-restart-command={restart}", f"--lmcache-max-dram-bytes={LIMIT_BYTES}",
-                        "--log-level=WARNING"])
+                        f"--lmcache-restart-command={restart}", *limit_args, "--log-level=WARNING"])
         opt_channel = grpc.aio.insecure_channel(f"127.0.0.1:{opt_port}")
         cm_channel = grpc.aio.insecure_channel(f"127.0.0.1:{cm_port}")
         opt = optimizer_pb2_grpc.OptimizerServiceStub(opt_channel)
@@ -107,11 +120,11 @@ async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_t
             await stub.RegisterCacheServer(cm_pb.RegisterCacheServerRequest(
                 server=cm_pb.CacheServer(id="lm1", pool="chat", url=server.http_url)))
             before = l1_bytes(server.http_url)
-            assert before < LIMIT_BYTES
+            assert before < limit_bytes
             pid = int(server.pidfile.read_text())
 
-            # v1: 2 GiB for pool chat, over the 1 GiB the cache-manager may give a server
-            v1 = await asyncio.to_thread(store_plan, opt_dir, "chat", TOO_LARGE_BYTES, 0)
+            # v1: more for pool chat than the cache-manager may give a server
+            v1 = await asyncio.to_thread(store_plan, opt_dir, "chat", too_large_bytes, 0)
             await opt.ActivatePlan(optimizer_pb2.ActivatePlanRequest(version=v1))
 
             async def final(version: int) -> bool:
@@ -122,8 +135,8 @@ async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_t
             await until(lambda: final(v1), 60, "the cache-manager's report on v1", every_s=0.2)
             report = await cache_manager_report(opt, v1)
             assert report.state == REFUSED, report.detail
-            assert (f"{gib(TOO_LARGE_BYTES)} is more than server lm1 of pool chat can take ({gib(LIMIT_BYTES)}); "
-                    "the limit is --lmcache-max-dram-bytes") in report.detail, report.detail
+            assert (f"{gib(too_large_bytes)} is more than server lm1 of pool chat can take ({gib(limit_bytes)}); "
+                    f"the limit is {source}") in report.detail, report.detail
             assert report.detail.startswith("plan.intervals[0].cache_targets[0].dram_bytes:"), report.detail
             assert report.detail.endswith("nothing changed"), report.detail
             status = await opt.GetPlanStatus(optimizer_pb2.GetPlanStatusRequest(version=v1))
@@ -135,7 +148,8 @@ async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_t
             assert status_json["version"] == v1
             (shown_report,) = status_json["reports"]
             assert shown_report["state"] == "refused", shown_report
-            assert "more than server lm1 of pool chat can take (1.0 GiB)" in shown_report["detail"], shown_report
+            assert f"more than server lm1 of pool chat can take ({gib(limit_bytes)})" in shown_report["detail"], \
+                shown_report
 
             # the server kept: its size, its process; the refusal not retried over WATCH_S
             first_report_at = report_time(opt_dir, v1)
