@@ -20,11 +20,11 @@ import uuid
 import httpx
 import openai
 import pytest
+from greenserve.profiler import engine_metrics
+from greenserve.router.routing import scrape
+from greenserve.simulator.emulator.metrics import EngineMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from greenserve.profiler import engine_metrics
-from greenserve.router import scrape
-from greenserve.simulator.emulator.metrics import EngineMetrics
 from tests.real_engine.conftest import Engine
 
 pytestmark = pytest.mark.timeout(600)

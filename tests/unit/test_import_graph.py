@@ -23,7 +23,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {frozenset(c) for c in (
      "greenserve.optimizer.solvers.routing_weights", "greenserve.optimizer.solvers.serving_modes"),
     ("greenserve.forecaster.forecast_models.base", "greenserve.forecaster.forecast_models.holiday_calendar"),
     ("greenserve.bench.router_engine", "greenserve.bench.router_launch", "greenserve.bench.router_measure"),
-    ("greenserve.router.disaggregated", "greenserve.router.upstream"),
     ("greenserve.cache_manager.eviction_choice", "greenserve.cache_manager.index"),
     # simulator.engine_profile loads a calibrated profile through profiler.step_fit (function-local)
     ("greenserve.profiler.calibrate", "greenserve.profiler.keys", "greenserve.profiler.mode_config",

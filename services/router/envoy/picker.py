@@ -31,9 +31,9 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from greenserve.router.core import RouterCore
 from greenserve.router.envoy.ledger import PROTOCOL, Ledger
-from greenserve.router.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
-from greenserve.router.policy import NoEngineError, UnknownTargetError
-from greenserve.router.prefix_index import chain_hashes
+from greenserve.router.front.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
+from greenserve.router.routing.policy import NoEngineError, UnknownTargetError
+from greenserve.router.routing.prefix_index import chain_hashes
 
 log = logging.getLogger("greenserve.router.envoy")
 

@@ -43,12 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from greenserve.router.engine_pool import _Origin
-from greenserve.router.engine_wire import EngineHttpError
-from greenserve.router.scrape import EngineMetrics
+from greenserve.router.routing.scrape import EngineMetrics
+from greenserve.router.upstream.engine_pool import _Origin
+from greenserve.router.upstream.engine_wire import EngineHttpError
 from greenserve.v1 import common_pb2
 
-log = logging.getLogger("greenserve.router.engines")
+log = logging.getLogger("greenserve.router.routing.engines")
 
 HEALTHY = common_pb2.ENGINE_STATE_HEALTHY
 DRAINING = common_pb2.ENGINE_STATE_DRAINING

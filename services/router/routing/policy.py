@@ -56,9 +56,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from greenserve.common.errors import shown
-from greenserve.router.engines import EngineRegistry, EngineState
-from greenserve.router.plans import PlanStore
-from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.routing.enforcer import ActivePlan
+from greenserve.router.routing.engines import EngineRegistry, EngineState
+from greenserve.router.routing.prefix_index import PrefixIndex
 
 
 class NoEngineError(Exception):
@@ -168,7 +168,7 @@ def _long_session_key(key: str) -> str:
 class RoutingPolicy:
     """Chooses an engine for a request; see the module docstring."""
 
-    def __init__(self, registry: EngineRegistry, index: PrefixIndex, plans: PlanStore, config: PolicyConfig) -> None:
+    def __init__(self, registry: EngineRegistry, index: PrefixIndex, plans: ActivePlan, config: PolicyConfig) -> None:
         self.registry = registry
         self.index = index
         self.plans = plans
