@@ -22,8 +22,9 @@ from greenserve.optimizer.solvers.routing_weights import (
 )
 from greenserve.router.routing.enforcer import ActivePlan, PlanWatcher
 from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy, rendezvous
+from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy
 from greenserve.router.routing.prefix_index import PrefixIndex
+from greenserve.router.routing.scorers import rendezvous
 from greenserve.v1 import common_pb2
 
 HOURS = 2

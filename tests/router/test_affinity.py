@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from greenserve.router.routing.enforcer import ActivePlan
 from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy, rendezvous
+from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy
 from greenserve.router.routing.prefix_index import PrefixIndex, chain_hashes, render_chat
+from greenserve.router.routing.scorers import rendezvous
 
 SYSTEM = ("system", "You answer questions about the grid. " * 30)  # ~1 KiB shared by every conversation
 

@@ -1,0 +1,67 @@
+"""One routing decision in the making: the engines still in the running and what the filters and scorers share.
+
+``RoutingPolicy.choose`` builds a ``Choice`` per request from the registry's candidates, runs its filters on it
+(filters.py), then its scorers (scorers.py), then picks the best total. Each filter narrows ``live``; the lists
+that run parallel to ``live`` (``loads``, ``queue``) are narrowed with it by ``keep``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from greenserve.router.routing.engines import EngineState
+
+
+class Choice:
+    """The state of one request's choice (see the module docstring); built and dropped per request. The class
+    attributes are the defaults a request without a plan, prompt blocks or session has (only set ones are
+    assigned: this runs once per request)."""
+
+    # the plan in force for the request's pool (set by the plan filter)
+    weights: dict[str, float] | None = None
+    plan_version = 0
+    unnamed_weight = 1.0  # weight of an engine the plan does not name: the mean of the named ones
+    max_weight = 1.0  # the largest plan weight among the engines the filters left (set by the plan scorer)
+    # per engine of ``live``: in-flight load and queue load (EngineState.loads), measured on first use
+    loads: list[float] | None = None
+    queue: list[float] = []  # noqa: RUF012 - replaced, never changed in place, before it is read
+    min_queue = 0.0
+    # the prompt's blocks each engine is believed to hold (never changed in place), the session's engine,
+    # the affinity target and its index in ``live``, the blocks of the prompt's affinity key
+    matches: Mapping[str, int] = MappingProxyType({})
+    sticky: str | None = None
+    target: EngineState | None = None
+    target_index = -1
+    key_blocks = 0
+
+    def __init__(self, pool: str, hashes: Sequence[int], exclude: frozenset[str] | set[str], now: float,
+                 candidates: list[EngineState], stale_after_s: float, decode_load_weight: float) -> None:
+        self.pool = pool
+        self.hashes = hashes
+        self.exclude = exclude
+        self.now = now
+        self.live = candidates
+        self.stale_after_s = stale_after_s
+        self.decode_load_weight = decode_load_weight
+        self.fallbacks: list[str] = []
+        self.total_blocks = len(hashes)
+
+    def measure_loads(self) -> list[float]:
+        """The in-flight load of each engine of ``live`` (the queue loads go to ``queue``); measured once."""
+        loads = self.loads
+        if loads is None:
+            now, stale, decode = self.now, self.stale_after_s, self.decode_load_weight
+            loads, queue = self.loads, self.queue = [], []
+            for e in self.live:  # a plain loop: cheaper than list comprehensions for a few engines
+                in_flight, queued = e.loads(now, stale, decode)
+                loads.append(in_flight)
+                queue.append(queued)
+        return loads
+
+    def keep(self, indices: list[int]) -> None:
+        """Narrows ``live`` (and the loads measured so far) to the engines at ``indices``."""
+        self.live = [self.live[i] for i in indices]
+        if self.loads is not None:
+            self.loads = [self.loads[i] for i in indices]
+            self.queue = [self.queue[i] for i in indices]
