@@ -12,28 +12,16 @@ from types import MappingProxyType
 
 from greenserve.router.routing.engines import EngineState
 
+_NO_MATCHES: Mapping[str, int] = MappingProxyType({})
+
 
 class Choice:
-    """The state of one request's choice (see the module docstring); built and dropped per request. The class
-    attributes are the defaults a request without a plan, prompt blocks or session has (only set ones are
-    assigned: this runs once per request)."""
+    """The state of one request's choice (see the module docstring); built and dropped per request (slots: the
+    cheapest object to build and read)."""
 
-    # the plan in force for the request's pool (set by the plan filter)
-    weights: dict[str, float] | None = None
-    plan_version = 0
-    unnamed_weight = 1.0  # weight of an engine the plan does not name: the mean of the named ones
-    max_weight = 1.0  # the largest plan weight among the engines the filters left (set by the plan scorer)
-    # per engine of ``live``: in-flight load and queue load (EngineState.loads), measured on first use
-    loads: list[float] | None = None
-    queue: list[float] = []  # noqa: RUF012 - replaced, never changed in place, before it is read
-    min_queue = 0.0
-    # the prompt's blocks each engine is believed to hold (never changed in place), the session's engine,
-    # the affinity target and its index in ``live``, the blocks of the prompt's affinity key
-    matches: Mapping[str, int] = MappingProxyType({})
-    sticky: str | None = None
-    target: EngineState | None = None
-    target_index = -1
-    key_blocks = 0
+    __slots__ = ("decode_load_weight", "exclude", "fallbacks", "hashes", "key_blocks", "live", "loads", "matches",
+                 "max_weight", "min_queue", "now", "plan_version", "pool", "queue", "stale_after_s", "sticky",
+                 "target", "target_index", "total_blocks", "unnamed_weight", "weights")
 
     def __init__(self, pool: str, hashes: Sequence[int], exclude: frozenset[str] | set[str], now: float,
                  candidates: list[EngineState], stale_after_s: float, decode_load_weight: float) -> None:
@@ -46,6 +34,22 @@ class Choice:
         self.decode_load_weight = decode_load_weight
         self.fallbacks: list[str] = []
         self.total_blocks = len(hashes)
+        # the plan in force for the request's pool (set by the plan filter)
+        self.weights: dict[str, float] | None = None
+        self.plan_version = 0
+        self.unnamed_weight = 1.0  # weight of an engine the plan does not name: the mean of the named ones
+        self.max_weight = 1.0  # the largest plan weight of the engines the filters left (set by the plan scorer)
+        # per engine of ``live``: in-flight load and queue load (EngineState.loads), measured on first use
+        self.loads: list[float] | None = None
+        self.queue: list[float] = []
+        self.min_queue = 0.0
+        # the prompt's blocks each engine is believed to hold, the session's engine, the affinity target and its
+        # index in ``live``, the blocks of the prompt's affinity key
+        self.matches: Mapping[str, int] = _NO_MATCHES
+        self.sticky: str | None = None
+        self.target: EngineState | None = None
+        self.target_index = -1
+        self.key_blocks = 0
 
     def measure_loads(self) -> list[float]:
         """The in-flight load of each engine of ``live`` (the queue loads go to ``queue``); measured once."""
