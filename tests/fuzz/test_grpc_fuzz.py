@@ -127,7 +127,7 @@ async def start_empty_router() -> tuple[str, grpc.aio.Server]:
 VOLATILE_TABLES: dict[str, set[str]] = {
     "greenserve.v1.ForecasterService": {"fitted_models"},  # refits run after an ingest, in the background
     "greenserve.v1.GpuPartitionerService": {"energy_accounts"},  # energy sampled on reads and applies
-    # each replica's heartbeat (router/shared_state.py); the health verdicts of its background probes (an engine
+    # each replica's heartbeat (router/routing/shared_state.py); the health verdicts of its background probes (an engine
     # a fuzzed RegisterEngine added at an unserved URL is ejected a few probes later, whatever call is in flight
     # then) and the change counter they bump; registrations themselves stay compared (the engines table)
     "greenserve.v1.RouterService": {"router_replicas", "engine_health", "state_version"},
