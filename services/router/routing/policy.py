@@ -126,7 +126,7 @@ class RoutingPolicy:
         self.filters: tuple[Filter, ...] = (
             AvailabilityFilter(), PlanFilter(plans),
             BoundedLoadFilter(config.bounded_load_factor, config.bounded_load_slack))
-        # summed in this order (the totals, hence the ties, are the same on every replica)
+        # added in this order: a floating-point sum, and so which engines tie, depends on it
         self.scorers: tuple[Scorer, ...] = (
             LoadScorer(config.load_weight), PlanScorer(config.plan_weight), PrefixScorer(config.prefix_weight),
             SessionScorer(config.session_weight), AffinityScorer(config.affinity_weight, config.affinity_queue_slack))
