@@ -53,14 +53,16 @@ class Choice:
 
     def measure_loads(self) -> list[float]:
         """The in-flight load of each engine of ``live`` (the queue loads go to ``queue``); measured once."""
-        loads = self.loads
-        if loads is None:
-            now, stale, decode = self.now, self.stale_after_s, self.decode_load_weight
-            loads, queue = self.loads, self.queue = [], []
-            for e in self.live:  # a plain loop: cheaper than list comprehensions for a few engines
-                in_flight, queued = e.loads(now, stale, decode)
-                loads.append(in_flight)
-                queue.append(queued)
+        if self.loads is not None:
+            return self.loads
+        now, stale, decode = self.now, self.stale_after_s, self.decode_load_weight
+        loads: list[float] = []
+        queue: list[float] = []
+        self.loads, self.queue = loads, queue
+        for e in self.live:  # a plain loop: cheaper than list comprehensions for a few engines
+            in_flight, queued = e.loads(now, stale, decode)
+            loads.append(in_flight)
+            queue.append(queued)
         return loads
 
     def keep(self, indices: list[int]) -> None:
