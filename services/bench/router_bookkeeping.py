@@ -28,15 +28,14 @@ async def measure(requests: int, prompt_chars: int, engines: int, metric_reader:
                   ) -> dict[str, Any]:
     """Microseconds of thread CPU per request for each stage, and the router's request count as /metrics
     would report it (a check that every request was counted)."""
+    from greenserve.common.telemetry import setup_telemetry
+    from greenserve.router.core import CoreConfig, RouterCore
+    from greenserve.router.routing.engines import EngineState
+    from greenserve.router.routing.prefix_index import chain_hashes
+    from greenserve.router.upstream.dispatcher import Call
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
-
-    from greenserve.common.telemetry import setup_telemetry
-    from greenserve.router.core import CoreConfig, RouterCore
-    from greenserve.router.engines import EngineState
-    from greenserve.router.prefix_index import chain_hashes
-    from greenserve.router.upstream import Call
 
     if requests < 1 or prompt_chars < 1 or engines < 1:
         raise ValueError("requests, prompt_chars and engines must be >= 1")

@@ -14,7 +14,7 @@ little CPU per streamed token as Python allows, so that the router is what the b
   (plus ``--ttft-s``, default 0), so a router's added TTFT is not hidden in a tick's phase;
   ``--tpot-s 0`` writes the whole stream at once (the workers phase's throughput engine).
 
-Routes, the subset of ``vllm serve`` the router uses (``upstream.py``, ``scrape.py``, ``core.py``):
+Routes, the subset of ``vllm serve`` the router uses (``upstream/dispatcher.py``, ``routing/scrape.py``, ``core.py``):
 ``POST /v1/completions`` and ``/v1/chat/completions`` (``stream`` true or false, ``stream_options.
 include_usage``; every request gets exactly ``max_tokens`` tokens, default 16), ``GET /health``,
 ``GET /v1/models`` and ``GET /metrics`` with the ``vllm:`` series the router scrapes (running, waiting,
@@ -36,7 +36,6 @@ from collections import deque
 from typing import Any
 
 import httptools
-
 from greenserve.common.cli_parser import Parser
 
 DEFAULT_MODEL = "noop"

@@ -244,7 +244,7 @@ def _engine_prefix_tokens(engines: list[str]) -> tuple[float, float]:
     """(hit tokens, queried tokens) summed over the engines, from their /metrics."""
     import urllib.request
 
-    from greenserve.router.scrape import parse_metrics
+    from greenserve.router.routing.scrape import parse_metrics
 
     hits = queries = 0.0
     for url in engines:

@@ -14,7 +14,7 @@ Two launchers build the command of one engine behind one small interface (`Engin
   node, each with LMCache's in-process connector (``--kv-transfer-config`` with ``LMCacheConnectorV1``,
   ``kv_producer`` / ``kv_consumer``, the ``kv_connector_extra_config`` of LMCache's disaggregated-prefill example)
   and LMCache's PD settings as ``LMCACHE_*`` variables (``pd_settings``: NIXL channel, sender / receiver, the
-  receiver's host and init/alloc ports, buffers), behind the router's proxy (``router/disaggregated.py``).
+  receiver's host and init/alloc ports, buffers), behind the router's proxy (``router/upstream/disaggregated.py``).
   A DPD engine without a role and DSD are refused (vLLM has no disaggregated speculative decoding: GreenLLM's
   is its own plug-in).
 * `EmulatorLauncher`: ``greenserve-engine-sim --port P --model <served name> --profile <sim model>@<hardware>

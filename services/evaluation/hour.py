@@ -115,7 +115,7 @@ def _mix64(x: int) -> int:
 
 
 class ConversationAffinity:
-    """The router's routing in the replay (router/policy.py): every turn of a conversation goes to the engine that
+    """The router's routing in the replay (router/routing/policy.py): every turn of a conversation goes to the engine that
     weighted rendezvous hashing of its conversation picks (score ``w / -ln(u)``, ``u`` from the conversation and the
     engine), each engine winning a share of conversations proportional to its plan weight; an engine more than
     ``load_slack`` requests above the least loaded candidate is passed over for the next in the conversation's

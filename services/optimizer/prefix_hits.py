@@ -4,7 +4,7 @@ prompt tokens found in a cache tier / prompt tokens, of the window replayed last
 
 Source: the cache-manager's access history (GetAccessWindow of ``[now - WINDOW_S, now)``), which the router fills
 through ReportAccesses, one HIT (its ``hit_tokens``) or MISS and the STORE of the whole prompt per request
-(services/router/feeds.py). The requests are paired from those records as the replay traces pair them
+(services/router/accounting/feeds.py). The requests are paired from those records as the replay traces pair them
 (``replay_trace.paired_requests``). The hits are what the router's prefix index matched on the engine it chose, so a
 prefix the engine evicted still counts as a hit here; vLLM's own counters (``vllm:prefix_cache_hits`` /
 ``vllm:prefix_cache_queries``) stay with the router's scrapes and are not read by the optimizer.

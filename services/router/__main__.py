@@ -11,7 +11,7 @@ loop under load (bench router, 256 streams), i.e. every request in flight.
 import asyncio
 import gc
 
-from greenserve.router.service import RouterSettings, build
+from greenserve.router.front.service import RouterSettings, build
 from greenserve.router.workers import run_router
 
 GC_THRESHOLDS = (20_000, 20, 50)

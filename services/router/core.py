@@ -20,18 +20,15 @@ import grpc
 from greenserve.common import carbon
 from greenserve.common.client import ChannelConfig, create_channel
 from greenserve.common.persistence import Database
-from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
-from greenserve.router.engine_admin import EngineAdmin
-from greenserve.router.engine_sleep import EngineSleeper, SleepSettings
-from greenserve.router.engine_replies import MAX_MODELS_BYTES, ReplyTooLarge, read_capped
-from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.feeds import AccessFeed, LoadFeed
-from greenserve.router.folded_metrics import FoldedCounter, FoldedHistogram, FoldedLabelledCounter, MetricFolder
-from greenserve.router.monitor import EngineMonitor
-from greenserve.router.plans import PlanStore, PlanWatcher
-from greenserve.router.policy import PolicyConfig, RoutingPolicy
-from greenserve.router.prefix_index import PrefixIndex
-from greenserve.router.receipt import (
+from greenserve.router.accounting.attainment import AttainmentReporter, AttainmentWindow
+from greenserve.router.accounting.feeds import AccessFeed, LoadFeed
+from greenserve.router.accounting.folded_metrics import (
+    FoldedCounter,
+    FoldedHistogram,
+    FoldedLabelledCounter,
+    MetricFolder,
+)
+from greenserve.router.accounting.receipt import (
     CarbonIntensityCache,
     CarbonSettings,
     Measurement,
@@ -40,7 +37,14 @@ from greenserve.router.receipt import (
     compute_receipt,
     load_router_defaults,
 )
-from greenserve.router.shared_state import (
+from greenserve.router.routing.enforcer import ActivePlan, PlanWatcher
+from greenserve.router.routing.engine_admin import EngineAdmin
+from greenserve.router.routing.engine_sleep import EngineSleeper, SleepSettings
+from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.routing.monitor import EngineMonitor
+from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy
+from greenserve.router.routing.prefix_index import PrefixIndex
+from greenserve.router.routing.shared_state import (
     HEARTBEAT_S,
     Listener,
     SharedState,
@@ -49,7 +53,8 @@ from greenserve.router.shared_state import (
     until_wall_s,
     wall_to_monotonic,
 )
-from greenserve.router.upstream import Call, Dispatcher, make_session
+from greenserve.router.upstream.dispatcher import Call, Dispatcher, make_session
+from greenserve.router.upstream.engine_replies import MAX_MODELS_BYTES, ReplyTooLarge, read_capped
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -136,7 +141,7 @@ class RouterCore(EngineAdmin):
         self._refresh: asyncio.Future[bool] | None = None  # a read for a target unknown here (refresh_state)
         self._placement_task: asyncio.Task[None] | None = None  # _watch_placements
         self._refreshed_at = -UNKNOWN_REFRESH_MIN_INTERVAL_S
-        self.plans = PlanStore(db)
+        self.plans = ActivePlan(db)
         self.policy = RoutingPolicy(self.registry, self.index, self.plans, config.policy)
         self.monitor = EngineMonitor(self.registry, scrape_interval_s=config.scrape_interval_s,
                                      health_interval_s=config.health_interval_s, probe_timeout_s=config.probe_timeout_s)
@@ -436,7 +441,7 @@ class RouterCore(EngineAdmin):
 
     def _watch_placements(self) -> None:
         """Reads the fleet again, at growing intervals, while the interval in force weights MIG placements no
-        engine of the fleet runs at yet (``PlanStore.unresolved_placements``). A plan that changes a MIG layout
+        engine of the fleet runs at yet (``ActivePlan.unresolved_placements``). A plan that changes a MIG layout
         names the new instances by placement; the gpu-partitioner creates them, starts their engines and reports
         them only after the plan arrived, and a report of new instances does not make a new plan (the optimizer
         would chase its own tail), so without this their engines had no weight until the next plan, up to an

@@ -13,11 +13,11 @@ from greenserve.common.config import (
     ServiceSettings,
 )
 from greenserve.router.core import CoreConfig
-from greenserve.router.engine_pool import STREAM_IDLE_TIMEOUT_S
-from greenserve.router.engine_sleep import SleepSettings
-from greenserve.router.engines import engine_url_problem
-from greenserve.router.http_guard import HttpLimits, default_max_connections
-from greenserve.router.policy import PolicyConfig
+from greenserve.router.front.http_guard import HttpLimits, default_max_connections
+from greenserve.router.routing.engine_sleep import SleepSettings
+from greenserve.router.routing.engines import engine_url_problem
+from greenserve.router.routing.policy import PolicyConfig
+from greenserve.router.upstream.engine_pool import STREAM_IDLE_TIMEOUT_S
 from pydantic import Field, model_validator
 
 

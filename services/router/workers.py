@@ -60,7 +60,7 @@ from greenserve.common.tasks import cancel_and_wait
 if TYPE_CHECKING:
     from greenserve.common.config import ServiceSettings
     from greenserve.router.core import RouterCore
-    from greenserve.router.http_front import HttpFront
+    from greenserve.router.front.http_front import HttpFront
 
 log = logging.getLogger("greenserve.router.workers")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import common_pb2, optimizer_pb2, router_pb2, router_pb2_grpc
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.v1 import common_pb2, optimizer_pb2, router_pb2, router_pb2_grpc
 
 from tests.up_process import children_of, pids_alive

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from greenserve.common.errors import InvalidArgument
 from greenserve.profiler import spec as profiler_spec
-from greenserve.router.service import RouterSettings, build
+from greenserve.router.front.service import RouterSettings, build
 from greenserve.v1 import common_pb2, profiler_pb2, router_pb2, router_pb2_grpc
+
 from tests.profiler.conftest import sim_spec
 
 BAD_URLS = ["http://[::1", "http://h:99999", "http://h:port/"]  # urllib raises ValueError on each

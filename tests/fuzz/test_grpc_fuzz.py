@@ -38,19 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import greenserve.v1
 import grpc
 import pytest
 import pytest_asyncio
+from greenserve.common.app import start_service
+from greenserve.common.server import ServiceServer
+from greenserve.common.telemetry import setup_telemetry
+from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import greenserve.v1
-from greenserve.common.app import start_service
-from greenserve.common.server import ServiceServer
-from greenserve.common.telemetry import setup_telemetry
-from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.conftest import free_port
 from tests.fuzz.conftest import fuzz_cases, fuzz_seed
 from tests.fuzz.messages import Corpus, MessageFuzzer
@@ -91,7 +91,7 @@ SERVICES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "greenserve.v1.GpuPartitionerService": ("greenserve.gpu_partitioner.service", "GpuPartitionerSettings",
                                             {"backend": "simulated", "sim_gpus": "A100-40GB,H100-80GB",
                                              "energy_sample_interval_s": 0}),
-    "greenserve.v1.RouterService": ("greenserve.router.service", "RouterSettings",
+    "greenserve.v1.RouterService": ("greenserve.router.front.service", "RouterSettings",
                                     {"http_port": -1, "watch_plans": False, "feeds": False,
                                      "probe_timeout_s": 0.3, "first_token_timeout_s": 2.0}),
 }
@@ -127,7 +127,7 @@ async def start_empty_router() -> tuple[str, grpc.aio.Server]:
 VOLATILE_TABLES: dict[str, set[str]] = {
     "greenserve.v1.ForecasterService": {"fitted_models"},  # refits run after an ingest, in the background
     "greenserve.v1.GpuPartitionerService": {"energy_accounts"},  # energy sampled on reads and applies
-    # each replica's heartbeat (router/shared_state.py); the health verdicts of its background probes (an engine
+    # each replica's heartbeat (router/routing/shared_state.py); the health verdicts of its background probes (an engine
     # a fuzzed RegisterEngine added at an unserved URL is ejected a few probes later, whatever call is in flight
     # then) and the change counter they bump; registrations themselves stay compared (the engines table)
     "greenserve.v1.RouterService": {"router_replicas", "engine_health", "state_version"},

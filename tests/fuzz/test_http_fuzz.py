@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-
-from greenserve.router.service import RouterSettings, build
+from greenserve.router.front.service import RouterSettings, build
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
+
 from tests.fuzz.conftest import fuzz_cases, fuzz_seed
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"

@@ -19,12 +19,6 @@ import aiohttp
 import grpc
 import pytest
 from greenserve.common.client import ChannelConfig
-from greenserve.common.persistence import Database
-from greenserve.common.plan_follow import APPLIED, REFUSED
-from greenserve.gpu_partitioner.apply import ApplyCoordinator
-from greenserve.gpu_partitioner.backend import NotSupportedError
-from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
-from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.common.engine_launch import (
     EmulatorLauncher,
     EngineSpec,
@@ -32,11 +26,17 @@ from greenserve.common.engine_launch import (
     VllmLauncher,
     decoder_id,
 )
+from greenserve.common.persistence import Database
+from greenserve.common.plan_follow import APPLIED, REFUSED
+from greenserve.gpu_partitioner.apply import ApplyCoordinator
+from greenserve.gpu_partitioner.backend import NotSupportedError
+from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
+from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
 from greenserve.gpu_partitioner.enforcer import MigEnforcer
 from greenserve.gpu_partitioner.instance_engines import engine_id_for
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 from tests.cache_manager.conftest import lmcache_venv

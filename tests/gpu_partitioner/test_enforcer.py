@@ -14,18 +14,18 @@ from typing import Any
 import grpc
 import pytest
 from greenserve.common.client import ChannelConfig
+from greenserve.common.engine_launch import EmulatorLauncher, EngineSupervisor
+from greenserve.common.mig_geometry import Placement
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK, PlanFollower
 from greenserve.gpu_partitioner.apply import ApplyCoordinator
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
-from greenserve.common.engine_launch import EmulatorLauncher, EngineSupervisor
 from greenserve.gpu_partitioner.enforcer import MigEnforcer
-from greenserve.common.mig_geometry import Placement
 from greenserve.gpu_partitioner.instance_engines import engine_id_for
 from greenserve.gpu_partitioner.models import ApplyRun
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 from sqlalchemy import func, select
 

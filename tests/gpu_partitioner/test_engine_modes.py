@@ -11,21 +11,21 @@ from typing import Any
 
 import pytest
 from greenserve.common.client import ChannelConfig
-from greenserve.common.persistence import Database
-from greenserve.common.plan_follow import APPLIED
-from greenserve.gpu_partitioner.apply import ApplyCoordinator
-from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
 from greenserve.common.engine_launch import (
     EmulatorLauncher,
     EngineSpec,
     EngineSupervisor,
     VllmLauncher,
 )
+from greenserve.common.persistence import Database
+from greenserve.common.plan_follow import APPLIED
+from greenserve.gpu_partitioner.apply import ApplyCoordinator
+from greenserve.gpu_partitioner.backend_sim import SimulatedBackend
 from greenserve.gpu_partitioner.enforcer import MigEnforcer
 from greenserve.gpu_partitioner.instance_engines import engine_id_for
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.simulator.emulator.modes import ModeSettings
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 

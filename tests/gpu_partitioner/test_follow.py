@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import pytest
 from greenserve.gpu_partitioner.follow import GpuReporter
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc, router_pb2, router_pb2_grpc
 
 from tests.conftest import free_port

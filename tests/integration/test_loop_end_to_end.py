@@ -18,8 +18,8 @@ from greenserve.gpu_partitioner.service import GpuPartitionerSettings
 from greenserve.gpu_partitioner.service import build as build_partitioner
 from greenserve.optimizer.service import OptimizerSettings
 from greenserve.optimizer.service import build as build_optimizer
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import (
     cache_manager_pb2,

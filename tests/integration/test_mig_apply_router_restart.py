@@ -12,13 +12,13 @@ from typing import Any
 
 import grpc
 import pytest
-
 from greenserve.gpu_partitioner.service import GpuPartitionerSettings
 from greenserve.gpu_partitioner.service import build as build_partitioner
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import common_pb2, gpu_partitioner_pb2, gpu_partitioner_pb2_grpc, router_pb2, router_pb2_grpc
+
 from tests.conftest import free_port
 
 ROUTER = {"http_port": -1, "watch_plans": False, "feeds": False, "health_interval_s": 0.2,

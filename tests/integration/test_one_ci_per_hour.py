@@ -17,7 +17,7 @@ import pytest
 from greenserve.common.clock import hour_floor_s
 from greenserve.optimizer.service import OptimizerSettings
 from greenserve.optimizer.service import build as build_optimizer
-from greenserve.router.receipt import CarbonIntensityCache
+from greenserve.router.accounting.receipt import CarbonIntensityCache
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
 from greenserve_client.local_loop import demo_history
 

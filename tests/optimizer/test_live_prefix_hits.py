@@ -16,9 +16,9 @@ from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.common.clock import now_s
 from greenserve.optimizer import inputs as planning_inputs
 from greenserve.optimizer import prefix_hits
-from greenserve.router.scrape import parse_metrics
-from greenserve.router.service import RouterSettings
-from greenserve.router.service import build as build_router
+from greenserve.router.front.service import RouterSettings
+from greenserve.router.front.service import build as build_router
+from greenserve.router.routing.scrape import parse_metrics
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import cache_manager_pb2 as cpb
 from greenserve.v1 import (

@@ -20,10 +20,11 @@ from greenserve.optimizer.solvers.routing_weights import (
     MinCarbonRouting,
     placement_engine_id,
 )
-from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.plans import PlanStore, PlanWatcher
-from greenserve.router.policy import PolicyConfig, RoutingPolicy, rendezvous
-from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.routing.enforcer import ActivePlan, PlanWatcher
+from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy
+from greenserve.router.routing.prefix_index import PrefixIndex
+from greenserve.router.routing.scorers import rendezvous
 from greenserve.v1 import common_pb2
 
 HOURS = 2
@@ -156,7 +157,7 @@ def test_pools_and_hours_without_a_layout_keep_the_solvers_weights() -> None:
         assert weights["chat-1"] > weights["chat-0"]
 
 
-def _router(engines: list[tuple[str, str, str]]) -> tuple[RoutingPolicy, PlanStore]:
+def _router(engines: list[tuple[str, str, str]]) -> tuple[RoutingPolicy, ActivePlan]:
     registry = EngineRegistry(HealthPolicy())
     for engine_id, gpu, mig in engines:
         registry.upsert(EngineState(id=engine_id, url=f"http://{engine_id}", pool="chat", model="m", gpu_uuid=gpu,
@@ -164,7 +165,7 @@ def _router(engines: list[tuple[str, str, str]]) -> tuple[RoutingPolicy, PlanSto
     index = PrefixIndex(1 << 20)
     for e in registry.engines:
         index.add_engine(e)
-    plans = PlanStore(None)
+    plans = ActivePlan(None)
     return RoutingPolicy(registry, index, plans, PolicyConfig()), plans
 
 

@@ -4,7 +4,7 @@ build, tiny random-weight model) and against the emulator (greenserve-engine-sim
 Covered: the OpenAI endpoints (/v1/models, /v1/completions, /v1/chat/completions, streaming and not, through the
 official client and on the wire), SSE framing and the final usage chunk of ``stream_options.include_usage``, the
 error bodies of bad requests, /health, every ``vllm:`` metric family and label that the router
-(router/scrape.py) and the profiler (profiler/engine_metrics.py) read, the counters moving by what a request did,
+(router/routing/scrape.py) and the profiler (profiler/engine_metrics.py) read, the counters moving by what a request did,
 and prefix-cache hits on a repeated prompt longer than vLLM's 128-token block.
 
 The weights are random, so nothing here looks at the text: only at structure, token counts (``ignore_eos`` with
@@ -20,11 +20,11 @@ import uuid
 import httpx
 import openai
 import pytest
+from greenserve.profiler import engine_metrics
+from greenserve.router.routing import scrape
+from greenserve.simulator.emulator.metrics import EngineMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from greenserve.profiler import engine_metrics
-from greenserve.router import scrape
-from greenserve.simulator.emulator.metrics import EngineMetrics
 from tests.real_engine.conftest import Engine
 
 pytestmark = pytest.mark.timeout(600)

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from greenserve.router.core import RouterCore
-from greenserve.router.service import RouterServicer, RouterSettings, build
+from greenserve.router.front.service import RouterServicer, RouterSettings, build
 from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import router_pb2_grpc
 

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from greenserve.router.engine_pool import EngineConnection
-from greenserve.router.engine_response import EngineResponse
+from greenserve.router.upstream.engine_pool import EngineConnection
+from greenserve.router.upstream.engine_response import EngineResponse
 
 from tests.conftest import free_port
 

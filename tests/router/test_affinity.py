@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.plans import PlanStore
-from greenserve.router.policy import PolicyConfig, RoutingPolicy, rendezvous
-from greenserve.router.prefix_index import PrefixIndex, chain_hashes, render_chat
+from greenserve.router.routing.enforcer import ActivePlan
+from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.routing.policy import PolicyConfig, RoutingPolicy
+from greenserve.router.routing.prefix_index import PrefixIndex, chain_hashes, render_chat
+from greenserve.router.routing.scorers import rendezvous
 
 SYSTEM = ("system", "You answer questions about the grid. " * 30)  # ~1 KiB shared by every conversation
 
@@ -52,7 +53,7 @@ def test_policy_follows_the_key_not_a_replicas_index_and_the_load_bound_override
         registry = EngineRegistry(HealthPolicy())
         for e in _engines(4):
             registry.upsert(e)
-        return RoutingPolicy(registry, PrefixIndex(), PlanStore(), PolicyConfig())
+        return RoutingPolicy(registry, PrefixIndex(), ActivePlan(), PolicyConfig())
 
     a, b = policy(), policy()
     # replica A has seen other conversations with the same system prompt on e3: B has not
@@ -71,7 +72,7 @@ def test_a_key_sent_in_parallel_does_not_pile_onto_its_engine() -> None:
     registry = EngineRegistry(HealthPolicy())
     for e in _engines(2):
         registry.upsert(e)
-    policy = RoutingPolicy(registry, PrefixIndex(), PlanStore(), PolicyConfig())
+    policy = RoutingPolicy(registry, PrefixIndex(), ActivePlan(), PolicyConfig())
     h = chain_hashes(render_chat([SYSTEM, ("user", "the same question, many times at once")]))
     target = policy.choose("p", "", h).engine
     target.prefilling = target.in_flight = 3  # three requests awaiting their first token: still within the slack
@@ -88,7 +89,7 @@ def test_a_completion_prefix_that_an_engine_holds_is_scored_by_prefix_and_load_n
     registry = EngineRegistry(HealthPolicy())
     for e in _engines(2):
         registry.upsert(e)
-    policy = RoutingPolicy(registry, PrefixIndex(), PlanStore(), PolicyConfig())
+    policy = RoutingPolicy(registry, PrefixIndex(), ActivePlan(), PolicyConfig())
     h = chain_hashes("You are a helpful assistant answering questions about carbon-aware serving. " * 64)
     assert not h.conversation and h.affinity_key
     fresh = policy.choose("p", "", h, explain=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from greenserve.router.attainment import AttainmentReporter, AttainmentWindow
+from greenserve.router.accounting.attainment import AttainmentReporter, AttainmentWindow
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
 
 from tests.optimizer.conftest import ci_ref, engine, ingest_daily, load_ref, pool

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 from greenserve.bench.router_engine import BenchEngine, expected_text, start
-from greenserve.router.scrape import parse_metrics
-from greenserve.router.upstream import chunk_text
+from greenserve.router.routing.scrape import parse_metrics
+from greenserve.router.upstream.dispatcher import chunk_text
 from greenserve.v1 import router_pb2
 from greenserve_client.generation import generate
 

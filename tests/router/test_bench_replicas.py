@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from greenserve.bench import router_replicas as br
-from greenserve.router.prefix_index import chain_hashes, render_chat
+from greenserve.router.routing.prefix_index import chain_hashes, render_chat
 
 
 def test_each_request_waits_for_the_latest_request_it_shares_the_longest_prefix_with() -> None:

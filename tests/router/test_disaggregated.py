@@ -11,7 +11,7 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
-from greenserve.router.disaggregated import PrefillFailed, prefill_body
+from greenserve.router.upstream.disaggregated import PrefillFailed, prefill_body
 from greenserve.simulator.emulator.modes import ModeSettings
 from greenserve.v1 import common_pb2, router_pb2
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from greenserve.router import http_front
 from greenserve.bench.router_engine import BenchEngine, start
-from greenserve.router.engine_pool import EngineConnection, EnginePool
-from greenserve.router.engine_response import QUEUE_HIGH_BYTES
-from greenserve.router.engine_wire import EngineHttpError, whole_chunks
+from greenserve.router.front import http_front
+from greenserve.router.upstream.engine_pool import EngineConnection, EnginePool
+from greenserve.router.upstream.engine_response import QUEUE_HIGH_BYTES
+from greenserve.router.upstream.engine_wire import EngineHttpError, whole_chunks
 
 from tests.router.engine_conn_fakes import FakeTransport, chunk, connection, open_stream
 

@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from greenserve.router.engine_replies import MAX_HEALTH_BYTES, MAX_METRICS_BYTES, MAX_MODELS_BYTES
-from greenserve.router.engines import EJECTED, STALE, EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.monitor import EngineMonitor
+from greenserve.router.routing.engines import EJECTED, STALE, EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.routing.monitor import EngineMonitor
+from greenserve.router.upstream.engine_replies import MAX_HEALTH_BYTES, MAX_METRICS_BYTES, MAX_MODELS_BYTES
 
 MiB = 1024 * 1024
 _METRICS_HEAD = b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
@@ -143,7 +143,7 @@ async def test_router_stays_up_against_endless_engine_replies(fake_engine, route
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        with caplog.at_level(logging.WARNING, logger="greenserve.router.monitor"):
+        with caplog.at_level(logging.WARNING, logger="greenserve.router.routing.monitor"):
             r = await router(probe_timeout_s=5.0, scrape_interval_s=0.2, stale_after_s=1.0, health_interval_s=0.2)
             registered = await r.stub.RegisterEngine(_register(url))
             assert registered.engine.id == "fake"

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from greenserve.common.plan_follow import APPLIED, APPLYING, FAILED
-from greenserve.router.plans import PlanError, validate_plan
+from greenserve.router.routing.enforcer import PlanError, validate_plan
 from greenserve.v1 import common_pb2, router_pb2
 
 from tests.plan_peer import PlanPeer, serve

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from aiohttp import web
 from greenserve.common.config import load_settings
-from greenserve.router.engine_pool import STREAM_IDLE_TIMEOUT_S, EnginePool
-from greenserve.router.engine_wire import EngineHttpError
 from greenserve.router.settings import RouterSettings
+from greenserve.router.upstream.engine_pool import STREAM_IDLE_TIMEOUT_S, EnginePool
+from greenserve.router.upstream.engine_wire import EngineHttpError
 from greenserve.v1 import router_pb2
 
 from tests.router.engine_conn_fakes import chunk, start_fake_engine

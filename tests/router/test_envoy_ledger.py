@@ -10,7 +10,7 @@ from typing import Any
 from envoy.data.accesslog.v3 import accesslog_pb2
 import pytest
 from greenserve.router.envoy.ledger import Ledger
-from greenserve.router.prefix_index import chain_hashes
+from greenserve.router.routing.prefix_index import chain_hashes
 
 
 def _entry(request_id: str, code: int, first_byte_s: float | None) -> accesslog_pb2.HTTPAccessLogEntry:

@@ -11,10 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from greenserve.router.accounting.folded_metrics import (
+    FoldedCounter,
+    FoldedHistogram,
+    FoldedLabelledCounter,
+    MetricFolder,
+)
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-
-from greenserve.router.folded_metrics import FoldedCounter, FoldedHistogram, FoldedLabelledCounter, MetricFolder
 
 BUCKETS = (.005, .01, .025, .05, .1, .2, .5, 1, 2, 5, 10, 30)
 
@@ -77,7 +81,7 @@ import os, random, sys
 from prometheus_client import CollectorRegistry, Counter, Histogram
 sys.path.insert(0, {tests!r})
 from test_folded_metrics import BUCKETS, _update
-from greenserve.router.folded_metrics import FoldedCounter, FoldedHistogram, FoldedLabelledCounter, MetricFolder
+from greenserve.router.accounting.folded_metrics import FoldedCounter, FoldedHistogram, FoldedLabelledCounter, MetricFolder
 reg, folder = CollectorRegistry(), MetricFolder()
 reg.register(folder)
 metrics = (folder.add(FoldedLabelledCounter(Counter("req", "r", ["protocol", "outcome"], registry=reg))),

@@ -8,7 +8,7 @@ import json
 
 import aiohttp
 import pytest
-from greenserve.router.upstream import TEXT_KEY_CHAT, TEXT_KEY_COMPLETION, chunk_text, running_text
+from greenserve.router.upstream.dispatcher import TEXT_KEY_CHAT, TEXT_KEY_COMPLETION, chunk_text, running_text
 from greenserve.v1 import router_pb2
 from greenserve_client.generation import generate
 
@@ -109,7 +109,7 @@ async def test_http_token_chunks_are_forwarded_from_the_protocol_callback(emulat
     """Running token chunks go to the client from the engine connection's data_received (http_front._Forwarder,
     the response's raw_sink), and a client that starts reading only after the engine has sent most of a long
     stream still gets every event once, in order, with one receipt."""
-    from greenserve.router import http_front
+    from greenserve.router.front import http_front
 
     forwarded = []
     original = http_front._Forwarder.__call__

@@ -9,10 +9,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from greenserve.router.engine_pool import EngineConnection
-from greenserve.router.engine_response import EngineResponse
-from greenserve.router.service import RouterServicer, RouterSettings, _EventReader
-from greenserve.router.upstream import TEXT_KEY_COMPLETION
+from greenserve.router.front.service import RouterServicer, RouterSettings, _EventReader
+from greenserve.router.upstream.dispatcher import TEXT_KEY_COMPLETION
+from greenserve.router.upstream.engine_pool import EngineConnection
+from greenserve.router.upstream.engine_response import EngineResponse
 from greenserve.v1 import router_pb2
 from greenserve_client.generation import generate
 

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from greenserve.bench import router_engine as be
 from greenserve.bench.router_engine import BenchEngine, expected_text, start
-from greenserve.router.upstream import chunk_text
+from greenserve.router.upstream.dispatcher import chunk_text
 
 
 @pytest.fixture

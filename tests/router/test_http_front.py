@@ -7,7 +7,7 @@ import json
 
 import aiohttp
 import openai
-from greenserve.router.scrape import parse_metrics
+from greenserve.router.routing.scrape import parse_metrics
 
 RECEIPT_KEYS = {"engine_id", "pool", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "cached_prompt_tokens",
                 "completion_tokens", "energy_kwh", "ci_g_per_kwh", "carbon", "plan_version", "slo_met"}

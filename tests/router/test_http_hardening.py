@@ -13,7 +13,7 @@ import traceback
 import aiohttp
 import grpc
 import pytest
-from greenserve.router.http_guard import bearer_matches
+from greenserve.router.front.http_guard import bearer_matches
 from greenserve.v1 import router_pb2
 
 

@@ -3,8 +3,8 @@ the others sent), plus this replica's own starts since the scrape; recent TTFT/T
 
 from __future__ import annotations
 
-from greenserve.router.engines import EngineState
-from greenserve.router.scrape import EngineMetrics, parse_metrics
+from greenserve.router.routing.engines import EngineState
+from greenserve.router.routing.scrape import EngineMetrics, parse_metrics
 
 STALE_S = 2.0
 

@@ -9,11 +9,10 @@ import math
 
 import grpc
 import pytest
-
 from greenserve.common.clock import VirtualClock, set_clock
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED
-from greenserve.router.plans import PlanStore, PlanWatcher
+from greenserve.router.routing.enforcer import ActivePlan, PlanWatcher
 from greenserve.v1 import common_pb2
 
 from tests.plan_peer import PlanPeer, interval, serve
@@ -60,7 +59,7 @@ async def test_weights_follow_the_virtual_clock_and_each_interval_is_reported(pe
     p, channel = peer
     restore_clock(VirtualClock(T0 + HOUR_S - 3.0, speed=1.0))  # 3 s before the second interval
     db = Database.open(f"sqlite:///{tmp_path / 'r.db'}", "router")
-    store = PlanStore(db)
+    store = ActivePlan(db)
     watcher = PlanWatcher(store, channel, instance="r1", known_engines=lambda: {"e1", "e2"})
     watcher.start()
     try:
@@ -98,7 +97,7 @@ async def test_weights_follow_the_virtual_clock_and_each_interval_is_reported(pe
         await watcher.stop()
 
     # a restarted router holds the stored plan and asks only for newer ones
-    again = PlanStore(db)
+    again = ActivePlan(db)
     assert again.load_persisted() and again.version == 1
     restarted = PlanWatcher(again, channel)
     restarted.start()
@@ -115,7 +114,7 @@ async def test_weights_follow_the_virtual_clock_and_each_interval_is_reported(pe
 
 async def test_a_plan_without_weights_routes_by_load_and_is_applied(peer) -> None:
     p, channel = peer
-    store = PlanStore(None)
+    store = ActivePlan(None)
     watcher = PlanWatcher(store, channel, instance="r2")
     watcher.start()
     try:

@@ -1,7 +1,7 @@
 """The router's plan in force never goes back to an older plan its WatchPlans stream delivers late, after a newer
 one came from the shared database (plans.py, PlanFollower.resubscribe); an operator's rollback still applies.
 
-The optimizer is the in-test PlanPeer, its stream ``LAG_S`` late; "the database" is ``PlanStore.apply`` without
+The optimizer is the in-test PlanPeer, its stream ``LAG_S`` late; "the database" is ``ActivePlan.apply`` without
 ``rollback``, the call the shared-state reload makes (core.py, sync_state)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import grpc
 from greenserve.common.plan_follow import APPLIED, REFUSED
-from greenserve.router.plans import PlanStore, PlanWatcher
+from greenserve.router.routing.enforcer import ActivePlan, PlanWatcher
 from greenserve.v1 import common_pb2
 
 from tests.plan_peer import PlanPeer, interval, serve
@@ -46,7 +46,7 @@ async def test_a_late_stream_plan_older_than_the_stored_one_is_skipped_and_a_rol
     peer = LaggingPeer()
     server, address = await serve(peer)
     channel = grpc.aio.insecure_channel(address)
-    store = PlanStore(None)
+    store = ActivePlan(None)
     watcher = PlanWatcher(store, channel, backoff_max_s=0.2, instance="r1")
     watcher.start()
     versions: list[int] = []

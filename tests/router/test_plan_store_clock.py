@@ -1,10 +1,10 @@
-"""The router's PlanStore selects the interval covering its clock, whichever way the clock moves (fault 5 of
+"""The router's ActivePlan selects the interval covering its clock, whichever way the clock moves (fault 5 of
 issue 36: a virtual clock jumping forward by hours or back before the interval in force)."""
 
 from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from greenserve.router.plans import PlanStore
+from greenserve.router.routing.enforcer import ActivePlan
 from greenserve.v1 import common_pb2
 
 T0 = 1_704_067_200
@@ -23,7 +23,7 @@ def _plan() -> common_pb2.Plan:
 
 def test_weights_follow_a_clock_jumping_forward_back_and_outside_the_plan() -> None:
     now = [T0 + 1800.0]
-    store = PlanStore(clock=lambda: now[0])
+    store = ActivePlan(clock=lambda: now[0])
     assert store.apply(_plan())
 
     def engine_in_force() -> str:

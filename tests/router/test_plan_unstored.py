@@ -11,7 +11,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED
-from greenserve.router.plans import PlanStore, PlanWatcher
+from greenserve.router.routing.enforcer import ActivePlan, PlanWatcher
 from greenserve.v1 import common_pb2
 from sqlalchemy import exc as sa_exc
 
@@ -25,7 +25,7 @@ def _plan(version: int, engine: str) -> common_pb2.Plan:
 
 
 async def test_a_plan_that_cannot_be_stored_is_in_force_and_reported_not_stored(monkeypatch) -> None:
-    store = PlanStore()
+    store = ActivePlan()
 
     def locked(plan: common_pb2.Plan) -> None:
         raise sa_exc.OperationalError("UPDATE last_plan", {}, sqlite3.OperationalError("database is locked"))
@@ -48,8 +48,8 @@ async def test_a_plan_that_cannot_be_stored_is_in_force_and_reported_not_stored(
 async def test_a_plan_read_back_at_start_is_reported_again(tmp_path, stored: bool) -> None:
     db = Database.open(f"sqlite:///{tmp_path / 'router.db'}", "router")
     if stored:
-        PlanStore(db).persist(_plan(4, "e4"))
-    store = PlanStore(db)
+        ActivePlan(db).persist(_plan(4, "e4"))
+    store = ActivePlan(db)
     store.load_persisted()
     watcher = PlanWatcher(store, None)
     watcher.start()

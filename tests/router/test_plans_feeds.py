@@ -11,8 +11,8 @@ import grpc
 import pytest
 from greenserve.common.errors import InvalidArgument
 from greenserve.common.persistence import Database
-from greenserve.router.feeds import AccessFeed, LoadFeed
-from greenserve.router.plans import PlanError, PlanStore
+from greenserve.router.accounting.feeds import AccessFeed, LoadFeed
+from greenserve.router.routing.enforcer import ActivePlan, PlanError
 from greenserve.v1 import (
     cache_manager_pb2,
     cache_manager_pb2_grpc,
@@ -93,7 +93,7 @@ def _plan(version: int, weights: dict[str, float], pool: str = "default") -> com
 
 def test_plan_store_persists_and_refuses_bad_plans(tmp_path) -> None:
     db = Database.open(f"sqlite:///{tmp_path / 'r.db'}", "router")
-    store = PlanStore(db)
+    store = ActivePlan(db)
     assert store.weights_for("p") == (None, 0)  # never a plan: route by load and affinity
     with pytest.raises(PlanError, match=r"routing_weights\[0\].weight"):
         store.apply(_plan(1, {"e": float("nan")}, "p"))
@@ -101,7 +101,7 @@ def test_plan_store_persists_and_refuses_bad_plans(tmp_path) -> None:
     plan = _plan(5, {"e1": 2.0, "e2": 1.0}, "p")
     assert store.apply(plan)
     store.persist(plan)
-    again = PlanStore(db)
+    again = ActivePlan(db)
     assert again.load_persisted()
     assert again.weights_for("p") == ({"e1": 2.0, "e2": 1.0}, 5)
     db.close()
@@ -109,7 +109,7 @@ def test_plan_store_persists_and_refuses_bad_plans(tmp_path) -> None:
 
 def test_plan_interval_in_force_follows_the_clock() -> None:
     now = [1000.0]
-    store = PlanStore(None, clock=lambda: now[0])
+    store = ActivePlan(None, clock=lambda: now[0])
     plan = common_pb2.Plan(version=1)
     for start, weight in ((900, 1.0), (1100, 3.0)):
         iv = plan.intervals.add()
@@ -128,7 +128,7 @@ def test_a_plans_mig_placement_weights_every_engine_on_the_instance() -> None:
     # The fleet lists an instance's engines in engine_ids (engine_id is only the first, for old readers): the
     # router took engine_id alone and weighted the prefiller but not its decoder. An old gpu-partitioner's engine_id
     # (ids joined by ',') still resolves to each of them.
-    store = PlanStore(None)
+    store = ActivePlan(None)
     gpu = common_pb2.Gpu(uuid="GPU-a", instances=[
         common_pb2.MigInstance(profile="3g.40gb", placement_start=0, engine_id="n1-a", engine_ids=["n1-a", "n1-a/d"]),
         common_pb2.MigInstance(profile="3g.40gb", placement_start=4, engine_id="n1-b,n1-b/d")])
@@ -205,7 +205,7 @@ async def test_refused_load_batch_is_logged_counted_and_retried_without_the_name
         for pool in ("a", "bad", "c"):
             load.record(pool, 10, 1)
         servicer.refuse_pools = {"bad"}
-        with caplog.at_level("WARNING", logger="greenserve.router.feeds"):
+        with caplog.at_level("WARNING", logger="greenserve.router.accounting.feeds"):
             await load.flush()
         # the retry without samples[1] delivered the other pools; the refused one is counted as dropped
         assert sorted(m.pool for m in servicer.loads) == ["a", "c"] and servicer.load_calls == 2
@@ -237,7 +237,7 @@ async def test_receipt_uses_forecaster_ci_for_the_pool_region(peers, emulators, 
 async def test_receipt_metrics_are_batched_off_the_request_path_and_all_recorded() -> None:
     """record() only queues; the background task hands every value to OTel (in slices), stop()
     flushes the rest: counts and sums match what was recorded, per engine and protocol."""
-    from greenserve.router.receipt import Measurement, Receipt, ReceiptMetrics
+    from greenserve.router.accounting.receipt import Measurement, Receipt, ReceiptMetrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -278,7 +278,7 @@ async def test_receipt_metrics_queue_nothing_when_no_metric_reader_is_set() -> N
     """Without a metric reader or OTLP endpoint, telemetry hands out a no-op meter: nothing could read the
     values, so the request path queues none and no flush task runs; with a reader the meter is the SDK's."""
     from greenserve.common.telemetry import setup_telemetry
-    from greenserve.router.receipt import Measurement, Receipt, ReceiptMetrics
+    from greenserve.router.accounting.receipt import Measurement, Receipt, ReceiptMetrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     quiet = setup_telemetry("t", install_global=False)

@@ -5,21 +5,21 @@ from __future__ import annotations
 import time
 
 import pytest
-from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.plans import PlanStore
-from greenserve.router.policy import NoEngineError, PolicyConfig, RoutingPolicy
-from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.routing.enforcer import ActivePlan
+from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.routing.policy import NoEngineError, PolicyConfig, RoutingPolicy
+from greenserve.router.routing.prefix_index import PrefixIndex
 from greenserve.v1 import common_pb2
 
 
-def _setup(n: int = 3, **policy) -> tuple[EngineRegistry, RoutingPolicy, PlanStore]:
+def _setup(n: int = 3, **policy) -> tuple[EngineRegistry, RoutingPolicy, ActivePlan]:
     registry = EngineRegistry(HealthPolicy(eject_after_failures=2, eject_base_s=1.0, eject_max_s=4.0))
     for i in range(n):
         registry.upsert(EngineState(id=f"e{i}", url=f"http://h{i}", pool="p", model="m"))
     index = PrefixIndex(1 << 20)
     for e in registry.engines:
         index.add_engine(e)
-    plans = PlanStore(None)
+    plans = ActivePlan(None)
     return registry, RoutingPolicy(registry, index, plans, PolicyConfig(**policy)), plans
 
 

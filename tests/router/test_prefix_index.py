@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-from greenserve.router.prefix_index import PrefixIndex, chain_hashes, render_chat
+from greenserve.router.routing.prefix_index import PrefixIndex, chain_hashes, render_chat
 from greenserve.simulator.workloads import trace_path
 
 MOONCAKE = trace_path("mooncake")
@@ -86,7 +86,7 @@ def test_chain_hashes_are_the_blake2b_of_each_whole_prefix() -> None:
     compute for the same prompt, whatever the loop that computes it."""
     import hashlib
 
-    from greenserve.router.prefix_index import _SEED
+    from greenserve.router.routing.prefix_index import _SEED
 
     text = "ein Präfix, 前缀 and a prefix; " * 90  # multi-byte characters straddle block edges
     data = text.encode("utf-8")

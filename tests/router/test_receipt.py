@@ -6,10 +6,9 @@ import math
 import random
 
 import pytest
-
 from greenserve.common import carbon
 from greenserve.common.carbon_params import load_default_params
-from greenserve.router.receipt import CarbonSettings, Measurement, compute_receipt, load_router_defaults
+from greenserve.router.accounting.receipt import CarbonSettings, Measurement, compute_receipt, load_router_defaults
 
 
 def _settings(pue: float = 1.0) -> CarbonSettings:

@@ -190,7 +190,7 @@ def test_postgres_notifies_listening_replicas_of_a_change(postgres_server) -> No
     import threading
 
     from greenserve.common.persistence import Database
-    from greenserve.router.shared_state import Listener, SharedState
+    from greenserve.router.routing.shared_state import Listener, SharedState
 
     name = postgres_server.create_database("router")
     db = Database.open(postgres_server.url(name), "router")

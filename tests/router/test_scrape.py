@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from greenserve.router.scrape import parse_metrics
+from greenserve.router.routing.scrape import parse_metrics
 
 NEW = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import sys
 
-from greenserve.router.engines import EngineRegistry, EngineState, HealthPolicy
-from greenserve.router.plans import PlanStore
-from greenserve.router.policy import SESSION_KEY_MAX_CHARS, PolicyConfig, RoutingPolicy
-from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.routing.enforcer import ActivePlan
+from greenserve.router.routing.engines import EngineRegistry, EngineState, HealthPolicy
+from greenserve.router.routing.policy import SESSION_KEY_MAX_CHARS, PolicyConfig, RoutingPolicy
+from greenserve.router.routing.prefix_index import PrefixIndex
 
 
 def _policy(max_sessions: int) -> RoutingPolicy:
     registry = EngineRegistry(HealthPolicy())
     for i in range(4):
         registry.upsert(EngineState(id=f"e{i}", url=f"http://127.0.0.1:{9000 + i}", pool="p", model="m"))
-    return RoutingPolicy(registry, PrefixIndex(), PlanStore(), PolicyConfig(max_sessions=max_sessions))
+    return RoutingPolicy(registry, PrefixIndex(), ActivePlan(), PolicyConfig(max_sessions=max_sessions))
 
 
 def test_long_session_keys_take_bounded_memory_and_still_stick() -> None:

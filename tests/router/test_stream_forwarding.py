@@ -11,7 +11,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from greenserve.router.http_front import _FINISH_KEY, _RUNNING, _USAGE_NULL
+from greenserve.router.front.http_front import _FINISH_KEY, _RUNNING, _USAGE_NULL
 
 from tests.router.engine_conn_fakes import start_fake_engine
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from greenserve.common.config import load_settings
-from greenserve.router.service import RouterSettings
+from greenserve.router.front.service import RouterSettings
 
 
 def test_env_then_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ that the readers keep as fallbacks for older engines.
 from __future__ import annotations
 
 from greenserve.profiler import engine_metrics
-from greenserve.router import scrape
+from greenserve.router.routing import scrape
 from greenserve.simulator.emulator.metrics import EngineMetrics
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -27,9 +27,9 @@ import grpc
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from greenserve.router.core import RouterCore
 from greenserve.router.envoy.usage_filter import METADATA_NAMESPACE
-from greenserve.router.policy import Decision
-from greenserve.router.prefix_index import PrefixHashes
-from greenserve.router.upstream import Call
+from greenserve.router.routing.policy import Decision
+from greenserve.router.routing.prefix_index import PrefixHashes
+from greenserve.router.upstream.dispatcher import Call
 
 log = logging.getLogger("greenserve.router.envoy")
 

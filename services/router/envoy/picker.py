@@ -37,9 +37,9 @@ from greenserve.router.core import RouterCore
 from greenserve.router.envoy.addresses import EngineAddresses, UnresolvableEngine, destination
 from greenserve.router.envoy.ledger import PROTOCOL, Ledger
 from greenserve.router.envoy.usage_filter import READER_METADATA_KEY, STRIP_USAGE_HEADER, UsageScanner
-from greenserve.router.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
-from greenserve.router.policy import NoEngineError, UnknownTargetError
-from greenserve.router.prefix_index import chain_hashes
+from greenserve.router.front.http_front import MAX_JSON_DEPTH, BadRequest, json_too_deep, prompt_text
+from greenserve.router.routing.policy import NoEngineError, UnknownTargetError
+from greenserve.router.routing.prefix_index import chain_hashes
 
 log = logging.getLogger("greenserve.router.envoy")
 

@@ -1,6 +1,6 @@
 """Engines that step down: the router's part of the plan's ``engine_runs`` (vLLM sleep mode).
 
-For the plan interval in force (``PlanStore.run_targets``: engine id -> ENGINE_RUN_STATE_*, MIG placements resolved
+For the plan interval in force (``ActivePlan.run_targets``: engine id -> ENGINE_RUN_STATE_*, MIG placements resolved
 as routing weights are; an engine the interval does not name is awake), ``EngineSleeper.apply`` drives every
 registered engine towards its target, one task per engine, so that a slow engine never delays another:
 
@@ -25,7 +25,7 @@ registered engine towards its target, one task per engine, so that a slow engine
   an asleep engine holds the requests sent to it until it wakes, so a pool must keep one awake.
 
 ``describe`` and ``outcome_state`` give the enforcement report's part; ``on_change`` is called whenever an engine
-reaches its target or fails, so the watcher reports again (plans.py).
+reaches its target or fails, so the watcher reports again (enforcer.py).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from dataclasses import dataclass
 import aiohttp
 from greenserve.common.plan_follow import APPLIED, APPLYING, FAILED
 from greenserve.common.tasks import cancel_and_wait
-from greenserve.router.engine_replies import ReplyTooLarge, read_capped
-from greenserve.router.engines import (
+from greenserve.router.routing.engines import (
     RUN_ASLEEP,
     RUN_AWAKE,
     RUN_GOING_TO_SLEEP,
@@ -49,9 +48,10 @@ from greenserve.router.engines import (
     EngineRegistry,
     EngineState,
 )
+from greenserve.router.upstream.engine_replies import ReplyTooLarge, read_capped
 from greenserve.v1 import common_pb2
 
-log = logging.getLogger("greenserve.router.engine_sleep")
+log = logging.getLogger("greenserve.router.routing.engine_sleep")
 
 MAX_SLEEP_REPLY_BYTES = 4096  # {"is_sleeping": false} is 22 bytes
 NAMES_SHOWN = 10

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from greenserve.router.engine_wire import (
+from greenserve.router.upstream.engine_wire import (
     _CRLF,
     MAX_BODY_BYTES,
     MAX_CHUNK_LINE_BYTES,
@@ -32,7 +32,7 @@ from greenserve.router.engine_wire import (
 )
 
 if TYPE_CHECKING:
-    from greenserve.router.engine_pool import EngineConnection
+    from greenserve.router.upstream.engine_pool import EngineConnection
 
 RELEASE_TAIL_BYTES = 64 * 1024
 """Bytes of a released response still read (and dropped) while its body ends, before the connection closes."""

@@ -17,9 +17,9 @@ from typing import Any
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.router import models
-from greenserve.router.engines import EngineRegistry, EngineState
-from greenserve.router.monitor import EngineMonitor
-from greenserve.router.shared_state import bump
+from greenserve.router.routing.engines import EngineRegistry, EngineState
+from greenserve.router.routing.monitor import EngineMonitor
+from greenserve.router.routing.shared_state import bump
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 

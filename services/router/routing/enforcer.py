@@ -50,14 +50,14 @@ from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower
 from greenserve.common.tasks import cancel_and_wait
-from greenserve.router.engine_sleep import EngineSleeper
 from greenserve.router.models import LAST_PLAN_ID, LastPlan
-from greenserve.router.shared_state import (
+from greenserve.router.routing.engine_sleep import EngineSleeper
+from greenserve.router.routing.shared_state import (
     bump,  # a stored plan is a change the other replicas learn of
 )
 from greenserve.v1 import common_pb2
 
-log = logging.getLogger("greenserve.router.plans")
+log = logging.getLogger("greenserve.router.routing.enforcer")
 
 Weights = dict[str, float]
 # A plan names a MIG instance its layout creates by placement (optimizer/solvers/routing_weights.py,
@@ -94,7 +94,7 @@ def validate_plan(plan: common_pb2.Plan) -> None:
             named.add(run.engine_id)
 
 
-class PlanStore:
+class ActivePlan:
     """The plan in force and the weights derived from it; cheap to read on every request."""
 
     def __init__(self, db: Database | None = None, clock: Callable[[], float] = now_s) -> None:
@@ -280,7 +280,7 @@ class PlanWatcher:
 
     def __init__(
         self,
-        store: PlanStore,
+        store: ActivePlan,
         channel: grpc.aio.Channel | None,
         on_plan: Callable[[common_pb2.Plan], Awaitable[None]] | None = None,
         backoff_max_s: float = 10.0,

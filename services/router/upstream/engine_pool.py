@@ -33,8 +33,8 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from greenserve.router.engine_response import _DONE, _HEAD, _SIZE, EngineResponse
-from greenserve.router.engine_wire import EngineHttpError, whole_chunks
+from greenserve.router.upstream.engine_response import _DONE, _HEAD, _SIZE, EngineResponse
+from greenserve.router.upstream.engine_wire import EngineHttpError, whole_chunks
 
 
 class EngineConnection(asyncio.Protocol):

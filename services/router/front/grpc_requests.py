@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from greenserve.common.errors import InvalidArgument
-from greenserve.router.prefix_index import render_chat
+from greenserve.router.routing.prefix_index import render_chat
 from greenserve.v1 import router_pb2
 
 _ROLES = {

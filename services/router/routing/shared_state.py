@@ -34,11 +34,11 @@ from typing import Any
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.router import models
-from greenserve.router.engines import EngineState
+from greenserve.router.routing.engines import EngineState
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.orm import Session
 
-log = logging.getLogger("greenserve.router.shared_state")
+log = logging.getLogger("greenserve.router.routing.shared_state")
 
 NOTIFY_CHANNEL = "greenserve_router"
 HEARTBEAT_S = 5.0

@@ -31,13 +31,13 @@ from json.decoder import scanstring  # the C string scanner json.loads itself us
 from typing import Any
 
 import aiohttp
-from greenserve.router import disaggregated
-from greenserve.router.engine_pool import EnginePool
-from greenserve.router.engine_response import EngineResponse
-from greenserve.router.engine_wire import EngineHttpError
-from greenserve.router.engines import EngineRegistry, EngineState
-from greenserve.router.policy import Decision, NoEngineError, RoutingPolicy, UnknownTargetError
-from greenserve.router.prefix_index import PrefixIndex
+from greenserve.router.routing.engines import EngineRegistry, EngineState
+from greenserve.router.routing.policy import Decision, NoEngineError, RoutingPolicy, UnknownTargetError
+from greenserve.router.routing.prefix_index import PrefixIndex
+from greenserve.router.upstream import disaggregated
+from greenserve.router.upstream.engine_pool import EnginePool
+from greenserve.router.upstream.engine_response import EngineResponse
+from greenserve.router.upstream.engine_wire import EngineHttpError, UpstreamClientError
 
 _RUNNING = b'"finish_reason":null'
 _FINISH = b'"finish_reason"'
@@ -47,16 +47,6 @@ _DONE = b"[DONE]"
 class UpstreamUnavailable(Exception):
     """No engine could serve the request (HTTP 503 / gRPC UNAVAILABLE). A request naming a pool the router does not
     know, or a model no engine serves, raises policy.UnknownTargetError instead (HTTP 404 / gRPC NOT_FOUND)."""
-
-
-class UpstreamClientError(Exception):
-    """The engine rejected the request itself (4xx other than 429): passed back to the caller as is."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(f"engine answered {status}")
-        self.status = status
-        self.body = body
-        self.content_type = content_type
 
 
 class _AttemptFailed(Exception):

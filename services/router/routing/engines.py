@@ -43,12 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from greenserve.router.engine_pool import _Origin
-from greenserve.router.engine_wire import EngineHttpError
-from greenserve.router.scrape import EngineMetrics
+from greenserve.router.routing.scrape import EngineMetrics
+from greenserve.router.upstream.engine_pool import _Origin
+from greenserve.router.upstream.engine_wire import EngineHttpError
 from greenserve.v1 import common_pb2
 
-log = logging.getLogger("greenserve.router.engines")
+log = logging.getLogger("greenserve.router.routing.engines")
 
 HEALTHY = common_pb2.ENGINE_STATE_HEALTHY
 DRAINING = common_pb2.ENGINE_STATE_DRAINING
@@ -168,10 +168,16 @@ class EngineState:
     def loads(self, now: float, stale_after_s: float, decode_weight: float) -> tuple[float, float]:
         """(``load``, ``queue_load``) at once: the routing policy needs both for every candidate, and
         ``others`` is then worked out once instead of twice (same values as the two methods)."""
-        others = self.others(now, stale_after_s)
-        waiting = min(others, max(0.0, self.waiting - self.prefilling_at_scrape)) if others else 0.0
-        decoding = self.in_flight - self.prefilling + others - waiting
-        return self.in_flight + others, self.prefilling + waiting + decode_weight * decoding
+        in_flight, prefilling = self.in_flight, self.prefilling
+        # ``others``, inlined: this runs for every candidate of every request
+        if self.metrics_at and now - self.metrics_at <= stale_after_s:
+            others = self.running + self.waiting - self.in_flight_at_scrape
+            if others > 0.0:
+                waiting = min(others, max(0.0, self.waiting - self.prefilling_at_scrape))
+                decoding = in_flight - prefilling + others - waiting
+                return in_flight + others, prefilling + waiting + decode_weight * decoding
+        # no request beyond the router's own (metrics stale, or showing no more)
+        return in_flight + 0.0, prefilling + decode_weight * (in_flight - prefilling)
 
     def apply_metrics(self, metrics: EngineMetrics, now: float) -> None:
         self.running = metrics.running or 0.0

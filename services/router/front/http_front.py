@@ -30,21 +30,10 @@ from typing import Any
 
 from aiohttp import web
 from greenserve.router.core import RouterCore
-from greenserve.router.policy import UnknownTargetError
-from greenserve.router.prefix_index import chain_hashes, render_chat
-from greenserve.router.engine_wire import EngineHttpError
-from greenserve.router.upstream import (
-    _RUNNING,  # noqa: F401 (importable from here, as tests do)
-    Call,
-    RouteRequest,
-    UpstreamClientError,
-    UpstreamUnavailable,
-    complete_events,
-    split_events,
-)
-from greenserve.router.http_guard import CappedSite, ConnectionGuard, HttpLimits, auth_middleware
+from greenserve.router.front.http_guard import CappedSite, ConnectionGuard, HttpLimits, auth_middleware
+
 # the SSE forwarding after the first token lives in http_stream.py; its names stay importable from here
-from greenserve.router.http_stream import (  # noqa: F401
+from greenserve.router.front.http_stream import (  # noqa: F401
     _DIRECT_WRITE_MAX_BUFFERED,
     _DONE_EVENT,
     _FINISH_KEY,
@@ -57,6 +46,17 @@ from greenserve.router.http_stream import (  # noqa: F401
     _pass_events,
     _until_writable,
 )
+from greenserve.router.routing.policy import UnknownTargetError
+from greenserve.router.routing.prefix_index import chain_hashes, render_chat
+from greenserve.router.upstream.dispatcher import (
+    _RUNNING,  # noqa: F401 (importable from here, as tests do)
+    Call,
+    RouteRequest,
+    UpstreamUnavailable,
+    complete_events,
+    split_events,
+)
+from greenserve.router.upstream.engine_wire import EngineHttpError, UpstreamClientError
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 log = logging.getLogger("greenserve.router.http")

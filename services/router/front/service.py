@@ -23,17 +23,18 @@ from greenserve.common.errors import (
 )
 from greenserve.common.names import check_name
 from greenserve.common.server import Registration, registration
-from greenserve.router import disaggregated, models
+from greenserve.router import models
 from greenserve.router.core import RouterCore
-from greenserve.router.engine_admin import EngineGone
-from greenserve.router.engines import EngineState, engine_url_problem
-from greenserve.router.grpc_generate import GenerateStream, _EventReader, _parse_event
-from greenserve.router.grpc_requests import _body, _finite, describe
-from greenserve.router.http_front import HttpFront
-from greenserve.router.http_guard import ssl_context
-from greenserve.router.policy import NoEngineError, UnknownTargetError
-from greenserve.router.prefix_index import chain_hashes
+from greenserve.router.front.grpc_generate import GenerateStream, _EventReader, _parse_event
+from greenserve.router.front.grpc_requests import _body, _finite, describe
+from greenserve.router.front.http_front import HttpFront
+from greenserve.router.front.http_guard import ssl_context
+from greenserve.router.routing.engine_admin import EngineGone
+from greenserve.router.routing.engines import EngineState, engine_url_problem
+from greenserve.router.routing.policy import NoEngineError, UnknownTargetError
+from greenserve.router.routing.prefix_index import chain_hashes
 from greenserve.router.settings import RouterSettings
+from greenserve.router.upstream import disaggregated
 from greenserve.router.workers import current_worker
 from greenserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 

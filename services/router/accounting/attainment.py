@@ -15,12 +15,11 @@ import socket
 from collections import deque
 
 import grpc
-
 from greenserve.common.clock import clock, now_s
 from greenserve.common.tasks import cancel_and_wait
 from greenserve.v1 import optimizer_pb2, optimizer_pb2_grpc
 
-log = logging.getLogger("greenserve.router.attainment")
+log = logging.getLogger("greenserve.router.accounting.attainment")
 MAX_POOLS = 1024
 
 

@@ -24,13 +24,12 @@ from importlib import resources
 from typing import Any
 
 import grpc
+from greenserve.common import carbon
+from greenserve.common.tasks import cancel_and_wait
+from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, router_pb2
 from opentelemetry.metrics import NoOpMeter
 
-from greenserve.common.tasks import cancel_and_wait
-from greenserve.common import carbon
-from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, router_pb2
-
-log = logging.getLogger("greenserve.router.receipt")
+log = logging.getLogger("greenserve.router.accounting.receipt")
 
 
 def load_router_defaults() -> dict[str, Any]:

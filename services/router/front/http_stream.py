@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from aiohttp import web
-from greenserve.router.engine_response import EngineResponse
-from greenserve.router.upstream import _RUNNING, Call, event_data
+from greenserve.router.upstream.dispatcher import _RUNNING, Call, event_data
+from greenserve.router.upstream.engine_response import EngineResponse
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 _FINISH_KEY = b'"finish_reason"'

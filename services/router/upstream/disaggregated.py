@@ -5,7 +5,7 @@ the prefiller's. Each request of such an engine is proxied as vLLM's and LMCache
 (vLLM ``examples/disaggregated``, LMCache ``examples/disagg_prefill``): first the request to the prefiller with
 ``max_tokens`` (and ``max_completion_tokens`` when given) set to 1, not streamed (``stream_options`` dropped); its
 answer is read and discarded (the prefiller's KV connector has shipped the prompt's KV cache to the decoder by
-then); then the real request goes to the decoder, which streams the text. The dispatcher (``upstream.py``) calls
+then); then the real request goes to the decoder, which streams the text. The dispatcher (``dispatcher.py``) calls
 ``prefill`` right before it sends the request to ``engine.url``, inside the same first-token deadline.
 
 LMCache's PD mode needs the prefiller told where the decoder listens: the pair's registration may carry
@@ -26,8 +26,8 @@ import json
 import uuid
 from typing import Any
 
-from greenserve.router.engine_pool import EnginePool
-from greenserve.router.engine_wire import EngineHttpError
+from greenserve.router.upstream.engine_pool import EnginePool
+from greenserve.router.upstream.engine_wire import EngineHttpError, UpstreamClientError
 
 PREFILL_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Cap of the prefiller's answer (one token of a completion; read and discarded)."""
@@ -76,10 +76,6 @@ def prefill_body(body: bytes, params: str = "") -> bytes:
 async def prefill(pool: EnginePool, engine: Any, path: str, body: bytes) -> None:
     """Runs the prefill step of one request on the pair's prefiller (``engine``: the pair's ``EngineState``; see
     the module docstring)."""
-    from greenserve.router.upstream import (
-        UpstreamClientError,  # upstream imports this module
-    )
-
     prefill_url = engine.prefill_url
     resp = await pool.post(prefill_url, path, prefill_body(body, engine.prefill_kv_transfer_params))
     try:

@@ -1,6 +1,7 @@
 """The HTTP/1.1 wire as the router's engine client reads it: the limits of an engine's answer, the error every
-failed exchange raises (``EngineHttpError``) and ``whole_chunks``, the raw fast path's test that one read holds
-whole chunks of a chunked body (engine_response.py decodes the body, engine_pool.py offers the raw bytes).
+failed exchange raises (``EngineHttpError``), the engine's rejection of a request (``UpstreamClientError``) and
+``whole_chunks``, the raw fast path's test that one read holds whole chunks of a chunked body (engine_response.py
+decodes the body, engine_pool.py offers the raw bytes).
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ _CRLF = b"\r\n"
 class EngineHttpError(Exception):
     """An exchange with an engine failed: connect error or timeout, a malformed or cut response, a body over its
     cap. Before the first token the dispatcher retries on another engine."""
+
+
+class UpstreamClientError(Exception):
+    """The engine rejected the request itself (4xx other than 429): passed back to the caller as is (the
+    dispatcher raises it for the decoder's answer, disaggregated.py for the prefiller's)."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"engine answered {status}")
+        self.status = status
+        self.body = body
+        self.content_type = content_type
 
 
 def whole_chunks(data: bytes) -> int:

@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from greenserve.common.clock import now_s
 from greenserve.common.errors import error_detail_from_rpc_error
 from greenserve.common.tasks import cancel_and_wait
@@ -34,7 +33,7 @@ from greenserve.v1 import (
     forecaster_pb2_grpc,
 )
 
-log = logging.getLogger("greenserve.router.feeds")
+log = logging.getLogger("greenserve.router.accounting.feeds")
 #: The field of a StreamLoad refusal that names one sample: ``samples[3].time``.
 _SAMPLE_FIELD = re.compile(r"samples\[(\d+)\]")
 

@@ -12,17 +12,16 @@ engine until a good one.
 from __future__ import annotations
 
 import asyncio
-
-from greenserve.common.tasks import cancel_and_wait
 import logging
 import time
 
 import aiohttp
-from greenserve.router.engine_replies import MAX_HEALTH_BYTES, MAX_METRICS_BYTES, ReplyTooLarge, read_capped
-from greenserve.router.engines import EngineRegistry, EngineState
-from greenserve.router.scrape import parse_metrics
+from greenserve.common.tasks import cancel_and_wait
+from greenserve.router.routing.engines import EngineRegistry, EngineState
+from greenserve.router.routing.scrape import parse_metrics
+from greenserve.router.upstream.engine_replies import MAX_HEALTH_BYTES, MAX_METRICS_BYTES, ReplyTooLarge, read_capped
 
-log = logging.getLogger("greenserve.router.monitor")
+log = logging.getLogger("greenserve.router.routing.monitor")
 
 
 class EngineMonitor:

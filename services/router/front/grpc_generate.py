@@ -21,22 +21,21 @@ from greenserve.common.errors import (
     Unavailable,
 )
 from greenserve.router.core import RouterCore
-from greenserve.router.engine_wire import EngineHttpError
-from greenserve.router.grpc_requests import _body, describe
-from greenserve.router.policy import UnknownTargetError
-from greenserve.router.prefix_index import chain_hashes
-from greenserve.router.upstream import (
+from greenserve.router.front.grpc_requests import _body, describe
+from greenserve.router.routing.policy import UnknownTargetError
+from greenserve.router.routing.prefix_index import chain_hashes
+from greenserve.router.upstream.dispatcher import (
     TEXT_KEY_CHAT,
     TEXT_KEY_COMPLETION,
     Call,
     RouteRequest,
-    UpstreamClientError,
     UpstreamUnavailable,
     chunk_text,
     complete_events,
     event_data,
     running_text,
 )
+from greenserve.router.upstream.engine_wire import EngineHttpError, UpstreamClientError
 from greenserve.v1 import router_pb2
 
 
