@@ -110,6 +110,23 @@ def restart_commands(pidfile: Path) -> list[int]:
     return pids_alive(found)
 
 
+async def stop_all(procs: tuple[subprocess.Popen, ...], channels: tuple[grpc.aio.Channel, ...],
+                   pidfile: Path) -> None:
+    """SIGTERM to the services (SIGKILL past 30 s), the channels closed, and a restart command a failure left
+    killed with its group: nothing outlives the test."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+    for channel in channels:
+        await channel.close()
+    for pid in restart_commands(pidfile):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def quotas(url: str) -> dict[str, int]:
     users = httpx.get(url + "/quota", timeout=5).json()["users"]
     return {salt: round(q["limit_gb"] * (1 << 30)) for salt, q in users.items()}
@@ -251,14 +268,4 @@ async def test_cache_manager_sigkilled_mid_restart_settles_the_step_on_restart(t
             assert servers == [int(server.pidfile.read_text())], servers  # one server, the one the pidfile names
             assert restart_commands(server.pidfile) == []
         finally:
-            for proc in (cm, optimizer):
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        await asyncio.to_thread(proc.wait, 30)
-                    except subprocess.TimeoutExpired:
-                        os.kill(proc.pid, signal.SIGKILL)
-            await opt_channel.close()
-            await cm_channel.close()
-            for pid in restart_commands(server.pidfile):  # a restart command a failure left: not past the test
-                os.killpg(pid, signal.SIGKILL)
+            await stop_all((cm, optimizer), (opt_channel, cm_channel), server.pidfile)

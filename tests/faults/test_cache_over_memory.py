@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +40,7 @@ from tests.faults.test_cache_manager_killed_mid_restart import (
     l1_bytes,
     lmcache_servers,
     restart_commands,
+    stop_all,
     store_plan,
 )
 from tests.faults.test_optimizer_killed import start_optimizer
@@ -182,14 +180,4 @@ async def test_a_cache_target_over_the_limit_is_refused_once_and_a_fitting_one_t
             assert ("lm1", v2, "applied") in applications(cm_dir)
             assert restart_commands(server.pidfile) == []
         finally:
-            for proc in (cm, optimizer):
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        await asyncio.to_thread(proc.wait, 30)
-                    except subprocess.TimeoutExpired:
-                        os.kill(proc.pid, signal.SIGKILL)
-            await opt_channel.close()
-            await cm_channel.close()
-            for restart_pid in restart_commands(server.pidfile):  # one a failure left: not past the test
-                os.killpg(restart_pid, signal.SIGKILL)
+            await stop_all((cm, optimizer), (opt_channel, cm_channel), server.pidfile)
