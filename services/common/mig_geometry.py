@@ -21,6 +21,11 @@ A layout is **maximal** for a set of allowed profiles when it is valid and no GI
 can be added at any legal start without breaking a rule. With the five classic A100 profiles
 (1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb) this gives NVIDIA's 19 configurations (18 before R510).
 
+The engines on an instance: an instance can run several (a DPD pair's prefiller and its decoder).
+``MigInstance.engine_ids`` lists them; ``engine_id`` holds the first for readers that predate ``engine_ids``, and an
+older gpu-partitioner sent only ``engine_id`` with all of them joined by ','. Read as one id that made an engine "a,b"
+that exists nowhere, so every reader goes through ``instance_engine_ids``.
+
 Profiles and placements come from ``data/mig_profiles.toml``; the NVML backend replaces them with what
 the GPU reports (``GpuGeometry.with_device_profiles``).
 """
@@ -34,7 +39,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only annotations: the CLI imports this module without loading the stubs
+    from greenserve.v1 import common_pb2
 
 DATA_FILE = Path(__file__).with_name("data") / "mig_profiles.toml"
 
@@ -396,3 +404,10 @@ def counts(layout: Iterable[Placement]) -> Counter[str]:
     """Profile -> number of GIs (mig-parted's view of a layout)."""
     return Counter(p.profile for p in layout)
 
+
+def instance_engine_ids(instance: common_pb2.MigInstance) -> list[str]:
+    """The ids of the engines on ``instance``: ``engine_ids``, or for an old sender (``engine_ids`` empty) its
+    ``engine_id`` split at ',' (an engine id never holds one, so a single id comes back as it is)."""
+    if instance.engine_ids:
+        return list(instance.engine_ids)
+    return [engine_id for engine_id in instance.engine_id.split(",") if engine_id]

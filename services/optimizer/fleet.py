@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from greenserve.common.carbon_params import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument, ResourceExhausted
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.optimizer.models import Fleet, ReportedGpus

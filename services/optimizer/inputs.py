@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from greenserve.common.carbon_params import CarbonParams
 from greenserve.common.embodied_carbon import Platform, PlatformItem
 from greenserve.common.errors import FailedPrecondition
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.common.persistence import Database
 from greenserve.optimizer import cache_tier_health, capacity, prefix_hits
 from greenserve.optimizer import traffic_history as traffic_history_module

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.optimizer.planning import KNOB_LABELS, KnobPlan, PlanningInputs, keep_current_messages
 from greenserve.v1 import common_pb2
 

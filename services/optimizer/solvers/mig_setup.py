@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.common.mig_geometry import Placement, geometry
 from greenserve.optimizer.fleet import GPU_HARDWARE
 from greenserve.optimizer.inputs import engine_hardware, guess_simulator_model

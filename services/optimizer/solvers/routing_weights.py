@@ -20,7 +20,7 @@ Weights are the shares ``x_e / L``; an engine with weight 0 gets no requests whi
 
 from __future__ import annotations
 
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.optimizer.capacity import Capability
 from greenserve.optimizer.planning import KnobPlan, PlanningInputs, PoolFigures
 from greenserve.optimizer.solvers.mig_setup import (

@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from greenserve.common.clock import now_s
 from greenserve.common.db_errors import unavailable_reason
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.common.plan_follow import APPLIED, REFUSED, Outcome, PlanFollower

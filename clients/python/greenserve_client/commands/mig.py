@@ -27,7 +27,7 @@ import sys
 import grpc
 from greenserve.common.cli_parser import Parser
 from greenserve.common.config import DependencyAddresses
-from greenserve.common.mig_instances import instance_engine_ids
+from greenserve.common.mig_geometry import instance_engine_ids
 from greenserve.common import mig_geometry as geometry_mod
 from greenserve.gpu_partitioner import layout_diff
 from greenserve.common.mig_geometry import CURRENT_DRIVER, LayoutError
