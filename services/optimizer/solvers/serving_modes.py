@@ -22,7 +22,14 @@ load per new GPU through one unit of the mode (one new GPU, with its old partner
                             (Eq. 1: each GPU involved, its own embodied carbon and its own mean batch)
 
 Disaggregated modes need one old GPU per new GPU and a declared link; speculative modes need ``Pool.draft``. A
-mode is switched only for a saving above ``switch_margin_fraction`` (a mode change restarts the pool's engines).
+pool is planned only in modes its engines can run: the rule of the launcher matching each engine kind the pool lists
+(``greenserve.common.engine_launch.engines_mode_problem``, the one the gpu-partitioner refuses a plan with: vLLM
+has no DSD, its SpecDecode needs the draft's model, its DPD cannot run beside the pool's LMCache server; the
+emulator's speculative modes need the draft's simulator model). A pool with engines of several kinds gets only the
+modes every kind can run; an engine of unspecified kind adds no rule (a pool that lists no engine, or only such
+ones, is planned in all four modes). The pool's LMCache server is the one the cache-manager lists for it
+(``PlanningInputs.cache_sizes``); without the cache-manager it is unknown and not counted (the partitioner still
+refuses DPD beside one). A mode is switched only for a saving above ``switch_margin_fraction`` (a mode change restarts the pool's engines).
 Evaluations are cached per (mode, hardware, request shape, SLO, rate on a 10 % grid rounded up); a mode that
 misses the SLO at one rate is not evaluated at higher rates of the same pool (attainment falls with load).
 """
@@ -31,10 +38,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+from greenserve.common.engine_launch import engines_mode_problem
 from greenserve.common.errors import InvalidArgument
 from greenserve.optimizer import capacity
 from greenserve.optimizer.fleet import gpu_hardware, simulator_models
@@ -170,16 +178,21 @@ def grid_rate(rate_per_s: float) -> float:
 
 def choose(setting: ModeSetting, rate_per_s: float, prompt_tokens: int, output_tokens: int, slo: common_pb2.Slo,
            ci_g_per_kwh: float, pue: float = 1.0, current: int | None = None, switch_margin_fraction: float = 0.0,
-           requests: int = PREDICTION_REQUESTS, missed: dict[int, ModeEval] | None = None
-           ) -> tuple[int, dict[int, ModeEval]]:
+           requests: int = PREDICTION_REQUESTS, missed: dict[int, ModeEval] | None = None,
+           unsupported: dict[int, str] | None = None) -> tuple[int, dict[int, ModeEval]]:
     """(mode, evaluations): the feasible mode with the lowest carbon per token; the current one unless another
     saves more than ``switch_margin_fraction``; without a feasible mode, the one with the highest attainment.
     ``missed``: per mode, an evaluation at a lower rate that missed the SLO (kept up to date here): the mode is
-    not evaluated again at a higher rate."""
+    not evaluated again at a higher rate. ``unsupported``: per mode the pool's engines cannot run, why: such a
+    mode is not evaluated nor chosen, even as the fallback (Standalone is run by every engine)."""
     rate = grid_rate(rate_per_s)
     missed = {} if missed is None else missed
+    unsupported = {} if unsupported is None else unsupported
     evals = {}
     for m in MODES:
+        if m in unsupported:
+            evals[m] = ModeEval(m, rate, 0.0, math.inf, math.inf, 0.0, False, f"not considered: {unsupported[m]}")
+            continue
         low = missed.get(m)
         if low is not None and low.rate_per_s <= rate:
             evals[m] = low
@@ -190,7 +203,8 @@ def choose(setting: ModeSetting, rate_per_s: float, prompt_tokens: int, output_t
             missed[m] = evals[m]
     feasible = [m for m in MODES if evals[m].feasible]
     if not feasible:
-        return max(MODES, key=lambda m: (evals[m].attainment_fraction, m == STANDALONE)), evals
+        runnable = [m for m in MODES if m not in unsupported] or [STANDALONE]
+        return max(runnable, key=lambda m: (evals[m].attainment_fraction, m == STANDALONE)), evals
     best = min(feasible, key=lambda m: (evals[m].carbon_g_per_token(ci_g_per_kwh, pue), m))
     if current in feasible and current != best:
         keep = evals[current].carbon_g_per_token(ci_g_per_kwh, pue)
@@ -210,6 +224,29 @@ class PoolModes:
     units: int  # new GPUs
     old_units: int
     note: str = ""
+    unsupported: dict[int, str] = field(default_factory=dict)  # mode -> why the pool's engines cannot run it
+
+
+def mode_target(pool: str, mode: int, setting: ModeSetting) -> common_pb2.ServingModeTarget:
+    """The plan's target of ``pool`` in ``mode``: disaggregated modes name the older GPU and the link."""
+    target = common_pb2.ServingModeTarget(pool=pool, serving_mode=mode)
+    if mode in (DPD, DSD):
+        target.old_hardware = setting.old_hardware
+        target.link_bandwidth_bytes_per_s = setting.link_bandwidth_bytes_per_s
+    return target
+
+
+def unsupported_modes(inputs: PlanningInputs, pool: common_pb2.Pool, setting: ModeSetting) -> dict[int, str]:
+    """Per mode the pool's engines cannot run, why (the launchers' own rule, see the module docstring)."""
+    kinds = {e.kind for e in pool.engines}
+    # the cache-manager lists an LMCache server for the pool: mode_problem asks only whether there is one
+    lmcache = "the pool's LMCache server (cache-manager)" if pool.name in inputs.cache_sizes else ""
+    out = {}
+    for m in MODES:
+        problem = engines_mode_problem(kinds, mode_target(pool.name, m, setting), pool, lmcache)
+        if problem:
+            out[m] = problem
+    return out
 
 
 def _peak_flops(hardware: str) -> float | None:
@@ -275,7 +312,8 @@ def pool_modes(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int) -
         notes.append(f"GPUs {', '.join(sorted(unknown))} left out (the simulator has no figures for them)")
     if len(ranked) > 2:
         notes.append(f"GPUs {', '.join(ranked[2:])} not used by the modes (one older type is paired)")
-    return PoolModes(setting, len(by_hw[new]), len(by_hw[old]) if old else 0, "; ".join(notes))
+    return PoolModes(setting, len(by_hw[new]), len(by_hw[old]) if old else 0, "; ".join(notes),
+                     unsupported_modes(inputs, pool, setting))
 
 
 class GreenLlmModes:
@@ -306,6 +344,8 @@ class GreenLlmModes:
             planned += 1
             if modes.note:
                 lines.append(f"pool {pool.name}: {modes.note}")
+            lines += [f"{MODE_NAMES[m]} not considered for pool {pool.name}: {why}"
+                      for m, why in modes.unsupported.items()]
             fc = inputs.load.get(pool.name)
             ci = inputs.ci.get(pool.region)
             prompt = pool.mean_prompt_tokens or capacity.DEFAULT_PROMPT_TOKENS
@@ -319,12 +359,8 @@ class GreenLlmModes:
                 ci_h = ci.mean[h] if ci else 0.0
                 units = modes.units
                 mode, evals = choose(modes.setting, load / units, prompt, output, pool.slo, ci_h, inputs.params.pue,
-                                     current, self.margin, self.requests, missed)
-                target = common_pb2.ServingModeTarget(pool=pool.name, serving_mode=mode)
-                if mode in (DPD, DSD):
-                    target.old_hardware = modes.setting.old_hardware
-                    target.link_bandwidth_bytes_per_s = modes.setting.link_bandwidth_bytes_per_s
-                per_interval[h].append(target)
+                                     current, self.margin, self.requests, missed, modes.unsupported)
+                per_interval[h].append(mode_target(pool.name, mode, modes.setting))
                 if h == 0 or mode != current:
                     lines.append(explain_line(pool.name, h, modes, load, ci_h, inputs.params.pue, mode, evals, current))
                 current = mode
@@ -351,6 +387,8 @@ def explain_line(pool: str, hour: int, modes: PoolModes, load: float, ci: float,
         e = evals[m]
         if e.feasible:
             parts.append(f"{MODE_NAMES[m]} {e.carbon_g_per_token(ci, pue) * 1e3:.4f} mg/token")
+        elif m in modes.unsupported:
+            parts.append(f"{MODE_NAMES[m]} not considered (its engines cannot run it)")
         else:
             parts.append(f"{MODE_NAMES[m]} out ({e.reason})")
     saving = ""
