@@ -4,10 +4,12 @@ mode was not considered."""
 
 from __future__ import annotations
 
+import grpc
 from greenserve.common.engine_launch import engines_mode_problem
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.solvers import serving_modes as sm
-from greenserve.v1 import common_pb2
+from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc
+from tests.optimizer.conftest import ci_ref, ingest_daily, load_ref
 from tests.optimizer.test_serving_modes import REQUESTS, _fleet, _inputs, _modes
 
 VLLM = common_pb2.ENGINE_KIND_VLLM
@@ -112,3 +114,20 @@ def test_without_a_feasible_mode_the_fallback_is_one_the_engines_run() -> None:
                             unsupported=refused)
     assert mode == sm.STANDALONE and not evals[sm.STANDALONE].feasible
     assert evals[sm.DSD].reason == "not considered: no DSD" and evals[sm.DSD].attainment_fraction == 0.0
+
+
+async def test_the_plan_in_force_explains_the_mode_left_out(forecaster, optimizer) -> None:
+    """Through the service: SetFleet with a vLLM pool, ComputePlan; no interval carries DSD and the plan's
+    explanation (what ``plan explain`` prints) says why."""
+    fc_channel = grpc.aio.insecure_channel(forecaster.address)
+    await ingest_daily(fc_channel, ci_ref("CISO"), 260.0, 20.0)
+    await ingest_daily(fc_channel, load_ref("chat"), 1.0, 0.2)
+    running = await optimizer(schedule_plans=False)
+    stub = optimizer_pb2_grpc.OptimizerServiceStub(grpc.aio.insecure_channel(running.address))
+    fleet = _with_engines(_fleet(), VLLM)
+    fleet.pools[0].engines[0].hardware = "A100-40GB"
+    await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=fleet))
+    plan = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2))).plan
+    modes = [t.serving_mode for iv in plan.intervals for t in iv.serving_modes]
+    assert modes and sm.DSD not in modes
+    assert "DSD not considered for pool chat: vLLM has no disaggregated speculative decoding" in plan.explanation
