@@ -131,3 +131,12 @@ async def test_the_plan_in_force_explains_the_mode_left_out(forecaster, optimize
     modes = [t.serving_mode for iv in plan.intervals for t in iv.serving_modes]
     assert modes and sm.DSD not in modes
     assert "DSD not considered for pool chat: vLLM has no disaggregated speculative decoding" in plan.explanation
+
+
+def test_a_pool_without_an_older_gpu_is_told_the_hardware_reason_only() -> None:
+    fleet = _with_engines(_fleet(old=False), EMULATOR)
+    fleet.pools[0].draft.simulator_model = "llama3.2-1b"
+    plan = sm.GreenLlmModes(requests=REQUESTS).solve(_inputs(fleet, (1.0,)))
+    assert _modes(plan)[0] in (sm.STANDALONE, sm.SPEC_DECODE)
+    text = "\n".join(plan.explanation)
+    assert "not considered" not in text and "DSD out (the pool has no older GPU to pair with)" in text

@@ -243,6 +243,8 @@ def unsupported_modes(inputs: PlanningInputs, pool: common_pb2.Pool, setting: Mo
     lmcache = "the pool's LMCache server (cache-manager)" if pool.name in inputs.cache_sizes else ""
     out = {}
     for m in MODES:
+        if m in (DPD, DSD) and not setting.old_hardware:
+            continue  # no older GPU: out for the hardware already, and the evaluation says so
         problem = engines_mode_problem(kinds, mode_target(pool.name, m, setting), pool, lmcache)
         if problem:
             out[m] = problem
