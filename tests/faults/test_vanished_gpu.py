@@ -35,6 +35,7 @@ APPLIED = optimizer_pb2.ENFORCEMENT_STATE_APPLIED
 FAILED = optimizer_pb2.ENFORCEMENT_STATE_FAILED
 CHECK_S = 0.5  # --engine-check-interval-s: the watchdog's tick
 BACKOFF_MAX_S = 8.0  # --engine-retry-backoff-max-s
+LOADED_SLACK_S = 8.0  # what a try may take on a loaded 2-core CI machine, beyond the wait before it
 WATCH_S = 20.0  # retries 1, 2, 4, 8 s apart (plus a tick each): 5 or 6 tries; one per tick would be 40
 
 
@@ -106,8 +107,9 @@ async def test_a_layout_for_a_vanished_gpu_is_refused_for_it_retried_with_backof
         tries = [t for t, _ in optimizer.reports_of(v2, FAILED) if t <= failed_at + WATCH_S]
         gaps = [b - a for a, b in zip(tries, tries[1:])]
         assert 3 <= len(tries) <= 8, gaps  # it keeps trying, a few times (one per 0.5 s tick: 40)
-        assert gaps[-1] - gaps[0] >= 3.0, gaps  # the waits grow
-        assert all(g <= BACKOFF_MAX_S + CHECK_S + 4.0 for g in gaps), gaps  # and are bounded
+        # the waits grow (relative: on a loaded machine each try itself takes longer) and are bounded
+        assert gaps[-1] >= 2 * gaps[0], gaps
+        assert all(g <= BACKOFF_MAX_S + CHECK_S + LOADED_SLACK_S for g in gaps), gaps
         assert not optimizer.reports_of(v2, APPLIED)
 
         # back on the bus right after a retry (the next one BACKOFF_MAX_S away): applied by the service itself at
@@ -126,7 +128,7 @@ async def test_a_layout_for_a_vanished_gpu_is_refused_for_it_retried_with_backof
         # the try that applied it began at the watchdog's next check, not when the back-off (8 s) ran out
         began_s = min(t for t, _ in optimizer.reports_of(v2, optimizer_pb2.ENFORCEMENT_STATE_APPLYING)
                       if t > back_at) - back_at
-        assert began_s < BACKOFF_MAX_S / 2, began_s
+        assert began_s < BACKOFF_MAX_S - 2.0, began_s  # waiting out the back-off would be about BACKOFF_MAX_S
         await until(lambda: _profiles(optimizer.gpu_reports[-1], gone) == ["7g.40gb"], 30, "the returned GPU's layout")
         assert optimizer.store.active.version == v2  # no new plan was needed
         print(f"retried {began_s:.2f} s and converged {took_s:.2f} s after the GPU came back; tries while it was gone: {len(tries)}, "
