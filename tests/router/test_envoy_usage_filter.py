@@ -60,6 +60,17 @@ async def _scripted(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _late_end(request: web.Request) -> web.StreamResponse:
+    """The whole stream, [DONE] included, then a pause before the response ends: a caller that closes at [DONE]
+    resets the stream while the filter still waits for the last read."""
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write("".join(PIECES).encode())
+    await asyncio.sleep(2.0)
+    await resp.write_eof()
+    return resp
+
+
 JSON_BODY = json.dumps({"choices": [{"message": {"content": "abc"}}],
                         "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
 
@@ -72,6 +83,7 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
     app = web.Application()
     app.router.add_post("/v1/chat/completions", _scripted)
     app.router.add_post("/json", _json)
+    app.router.add_post("/late-end", _late_end)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -101,6 +113,13 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
             async with session.post(f"http://127.0.0.1:{listen_port}/json", data=b"{}",
                                     headers={STRIP_USAGE_HEADER: "1"}) as resp:
                 assert resp.status == 200 and await resp.text() == JSON_BODY
+            # the caller closes the connection once it has read [DONE], before the engine ends the response
+            async with session.post(f"http://127.0.0.1:{listen_port}/late-end", data=b"{}") as resp:
+                read = b""
+                while DONE.encode() not in read:
+                    read += await resp.content.readany()
+                resp.close()
+            await asyncio.sleep(0.5)
     finally:
         proc.terminate()
         proc.wait(10)  # the access log is flushed on exit
@@ -110,8 +129,10 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
     assert bodies[1] == whole.replace(USAGE_EVENT, "")  # every other event whole, in order
     logged = [json.loads(line)["greenserve"] for line in log_path.read_text().splitlines()]
     posts = [m for m in logged if m]  # the listener probe (GET) has no metadata
-    assert len(posts) == 3
+    assert len(posts) == 4
     assert (posts[2]["prompt_tokens"], posts[2]["completion_tokens"]) == (7, 3)
+    # read as it passed, not at the end: the reset stream's entry carries them too
+    assert (posts[3]["prompt_tokens"], posts[3]["completion_tokens"]) == (7, 3), posts[3]
     for metadata in posts[:2]:
         assert (metadata["prompt_tokens"], metadata["completion_tokens"], metadata["cached_tokens"]) == (7, 3, 2)
         assert metadata["first_token_us"].isdigit()

@@ -84,8 +84,8 @@ function envoy_on_response(h)
   local mine = h:streamInfo():dynamicMetadata():get(NS)
   local content_type = h:headers():get("content-type") or ""
   local strip = mine ~= nil and mine["strip_usage"] ~= nil and find(content_type, "text/event-stream", 1, true) ~= nil
+  -- Envoy's wrappers do not outlive a yield (each read): the metadata is looked up afresh where it is written
   local first_us, tail, held = nil, "", ""
-  local prompt, completion, cached
   for chunk in h:bodyChunks() do
     local n = chunk:length()
     if n > 0 then
@@ -93,6 +93,7 @@ function envoy_on_response(h)
       if first_us == nil and (find(bytes, '"content":%s*"[^"]') or find(bytes, '"text":%s*"[^"]')
                               or find(bytes, '"finish_reason":%s*"')) then
         first_us = h:timestampString(EnvoyTimestampResolution.MICROSECOND)
+        h:streamInfo():dynamicMetadata():set(NS, "first_token_us", first_us)
       end
       local s = tail .. bytes
       local at = find(s, USAGE)
@@ -103,9 +104,19 @@ function envoy_on_response(h)
           tail = sub(s, at)
           break
         end
-        completion = match(object, '"completion_tokens":%s*(%d+)')
-        prompt = match(object, '"prompt_tokens":%s*(%d+)')
-        cached = match(object, '"cached_tokens":%s*(%d+)')
+        local completion = match(object, '"completion_tokens":%s*(%d+)')
+        local prompt = match(object, '"prompt_tokens":%s*(%d+)')
+        if completion ~= nil and prompt ~= nil then
+          -- written at once: a caller that closes after [DONE] may reset the stream before its last chunk
+          -- reaches this filter, and then no code after the loop runs (the access log is still written)
+          local meta = h:streamInfo():dynamicMetadata()
+          meta:set(NS, "completion_tokens", tonumber(completion))
+          meta:set(NS, "prompt_tokens", tonumber(prompt))
+          local cached = match(object, '"cached_tokens":%s*(%d+)')
+          if cached ~= nil then
+            meta:set(NS, "cached_tokens", tonumber(cached))
+          end
+        end
         at = find(s, USAGE, at + 1)
       end
       if strip then
@@ -120,18 +131,6 @@ function envoy_on_response(h)
           chunk:setBytes(without_usage(sub(whole, 1, cut)))
         end
       end
-    end
-  end
-  -- Envoy's wrappers do not outlive a yield: the metadata is looked up again after the last chunk
-  local meta = h:streamInfo():dynamicMetadata()
-  if first_us ~= nil then
-    meta:set(NS, "first_token_us", first_us)
-  end
-  if completion ~= nil and prompt ~= nil then
-    meta:set(NS, "completion_tokens", tonumber(completion))
-    meta:set(NS, "prompt_tokens", tonumber(prompt))
-    if cached ~= nil then
-      meta:set(NS, "cached_tokens", tonumber(cached))
     end
   end
 end
