@@ -97,9 +97,15 @@ async def test_a_layout_for_a_vanished_gpu_is_refused_for_it_retried_with_backof
         assert f"GPU {kept}: layout applied" in report.detail, report.detail
         await until(lambda: _profiles(optimizer.gpu_reports[-1], kept) == ["7g.40gb"], 30, "the applied layout")
 
-        status = await asyncio.to_thread(plan_status_cli, opt_port)
-        assert status.returncode == 3, status.stderr  # the fleet does not match the plan
-        (shown,) = json.loads(status.stdout)["reports"]
+        # what an operator reads: the node's last report, which is the next retry's APPLYING while that runs
+        # (the back-off leaves longer and longer gaps between them); read until it is the refusal again
+        for _ in range(20):
+            status = await asyncio.to_thread(plan_status_cli, opt_port)
+            assert status.returncode == 3, status.stderr  # the fleet does not match the plan
+            (shown,) = json.loads(status.stdout)["reports"]
+            if shown["state"] != "applying":
+                break
+            await asyncio.sleep(0.5)
         assert shown["state"] == "failed" and gone in shown["detail"] and "partially applied" in shown["detail"]
 
         # the retries back off: count the reconciles of v2 over the window
