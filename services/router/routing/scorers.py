@@ -38,25 +38,26 @@ come out the same on every replica and worker.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from greenserve.router.routing.choice import Choice
 from greenserve.router.routing.engines import EngineState
 
 
-class Scorer:
+class Scorer(ABC):
     """A weighted score per engine of ``choice.live``."""
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
 
-    def prepare(self, choice: Choice) -> None:
+    def prepare(self, choice: Choice) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Works out what this scorer needs from the whole choice (run for every scorer before any ``add``); the
         policy calls it only of scorers that override it."""
 
+    @abstractmethod
     def add(self, choice: Choice, totals: list[float]) -> None:
         """Adds ``weight`` x the score of each engine of ``choice.live`` to ``totals`` (in the same order)."""
-        raise NotImplementedError
 
     def explain(self, choice: Choice, i: int) -> list[str]:
         """What this scorer saw of engine ``choice.live[i]``, for a decision's explanation."""
