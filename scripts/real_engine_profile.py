@@ -257,6 +257,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds: at least 1")
+    if args.engine_omp_threads < 0:
+        ap.error("--engine-omp-threads: 0 (vLLM's default) or more")
     if args.profiles_from:
         stored_rates(ap, args)
     elif args.fit_rates is None:
