@@ -18,6 +18,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine-sim": ("greenserve.bench.engine_sim:main", "concurrent streams and tokens/s one emulated engine sustains"),
     "forecaster": ("greenserve.bench.forecaster:main", "day-ahead CI and load MAPE vs seasonal naive"),
     "router": ("greenserve.bench.router:main", "added TTFT and throughput through the router vs direct"),
+    "router-policy": ("greenserve.bench.router_policy:main",
+                      "CPU per routing decision (RoutingPolicy.choose) for 2/8/32 engines, with and without plan/prefix"),
     "router-replicas": ("greenserve.bench.router_replicas:main",
                         "4 router replicas on one database: registration propagation, prefix hit rate vs 1"),
     "cache-policy": ("greenserve.bench.cache_manager:policy_main", "token hit rate of FIFO/LRU/LCS/LCS+TTL/Adaptive"),
