@@ -61,10 +61,17 @@ class Progress:
             self._doing = "done" if self.done == self.total else self._doing
             self._emit()
 
+    def _hour_now(self) -> str:
+        """The hour (1-based) the running days are planning and replaying: "hour 3 of 24", or "hours 2-4 of 24"
+        while the days are at different hours."""
+        now = sorted({min(self._hours_done[d] + 1, self._hours) for d in self._days})
+        span = f"hour {now[0]}" if len(now) == 1 else f"hours {now[0]}-{now[-1]}"
+        return f"{span} of {self._hours}"
+
     def _emit_running(self) -> None:
         parts = []
         if self._days:
-            parts.append(f"planning and replaying {self._hours} h of {_names(self._days)}")
+            parts.append(f"planning and replaying {self._hour_now()}: {_names(self._days)}")
         if self._checks:
             parts.append(f"checking the method: {_names(self._checks)}")
         self._doing = "; ".join(parts)

@@ -25,12 +25,12 @@ def test_each_step_says_what_runs() -> None:
         (0, 6, "forecasting the day's CI of ES, FR and its load (auto)"),
         (1, 6, "forecasting the day's CI of ES, FR and its load (auto)"),
         (2, 6, "forecasting the day's CI of ES, FR and its load (auto)"),
-        (2, 6, "planning and replaying 1 h of ES/base_full_cache, ES/joint, FR/base_full_cache; checking the "
+        (2, 6, "planning and replaying hour 1 of 1: ES/base_full_cache, ES/joint, FR/base_full_cache; checking the "
                "method: simulator fidelity"),
-        (3, 6, "planning and replaying 1 h of ES/base_full_cache, FR/base_full_cache; checking the method: "
+        (3, 6, "planning and replaying hour 1 of 1: ES/base_full_cache, FR/base_full_cache; checking the method: "
                "simulator fidelity"),
-        (4, 6, "planning and replaying 1 h of ES/base_full_cache, FR/base_full_cache"),
-        (5, 6, "planning and replaying 1 h of FR/base_full_cache"),
+        (4, 6, "planning and replaying hour 1 of 1: ES/base_full_cache, FR/base_full_cache"),
+        (5, 6, "planning and replaying hour 1 of 1: FR/base_full_cache"),
         (6, 6, "done"),
     ]
 
@@ -38,7 +38,7 @@ def test_each_step_says_what_runs() -> None:
 def test_many_runs_are_counted_not_listed() -> None:
     seen: list[str] = []
     Progress(lambda _d, _t, doing: seen.append(doing), total=5).running([f"G{i}/joint" for i in range(5)], 1, [])
-    assert seen == ["planning and replaying 1 h of G0/joint, G1/joint, G2/joint +2"]
+    assert seen == ["planning and replaying hour 1 of 1: G0/joint, G1/joint, G2/joint +2"]
 
 
 def _stdout(code: str) -> str:
@@ -65,6 +65,10 @@ def test_hours_are_steps_and_a_finished_day_counts_its_missing_hours_once() -> N
     steps.hour_finished("ES/joint")  # ... and arrives late: not counted twice
     steps.finished("FR/joint")
     assert [d for d, _, _ in seen] == [1, 1, 2, 3, 4, 5, 7]
+    assert [doing for _, _, doing in seen[1:6]] == [  # the hour each running day is at
+        *(f"planning and replaying {hours} of 3: ES/joint, FR/joint" for hours in ("hour 1", "hours 1-2", "hour 2",
+                                                                                    "hours 2-3")),
+        "planning and replaying hour 2 of 3: FR/joint"]
     assert seen[-1] == (7, 7, "done")
 
 

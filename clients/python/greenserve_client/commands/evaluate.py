@@ -155,7 +155,8 @@ def main(argv: list[str]) -> int:
         except (grids.GridDataError, ValueError) as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
-    index = report.write(result, ns.out)
+        bar.set_description_str(f"writing the report (plots, index.html) into {ns.out}")
+        index = report.write(result, ns.out)
     print(f"report: {index}", file=sys.stderr)
     print(dumps({"day": result["day"], "summary": result["summary"], "report": str(index)}))
     return 0
