@@ -83,7 +83,8 @@ class Fleet:
         self.decisions: list[tuple[int, str, float]] = []  # (plan version, engine, weight) of each decision
         self.answered = 0
         self.slowest_ttft_s = 0.0
-        self.killed_at: float | None = None  # time.monotonic() of the last kill_router
+        self.killed_at: float | None = None  # time.monotonic() when kill_router last sent SIGKILL
+        self.timeline: list[tuple[float, str]] = []  # (time.monotonic(), event): kills, restarts, failed calls
 
     async def start(self, start_inprocess, emulators) -> None:
         from tests.optimizer.conftest import ForecasterSettings, build_forecaster
@@ -108,8 +109,10 @@ class Fleet:
         """Starts the router on its database; returns when it was started (time.time()): a report made since
         then comes from this process."""
         started_s = time.time()
+        self.timeline.append((time.monotonic(), "router starting"))
         self.router = await asyncio.to_thread(start_router, self.router_dir, self.router_port, self.engines, self.port,
                                          self.workers)
+        self.timeline.append((time.monotonic(), f"router {self.router.pid} serving"))
         return started_s
 
     async def kill_router(self) -> list[int]:
@@ -118,9 +121,13 @@ class Fleet:
         assert self.router is not None
         workers = children(self.router.pid)
         assert len(workers) == (0 if self.workers == 1 else self.workers), workers
+        # the window for a stream cut by the killed process opens as the signal goes: a call made in that moment
+        # may reach a worker that is already stopping (it answers CANCELLED) and fail before the kill returns
+        self.killed_at = time.monotonic()
+        self.timeline.append((self.killed_at, f"SIGKILL to {self.router.pid} (workers {workers})"))
         self.router.send_signal(signal.SIGKILL)
         await asyncio.to_thread(self.router.wait, 10)
-        self.killed_at = time.monotonic()
+        self.timeline.append((time.monotonic(), f"{self.router.pid} reaped"))
         return workers
 
     async def workers_gone(self, workers: list[int], within_s: float) -> None:
@@ -170,13 +177,22 @@ class Fleet:
                         self.answered += 1
                         self.slowest_ttft_s = max(self.slowest_ttft_s, first)
             except grpc.aio.AioRpcError as exc:
+                self.timeline.append((time.monotonic(), f"call started at {started:.3f}: {exc.code().name} "
+                                                        f"{exc.details()!r}"))
                 retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 # a worker stopping (SIGTERM from the kernel once its supervisor died) may reset a stream it
                 # accepted as it went: CANCELLED, but only from the process just killed
                 if self.killed_at is not None and time.monotonic() - self.killed_at < KILL_WINDOW_S:
                     retryable += (grpc.StatusCode.CANCELLED,)
-                assert exc.code() in retryable, exc
+                assert exc.code() in retryable, self.explain(exc)
                 await asyncio.sleep(RETRY_S)
+
+    def explain(self, exc: grpc.aio.AioRpcError) -> str:
+        """The failed call with the timeline of kills, restarts and failed calls, and the router's log tail."""
+        lines = [f"{at:.3f} {event}" for at, event in self.timeline]
+        log = self.router_dir / "router.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no router log)"
+        return f"{exc.code().name} {exc.details()!r}\n" + "\n".join(lines) + "\nrouter.log:\n" + tail
 
     async def router_reports(self, version: int) -> list[optimizer_pb2.EnforcementReport]:
         status = await self.stub.GetPlanStatus(optimizer_pb2.GetPlanStatusRequest(version=version), timeout=10)
