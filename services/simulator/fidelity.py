@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+from greenserve.common.cli_parser import Parser
 from greenserve.simulator.engine_profile import load_profile
 from greenserve.simulator.perf_model import PerfModel
 from greenserve.simulator.replay import replay
@@ -196,6 +197,9 @@ def render_markdown(rows: list[FidelityRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the fidelity table (Markdown)."""
+    Parser(prog="python -m greenserve.simulator.fidelity", description="the simulator's fidelity table against "
+           "published numbers it was not fitted on, recomputed and printed as Markdown (docs/simulator.md)",
+           ).parse_args(argv)
     print(render_markdown(fidelity_rows()))
     return 0
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from greenserve.common.carbon_params import CarbonParams, load_default_params
+from greenserve.common.cli_parser import Parser
 from greenserve.evaluation.headlines.greencache_carbon import (
     grid_day,
     hour_carbon_g,
@@ -280,8 +281,13 @@ def _notes(per_grid: dict[str, Any], ours_grid: dict[str, Any], params: CarbonPa
 
 
 def main(argv: list[str] | None = None) -> int:
-    quick = bool(argv and "--quick" in argv)
-    print(json.dumps(run(quick=quick)))  # one JSON object on the last line (HiGHS may print a banner first)
+    """Print the headline as one line of JSON."""
+    parser = Parser(prog="python -m greenserve.evaluation.headlines.greencache",
+                    description="GreenCache's headline (cache sizes by the ILP over a grid's day) reproduced, printed "
+                    "as one line of JSON")
+    parser.add_argument("--quick", action="store_true", help="the short run (tests, CI)")
+    ns = parser.parse_args(argv)
+    print(json.dumps(run(quick=ns.quick)))  # one JSON object on the last line (HiGHS may print a banner first)
     return 0
 
 

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from greenserve.common.carbon_params import load_default_params
+from greenserve.common.cli_parser import Parser
 from greenserve.optimizer.solvers import serving_modes as sm
 
 TARGET = "llama2-7b"
@@ -154,7 +155,17 @@ def run(quick: bool = False) -> dict[str, Any]:
             "within_tolerance": bool(within), "notes": notes, "sweep": rows}
 
 
-if __name__ == "__main__":
-    json.dump(run(quick="--quick" in sys.argv[1:]), sys.stdout, indent=1,
+def main(argv: list[str] | None = None) -> int:
+    """Print the headline as JSON (a non-finite figure as null)."""
+    parser = Parser(prog="python -m greenserve.evaluation.headlines.greenllm",
+                    description="GreenLLM's headline (serving modes over a QPS sweep) reproduced, printed as JSON")
+    parser.add_argument("--quick", action="store_true", help="3 QPS points instead of the whole sweep (tests, CI)")
+    ns = parser.parse_args(argv)
+    json.dump(run(quick=ns.quick), sys.stdout, indent=1,
               default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else str(o))
     print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
