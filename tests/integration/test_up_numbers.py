@@ -5,14 +5,19 @@
 * no explanation built on zeros ("embodied carbon (0.0 g/h) outweighs the energy it would save (0.0 g/h)");
 * the MIG line's load is the pool's, not the MIG GPUs' share of it;
 * the engines the gpu-partitioner runs on MIG instances are listed in the fleet with their URLs;
-* the attainment a plan states is the simulator's prediction (the plan's own figure, not the SLO target), the same
-  in the explanation as in the plan's fields.
+* the attainment a plan states is the simulator's prediction (the plan's own figure, not the SLO target in every
+  hour), the same in the explanation as in the plan's fields and in what `greenserve plan show` and `plan explain`
+  print for the operator;
+* a short start-up: `greenserve up` (run.sh's fleet: 2 engines and LMCache) prints few enough lines before it is
+  ready that a fresh clone's `scripts/run.sh`, set-up included, stays under 40.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +27,35 @@ import pytest
 from greenserve.v1 import common_pb2, forecaster_pb2, forecaster_pb2_grpc, optimizer_pb2, optimizer_pb2_grpc
 from greenserve.v1 import router_pb2, router_pb2_grpc
 from greenserve_client.sidecars import find_lmcache
-from tests.up_process import pids_alive, service_ports, start_up
+from tests.up_process import CLI, pids_alive, service_ports, start_up
+
+# What a fresh clone's `bash scripts/run.sh` prints before `greenserve up` runs: one line per set-up step, 8 on a
+# clone of a machine that has the vLLM install in its cache (measured: virtualenv, greenserve, npm ci twice, and
+# LMCache's virtualenv, torch, lmcache, ready), and 7 more from install-vllm.sh on a machine without one.
+FRESH_SET_UP_LINES = 8 + 7
+RUN_SH_LINES_BEFORE_UP = 40
+
+
+def _stderr_so_far(up: subprocess.Popen) -> str:
+    """What `up` has written on stderr until now (without waiting for more)."""
+    fd = up.stderr.fileno()
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.set_blocking(fd, True)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _cli(ports: dict[str, int], *argv: str) -> str:
+    done = subprocess.run([*CLI, *argv, f"--optimizer-addr=127.0.0.1:{ports['optimizer']}"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 @pytest.mark.slow
@@ -32,6 +65,9 @@ def test_up_plans_forecast_receipts_and_fleet_agree(tmp_path: Path) -> None:
     up, lines = start_up(tmp_path, ports, "--engines=2", "--engine-time-scale=20", "--router-http-port=0",
                          f"--lmcache={lmcache}", ready_within_s=150)
     try:
+        # stdout and stderr until ready, as a terminal shows them
+        before_ready = len(lines) + len(_stderr_so_far(up).splitlines())
+        assert before_ready <= RUN_SH_LINES_BEFORE_UP - FRESH_SET_UP_LINES, "".join(lines)
         pids = [int(row[2]) for row in (line.split() for line in lines) if len(row) > 2 and row[2].isdigit()]
         opt = optimizer_pb2_grpc.OptimizerServiceStub(grpc.insecure_channel(f"127.0.0.1:{ports['optimizer']}"))
         fc = forecaster_pb2_grpc.ForecasterServiceStub(grpc.insecure_channel(f"127.0.0.1:{ports['forecaster']}"))
@@ -80,6 +116,19 @@ def test_up_plans_forecast_receipts_and_fleet_agree(tmp_path: Path) -> None:
             targets = {t for _, t in stated}
             assert not any(f in targets for f in figures), ("the target copied, not a prediction", figures, targets)
             assert f"attainment {plan.expected_slo_attainment_fraction:.2f}" in text.splitlines()[-1], (version, text)
+            # a prediction per hour, not the target copied into every hour
+            hourly = [p.expected_slo_attainment_fraction for iv in plan.intervals for p in iv.pools]
+            assert all(0 < a <= 1 for a in hourly), (version, hourly)
+            assert any(round(a, 2) not in targets for a in hourly), ("the target in every hour", version, hourly)
+            # what the operator reads: `plan explain`'s header, `plan show`'s hourly table
+            explained = _cli(ports, "plan", "explain", str(version))
+            assert f"attainment {plan.expected_slo_attainment_fraction:.3f}" in explained.splitlines()[0], explained
+            shown = _cli(ports, "plan", "show", str(version))
+            table = [re.split(r"\s{2,}", line) for line in shown.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d  ", line)]
+            header = next(re.split(r"\s{2,}", line) for line in shown.splitlines() if line.startswith("HOUR (UTC)"))
+            column = header.index("ATTAINMENT")
+            assert [row[column] for row in table] == [f"{iv.expected_slo_attainment_fraction:.3f}"
+                                                      for iv in plan.intervals], shown
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0, up.stderr.read()
         assert not pids_alive(pids)
