@@ -17,7 +17,8 @@ and the filter removes). While dropping, a reader passes on whole SSE events onl
 reads goes out with the second; a response that is not an event stream passes on as it is).
 
 Per chunk the Lua filter does one pattern search for ``"usage":{`` (and, until the first token, one for the
-first token's text); only the chunk holding the usage object is parsed.
+first token's text); only the chunk holding the usage object is parsed, and a chunk of whole events without it
+goes on untouched (no copy into Envoy's buffer), also while dropping.
 """
 
 from __future__ import annotations
@@ -95,9 +96,14 @@ function envoy_on_response(h)
         first_us = h:timestampString(EnvoyTimestampResolution.MICROSECOND)
         h:streamInfo():dynamicMetadata():set(NS, "first_token_us", first_us)
       end
-      local s = tail .. bytes
+      local s = bytes
+      if tail ~= "" then
+        s = tail .. bytes
+      end
       local at = find(s, USAGE)
-      tail = sub(s, -24)  -- the marker may be split across two reads
+      local found = at ~= nil
+      -- the marker may be split across two reads; not after an event's end (the common read: whole events)
+      tail = sub(s, -2) == "\n\n" and "" or sub(s, -24)
       while at do
         local object = match(s, '^"usage":%s*(%b{})', at)
         if object == nil then  -- the object goes on in the next read
@@ -119,7 +125,8 @@ function envoy_on_response(h)
         end
         at = find(s, USAGE, at + 1)
       end
-      if strip then
+      -- whole events, none of them the usage event: the read passes on as it is (no copy back)
+      if strip and (found or held ~= "" or sub(bytes, -2) ~= "\n\n") then
         local whole = held .. bytes
         local cut = last_event_end(whole)
         local rest = sub(whole, cut + 1)
