@@ -23,6 +23,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from greenserve.common.file_errors import cannot_read
 from greenserve.v1 import common_pb2
 
 __all__ = [
@@ -404,6 +405,8 @@ def engine_profile_from_file(path: Path, field: str = "profile") -> EngineProfil
     cannot be read or parsed."""
     try:
         profile = json_format.Parse(path.read_text(), common_pb2.Profile())
-    except (OSError, UnicodeDecodeError, json_format.ParseError) as exc:
-        raise ValueError(f"{field}: cannot read a profile from {path.name}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"{field}: {cannot_read(exc, path)}") from None
+    except (UnicodeDecodeError, json_format.ParseError) as exc:
+        raise ValueError(f"{field}: cannot read a profile from {path.absolute()}: {exc}") from None
     return engine_profile_from_measured(profile, field)

@@ -3,6 +3,7 @@ closest real one of the command that read it, and a missing input file is named 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,22 @@ def test_a_missing_file_is_named_by_its_whole_path(flag: str, tmp_path: Path, mo
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nope' / 'absent.file'}: cannot read: No such file or directory" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["forecast", "backtest", "--csv", "nope/absent.file", "--time-column", "t", "--value-column", "v"],
+    ["forecast", "ingest", "--csv", "nope/absent.file", "--time-column", "t", "--value-column", "v", "--region",
+     "ES", "--addr", "127.0.0.1:1"],
+    ["fleet", "set", "nope/absent.file", "--optimizer-addr", "127.0.0.1:1"],
+    ["profile", "import", "nope/absent.file", "--profiler-addr", "127.0.0.1:1"],
+    ["plan", "status", "--tls-ca", "nope/absent.file", "--optimizer-addr", "127.0.0.1:1"],
+    ["evaluate", "--profile", "nope/absent.file", "--grids", "ES", "--hours", "1"],
+])
+def test_every_command_names_a_missing_file_by_its_whole_path(argv: list[str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    with contextlib.suppress(SystemExit):
+        assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nope' / 'absent.file'}: cannot read: No such file or directory" in err, err

@@ -28,6 +28,7 @@ from greenserve.common.ci_units import add_ci_unit_flag
 from greenserve.common.cli_parser import Parser
 from greenserve.common.client import ChannelConfig, check_health, create_channel
 from greenserve.common.config import DEFAULT_ROUTER_HTTP_PORT, DependencyAddresses
+from greenserve.common.file_errors import cannot_read
 from greenserve_client import rpc_errors, supervisor
 from greenserve_client.services import SERVICES
 
@@ -64,7 +65,7 @@ def check_connection(token: str | None, token_source: str, files: dict[str, Path
                 with open(file, "rb"):
                     pass
             except OSError as exc:
-                problem = f"{flag}: cannot read {file}: {exc.strerror}"
+                problem = f"{flag}: {cannot_read(exc, file)}"
     if problem is not None:
         raise ConnectionFlagError(problem)
 

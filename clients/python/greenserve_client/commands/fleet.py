@@ -32,6 +32,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from greenserve.common import strict_json
 from greenserve.common.cli_parser import Parser
+from greenserve.common.file_errors import cannot_read
 from greenserve_client.cli import print_table
 from greenserve_client.commands import optimizer_client
 
@@ -211,8 +212,10 @@ def cmd_set(ns: argparse.Namespace) -> int:
         fleet = load_fleet_file(ns.file)
     except FleetFileError as exc:
         return optimizer_client.fail(f"{PROG} set", f"{ns.file}: {exc}")
-    except (OSError, UnicodeDecodeError) as exc:
-        return optimizer_client.fail(f"{PROG} set", f"cannot read {ns.file}: {exc}")
+    except OSError as exc:
+        return optimizer_client.fail(f"{PROG} set", cannot_read(exc, ns.file))
+    except UnicodeDecodeError as exc:
+        return optimizer_client.fail(f"{PROG} set", f"{Path(ns.file).absolute()}: not UTF-8 text: {exc}")
     try:
         reply = asyncio.run(optimizer_client.call(ns, "SetFleet", optimizer_pb2.SetFleetRequest(fleet=fleet)))
     except grpc.aio.AioRpcError as exc:

@@ -23,6 +23,7 @@ import numpy as np
 from greenserve.common import strict_json
 from greenserve.common.ci_units import add_ci_unit_flag, ci_unit_factor
 from greenserve.common.cli_parser import Parser
+from greenserve.common.file_errors import cannot_read
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -116,7 +117,10 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
         series = _read_series(ns)
         result = run_backtest(series, history_hours=ns.history_hours, horizon_hours=ns.horizon_hours,
                               days=ns.days, model=ns.model, holidays=holidays)
-    except (OSError, ValueError, KeyError) as exc:
+    except OSError as exc:
+        print(f"greenserve forecast backtest: error: {cannot_read(exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as exc:
         print(f"greenserve forecast backtest: error: {exc}", file=sys.stderr)
         return 2
     out = {
@@ -228,7 +232,10 @@ def _remote(ns: argparse.Namespace) -> int:
         from greenserve_client import rpc_errors
 
         return rpc_errors.report(f"greenserve forecast {ns.action}", exc, "forecaster", ns.addr, "--addr")
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        print(f"greenserve forecast {ns.action}: error: {cannot_read(exc)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"greenserve forecast {ns.action}: error: {exc}", file=sys.stderr)
         return 2
     if ns.json or ns.action == "list":

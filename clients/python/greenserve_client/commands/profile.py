@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 from greenserve.common import strict_json
 from greenserve.common.cli_parser import Parser
+from greenserve.common.file_errors import cannot_read
 from greenserve.common.config import DependencyAddresses
 
 from greenserve_client import rpc_errors
@@ -432,7 +433,9 @@ def main(argv: list[str]) -> int:  # one dispatch over the actions
 
         try:
             profiles = load_file(ns.file)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            return _fail(cannot_read(exc, ns.file))
+        except ValueError as exc:
             return _fail(f"{ns.file}: {exc}")
         source = common_pb2.ProfileSource.Value(f"PROFILE_SOURCE_{ns.source.upper()}")
         stored = []
