@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from greenserve.common.clock import set_clock
 from greenserve.common.config import ServiceSettings, load_settings
+from greenserve.common.file_errors import os_error_text
 from greenserve.common.persistence import Database
 from greenserve.common.server import Registration, ServiceServer
 from greenserve.common.telemetry import Telemetry, setup_logging, setup_telemetry
@@ -84,6 +85,6 @@ def run_service(settings_cls: type[ServiceSettings], build: BuildFn, argv: list[
     try:
         asyncio.run(main())
     except (OSError, ValueError) as exc:  # bind failure, bad TLS files, unreadable token file
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {os_error_text(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
         return 1
     return 0

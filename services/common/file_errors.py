@@ -14,3 +14,11 @@ def cannot_read(exc: OSError, path: str | os.PathLike[str] | None = None) -> str
     if name is None or isinstance(name, int):
         return str(exc)
     return f"{Path(os.fsdecode(name)).absolute()}: cannot read: {exc.strerror or exc}"
+
+
+def os_error_text(exc: OSError) -> str:
+    """'/abs/dir/file: No such file or directory' for an OSError on a file (opening, reading, creating it); the
+    error's own text for one on no file (a port that cannot be bound)."""
+    if exc.filename is None or isinstance(exc.filename, int):
+        return str(exc)
+    return f"{Path(os.fsdecode(exc.filename)).absolute()}: {exc.strerror or exc}"

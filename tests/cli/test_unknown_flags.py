@@ -4,6 +4,8 @@ closest real one of the command that read it, and a missing input file is named 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,13 @@ def test_every_command_names_a_missing_file_by_its_whole_path(argv: list[str], t
         assert main(argv) != 0
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nope' / 'absent.file'}: cannot read: No such file or directory" in err, err
+
+
+@pytest.mark.parametrize("flags", [["--auth-token-file", "nope/absent.file"],
+                                   ["--tls-cert", "nope/absent.file", "--tls-key", "nope/absent.file"]])
+def test_a_service_names_a_missing_file_by_its_whole_path(flags: list[str], tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "greenserve.optimizer", "--port", "0", "--data-dir", str(tmp_path),
+                           *flags], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith(f"error: {tmp_path / 'nope' / 'absent.file'}: No such file or directory"), \
+        done.stderr
