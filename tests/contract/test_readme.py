@@ -35,3 +35,19 @@ def test_docs_cite_the_repositorys_data_folders() -> None:
     stale = [f"{doc.relative_to(ROOT)}: {m}" for doc in sorted((ROOT / "docs").glob("*.md"))
              for m in re.findall(r"`greenserve/\w+/data[^`]*`", doc.read_text(encoding="utf-8"))]
     assert not stale
+
+
+def test_every_markdown_file_the_readme_and_setup_py_name_exists() -> None:
+    named = {m for text in (README, (ROOT / "setup.py").read_text(encoding="utf-8"))
+             for m in re.findall(r"[\w./-]+\.md\b", text)}
+    assert {"docs/evaluation.md", "deploy/README.md"} <= named
+    assert not sorted(n for n in named if not (ROOT / n).is_file())
+
+
+def test_the_demos_duration_is_its_defaults() -> None:
+    """The README's "2.5 min for its fleet to start, the day in 20 min" are `greenserve demo`'s defaults."""
+    from greenserve_client.demo import DemoOptions
+
+    text = " ".join(README.replace("#", " ").split())
+    assert f"{DemoOptions.startup_s / 60:g} min for its fleet to start (--startup-s)" in text
+    assert f"the day in {DemoOptions.minutes:g} min (--minutes)" in text
