@@ -164,14 +164,19 @@ async def start_local_loop(addresses: dict[str, str], options: LocalLoopOptions)
             await channel.close()
 
 
+def _count(n: int, name: str) -> str:
+    return f"{n} {name}" if n == 1 else f"{n} {name}s"
+
+
 def first_plan_summary(plan: common_pb2.Plan | None) -> str:
     if plan is None:
         return "no plan"
     first = plan.intervals[0] if plan.intervals else None
     parts = [f"plan v{plan.version} in force"]
     if first is not None:
-        parts.append(f"{len(first.routing_weights)} routing weights, {len(first.cache_targets)} cache targets, "
-                     f"{len(first.mig_layouts)} MIG layouts")
+        parts.append(", ".join(_count(len(items), name) for items, name in (
+            (first.routing_weights, "routing weight"), (first.cache_targets, "cache target"),
+            (first.mig_layouts, "MIG layout"))))
         if first.pools:
             parts.append(f"CI {first.pools[0].ci_g_per_kwh:.0f} g/kWh")
     if math.isfinite(plan.expected_carbon.total_g):
