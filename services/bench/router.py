@@ -128,6 +128,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                    help="with --front envoy: how receipts get the engine's token counts (router/envoy/usage_filter.py): "
                         "lua = a Lua filter in Envoy (default), ext_proc = every response chunk through the picker, "
                         "none = not read")
+    p.add_argument("--envoy-alone", action="store_true",
+                   help="with --front envoy: also measure Envoy alone (target envoy-alone: the same binary and "
+                        "bootstrap without ext_proc, access log and Lua filter, round-robin over the engines): "
+                        "the floor of Envoy's own CPU per request, in the sequential and throughput phases")
     p.add_argument("--paired-grpc", action="store_true",
                    help="also run the paired phase for the router over gRPC (default: HTTP and vllm-router)")
     p.add_argument("--no-install-peer", action="store_true", help="use .venv-vllm-router only if it exists")
@@ -165,6 +169,8 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
         args.levels = "1,8" if args.quick else "1,16,64,256,1000"
     if args.min_requests is None:
         args.min_requests = 20 if args.quick else 12
+    if args.envoy_alone and "envoy" not in args.front:
+        p.error("--envoy-alone: needs --front envoy")
     if args.min_requests < 1:
         p.error("--min-requests: must be >= 1")
     if args.max_tokens < 1:
@@ -233,6 +239,12 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             log("starting Envoy (the router its endpoint picker)")
             envoy_url, envoy_proc = start_envoy_front(procs, router_grpc, data_dir, pinning.get("vllm_router"),
                                                       usage_reader=args.envoy_usage_reader)
+        alone_url, alone_proc = None, None
+        if args.envoy_alone:
+            from greenserve.bench.router_envoy_front import start_envoy_alone
+
+            log("starting Envoy alone (no picker, round-robin)")
+            alone_url, alone_proc = start_envoy_alone(procs, engines, data_dir, pinning.get("vllm_router"))
         prompt = ("You are a helpful assistant answering questions about carbon-aware serving. " * 64)[
             : args.prompt_chars]
         base = {"model": model, "max_tokens": args.max_tokens, "prompt": prompt, "stagger_s": args.stagger_s,
@@ -246,7 +258,10 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
             targets.append(("vllm-router", "http", {"targets": [peer_url]}))
         if envoy_url:
             targets.append(("envoy", "http", {"targets": [envoy_url]}))
-        pid_of = {"router": router_proc.pid, "vllm-router": peer_proc.pid if peer_proc else None}
+        if alone_url:
+            targets.append(("envoy-alone", "http", {"targets": [alone_url]}))
+        pid_of = {"router": router_proc.pid, "vllm-router": peer_proc.pid if peer_proc else None,
+                  "envoy-alone": alone_proc.pid if alone_proc else None}
 
         def meter_of(name: str, proto: str) -> Any:
             if name == "envoy" and envoy_proc is not None:  # Envoy and the router (the picker) both on the path
@@ -426,7 +441,9 @@ def main(argv: list[str], prog: str = "greenserve bench router") -> int:
                                  "rps_at_concurrency": seq_peer_head["rps"]} if seq_peer_head else None)}
                 if peer_head else {"skipped": peer_reason or "not run"})},
             "fronts": {"envoy": {**_envoy_summary(rows, paired_rows, tp_rows, seq_head),
-                                 "usage_reader": args.envoy_usage_reader} if envoy_url else
+                                 "usage_reader": args.envoy_usage_reader,
+                                 "alone_cpu_ms_per_request": seq_cpu("envoy-alone", "http") if alone_url else None}
+                       if envoy_url else
                        {"skipped": "not asked (--front envoy)"}},
             "cpu_pinning": pinning,
             "engine": args.engine if args.engine == "emulator" else f"noop (tpot {args.noop_tpot_s:g} s)",

