@@ -4,7 +4,8 @@
 "gpu-partitioner", instance = the node name). For the interval in force it:
 
 1. takes the ``mig_layouts`` whose GPU is on this node (the others belong to other nodes' partitioners); a layout
-   for a GPU this process listed on the node earlier but that is gone now (fallen off the bus) is not applied,
+   for a GPU of this node that NVML no longer lists (fallen off the bus: the plan's layout names this node, as the
+   fleet inventory has it, or this process listed the GPU earlier) is not applied,
    the other GPUs' are, and the outcome is FAILED ("partially applied", naming the GPU), retried by the watchdog;
 2. validates every one of them against its GPU's geometry (layout_diff/geometry, the same checks as
    ``ApplyLayout``), every placement's pool and model variant against the fleet inventory, and the serving mode
@@ -103,8 +104,9 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
         self.seen_gpus.update(gpus)
         self.whole_gpus = sorted((g for g in gpus.values() if g.whole), key=lambda g: g.index)
         mine = [(i, layout) for i, layout in enumerate(interval.mig_layouts) if layout.gpu_uuid in gpus]
-        lost = [layout.gpu_uuid for layout in interval.mig_layouts
-                if layout.gpu_uuid not in gpus and layout.gpu_uuid in self.seen_gpus]
+        # Not listed but this node's: the plan says so (the fleet inventory's node), or this process listed it before
+        lost = [layout.gpu_uuid for layout in interval.mig_layouts if layout.gpu_uuid not in gpus
+                and ((layout.node and layout.node == self.node) or layout.gpu_uuid in self.seen_gpus)]
         others = len(interval.mig_layouts) - len(mine) - len(lost)
         if others:
             notes.append(f"{others} layout(s) for other nodes' GPUs ignored")

@@ -185,6 +185,7 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
     pue = inputs.params.pue
     embodied_per_hour: dict[str, float] = {}
     gpu_pool = {gpu.uuid: gpu.pool for gpu in inputs.fleet.gpus}
+    gpu_node = {gpu.uuid: gpu.node for gpu in inputs.fleet.gpus}
     for uuid, platform in inputs.gpu_platform.items():
         pool_name = gpu_pool.get(uuid, "")
         embodied_per_hour[pool_name] = embodied_per_hour.get(pool_name, 0.0) + platform.amortised_embodied_g(
@@ -195,6 +196,8 @@ def assemble(inputs: PlanningInputs, results: dict[str, KnobPlan], outcomes: lis
         _ts(interval.end, start_s + 3600.0)
         for knob, result in results.items():
             getattr(interval, knob).extend(result.per_interval[h])
+        for layout in interval.mig_layouts:  # whose partitioner the layout is for, even if its GPU vanishes
+            layout.node = gpu_node.get(layout.gpu_uuid, "")
         cache_by_pool = {t.pool: t for t in interval.cache_targets}
         figures = routing.pool_figures[h] if routing is not None and routing.pool_figures else {}
         iv = dict(operational=0.0, embodied_compute=0.0, embodied_storage=0.0, energy=0.0)

@@ -661,12 +661,14 @@ class MigPlacement(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., start: _Optional[int] = ..., size: _Optional[int] = ..., model_variant: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class MigLayout(_message.Message):
-    __slots__ = ("gpu_uuid", "placements")
+    __slots__ = ("gpu_uuid", "placements", "node")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     gpu_uuid: str
     placements: _containers.RepeatedCompositeFieldContainer[MigPlacement]
-    def __init__(self, gpu_uuid: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[MigPlacement, _Mapping]]] = ...) -> None: ...
+    node: str
+    def __init__(self, gpu_uuid: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[MigPlacement, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class RoutingWeight(_message.Message):
     __slots__ = ("pool", "engine_id", "weight")

@@ -344,3 +344,30 @@ os.execv(sys.executable, [sys.executable, "-m", "greenserve.simulator.emulator",
         assert (engine.kind, engine.mig_uuid, engine.pool) == (common_pb2.ENGINE_KIND_VLLM, four.uuid, "chat")
     finally:
         await supervisor.stop_all()
+
+
+async def test_a_layout_for_this_node_whose_gpu_was_never_listed_is_a_vanished_gpu_not_another_nodes(rig: Rig) -> None:
+    """A freshly started partitioner has listed no GPU yet: the layout's node (stamped by the optimizer from the
+    fleet inventory) tells a GPU of this node that NVML no longer lists from another node's GPU."""
+    assert not rig.enforcer.seen_gpus  # nothing listed yet: as after a restart
+    here = rig.gpu
+    gone = "GPU-00000000-0000-0000-0000-00000000dead"
+    elsewhere = "GPU-00000000-0000-0000-0000-00000000beef"
+    plan, interval = _plan(
+        1, common_pb2.MigLayout(gpu_uuid=here, node=NODE, placements=[_p("3g.20gb", 0, 4), _p("3g.20gb", 4, 4)]),
+        common_pb2.MigLayout(gpu_uuid=gone, node=NODE, placements=[_p("7g.40gb", 0, 8)]),
+        common_pb2.MigLayout(gpu_uuid=elsewhere, node="node-b", placements=[_p("7g.40gb", 0, 8)]))
+    outcome = await rig.enforcer.reconcile(plan, interval)
+    assert outcome.state == FAILED, outcome
+    assert f"partially applied: 1 of 2 GPU layouts of node {NODE}" in outcome.detail, outcome.detail
+    assert f"GPU {gone}: layout refused: the GPU is not on this node any more" in outcome.detail, outcome.detail
+    assert elsewhere not in outcome.detail and "1 layout(s) for other nodes' GPUs ignored" in outcome.detail
+    assert sorted(i.profile for i in rig.backend.list_gpus()[0].instances) == ["3g.20gb", "3g.20gb"]
+    assert rig.enforcer.vanished == {gone}
+
+    # the same layouts without a node (an older optimizer): the never-listed GPU is taken for another node's
+    for layout in interval.mig_layouts:
+        layout.node = ""
+    plan.version = 2
+    outcome = await rig.enforcer.reconcile(plan, interval)
+    assert outcome.state == APPLIED and "2 layout(s) for other nodes' GPUs ignored" in outcome.detail, outcome

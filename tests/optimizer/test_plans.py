@@ -124,6 +124,10 @@ async def test_reported_gpus_merge_and_conflict(forecaster, optimizer) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.SetFleet(optimizer_pb2.SetFleetRequest(fleet=fleet))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fleet.gpus[0].node" in err.value.details()
+    # every layout of the GPU names its node: that node's partitioner knows it as its own even once NVML loses it
+    plan = (await stub.ComputePlan(optimizer_pb2.ComputePlanRequest(horizon_hours=2))).plan
+    layouts = [m for interval in plan.intervals for m in interval.mig_layouts]
+    assert len(layouts) == 2 and {(m.gpu_uuid, m.node) for m in layouts} == {("GPU-a", "n1")}, layouts
 
 
 async def test_forecaster_down_plans_on_stale_forecasts_then_makes_the_safe_plan(forecaster, optimizer) -> None:
