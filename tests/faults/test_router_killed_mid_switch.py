@@ -181,8 +181,10 @@ class Fleet:
                                                         f"{exc.details()!r}"))
                 retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 # a worker stopping (SIGTERM from the kernel once its supervisor died) may reset a stream it
-                # accepted as it went: CANCELLED, but only from the process just killed
-                if self.killed_at is not None and time.monotonic() - self.killed_at < KILL_WINDOW_S:
+                # accepted as it went: CANCELLED, but only from the process just killed (a call made before the kill,
+                # or in the moment after it, before the stopping workers stopped taking calls)
+                if self.killed_at is not None and (started < self.killed_at
+                                                   or time.monotonic() - self.killed_at < KILL_WINDOW_S):
                     retryable += (grpc.StatusCode.CANCELLED,)
                 assert exc.code() in retryable, self.explain(exc)
                 await asyncio.sleep(RETRY_S)
