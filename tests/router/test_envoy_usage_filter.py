@@ -27,6 +27,9 @@ DONE = "data: [DONE]\n\n"
 # three tokens; the first token's event cut in two; the usage event cut inside its usage object
 STREAM = TOKEN_EVENT % "a" + TOKEN_EVENT % "b"
 PIECES = [STREAM[:70], STREAM[70:], (TOKEN_EVENT % "c") + USAGE_EVENT[:80], USAGE_EVENT[80:], DONE]
+# reads of whole events (passed on untouched), then the usage marker itself cut in two ('"us' | 'age": {')
+_MARKER_CUT = USAGE_EVENT.index('"usage"') + 3
+MARKER_PIECES = [STREAM, (TOKEN_EVENT % "c") + USAGE_EVENT[:_MARKER_CUT], USAGE_EVENT[_MARKER_CUT:], DONE]
 
 
 def _bootstrap(listen_port: int, upstream_port: int, log_path: Path) -> dict[str, object]:
@@ -53,7 +56,7 @@ def _bootstrap(listen_port: int, upstream_port: int, log_path: Path) -> dict[str
 async def _scripted(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
-    for piece in PIECES:
+    for piece in MARKER_PIECES if request.path == "/marker-cut" else PIECES:
         await resp.write(piece.encode())
         await asyncio.sleep(0.05)  # separate reads in Envoy
     await resp.write_eof()
@@ -84,6 +87,7 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
     app.router.add_post("/v1/chat/completions", _scripted)
     app.router.add_post("/json", _json)
     app.router.add_post("/late-end", _late_end)
+    app.router.add_post("/marker-cut", _scripted)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -94,7 +98,7 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
     config.write_text(json.dumps(_bootstrap(listen_port, upstream_port, log_path)))
     proc = subprocess.Popen(envoy_command(config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        bodies = []
+        bodies, marker_bodies = [], []
         async with aiohttp.ClientSession() as session:
             for attempt in range(200):  # Envoy's listener comes up
                 try:
@@ -109,6 +113,12 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
                                         headers=headers) as resp:
                     assert resp.status == 200
                     bodies.append(await resp.text())
+            for strip in (False, True):
+                headers = {STRIP_USAGE_HEADER: "1"} if strip else {}
+                async with session.post(f"http://127.0.0.1:{listen_port}/marker-cut", data=b"{}",
+                                        headers=headers) as resp:
+                    assert resp.status == 200
+                    marker_bodies.append(await resp.text())
             # not an event stream (an engine that ignored "stream"): passed on as it is, its usage still read
             async with session.post(f"http://127.0.0.1:{listen_port}/json", data=b"{}",
                                     headers={STRIP_USAGE_HEADER: "1"}) as resp:
@@ -129,14 +139,16 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
     assert bodies[1] == whole.replace(USAGE_EVENT, "")  # every other event whole, in order
     logged = [json.loads(line)["greenserve"] for line in log_path.read_text().splitlines()]
     posts = [m for m in logged if m]  # the listener probe (GET) has no metadata
-    assert len(posts) == 4
-    assert (posts[2]["prompt_tokens"], posts[2]["completion_tokens"]) == (7, 3)
+    assert marker_bodies == ["".join(MARKER_PIECES), "".join(MARKER_PIECES).replace(USAGE_EVENT, "")]
+    assert len(posts) == 6
+    assert (posts[4]["prompt_tokens"], posts[4]["completion_tokens"]) == (7, 3)
     # read as it passed, not at the end: the reset stream's entry carries them too
-    assert (posts[3]["prompt_tokens"], posts[3]["completion_tokens"]) == (7, 3), posts[3]
-    for metadata in posts[:2]:
+    assert (posts[5]["prompt_tokens"], posts[5]["completion_tokens"]) == (7, 3), posts[5]
+    for metadata in posts[:4]:
         assert (metadata["prompt_tokens"], metadata["completion_tokens"], metadata["cached_tokens"]) == (7, 3, 2)
         assert metadata["first_token_us"].isdigit()
     assert "strip_usage" not in posts[0] and posts[1]["strip_usage"] is True
+    assert "strip_usage" not in posts[2] and posts[3]["strip_usage"] is True
 
 
 def test_the_pickers_scanner_reads_the_same_pieces() -> None:
