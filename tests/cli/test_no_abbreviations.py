@@ -3,7 +3,10 @@ found, not listed: every `greenserve` command (from the CLI's own parser), every
 console script of pyproject.toml and every file with a ``__main__`` block in services/, clients/python/ and
 scripts/. Each is run with ``--help`` in this process; every argparse parser it builds (sub-commands' included) is
 then given each of its long flags less the last letter, a prefix argparse would take for that flag with
-abbreviations on, and must leave it unknown."""
+abbreviations on, and must leave it unknown.
+
+The walk runs in a child interpreter, once for the module: running forty entry points' top-level code in the test
+process left state behind (a later test's forked worker processes hung)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ import ast
 import contextlib
 import importlib
 import io
+import json
 import runpy
+import subprocess
 import sys
 import tomllib
 import warnings
@@ -92,18 +97,23 @@ def _run_script(target: str) -> None:
         sys.argv = saved
 
 
-@pytest.fixture
-def made(monkeypatch: pytest.MonkeyPatch) -> list[argparse.ArgumentParser]:
-    """Every argparse parser built while the test runs: greenserve's Parser, a plain one, a sub-command's."""
-    parsers: list[argparse.ArgumentParser] = []
-    init = argparse.ArgumentParser.__init__
+class _Recorder:
+    """Every argparse parser built while it is on: greenserve's Parser, a plain one, a sub-command's."""
 
-    def record(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
-        parsers.append(self)
+    def __enter__(self) -> list[argparse.ArgumentParser]:
+        self.parsers: list[argparse.ArgumentParser] = []
+        self.init = argparse.ArgumentParser.__init__
+        init, parsers = self.init, self.parsers
 
-    monkeypatch.setattr(argparse.ArgumentParser, "__init__", record)
-    return parsers
+        def record(parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+            init(parser, *args, **kwargs)  # type: ignore[arg-type]
+            parsers.append(parser)
+
+        argparse.ArgumentParser.__init__ = record  # type: ignore[method-assign]
+        return self.parsers
+
+    def __exit__(self, *_: object) -> None:
+        argparse.ArgumentParser.__init__ = self.init  # type: ignore[method-assign]
 
 
 def _help(run: Callable[[], object]) -> None:
@@ -142,14 +152,55 @@ def abbreviations_taken(parser: argparse.ArgumentParser) -> tuple[list[str], int
     return taken, tried
 
 
-def _check(parsers: list[argparse.ArgumentParser], what: str) -> int:
-    assert parsers, f"{what} built no argparse parser"
-    tried = 0
+def _problems(parsers: list[argparse.ArgumentParser]) -> tuple[list[str], int]:
+    if not parsers:
+        return ["built no argparse parser"], 0
+    problems, tried = [], 0
     for parser in parsers:
         taken, n = abbreviations_taken(parser)
-        assert not taken, f"{what}: {parser.prog} takes abbreviations of {taken}"
+        if taken:
+            problems.append(f"{parser.prog} takes abbreviations of {taken}")
         tried += n
-    return tried
+    return problems, tried
+
+
+def entry_points() -> dict[str, Callable[[], object]]:
+    """Each entry point by name, and how to run it with --help."""
+    entries: dict[str, Callable[[], object]] = {}
+    for command in _commands():
+        entries[f"greenserve {command}"] = lambda command=command: main([command, "--help"])
+    for name in sorted(BENCHMARKS):
+        entries[f"greenserve bench {name}"] = lambda name=name: main(["bench", name, "--help"])
+    for target in _console_scripts():
+        entries[target] = lambda target=target: _run_script(target)
+    for rel in _main_files():
+        if rel not in NO_FLAGS:
+            entries[rel] = lambda rel=rel: _run_help(rel)
+    return entries
+
+
+def walk() -> dict[str, tuple[list[str], int]]:
+    """Each entry point's problems and how many abbreviations were tried (run in the child)."""
+    out = {}
+    for name, run in entry_points().items():
+        with _Recorder() as parsers:
+            try:
+                _help(run)
+            except BaseException as exc:  # noqa: BLE001 - reported, the walk goes on
+                out[name] = ([f"--help failed: {exc!r}"], 0)
+                continue
+        if name.startswith("greenserve bench "):
+            parsers = parsers[1:]  # `greenserve bench` itself, walked as a command
+        out[name] = _problems(parsers)
+    return out
+
+
+@pytest.fixture(scope="module")
+def walked() -> dict[str, tuple[list[str], int]]:
+    code = "import json; from tests.cli.test_no_abbreviations import walk; print(json.dumps(walk()))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {name: (problems, tried) for name, (problems, tried) in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
 def test_the_check_catches_a_parser_with_abbreviations() -> None:
@@ -162,28 +213,12 @@ def test_the_check_catches_a_parser_with_abbreviations() -> None:
     assert abbreviations_taken(plain) == ([], 3)
 
 
-@pytest.mark.parametrize("command", _commands())
-def test_no_greenserve_command_takes_abbreviations(command: str, made: list[argparse.ArgumentParser]) -> None:
-    _help(lambda: main([command, "--help"]))
-    assert _check(made, f"greenserve {command}") > 0
-
-
-@pytest.mark.parametrize("name", sorted(BENCHMARKS))
-def test_no_benchmark_takes_abbreviations(name: str, made: list[argparse.ArgumentParser]) -> None:
-    _help(lambda: main(["bench", name, "--help"]))
-    assert _check(made[1:], f"greenserve bench {name}") > 0  # made[0]: `greenserve bench` itself
-
-
-@pytest.mark.parametrize("target", _console_scripts())
-def test_no_console_script_takes_abbreviations(target: str, made: list[argparse.ArgumentParser]) -> None:
-    _help(lambda: _run_script(target))
-    assert _check(made, target) > 0
-
-
-@pytest.mark.parametrize("rel", [f for f in _main_files() if f not in NO_FLAGS])
-def test_no_main_block_takes_abbreviations(rel: str, made: list[argparse.ArgumentParser]) -> None:
-    _help(lambda: _run_help(rel))
-    _check(made, rel)
+@pytest.mark.parametrize("name", sorted(entry_points()))
+def test_no_entry_point_takes_abbreviations(name: str, walked: dict[str, tuple[list[str], int]]) -> None:
+    problems, tried = walked[name]
+    assert not problems, f"{name}: {problems}"
+    # a command, a benchmark and a console script each have flags to try; a module's main may have --help only
+    assert tried > 0 or name.endswith(".py"), f"{name}: no flag was tried"
 
 
 def test_the_walk_finds_the_entry_points() -> None:
