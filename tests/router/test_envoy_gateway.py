@@ -366,3 +366,17 @@ async def test_the_gateways_subset_hint_bounds_the_pick(gateway: dict[str, Any])
     answer = await pick(struct_pb2.Value(string_value="10.255.0.1:8000"), "subset-bad")
     assert answer.immediate_response.status.code == 400
     assert r.core.in_flight == 0 and ledger.open_count == 0
+
+    # the router at its in-flight limit: the protocol's 429 for a request dropped under load, with Retry-After,
+    # as the HTTP front answers at the same limit; nothing counted in or left open
+    r.core.in_flight = r.core.config.max_in_flight
+    try:
+        answer = await pick(None, "over-limit")
+        assert r.core.in_flight == r.core.config.max_in_flight
+    finally:
+        r.core.in_flight = 0
+    assert answer.immediate_response.status.code == 429, answer
+    assert {h.header.key: h.header.raw_value for h in answer.immediate_response.headers.set_headers}[
+        "retry-after"] == b"1"
+    assert b"--max-in-flight" in answer.immediate_response.body
+    assert r.core.in_flight == 0 and ledger.open_count == 0

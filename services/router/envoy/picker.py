@@ -14,8 +14,8 @@ the ``ext_proc`` reader the response's chunks come back here and are read by a `
 Routing hints are the HTTP front's: ``x-greenserve-pool``, ``x-greenserve-session`` / ``x-session-id``, else
 the body's ``user``. A request the picker cannot route gets an immediate response, never a crash: 400 naming
 the field (no body, not JSON, a bad field), 413 past the body limit, 404 for an unknown pool or model (as
-vLLM answers), 503 with ``Retry-After`` when no engine of a known pool is up or the router is at
-``max_in_flight``. The picker runs on the router's gRPC server, so its bearer token / TLS apply (Envoy sends
+vLLM answers), 503 with ``Retry-After`` when no engine of a known pool is up, 429 with ``Retry-After`` when
+the router is at ``max_in_flight`` (the protocol's answer for a request dropped under load). The picker runs on the router's gRPC server, so its bearer token / TLS apply (Envoy sends
 the token as ``authorization`` metadata, see bootstrap.py).
 """
 
@@ -211,8 +211,9 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             (user if isinstance(user, str) else "")
         hashes = chain_hashes(text, core.config.prefix_block_chars)
         if not core.admit():  # released when Envoy's access log closes the request (ledger.py)
-            raise _Refusal(503, "the router is at its in-flight limit (--max-in-flight)", err_type="overloaded",
-                           retry_after_s=1)
+            # the protocol's answer for a request dropped under load (and the HTTP front's at the same limit)
+            raise _Refusal(429, "the router is at its in-flight limit (--max-in-flight); retry later",
+                           err_type="overloaded", retry_after_s=1)
         tried: set[str] = set()
         outside: set[str] = set()  # engines the gateway's subset hint leaves out
         try:
