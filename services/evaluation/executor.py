@@ -79,10 +79,13 @@ def map_jobs(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = 
         finally:
             _tick_to = None
         return results
-    ticks: Any = multiprocessing.get_context().SimpleQueue() if on_tick is not None else None
+    # Fresh interpreters, not forks: a fork of a process whose gRPC (or any other) threads hold a lock can crash or
+    # hang in the child, and `demo` and embedding programs call this from such processes.
+    context = multiprocessing.get_context("spawn")
+    ticks: Any = context.SimpleQueue() if on_tick is not None else None
     try:
         with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(items)), initializer=_worker_start,
-                                                    initargs=(os.getpid(), ticks)) as pool:
+                                                    initargs=(os.getpid(), ticks), mp_context=context) as pool:
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
             pending = set(futures)
             while pending:
