@@ -9,7 +9,7 @@ usage: bash scripts/test.sh [PYTEST ARGS...]
 
 Sets up a fresh clone (the .venv with greenserve and its dev tools, the npm tools, LMCache in .venv-lmcache,
 Debian's postgresql package; each step is skipped once done), then runs the test suite with pytest.
-Arguments go to pytest; without any, the whole suite runs: about 42 minutes on 2 CPU cores (CI), plus the
+Arguments go to pytest; without any, the whole suite runs: about 47 minutes on 2 CPU cores (CI), plus the
 first set-up (a few minutes).
 
 A quick subset:
