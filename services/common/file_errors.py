@@ -7,18 +7,15 @@ import os
 from pathlib import Path
 
 
-def cannot_read(exc: OSError, path: str | os.PathLike[str] | None = None) -> str:
-    """'/abs/dir/file.csv: cannot read: No such file or directory' for an OSError raised on ``path`` (default: the
-    file the error names); the error's own text when it names no file."""
+def os_error_text(exc: OSError, path: str | os.PathLike[str] | None = None, doing: str = "") -> str:
+    """'/abs/dir/file: <doing>No such file or directory' for an OSError on ``path`` (default: the file the error
+    names); the error's own text when it names no file (a port that cannot be bound)."""
     name = path if path is not None else exc.filename
     if name is None or isinstance(name, int):
         return str(exc)
-    return f"{Path(os.fsdecode(name)).absolute()}: cannot read: {exc.strerror or exc}"
+    return f"{Path(os.fsdecode(name)).absolute()}: {doing}{exc.strerror or exc}"
 
 
-def os_error_text(exc: OSError) -> str:
-    """'/abs/dir/file: No such file or directory' for an OSError on a file (opening, reading, creating it); the
-    error's own text for one on no file (a port that cannot be bound)."""
-    if exc.filename is None or isinstance(exc.filename, int):
-        return str(exc)
-    return f"{Path(os.fsdecode(exc.filename)).absolute()}: {exc.strerror or exc}"
+def cannot_read(exc: OSError, path: str | os.PathLike[str] | None = None) -> str:
+    """'/abs/dir/file.csv: cannot read: No such file or directory' for an OSError raised reading ``path``."""
+    return os_error_text(exc, path, "cannot read: ")
