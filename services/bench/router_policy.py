@@ -5,8 +5,8 @@ registry holds the engines in the states the router sees in service, set through
 has them (``set_draining``, ``apply_shared_ejection``, ``apply_metrics``). Decisions go through
 ``core.policy.choose``, the call the HTTP and gRPC fronts make through the dispatcher. The figure is thread CPU time
 (``time.thread_time``) over ``--calls`` decisions, best of ``--repeats`` rounds, per decision: the best round is the
-one other jobs on the machine disturbed least. After the timed rounds, one untimed round, whose requests are counted in and out
-of their engines so that the loads move, records which engines were chosen: the figures come from decisions that
+one other jobs on the machine disturbed least. After the timed rounds, one untimed round, whose requests are counted
+in and out of their engines so that the loads move, records which engines were chosen: the figures come from decisions that
 route only to engines that can take a request. During a timed round the registry does not change (the rounds
 measure the decision, not the bookkeeping of a request's start and end).
 
@@ -181,7 +181,8 @@ def run_case(setup: Setup, repeats: int, calls: int) -> dict[str, Any]:
         _end(in_flight.popleft(), time.monotonic(), saturation)
     fallbacks = {name: count - fallbacks_before.get(name, 0) for name, count in policy.fallback_counts.items()
                  if count != fallbacks_before.get(name, 0)}
-    return {"us_per_decision": round(min(rounds_us), 3), "us_per_decision_median": round(statistics.median(rounds_us), 3),
+    return {"us_per_decision": round(min(rounds_us), 3),
+            "us_per_decision_median": round(statistics.median(rounds_us), 3),
             "us_per_decision_rounds": [round(v, 3) for v in rounds_us], "states": _state_names(setup.core),
             "routable": routable_now,
             "chosen_engines": len(chosen), "chosen_not_routable": not_routable, "fallbacks": fallbacks}
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None, prog: str = "greenserve bench router-pol
     parser.add_argument("--json", action="store_true", help="print only the JSON line on stdout")
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 rounds of 100 decisions each")
     parser.add_argument("--engines", default="2,8,32", help="engines in the pool, comma-separated")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"request cases, comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"request cases, comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--fleet", choices=FLEETS, default="mixed",
                         help="engine states: mixed (healthy, loaded, stale, draining, asleep, ejected, half-open) "
                              "or uniform (all awake, 0-2 requests in flight)")

@@ -29,7 +29,8 @@ emulator's speculative modes need the draft's simulator model). A pool with engi
 modes every kind can run; an engine of unspecified kind adds no rule (a pool that lists no engine, or only such
 ones, is planned in all four modes). The pool's LMCache server is the one the cache-manager lists for it
 (``PlanningInputs.cache_sizes``); without the cache-manager it is unknown and not counted (the partitioner still
-refuses DPD beside one). A mode is switched only for a saving above ``switch_margin_fraction`` (a mode change restarts the pool's engines).
+refuses DPD beside one). A mode is switched only for a saving above ``switch_margin_fraction`` (a mode change
+restarts the pool's engines).
 Evaluations are cached per (mode, hardware, request shape, SLO, rate on a 10 % grid rounded up); a mode that
 misses the SLO at one rate is not evaluated at higher rates of the same pool (attainment falls with load).
 """

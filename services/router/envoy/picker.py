@@ -15,8 +15,9 @@ Routing hints are the HTTP front's: ``x-greenserve-pool``, ``x-greenserve-sessio
 the body's ``user``. A request the picker cannot route gets an immediate response, never a crash: 400 naming
 the field (no body, not JSON, a bad field), 413 past the body limit, 404 for an unknown pool or model (as
 vLLM answers), 503 with ``Retry-After`` when no engine of a known pool is up, 429 with ``Retry-After`` when
-the router is at ``max_in_flight`` (the protocol's answer for a request dropped under load). The picker runs on the router's gRPC server, so its bearer token / TLS apply (Envoy sends
-the token as ``authorization`` metadata, see bootstrap.py).
+the router is at ``max_in_flight`` (the protocol's answer for a request dropped under load). The picker runs on
+the router's gRPC server, so its bearer token / TLS apply (Envoy sends the token as ``authorization`` metadata,
+see bootstrap.py).
 """
 
 from __future__ import annotations
