@@ -29,12 +29,18 @@ def start_envoy_front(procs: Procs, router_grpc: str, data_dir: str, cpus: list[
     usage with ``usage_reader`` (bootstrap.py); its base URL once ready."""
     port, admin_port = free_port(), free_port()
     picker_host, picker_port = router_grpc.rsplit(":", 1)
-    config = Path(data_dir) / "envoy.json"
-    config.write_text(bootstrap_json(listen_host="127.0.0.1", listen_port=port, picker_host=picker_host,
-                                     picker_port=int(picker_port), admin_port=admin_port,
-                                     usage_reader=usage_reader))
-    log_file = open(Path(data_dir) / "envoy.log", "wb")  # closed with the process
-    proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
+    config = bootstrap_json(listen_host="127.0.0.1", listen_port=port, picker_host=picker_host,
+                            picker_port=int(picker_port), admin_port=admin_port, usage_reader=usage_reader)
+    return _run_envoy(procs, "envoy", config, port, admin_port, data_dir, cpus)
+
+
+def _run_envoy(procs: Procs, name: str, config: str, port: int, admin_port: int, data_dir: str,
+               cpus: list[int] | None) -> tuple[str, subprocess.Popen[bytes]]:
+    """Envoy on ``config`` (written to DATA_DIR/<name>.json, its log to <name>.log); its base URL once ready."""
+    path = Path(data_dir) / f"{name}.json"
+    path.write_text(config)
+    log_file = open(Path(data_dir) / f"{name}.log", "wb")  # closed with the process
+    proc = procs.add(bench_popen(envoy_command(path), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
     wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
     return f"http://127.0.0.1:{port}", proc
 
@@ -50,7 +56,8 @@ def alone_bootstrap(engines: list[str], listen_port: int, admin_port: int) -> di
     hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.router"]
     endpoints = []
     for url in engines:
-        host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
         endpoints.append({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}})
     clusters = config["static_resources"]["clusters"]
     engines_cluster = next(c for c in clusters if c["name"] == ENGINES_CLUSTER)
@@ -66,12 +73,8 @@ def start_envoy_alone(procs: Procs, engines: list[str], data_dir: str,
                       cpus: list[int] | None) -> tuple[str, subprocess.Popen[bytes]]:
     """Envoy alone (``alone_bootstrap``) on free ports; its base URL once ready."""
     port, admin_port = free_port(), free_port()
-    config = Path(data_dir) / "envoy-alone.json"
-    config.write_text(json.dumps(alone_bootstrap(engines, port, admin_port), indent=1))
-    log_file = open(Path(data_dir) / "envoy-alone.log", "wb")  # closed with the process
-    proc = procs.add(bench_popen(envoy_command(config), cpus, stdout=log_file, stderr=subprocess.STDOUT, env=env()))
-    wait_http(f"http://127.0.0.1:{admin_port}/ready", 60, proc)
-    return f"http://127.0.0.1:{port}", proc
+    config = json.dumps(alone_bootstrap(engines, port, admin_port), indent=1)
+    return _run_envoy(procs, "envoy-alone", config, port, admin_port, data_dir, cpus)
 
 
 def receipts_issued(router_http: str) -> float:
