@@ -43,6 +43,22 @@ def start_service_process(module: str, health_service: str, data_dir: Path, port
     raise AssertionError(f"{module} not SERVING within {ready_within_s:g} s: {log.read_text()[-2000:]}")
 
 
+async def stop_process(proc: subprocess.Popen, grace_s: float = 30.0, *, group: bool = False) -> None:
+    """SIGTERM to a running ``proc``, SIGKILL past ``grace_s`` (to its whole session with ``group``: a process
+    started with ``start_new_session``), then reaped: nothing outlives the test."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.to_thread(proc.wait, grace_s)
+    except subprocess.TimeoutExpired:
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        await asyncio.to_thread(proc.wait)
+
+
 async def sigkill_while_writing(proc: subprocess.Popen, writers: list[asyncio.Task], killed: asyncio.Event,
                                 write_s: float) -> None:
     """Let `writers` run for `write_s`, then set `killed` and SIGKILL `proc` while they are still writing.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from greenserve.optimizer.service import plan_status
 from greenserve.v1 import common_pb2, optimizer_pb2
 from tests.gpu_partitioner.fake_pynvml import FakeNvml
 from tests.gpu_partitioner.test_follow import InTestOptimizer, _serve
+from tests.process import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -143,13 +143,7 @@ def start_partitioner(args: list[str], *, env: dict[str, str] | None = None,
 
 async def stop_partitioner(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM (the service stops its engines), SIGKILL to its session after 30 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, 30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    await stop_process(proc, group=True)
 
 
 def _main(argv: list[str]) -> int:

@@ -44,7 +44,7 @@ from tests.cache_manager.test_disk_tier import _l2_spec, _restart_command
 from tests.conftest import free_port
 from tests.faults.test_optimizer_killed import start_optimizer
 from tests.plan_peer import interval
-from tests.process import start_service_process
+from tests.process import start_service_process, stop_process
 from tests.up_process import pids_alive
 
 from .conftest import until
@@ -115,12 +115,7 @@ async def stop_all(procs: tuple[subprocess.Popen, ...], channels: tuple[grpc.aio
     """SIGTERM to the services (SIGKILL past 30 s), the channels closed, and a restart command a failure left
     killed with its group: nothing outlives the test."""
     for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
+        await stop_process(proc)
     for channel in channels:
         await channel.close()
     for pid in restart_commands(pidfile):

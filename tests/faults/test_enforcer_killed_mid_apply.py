@@ -14,7 +14,6 @@ so: GetApply answers ROLLED_BACK, "interrupted (service restart); rolled back". 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import sqlite3
@@ -29,7 +28,7 @@ from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import common_pb2, gpu_partitioner_pb2, gpu_partitioner_pb2_grpc, router_pb2, router_pb2_grpc
 
 from tests.conftest import free_port
-from tests.process import start_service_process
+from tests.process import start_service_process, stop_process
 
 from .conftest import until
 
@@ -129,12 +128,7 @@ async def test_partitioner_sigkill_mid_apply_rolls_back_from_its_journal(start_i
     finally:
         if long_call is not None:
             long_call.cancel()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
+        await stop_process(proc)
         await channel.close()
         for emu in emulators:
             await emu.stop()

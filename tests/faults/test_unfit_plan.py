@@ -30,6 +30,7 @@ from greenserve.simulator.emulator import EmulatorConfig, EngineEmulator
 from greenserve.v1 import common_pb2, optimizer_pb2, router_pb2, router_pb2_grpc
 
 from tests.gpu_partitioner.test_follow import InTestOptimizer, _serve
+from tests.process import stop_process
 from tests.up_process import children_of, pids_alive
 
 from .conftest import until
@@ -123,13 +124,7 @@ async def test_an_engine_failing_health_is_reported_stopped_and_retried_with_bac
         assert all(g <= BACKOFF_MAX_S + 8.0 for g in gaps), gaps  # the wait is bounded
         assert all(r.state != optimizer_pb2.ENFORCEMENT_STATE_APPLIED for r in optimizer.enforcement)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        await stop_process(proc, group=True)
         for pid in pids_alive(list(seen)):
             os.killpg(pid, signal.SIGKILL)
         await channel.close()
