@@ -107,18 +107,13 @@ async def test_the_lua_filter_reads_usage_split_across_reads_and_drops_it_when_a
                 except aiohttp.ClientConnectionError:
                     assert attempt < 199 and proc.poll() is None, "envoy did not listen"
                     await asyncio.sleep(0.05)
-            for strip in (False, True):
-                headers = {STRIP_USAGE_HEADER: "1"} if strip else {}
-                async with session.post(f"http://127.0.0.1:{listen_port}/v1/chat/completions", data=b"{}",
-                                        headers=headers) as resp:
-                    assert resp.status == 200
-                    bodies.append(await resp.text())
-            for strip in (False, True):
-                headers = {STRIP_USAGE_HEADER: "1"} if strip else {}
-                async with session.post(f"http://127.0.0.1:{listen_port}/marker-cut", data=b"{}",
-                                        headers=headers) as resp:
-                    assert resp.status == 200
-                    marker_bodies.append(await resp.text())
+            for path, texts in (("/v1/chat/completions", bodies), ("/marker-cut", marker_bodies)):
+                for strip in (False, True):
+                    headers = {STRIP_USAGE_HEADER: "1"} if strip else {}
+                    async with session.post(f"http://127.0.0.1:{listen_port}{path}", data=b"{}",
+                                            headers=headers) as resp:
+                        assert resp.status == 200
+                        texts.append(await resp.text())
             # not an event stream (an engine that ignored "stream"): passed on as it is, its usage still read
             async with session.post(f"http://127.0.0.1:{listen_port}/json", data=b"{}",
                                     headers={STRIP_USAGE_HEADER: "1"}) as resp:
