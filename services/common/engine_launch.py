@@ -43,7 +43,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -563,28 +563,6 @@ class EngineSupervisor:
         engines = list(self.engines.values())
         self.engines.clear()
         await asyncio.gather(*(self._terminate(e) for e in engines), return_exceptions=True)
-
-
-def kind_launcher(kind: int) -> EngineLauncher | None:
-    """The launcher whose engines are of ``kind`` (``common_pb2.EngineKind``), built only to ask its
-    ``mode_problem`` (nothing is looked up or run); None for ENGINE_KIND_UNSPECIFIED: no rule is known."""
-    if kind == common_pb2.ENGINE_KIND_VLLM:
-        return VllmLauncher()
-    if kind == common_pb2.ENGINE_KIND_SIMULATED:
-        return EmulatorLauncher(argv0=(), known_profiles=())
-    return None
-
-
-def engines_mode_problem(kinds: Iterable[int], target: common_pb2.ServingModeTarget, pool: common_pb2.Pool,
-                         lmcache_url: str = "") -> str:
-    """Why engines of ``kinds`` (a pool's, mixed or not) cannot all run the pool in ``target``'s mode: the first
-    kind's ``mode_problem`` that refuses it, "" when every kind can; an unspecified kind adds no rule."""
-    for kind in sorted(set(kinds)):
-        launcher = kind_launcher(kind)
-        problem = launcher.mode_problem(target, pool, lmcache_url) if launcher is not None else ""
-        if problem:
-            return problem
-    return ""
 
 
 def make_launcher(name: str, *, time_scale: float = 1.0, gpu_memory_utilization: float = 0.9,

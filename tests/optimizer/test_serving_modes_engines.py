@@ -1,11 +1,11 @@
 """The serving-mode solver plans a pool only in modes its engines can run: the launchers' own rule
-(``engine_launch.engines_mode_problem``, the one the gpu-partitioner refuses a plan with), and `explain` says why a
+(``engine_modes.engines_mode_problem``, the one the gpu-partitioner refuses a plan with), and `explain` says why a
 mode was not considered."""
 
 from __future__ import annotations
 
 import grpc
-from greenserve.common.engine_launch import engines_mode_problem
+from greenserve.common.engine_modes import engines_mode_problem
 from greenserve.optimizer.fleet import validate_fleet
 from greenserve.optimizer.solvers import serving_modes as sm
 from greenserve.v1 import common_pb2, optimizer_pb2, optimizer_pb2_grpc

@@ -23,7 +23,7 @@ load per new GPU through one unit of the mode (one new GPU, with its old partner
 
 Disaggregated modes need one old GPU per new GPU and a declared link; speculative modes need ``Pool.draft``. A
 pool is planned only in modes its engines can run: the rule of the launcher matching each engine kind the pool lists
-(``greenserve.common.engine_launch.engines_mode_problem``, the one the gpu-partitioner refuses a plan with: vLLM
+(``greenserve.common.engine_modes.engines_mode_problem``, the one the gpu-partitioner refuses a plan with: vLLM
 has no DSD, its SpecDecode needs the draft's model, its DPD cannot run beside the pool's LMCache server; the
 emulator's speculative modes need the draft's simulator model). A pool with engines of several kinds gets only the
 modes every kind can run; an engine of unspecified kind adds no rule (a pool that lists no engine, or only such
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from greenserve.common.engine_launch import engines_mode_problem
+from greenserve.common.engine_modes import engines_mode_problem
 from greenserve.common.errors import InvalidArgument
 from greenserve.optimizer import capacity
 from greenserve.optimizer.fleet import gpu_hardware, simulator_models
