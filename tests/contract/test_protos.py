@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from greenserve.v1 import (
     cache_manager_pb2,
@@ -35,6 +39,44 @@ def test_generated_stubs_are_fresh(tmp_path: Path) -> None:
     assert set(fresh_files) == set(current_files), "stub files differ: run python scripts/gen_protos.py"
     stale = [name for name, data in fresh_files.items() if current_files[name] != data]
     assert not stale, f"stale generated code {stale}: run python scripts/gen_protos.py"
+
+
+def _stamped_versions(pattern: str, glob: str) -> set[Version]:
+    found = {Version(m.group(1)) for path in (ROOT / "services" / "v1").glob(glob)
+             if (m := re.search(pattern, path.read_text(), re.MULTILINE))}
+    assert found, f"no version stamp in services/v1/{glob}"
+    return found
+
+
+def _requirements() -> dict[str, Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"]["dev"]]]
+    return {r.name: r for r in reqs}
+
+
+def _lower_bound(req: Requirement) -> Version:
+    bounds = [Version(s.version) for s in req.specifier if s.operator in (">=", "==")]
+    assert bounds, f"{req} has no lower bound"
+    return max(bounds)
+
+
+def test_stub_versions_agree_with_the_pins() -> None:
+    """The stubs stamp the grpcio-tools and protobuf versions that made them and refuse older runtimes at import.
+
+    So the generator is pinned to the version in the stubs (a new grpcio-tools release must not make them stale),
+    and the runtime floors are at least those versions (an install at the floor must import them).
+    """
+    reqs = _requirements()
+    (grpc_stamp,) = _stamped_versions(r"^GRPC_GENERATED_VERSION = '([0-9.]+)'", "*_pb2_grpc.py")
+    (protobuf_stamp,) = _stamped_versions(r"^# Protobuf Python Version: ([0-9.]+)", "*_pb2.py")
+    tools = reqs["grpcio-tools"]
+    assert [(s.operator, Version(s.version)) for s in tools.specifier] == [("==", grpc_stamp)], (
+        f"pin grpcio-tools=={grpc_stamp} in the dev extra (the version the stubs were generated with), not {tools}")
+    assert _lower_bound(reqs["grpcio"]) >= grpc_stamp, f"the stubs need grpcio>={grpc_stamp}"
+    assert _lower_bound(reqs["protobuf"]) >= protobuf_stamp, f"the stubs need protobuf>={protobuf_stamp}"
+    assert reqs["protobuf"].specifier.contains(str(protobuf_stamp))
+    assert not reqs["protobuf"].specifier.contains(f"{protobuf_stamp.major + 1}.0"), (
+        "protobuf's runtime refuses stubs from another major version: cap protobuf below the next major")
 
 
 def _buf() -> list[str]:
