@@ -18,13 +18,15 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON_BIN" -m venv "$VENV"
 fi
 stamp="$VENV/.greenserve-installed"
-# Reinstall only when the dependency list changed.
-want="$(sha256sum "$REPO/pyproject.toml" "$REPO/setup.py" | sha256sum | cut -d' ' -f1)"
+# Reinstall only when the dependency list or the locked versions changed.
+want="$(sha256sum "$REPO/pyproject.toml" "$REPO/setup.py" "$REPO/scripts/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing greenserve and its dev dependencies"
     # -qq: errors only (a local wheel mirror makes pip warn once per package otherwise), as install-lmcache.sh
     "$VENV/bin/python" -m pip install -qq --disable-pip-version-check --upgrade pip
-    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e "$REPO[dev]"
+    # the exact versions of scripts/constraints.txt (scripts/lock_python.py writes it): every machine, CI's included,
+    # tests the same packages, whatever was published since
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -c "$REPO/scripts/constraints.txt" -e "$REPO[dev]"
     echo "$want" > "$stamp"
 fi
 
