@@ -30,6 +30,8 @@ class ServiceContext:
     db: Database
     telemetry: Telemetry
     on_stop: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
+    # called as a stop begins (gRPC health already NOT_SERVING), before --shutdown-delay-s
+    on_draining: list[Callable[[], None]] = field(default_factory=list)
 
 
 BuildFn = Callable[[ServiceContext], Awaitable[list[Registration]] | list[Registration]]
@@ -49,7 +51,7 @@ async def start_service(
         built = build(ctx)
         registrations = await built if asyncio.iscoroutine(built) else built
         server = ServiceServer(name, settings, list(registrations), telemetry, on_stop=[*ctx.on_stop, db.close],
-                               reuse_port=reuse_port)
+                               on_draining=ctx.on_draining, reuse_port=reuse_port)
         await server.start()
     except BaseException:
         db.close()

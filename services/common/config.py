@@ -77,6 +77,11 @@ class ServiceSettings(BaseSettings):
     tls_ca: Path | None = Field(None, description="PEM CA bundle this process trusts when it calls other services")
     max_message_bytes: int = Field(16 * MIB, ge=1024, le=1024 * MIB, description="largest gRPC message sent or received")
     shutdown_grace_s: float = Field(10.0, ge=0, le=600, description="seconds in-flight RPCs get to finish on SIGTERM")
+    shutdown_delay_s: float = Field(
+        0.0, ge=0, le=300,
+        description="seconds between reporting NOT_SERVING and refusing new calls on SIGTERM, while the service still "
+        "serves, so that health-checking gateways and load balancers stop sending first (0: refuse at once)",
+    )
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
     log_json: bool = Field(True, description="log one JSON object per line (false: plain text)")
     clock_start: str | None = Field(
@@ -152,15 +157,16 @@ class DependencyAddresses(BaseSettings):
     """Addresses (host:port) of the other services, for services that call them."""
 
     model_config = _SETTINGS_CONFIG
+    # default= by keyword: type checkers read a field specifier's default only from that keyword
 
-    forecaster_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['forecaster']}", description="forecaster address")
-    profiler_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['profiler']}", description="profiler address")
-    optimizer_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['optimizer']}", description="optimizer address")
-    cache_manager_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['cache_manager']}", description="cache-manager address")
+    forecaster_addr: str = Field(default=f"127.0.0.1:{DEFAULT_PORTS['forecaster']}", description="forecaster address")
+    profiler_addr: str = Field(default=f"127.0.0.1:{DEFAULT_PORTS['profiler']}", description="profiler address")
+    optimizer_addr: str = Field(default=f"127.0.0.1:{DEFAULT_PORTS['optimizer']}", description="optimizer address")
+    cache_manager_addr: str = Field(default=f"127.0.0.1:{DEFAULT_PORTS['cache_manager']}", description="cache-manager address")
     gpu_partitioner_addr: str = Field(
-        f"127.0.0.1:{DEFAULT_PORTS['gpu_partitioner']}", description="gpu-partitioner address"
+        default=f"127.0.0.1:{DEFAULT_PORTS['gpu_partitioner']}", description="gpu-partitioner address"
     )
-    router_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['router']}", description="router address")
+    router_addr: str = Field(default=f"127.0.0.1:{DEFAULT_PORTS['router']}", description="router address")
 
 
 S = TypeVar("S", bound=BaseSettings)

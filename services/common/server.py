@@ -433,6 +433,8 @@ class ServiceServer:
     registrations: list[Registration]
     telemetry: Telemetry
     on_stop: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
+    # called as a stop begins, before the delay: the surfaces other than gRPC report that they stop too
+    on_draining: list[Callable[[], None]] = field(default_factory=list)
     port: int = 0
     # SO_REUSEPORT on the listening socket: only for processes that share a port on purpose (the router's
     # workers, whose supervisor guards the port); off, a second process cannot silently share it.
@@ -480,14 +482,22 @@ class ServiceServer:
         )
         return port
 
-    async def stop(self, grace_s: float | None = None) -> None:
-        """Report NOT_SERVING, let in-flight RPCs finish within the grace period, run on_stop hooks."""
+    async def stop(self, grace_s: float | None = None, delay_s: float | None = None) -> None:
+        """Report NOT_SERVING (gRPC health, then the on_draining hooks), keep serving for the delay, then refuse new
+        calls, let in-flight RPCs finish within the grace period, and run the on_stop hooks."""
         if self._server is None or self._stopped:
             return
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        log.info("stopping", extra={"service": self.service_name, "grace_s": grace})
+        delay = self.settings.shutdown_delay_s if delay_s is None else delay_s
+        log.info("stopping", extra={"service": self.service_name, "grace_s": grace, "delay_s": delay})
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        for draining in self.on_draining:
+            draining()
+        if delay > 0:
+            # a gateway that health-checks this process sees NOT_SERVING and stops sending; what it sends meanwhile
+            # is still served (grpc.aio answers CANCELLED to a call that arrives once stop() has begun)
+            await asyncio.sleep(delay)
         await self._server.stop(grace)
         for hook in self.on_stop:
             result = hook()

@@ -505,7 +505,8 @@ class Supervisor:
                 proc.send_signal(sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + float(getattr(self.settings, "shutdown_grace_s", 10.0)) + KILL_AFTER_GRACE_S
+        deadline = (time.monotonic() + self.settings.shutdown_delay_s + self.settings.shutdown_grace_s
+                    + KILL_AFTER_GRACE_S)
         for proc in live:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))

@@ -166,6 +166,7 @@ class HttpFront:
         self._handler_kwargs: dict[str, Any] = {"access_log": None, "lingering_time": LINGER_S,
                                                 "keepalive_timeout": self.limits.keepalive_timeout_s}
         self.guard = ConnectionGuard(self.limits, self._handler_kwargs)
+        self.draining = False  # set by begin_drain as the router stops
         self.body_bytes_in_flight = 0  # request body bytes held by the handlers running now
         guard = self.guard
         for name, doc, read in (
@@ -212,6 +213,11 @@ class HttpFront:
         self.port = sock.getsockname()[1]
         return self.port
 
+    def begin_drain(self) -> None:
+        """The router is stopping: /health answers 503 from now on, so that load balancers stop sending; requests
+        are still served until the front stops."""
+        self.draining = True
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
@@ -227,9 +233,10 @@ class HttpFront:
     async def _health(self, request: web.Request) -> web.Response:
         now = time.monotonic()
         routable = sum(1 for e in self.core.registry.engines.values() if e.routable(now))
-        body = {"status": "ok" if routable else "unavailable", "routable_engines": routable,
+        status = "stopping" if self.draining else "ok" if routable else "unavailable"
+        body = {"status": status, "routable_engines": routable,
                 "engines": len(self.core.registry.engines), "plan_version": self.core.plans.version}
-        return web.json_response(body, status=200 if routable else 503)
+        return web.json_response(body, status=200 if status == "ok" else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics_registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

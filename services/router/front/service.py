@@ -275,6 +275,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
             raise
         servicer.http = front
         ctx.on_stop.insert(0, front.stop)
+        ctx.on_draining.append(front.begin_drain)
     registrations = [registration(router_pb2, router_pb2_grpc, "RouterService", servicer)]
     if envoy is not None:
         registrations += envoy.registrations()
