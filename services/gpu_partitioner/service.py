@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Sequence
+from datetime import datetime
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -34,10 +35,10 @@ from greenserve.gpu_partitioner.apply import (
     ApplyPreconditionError,
     ApplyResult,
 )
-from greenserve.gpu_partitioner.backend import MigBackend, NotFoundError
+from greenserve.gpu_partitioner.backend import GpuState, MigBackend, NotFoundError
 from greenserve.gpu_partitioner.backend_nvml import NvmlBackend
 from greenserve.gpu_partitioner.backend_sim import SimulatedBackend, parse_gpu_spec
-from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant
+from greenserve.gpu_partitioner.energy import SPLIT_RULE, EnergyAccountant, GpuEnergyView
 from greenserve.gpu_partitioner.follow import inventory_of, start_following
 from greenserve.common.mig_geometry import CURRENT_DRIVER, LayoutError, Placement
 from greenserve.gpu_partitioner.peer_clients import RouterEngines
@@ -73,11 +74,9 @@ KIND_TO_ENUM = {
 }
 
 
-def _ts(value: object) -> Timestamp | None:
-    if value is None:
-        return None
+def _ts(value: datetime) -> Timestamp:
     ts = Timestamp()
-    ts.FromDatetime(value)  # type: ignore[arg-type]
+    ts.FromDatetime(value)
     return ts
 
 
@@ -191,7 +190,7 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
         return gpu_partitioner_pb2.GetInventoryResponse(gpus=out, backend=backend, driver_version=self.backend.driver_version())
 
     @staticmethod
-    def _model(value: int, field: str = "gpu_model") -> geometry_mod.GpuGeometry:
+    def _model(value: common_pb2.GpuModel, field: str = "gpu_model") -> geometry_mod.GpuGeometry:
         model = ENUM_TO_MODEL.get(value)
         if model is None:
             raise InvalidArgument(field, f"must be one of {', '.join(common_pb2.GpuModel.Name(v) for v in ENUM_TO_MODEL)}")
@@ -320,7 +319,7 @@ class GpuPartitionerServicer(gpu_partitioner_pb2_grpc.GpuPartitionerServiceServi
         raise InvalidArgument("input", "set yaml or layouts")
 
 
-async def sample_gpu(backend: MigBackend, energy: EnergyAccountant, gpu) -> object:  # type: ignore[no-untyped-def]
+async def sample_gpu(backend: MigBackend, energy: EnergyAccountant, gpu: GpuState) -> GpuEnergyView:
     """Read power/energy and activity of `gpu` and attribute the interval (one energy sample)."""
     reading = await asyncio.to_thread(backend.read_power, gpu.uuid)
     activity = await asyncio.to_thread(backend.instance_activity, gpu.uuid)

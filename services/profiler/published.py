@@ -36,7 +36,8 @@ def _config(table: Mapping[str, Any], where: str) -> common_pb2.ProfileConfig:
     return config
 
 
-def profiles_from_document(document: Mapping[str, Any], *, source: int = common_pb2.PROFILE_SOURCE_PUBLISHED,
+def profiles_from_document(document: Mapping[str, Any], *,
+                           source: common_pb2.ProfileSource = common_pb2.PROFILE_SOURCE_PUBLISHED,
                            origin: str = "") -> list[common_pb2.Profile]:
     """Profiles (not yet validated against the store's rules) from a parsed TOML document."""
     tables = document.get("profiles")

@@ -42,12 +42,13 @@ def check_config(config: common_pb2.ProfileConfig, field: str) -> None:
 
 def _fleet(config: common_pb2.ProfileConfig, profile: EngineProfile, seed: int) -> FleetConfig:
     kv = profile.kv_bytes_per_token
-    caches = {"dram_capacity_tokens": int(config.cache_dram_bytes // kv),
-              "disk_capacity_tokens": int(config.cache_disk_bytes // kv)}
+    dram_tokens = int(config.cache_dram_bytes // kv)
+    disk_tokens = int(config.cache_disk_bytes // kv)
     if not mode_config.is_mode_config(config):
-        return FleetConfig((EngineSpec(profile, **caches),), seed=seed)
+        return FleetConfig((EngineSpec(profile, dram_capacity_tokens=dram_tokens, disk_capacity_tokens=disk_tokens),),
+                           seed=seed)
     fleet = mode_config.unit(config, simulator_profile_name(config), profile).fleet
-    first = dataclasses.replace(fleet.engines[0], **caches)
+    first = dataclasses.replace(fleet.engines[0], dram_capacity_tokens=dram_tokens, disk_capacity_tokens=disk_tokens)
     return dataclasses.replace(fleet, engines=(first, *fleet.engines[1:]), seed=seed)
 
 

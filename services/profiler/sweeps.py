@@ -17,6 +17,7 @@ configuration's ladder commits that configuration's profile in the same transact
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import time
@@ -40,7 +41,7 @@ from greenserve.v1 import common_pb2, profiler_pb2
 
 log = logging.getLogger("greenserve.profiler.sweeps")
 
-STATE_VALUES: dict[str, int] = {
+STATE_VALUES: dict[str, profiler_pb2.SweepState] = {
     "pending": profiler_pb2.SWEEP_STATE_PENDING,
     "running": profiler_pb2.SWEEP_STATE_RUNNING,
     "succeeded": profiler_pb2.SWEEP_STATE_SUCCEEDED,
@@ -54,7 +55,7 @@ MAX_QUEUED_SWEEPS = 1000  # sweeps waiting for the worker (kept in memory): past
 
 
 class Backend(Protocol):
-    source: int
+    source: common_pb2.ProfileSource
     name: str
 
     async def prepare(self, spec: profiler_pb2.SweepSpec) -> None: ...
@@ -247,7 +248,8 @@ class SweepRunner:
                 except TimeoutError:
                     pass
 
-    def _snapshot(self, sweep_id: str, sent: frozenset[int]) -> tuple[Sweep, list[tuple[int, common_pb2.ProfilePoint]]]:
+    def _snapshot(self, sweep_id: str, sent: frozenset[int],
+                  ) -> tuple[Sweep, builtins.list[tuple[int, common_pb2.ProfilePoint]]]:
         with self.db.session(readonly=True) as s:
             row = s.get(Sweep, sweep_id)
             if row is None:
@@ -319,7 +321,7 @@ class SweepRunner:
                     await asyncio.to_thread(self._commit, sweep_id, index, ci, ri, point, skipped, profile, busy_s)
                     done[index] = point
                     for j in skipped:
-                        done[j] = None  # type: ignore[assignment]
+                        done[j] = None
                     await self._notify()
                     if stop:
                         break
@@ -351,7 +353,7 @@ class SweepRunner:
             row.state, row.updated_at = "running", max(utcnow(), row.created_at)
 
     def _commit(self, sweep_id: str, index: int, ci: int, ri: int, point: common_pb2.ProfilePoint,
-                skipped: list[int], profile: common_pb2.Profile | None, busy_s: float) -> None:
+                skipped: builtins.list[int], profile: common_pb2.Profile | None, busy_s: float) -> None:
         with self.db.session() as s:
             row = s.get(Sweep, sweep_id)
             if row is None or row.state != "running":
@@ -411,8 +413,8 @@ class SweepRunner:
             stored = insert_profile(s, profile, sweep_id=row.id)
             row.profile_ids = [*(row.profile_ids or []), f"{stored.config_key}@{stored.version}"]
 
-    def _profile(self, spec: profiler_pb2.SweepSpec, ci: int, points: list[common_pb2.ProfilePoint], backend: Backend,
-                 method: Method, *, stopped_at: common_pb2.ProfilePoint | None, note: str) -> common_pb2.Profile:
+    def _profile(self, spec: profiler_pb2.SweepSpec, ci: int, points: builtins.list[common_pb2.ProfilePoint],
+                 backend: Backend, method: Method, *, stopped_at: common_pb2.ProfilePoint | None, note: str) -> common_pb2.Profile:
         config = profile_config(spec, ci)
         provenance, model_version = backend.provenance(spec, config)
         sources = sorted({p.power_source for p in points if p.power_source})

@@ -341,8 +341,8 @@ class CoupledSolver:
         for t in range(hours):
             if t == 0 and m.in_force is None:
                 continue  # nothing in force: the first hour changes nothing
-            for attr, values, var in (("size_index", range(len(m.sizes)), r), ("clock_index", range(len(m.clocks)), c)):
-                for v in values:
+            for attr, levels, var in (("size_index", range(len(m.sizes)), r), ("clock_index", range(len(m.clocks)), c)):
+                for v in levels:
                     now_i, now_c, _ = level(t, lambda o, a=attr, v=v: getattr(o, a) == v)
                     prev_i, prev_c, prev_k = level(t - 1, lambda o, a=attr, v=v: getattr(o, a) == v)
                     # var[t] - now + prev >= 0  (prev may be a constant)
@@ -372,7 +372,9 @@ class CoupledSolver:
             rows.append((cols, [1.0] * len(cols), -inf, float(budget)))
         h.addVars(col, np.array(lower), np.array(upper))
         h.changeColsCost(col, np.arange(col, dtype=np.int32), np.array(costs))
-        starts, index, value = [], [], []
+        starts: list[int] = []
+        index: list[int] = []
+        value: list[float] = []
         for idx, vals, _, _ in rows:
             starts.append(len(index))
             index.extend(idx)
@@ -482,13 +484,12 @@ class CoupledSolver:
         detail = (f"{len(statuses)} pool(s) x {hours} h, one MILP per pool (HiGHS: "
                   f"{', '.join(sorted(set(statuses))) or 'nothing to solve'}); model {model_s:.2f} s, "
                   f"MILP {milp_s:.3f} s, total {time.perf_counter() - started:.2f} s")
-        base = dict(detail=detail)
         return {
             "routing_weights": KnobPlan(routing, explanation=lines, pool_figures=figures, capabilities=capabilities,
-                                        **base),
-            "cache_targets": KnobPlan(caches, **base),
-            "engine_runs": KnobPlan(runs, **base),
-            "gpu_power": KnobPlan(power, **base),
+                                        detail=detail),
+            "cache_targets": KnobPlan(caches, detail=detail),
+            "engine_runs": KnobPlan(runs, detail=detail),
+            "gpu_power": KnobPlan(power, detail=detail),
         }
 
     def attribution(self, inputs: PlanningInputs, pool: common_pb2.Pool, m: PoolModel, t: int,

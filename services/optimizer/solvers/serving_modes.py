@@ -100,7 +100,7 @@ class ModeSetting:
 class ModeEval:
     """One mode at one rate per unit: attainment, per-token figures, link traffic, and why it is out."""
 
-    mode: int
+    mode: common_pb2.ServingMode
     rate_per_s: float
     attainment_fraction: float
     energy_j_per_token: float
@@ -133,9 +133,9 @@ def _unit(mode: int, s: ModeSetting) -> tuple[FleetConfig, list[float]] | str:
 
 
 @lru_cache(maxsize=4096)
-def evaluate(mode: int, setting: ModeSetting, rate_per_s: float, prompt_tokens: int, output_tokens: int,
-             ttft_s: float, tpot_s: float, attainment_fraction: float, requests: int = PREDICTION_REQUESTS,
-             seed: int = 7) -> ModeEval:
+def evaluate(mode: common_pb2.ServingMode, setting: ModeSetting, rate_per_s: float, prompt_tokens: int,
+             output_tokens: int, ttft_s: float, tpot_s: float, attainment_fraction: float,
+             requests: int = PREDICTION_REQUESTS, seed: int = 7) -> ModeEval:
     """One unit of ``mode`` at ``rate_per_s`` in the simulator (see the module docstring); deterministic."""
     unit = _unit(mode, setting)
     if isinstance(unit, str):
@@ -157,8 +157,9 @@ def evaluate(mode: int, setting: ModeSetting, rate_per_s: float, prompt_tokens: 
                      for c_e, bs in zip(embodied, result.engine_mean_batch, strict=True))
     link = 0.0
     if mode == DPD:
-        link = rate * prompt_tokens * PerfModel(engine_profile(setting.target_model, setting.new_hardware)
-                                                ).profile.kv_bytes_per_token
+        target = engine_profile(setting.target_model, setting.new_hardware)
+        assert target is not None  # _unit built the mode's unit from this profile
+        link = rate * prompt_tokens * PerfModel(target).profile.kv_bytes_per_token
     elif mode == DSD:
         k, r = setting.num_speculative_tokens, setting.acceptance_fraction
         link = rate * output_tokens * k / (1 + k * r) * (VOCAB_SIZE * 4 + 4)
@@ -178,9 +179,11 @@ def grid_rate(rate_per_s: float) -> float:
 
 
 def choose(setting: ModeSetting, rate_per_s: float, prompt_tokens: int, output_tokens: int, slo: common_pb2.Slo,
-           ci_g_per_kwh: float, pue: float = 1.0, current: int | None = None, switch_margin_fraction: float = 0.0,
-           requests: int = PREDICTION_REQUESTS, missed: dict[int, ModeEval] | None = None,
-           unsupported: dict[int, str] | None = None) -> tuple[int, dict[int, ModeEval]]:
+           ci_g_per_kwh: float, pue: float = 1.0, current: common_pb2.ServingMode | None = None,
+           switch_margin_fraction: float = 0.0, requests: int = PREDICTION_REQUESTS,
+           missed: dict[common_pb2.ServingMode, ModeEval] | None = None,
+           unsupported: dict[common_pb2.ServingMode, str] | None = None,
+           ) -> tuple[common_pb2.ServingMode, dict[common_pb2.ServingMode, ModeEval]]:
     """(mode, evaluations): the feasible mode with the lowest carbon per token; the current one unless another
     saves more than ``switch_margin_fraction``; without a feasible mode, the one with the highest attainment.
     ``missed``: per mode, an evaluation at a lower rate that missed the SLO (kept up to date here): the mode is
@@ -189,7 +192,7 @@ def choose(setting: ModeSetting, rate_per_s: float, prompt_tokens: int, output_t
     rate = grid_rate(rate_per_s)
     missed = {} if missed is None else missed
     unsupported = {} if unsupported is None else unsupported
-    evals = {}
+    evals: dict[common_pb2.ServingMode, ModeEval] = {}
     for m in MODES:
         if m in unsupported:
             evals[m] = ModeEval(m, rate, 0.0, math.inf, math.inf, 0.0, False, f"not considered: {unsupported[m]}")
@@ -225,10 +228,10 @@ class PoolModes:
     units: int  # new GPUs
     old_units: int
     note: str = ""
-    unsupported: dict[int, str] = field(default_factory=dict)  # mode -> why the pool's engines cannot run it
+    unsupported: dict[common_pb2.ServingMode, str] = field(default_factory=dict)  # mode -> why the pool's engines cannot run it
 
 
-def mode_target(pool: str, mode: int, setting: ModeSetting) -> common_pb2.ServingModeTarget:
+def mode_target(pool: str, mode: common_pb2.ServingMode, setting: ModeSetting) -> common_pb2.ServingModeTarget:
     """The plan's target of ``pool`` in ``mode``: disaggregated modes name the older GPU and the link."""
     target = common_pb2.ServingModeTarget(pool=pool, serving_mode=mode)
     if mode in (DPD, DSD):
@@ -237,7 +240,8 @@ def mode_target(pool: str, mode: int, setting: ModeSetting) -> common_pb2.Servin
     return target
 
 
-def unsupported_modes(inputs: PlanningInputs, pool: common_pb2.Pool, setting: ModeSetting) -> dict[int, str]:
+def unsupported_modes(inputs: PlanningInputs, pool: common_pb2.Pool, setting: ModeSetting,
+                      ) -> dict[common_pb2.ServingMode, str]:
     """Per mode the pool's engines cannot run, why (the launchers' own rule, see the module docstring)."""
     kinds = {e.kind for e in pool.engines}
     # the cache-manager lists an LMCache server for the pool: mode_problem asks only whether there is one
@@ -356,7 +360,7 @@ class GreenLlmModes:
             in_force = inputs.current_interval(0)
             current = next((t.serving_mode for t in in_force.serving_modes if t.pool == pool.name), None) \
                 if in_force is not None else None
-            missed: dict[int, ModeEval] = {}
+            missed: dict[common_pb2.ServingMode, ModeEval] = {}
             for h in range(inputs.horizon_hours):
                 load = (fc.upper[h] if self.load_bound == "upper" else fc.mean[h]) if fc else 0.0
                 ci_h = ci.mean[h] if ci else 0.0
@@ -377,8 +381,9 @@ class GreenLlmModes:
                                f"({info.currsize} simulator evaluations cached)")
 
 
-def explain_line(pool: str, hour: int, modes: PoolModes, load: float, ci: float, pue: float, mode: int,
-                 evals: dict[int, ModeEval], previous: int | None) -> str:
+def explain_line(pool: str, hour: int, modes: PoolModes, load: float, ci: float, pue: float,
+                 mode: common_pb2.ServingMode, evals: dict[common_pb2.ServingMode, ModeEval],
+                 previous: common_pb2.ServingMode | None) -> str:
     s = modes.setting
     pair = {STANDALONE: s.new_hardware, SPEC_DECODE: f"{s.new_hardware} target + draft",
             DPD: f"{s.new_hardware} prefill + {s.old_hardware} decode",
