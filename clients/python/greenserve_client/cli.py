@@ -72,7 +72,8 @@ def check_connection(token: str | None, token_source: str, files: dict[str, Path
 
 def _channel_config(ns: argparse.Namespace, address: str) -> ChannelConfig:
     def path(value: Path | None, env: str) -> Path | None:
-        return value or (Path(_env(env)) if _env(env) else None)
+        found = _env(env)
+        return value or (Path(found) if found else None)
 
     config = ChannelConfig(
         address=address,

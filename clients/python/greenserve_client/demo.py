@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ def clock_args(options: DemoOptions, anchor_s: float) -> list[str]:
 
 
 def histories(options: DemoOptions, series: grids.GridSeries, until_s: float) -> tuple[
-        list[tuple[float, float]], list[tuple[float, float]], np.ndarray]:
+        list[tuple[int, float]], list[tuple[int, float]], np.ndarray]:
     """CI and load points before ``until_s`` (load: the shape's days before the demo day, scaled), and the demo
     day's scaled hourly load."""
     # the CI history the forecaster fits on: the known hours of the CI_HISTORY_DAYS before (a user's CSV may hold
@@ -86,6 +86,14 @@ def histories(options: DemoOptions, series: grids.GridSeries, until_s: float) ->
     return ci, load, shape[(days - 1) * 24:days * 24] * scale
 
 
+@dataclass
+class HourStats:
+    """One virtual hour's requests: the latency of each answered one, and how many failed."""
+
+    latency_s: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
 class LoadGenerator:
     """Open-loop Poisson arrivals through the router's OpenAI-compatible front at the virtual hour's rate."""
 
@@ -94,7 +102,7 @@ class LoadGenerator:
         self.options = options
         self.rates = day_rates
         self.clock = clock
-        self.stats: dict[int, dict[str, list[float] | int]] = defaultdict(lambda: {"latency_s": [], "errors": 0})
+        self.stats: dict[int, HourStats] = defaultdict(HourStats)
         self.rng = random.Random(7)
 
     async def run(self, end_s: float) -> None:
@@ -121,11 +129,11 @@ class LoadGenerator:
             reply = await client.post(self.url, json={"model": self.options.model, "prompt": "Tell me about carbon.",
                                                       "max_tokens": self.options.max_tokens})
             if reply.status_code == 200:
-                self.stats[hour]["latency_s"].append(time.perf_counter() - started)  # type: ignore[union-attr]
+                self.stats[hour].latency_s.append(time.perf_counter() - started)
             else:
-                self.stats[hour]["errors"] += 1  # type: ignore[operator]
+                self.stats[hour].errors += 1
         except httpx.HTTPError:
-            self.stats[hour]["errors"] += 1  # type: ignore[operator]
+            self.stats[hour].errors += 1
         finally:
             gate.release()
 
@@ -178,7 +186,7 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
                    if fed_until <= t <= now]
             await ingest(channels["forecaster"], ci_ref(options.grid), new, "demo:feed")
             fed_until = hour_floor_s(now) + HOUR_S
-            record = {"hour": int((next_hour - options.day_start_s) // HOUR_S),
+            record: dict[str, Any] = {"hour": int((next_hour - options.day_start_s) // HOUR_S),
                       "ci_actual_g_per_kwh": float(series.window(int(next_hour), 1)[0])}
             # Half an hour in, the enforcers have had time to apply the plan for the hour (and the re-plans the
             # new CI may have caused): an LMCache DRAM resize is a restart of several real seconds.
@@ -195,10 +203,10 @@ async def drive(addresses: dict[str, str], http_url: str, options: DemoOptions, 
         for channel in channels.values():
             await channel.close()
     for record in hours:
-        stats = generator.stats.get(record["hour"], {"latency_s": [], "errors": 0})
-        latencies = stats["latency_s"]
-        record["requests_ok"] = len(latencies)  # type: ignore[arg-type]
-        record["requests_failed"] = stats["errors"]
+        stats = generator.stats.get(record["hour"], HourStats())
+        latencies = stats.latency_s
+        record["requests_ok"] = len(latencies)
+        record["requests_failed"] = stats.errors
         record["latency_p50_s"] = float(np.percentile(latencies, 50)) if latencies else None
         record["latency_p99_s"] = float(np.percentile(latencies, 99)) if latencies else None
         record["load_target_requests_per_s"] = float(day_rates[min(record["hour"], len(day_rates) - 1)])

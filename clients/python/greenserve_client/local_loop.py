@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -74,7 +75,7 @@ def demo_history(end_s: float) -> tuple[list[tuple[float, float]], list[tuple[fl
     return ci, load
 
 
-def _points(values: list[tuple[float, float]]) -> list[common_pb2.TimeSeriesPoint]:
+def _points(values: Sequence[tuple[float, float]]) -> list[common_pb2.TimeSeriesPoint]:
     out = []
     for t, v in values:
         p = common_pb2.TimeSeriesPoint(value=v)
@@ -83,7 +84,7 @@ def _points(values: list[tuple[float, float]]) -> list[common_pb2.TimeSeriesPoin
     return out
 
 
-async def ingest(forecaster: grpc.aio.Channel, ref: common_pb2.SeriesRef, points: list[tuple[float, float]],
+async def ingest(forecaster: grpc.aio.Channel, ref: common_pb2.SeriesRef, points: Sequence[tuple[float, float]],
                  source: str) -> None:
     if points:
         await forecaster_pb2_grpc.ForecasterServiceStub(forecaster).IngestPoints(forecaster_pb2.IngestPointsRequest(

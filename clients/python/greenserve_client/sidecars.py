@@ -36,7 +36,8 @@ class Sidecar:
     health_path: str
     process: subprocess.Popen[bytes]
     log_path: Path
-    ports: tuple[int, ...] = ()
+    #: an LMCache server's (http port, port), which a restart keeps; None for the other sidecars
+    ports: tuple[int, int] | None = None
     #: signal the whole process group it leads (its children too), not only the process
     process_group: bool = False
     #: how long it may take to become healthy, when longer than the caller's start-up timeout

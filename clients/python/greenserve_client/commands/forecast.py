@@ -242,10 +242,14 @@ def _remote(ns: argparse.Namespace) -> int:
         print(strict_json.dumps(out))
     elif ns.action == "get":
         print(f"model {out['model']}  ({out['interval_coverage_fraction']:.0%} interval)")
-        for p in out["points"]:  # type: ignore[union-attr]
+        points = out["points"]
+        assert isinstance(points, list)  # _get answers a list of point dicts
+        for p in points:
             print(f"{p['time']}  {p['mean']:10.2f}  [{p['lower']:.2f}, {p['upper']:.2f}]")
     else:
-        print(f"inserted {out['inserted_points']}, duplicates {out['duplicate_points']}, gaps {len(out['gaps'])}")  # type: ignore[arg-type]
+        gaps = out["gaps"]
+        assert isinstance(gaps, list)  # _ingest answers a list of gap dicts
+        print(f"inserted {out['inserted_points']}, duplicates {out['duplicate_points']}, gaps {len(gaps)}")
     return 0
 
 

@@ -368,7 +368,8 @@ def main(argv: list[str]) -> int:  # one dispatch over the actions
                   f"{reply.sweep.id} {profiler_pb2.SweepState.Name(reply.sweep.state)}: {reply.sweep.done_points} kept")
             return 0
         if ns.action == "list":
-            source = common_pb2.ProfileSource.Value(f"PROFILE_SOURCE_{ns.source.upper()}") if ns.source else 0
+            source = common_pb2.ProfileSource.Value(f"PROFILE_SOURCE_{ns.source.upper()}") if ns.source \
+                else common_pb2.PROFILE_SOURCE_UNSPECIFIED
             profiles = asyncio.run(_all_pages(ns, "ListProfiles", profiler_pb2.ListProfilesRequest(
                 model=ns.model, hardware=ns.hardware, workload=ns.workload, latest_only=ns.latest, source=source),
                 "profiles"))
@@ -438,7 +439,7 @@ def main(argv: list[str]) -> int:  # one dispatch over the actions
         except ValueError as exc:
             return _fail(f"{ns.file}: {exc}")
         source = common_pb2.ProfileSource.Value(f"PROFILE_SOURCE_{ns.source.upper()}")
-        stored = []
+        stored: list[str] = []
         for i, profile in enumerate(profiles):
             profile.source = source
             try:
