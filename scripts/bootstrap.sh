@@ -23,7 +23,7 @@ want="$(sha256sum "$REPO/pyproject.toml" "$REPO/setup.py" "$REPO/scripts/constra
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing greenserve and its dev dependencies"
     # -qq: errors only (a local wheel mirror makes pip warn once per package otherwise), as install-lmcache.sh
-    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check --upgrade pip
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -c "$REPO/scripts/constraints.txt" --upgrade pip
     # the exact versions of scripts/constraints.txt (scripts/lock_python.py writes it): every machine, CI's included,
     # tests the same packages, whatever was published since
     "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -c "$REPO/scripts/constraints.txt" -e "$REPO[dev]"

@@ -12,6 +12,7 @@ pyproject.toml's dependencies, then run the tests and commit both files.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -42,6 +43,8 @@ def resolve(keep: bool) -> list[tuple[str, str]]:
                              "scripts/constraints.txt is unchanged")
         installs = json.loads(report.read_text())["install"]
     pins = {(item["metadata"]["name"].lower().replace("_", "-"), item["metadata"]["version"]) for item in installs}
+    # pip itself, which bootstrap.sh upgrades first (under the same constraints): the one that resolved the rest
+    pins.add(("pip", importlib.metadata.version("pip")))
     return sorted(pin for pin in pins if pin[0] != "greenserve")
 
 
