@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from greenserve.common.cache_index.index_fields import IndexFields
 from greenserve.common.cache_index.lcs_scores import MIN_AGE_S
 
 POOL_SIZE = 1024  # entries kept in the candidate pool after a refresh (adapted up to MAX_POOL_SIZE)
@@ -43,7 +44,7 @@ class EntryView:
     score: float
     age_s: float
 
-class EvictionChoice:
+class EvictionChoice(IndexFields):
     """Candidate pool, dirty list and victim choice of `CacheIndex` (lowest-score leaves first)."""
 
     def _mark(self, slots: np.ndarray | int) -> None:

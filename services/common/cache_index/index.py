@@ -133,7 +133,7 @@ class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
     def _alloc(self, capacity: int) -> None:
         def grow(name: str, dtype: type, fill: float = 0, width: int = 0) -> None:
             shape = (capacity, width) if width else capacity
-            new = np.full(shape, fill, dtype=dtype)
+            new: np.ndarray = np.full(shape, fill, dtype=dtype)
             old = getattr(self, name, None)
             if old is not None:
                 new[: len(old)] = old

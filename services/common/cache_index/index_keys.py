@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+from greenserve.common.cache_index.index_fields import IndexFields
 
 _EMPTY, _TOMB = -1, -2
 _KEY_BYTES = 32
@@ -37,7 +38,7 @@ def _split_key(entry_key: str) -> tuple[bytes, str] | None:
     return raw, sep + tail
 
 
-class KeyTable:
+class KeyTable(IndexFields):
     """Key table and key storage of `CacheIndex` (uses its arrays `key_hash`, `key_raw`, `key_len`,
     `key_meta` and its `_table`, `_metas`, `_long_keys`)."""
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Self
 
 import numpy as np
+from greenserve.common.cache_index.index_fields import IndexFields
 from greenserve.common.cache_index.lcs_scores import HIT_DECAYS
-
-if TYPE_CHECKING:
-    from greenserve.common.cache_index.index import CacheIndex
 
 
 def fsync_dir(path: Path) -> None:
@@ -27,7 +25,7 @@ def fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-class IndexSnapshot:
+class IndexSnapshot(IndexFields):
     """Memory figures, `save` and `load` of `CacheIndex`."""
 
     # ----- memory and persistence ----------------------------------------------------------------
@@ -74,7 +72,7 @@ class IndexSnapshot:
         )
 
     @classmethod
-    def load(cls, path: Path) -> CacheIndex:
+    def load(cls, path: Path) -> Self:
         """Restore a snapshot written by `save`."""
         with np.load(path, allow_pickle=False) as data:
             meta = [str(x) for x in data["meta"]]

@@ -35,6 +35,7 @@ Definitions (each choice is measured by `greenserve bench cache-policy`, see doc
 from __future__ import annotations
 
 import numpy as np
+from greenserve.common.cache_index.index_fields import IndexFields
 
 # Ages below this are clamped so that a just-touched entry gets a large but finite score.
 MIN_AGE_S = 1e-3
@@ -54,7 +55,7 @@ GAP_GHOST_MAX = 1 << 15
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-class LcsScores:
+class LcsScores(IndexFields):
     """Score and tau computations of `CacheIndex` over its per-slot arrays."""
 
     # ----- eviction order --------------------------------------------------------------------------
