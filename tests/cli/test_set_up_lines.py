@@ -3,9 +3,10 @@ everything is already installed: a later run.sh shows `greenserve up`'s own line
 under 40 lines before the services are up (its set-up steps one line each; `greenserve up`'s share is pinned in
 tests/integration/test_up_numbers.py).
 
-The run checks the installs this checkout already has (LMCache's and vLLM's virtualenvs, the npm tools) and a
-stand-in for the project's virtualenv whose stamp says greenserve is installed as pyproject.toml and setup.py now
-ask: it installs nothing, and the test skips, saying why, where an install is missing (it would install it)."""
+The run checks the installs this checkout already has (LMCache's and vLLM's virtualenvs, under their lock files; the
+npm tools) and a stand-in for the project's virtualenv whose stamp says greenserve is installed as pyproject.toml and
+setup.py now ask: it installs nothing, and the test skips, saying why, where an install is missing or was made under
+another lock (it would install it)."""
 
 from __future__ import annotations
 
@@ -31,15 +32,22 @@ def _dependency_digest() -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
+def _installed_under_lock(stamp: Path, lock: str) -> bool:
+    """The install script's stamp exists and names the lock file as it is now (else the script reinstalls)."""
+    digest = hashlib.sha256((ROOT / "scripts" / lock).read_bytes()).hexdigest()
+    return stamp.is_file() and f"lock={digest}" in stamp.read_text().split()
+
+
 def _missing_installs() -> list[str]:
     missing = []
-    if not (ROOT / ".venv-lmcache" / ".greenserve-lmcache-installed").is_file():
-        missing.append("LMCache's virtualenv (.venv-lmcache)")
+    if not _installed_under_lock(ROOT / ".venv-lmcache" / ".greenserve-lmcache-installed", "constraints-lmcache.txt"):
+        missing.append("LMCache's virtualenv (.venv-lmcache) under scripts/constraints-lmcache.txt")
     vllm = (ROOT / ".venv-vllm").resolve()
-    if not (vllm / ".greenserve-vllm-installed").is_file():
-        missing.append("vLLM's virtualenv (.venv-vllm)")
-    elif not Path(f"{vllm}-lmcache-0.5.6", ".greenserve-vllm-lmcache-installed").is_file():
-        missing.append("vLLM's virtualenv with LMCache (.venv-vllm-lmcache)")
+    if not _installed_under_lock(vllm / ".greenserve-vllm-installed", "constraints-vllm.txt"):
+        missing.append("vLLM's virtualenv (.venv-vllm) under scripts/constraints-vllm.txt")
+    elif not _installed_under_lock(Path(f"{vllm}-lmcache-0.5.6", ".greenserve-vllm-lmcache-installed"),
+                                   "constraints-vllm-lmcache.txt"):
+        missing.append("vLLM's virtualenv with LMCache (.venv-vllm-lmcache) under scripts/constraints-vllm-lmcache.txt")
     if shutil.which("npm"):
         for folder in ("protos", "clients/node"):
             modules, lock = ROOT / folder / "node_modules", ROOT / folder / "package-lock.json"
