@@ -57,8 +57,8 @@ def _pool() -> common_pb2.Pool:
 def _setup(n: int) -> mig_setup.PoolSetup:
     pool = _pool()
     members = [(f"GPU-{i:05d}", GPU_MODEL, ()) for i in range(n)]
-    return mig_setup.make_setup(pool, members,
-                                lambda m, p, v: mp.predicted_option(pool, m, p, v, v.simulator_model, "bench"))
+    return mig_setup.make_setup(pool, members, lambda m, p, v: mp.predicted_option(
+        pool, m, p, v, v.simulator_model if v is not None else None, "bench"))
 
 
 def _problem(setup: mig_setup.PoolSetup, ns: argparse.Namespace) -> mig_problem.Problem:

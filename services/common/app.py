@@ -49,7 +49,7 @@ async def start_service(
     ctx = ServiceContext(settings=settings, db=db, telemetry=telemetry)
     try:
         built = build(ctx)
-        registrations = await built if asyncio.iscoroutine(built) else built
+        registrations = built if isinstance(built, list) else await built
         server = ServiceServer(name, settings, list(registrations), telemetry, on_stop=[*ctx.on_stop, db.close],
                                on_draining=ctx.on_draining, reuse_port=reuse_port)
         await server.start()

@@ -195,11 +195,23 @@ class CarbonParams:
                     f"with kind in {', '.join(COMPONENT_KINDS)}"
                 )
             per_component.setdefault(key, {})[attribute] = value
-        params = replace(self, **scalars) if scalars else self
+        # each field by name (all are floats): a **dict would also type-check against ``components``
+        params = replace(
+            self, pue=scalars.get("pue", self.pue),
+            default_lifetime_s=scalars.get("default_lifetime_s", self.default_lifetime_s),
+            ssd_embodied_g_per_tb=scalars.get("ssd_embodied_g_per_tb", self.ssd_embodied_g_per_tb),
+            ssd_lifetime_s=scalars.get("ssd_lifetime_s", self.ssd_lifetime_s),
+            dram_embodied_g_per_tb=scalars.get("dram_embodied_g_per_tb", self.dram_embodied_g_per_tb),
+            dram_lifetime_s=scalars.get("dram_lifetime_s", self.dram_lifetime_s),
+            hdd_embodied_g_per_tb=scalars.get("hdd_embodied_g_per_tb", self.hdd_embodied_g_per_tb),
+            hdd_lifetime_s=scalars.get("hdd_lifetime_s", self.hdd_lifetime_s),
+        ) if scalars else self
         specs = {spec.key: spec for spec in params.components}
         for key, changes in per_component.items():
             if key in specs:
-                specs[key] = replace(specs[key], **changes)
+                spec = specs[key]
+                specs[key] = replace(spec, embodied_g=changes.get("embodied_g", spec.embodied_g),
+                                     lifetime_s=changes.get("lifetime_s", spec.lifetime_s))
             else:
                 if "embodied_g" not in changes:
                     raise ValueError(f"override for new component {key!r} needs {key}.embodied_g")

@@ -17,6 +17,7 @@ import asyncio
 import math
 import os
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 MAX_SPEED = 100_000.0
@@ -106,12 +107,12 @@ def make_clock(start: str | None, speed: float | None = None, anchor_s: float | 
     return VirtualClock(start_s, 1.0 if speed is None else speed, anchor_s)
 
 
-def clock_from_env(env: dict[str, str] | None = None) -> Clock:
+def clock_from_env(env: Mapping[str, str] | None = None) -> Clock:
     """The clock the GREENSERVE_CLOCK_* variables describe (the wall clock when none is set)."""
-    env = os.environ if env is None else env
+    variables: Mapping[str, str] = os.environ if env is None else env
 
     def number(name: str, field: str) -> float | None:
-        text = env.get(name)
+        text = variables.get(name)
         if not text:
             return None
         try:
@@ -122,7 +123,7 @@ def clock_from_env(env: dict[str, str] | None = None) -> Clock:
     speed = number(ENV_SPEED, "clock_speed")
     anchor = number(ENV_ANCHOR, "clock_anchor_s")
     try:
-        return make_clock(env.get(ENV_START) or None, speed, anchor)
+        return make_clock(variables.get(ENV_START) or None, speed, anchor)
     except ValueError as exc:
         raise ValueError(f"{exc} (from the GREENSERVE_CLOCK_* environment)") from None
 

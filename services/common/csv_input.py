@@ -19,7 +19,7 @@ def _typed(name: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
 
 
-def header_column(columns: list[str], wanted: str) -> str | None:
+def header_column(columns: Sequence[str], wanted: str) -> str | None:
     """The header's column ``wanted`` names: itself, else the one column equal to it once folded as typed
     (Electricity Maps' "gCO₂eq/kWh" typed as "gCO2eq/kWh": the two look alike in a refusal's list of columns).
     None when none does, or when two columns fold alike (none is guessed)."""

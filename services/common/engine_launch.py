@@ -115,9 +115,10 @@ class EngineSpec:
         return self.pool, self.variant, self.mode
 
 
-MODE_NAMES = {common_pb2.SERVING_MODE_UNSPECIFIED: "standalone", common_pb2.SERVING_MODE_STANDALONE: "standalone",
-              common_pb2.SERVING_MODE_SPEC_DECODE: "spec_decode", common_pb2.SERVING_MODE_DISAGGREGATED: "dpd",
-              common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE: "dsd"}
+MODE_NAMES: dict[int, str] = {
+    common_pb2.SERVING_MODE_UNSPECIFIED: "standalone", common_pb2.SERVING_MODE_STANDALONE: "standalone",
+    common_pb2.SERVING_MODE_SPEC_DECODE: "spec_decode", common_pb2.SERVING_MODE_DISAGGREGATED: "dpd",
+    common_pb2.SERVING_MODE_DISAGGREGATED_SPEC_DECODE: "dsd"}
 
 
 def decoder_id(prefill_engine_id: str) -> str:
@@ -144,7 +145,7 @@ class EngineLauncher(Protocol):
     """Builds the command of one engine."""
 
     name: str  # "vllm" or "emulator"
-    kind: int  # common_pb2.EngineKind
+    kind: common_pb2.EngineKind
 
     def command(self, spec: EngineSpec) -> LaunchCommand:
         """The command that runs `spec` (ValueError when it cannot be run)."""
@@ -425,7 +426,7 @@ class EngineProcess:
     command: LaunchCommand
     process: asyncio.subprocess.Process
     log_path: Path | None
-    kind: int
+    kind: common_pb2.EngineKind
     reported_exit: bool = False
 
     @property
@@ -496,7 +497,6 @@ class EngineSupervisor:
         if command.note:
             log.warning("engine %s: %s", spec.engine_id, command.note)
         log_path = None
-        stdout: int | object = asyncio.subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.engine_id)}.log"
@@ -509,7 +509,8 @@ class EngineSupervisor:
                     env=env, start_new_session=True)
         else:
             process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=asyncio.subprocess.DEVNULL,
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
                 env=env, start_new_session=True)
         engine = EngineProcess(spec, command, process, log_path, self.launcher.kind)
         self.engines[spec.engine_id] = engine

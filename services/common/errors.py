@@ -40,7 +40,7 @@ class GreenserveError(Exception):
     """Base of errors that map to a specific gRPC status code."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    reason: int = common_pb2.ERROR_REASON_UNSPECIFIED
+    reason: common_pb2.ErrorReason = common_pb2.ERROR_REASON_UNSPECIFIED
 
     def __init__(self, message: str, *, field: str = "") -> None:
         message = truncate_middle(str(message), MAX_ERROR_MESSAGE_CHARS)
@@ -107,7 +107,7 @@ def error_detail_from_rpc_error(error: grpc.RpcError) -> common_pb2.ErrorDetail 
     """The greenserve ErrorDetail carried by a failed call, if any (client side)."""
     from grpc_status import rpc_status
 
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)
     if status is None:
         return None
     for any_detail in status.details:

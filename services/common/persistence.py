@@ -63,7 +63,7 @@ class Database:
         self.service = _check_service(service)
         backend = engine.dialect.name
         if backend == "sqlite":
-            self._rw_bind = engine.execution_options(**{_SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            self._rw_bind: Engine = engine.execution_options(**{_SQLITE_BEGIN_OPTION: "IMMEDIATE"})
             self._ro_bind = engine.execution_options(**{_SQLITE_BEGIN_OPTION: "DEFERRED"})
         else:
             self._rw_bind = engine

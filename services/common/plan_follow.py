@@ -48,7 +48,7 @@ MAX_TIMER_WAIT_S = 1.0
 class Outcome:
     """What a reconcile did: an EnforcementState value and a human-readable detail."""
 
-    state: int
+    state: optimizer_pb2.EnforcementState
     detail: str = ""
 
 

@@ -456,7 +456,7 @@ def _pool_plan(interval: common_pb2.PlanInterval, pool: str) -> tuple[dict[str, 
     return weights, int(target.dram_bytes or target.disk_bytes) if target is not None else 0
 
 
-def _spec_for(pool: PoolScenario, mode: int) -> SpecDecodeConfig | None:
+def _spec_for(pool: PoolScenario, mode: common_pb2.ServingMode) -> SpecDecodeConfig | None:
     """The replay's speculative decoding for a plan's mode: SpecDecode runs the pool's draft on the same GPU (as the
     serving-mode solver evaluates it); the modes that need an older GPU cannot be declared by a scenario."""
     if mode == STANDALONE:

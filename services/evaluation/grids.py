@@ -192,14 +192,17 @@ def _read_rows(path: Path, handle: TextIO, time_column: str, value_column: str, 
                region_column: str | None, names: tuple[str, str], value_scale: float) -> dict[str, GridSeries]:
     reader = csv.DictReader(handle)
     columns = reader.fieldnames or []
-    found = []
-    for name, column in ((names[0], time_column), (names[1], value_column), ("region column", region_column)):
-        match = None if column is None else header_column(columns, column)
-        if column is not None and match is None:
+
+    def found(name: str, column: str) -> str:
+        match = header_column(columns, column)
+        if match is None:
             raise GridDataError(f"{path.name}: column {column!r} ({name}) not found; columns: "
                                 f"{', '.join(columns)}")
-        found.append(match)
-    time_column, value_column, region_column = found
+        return match
+
+    time_column = found(names[0], time_column)
+    value_column = found(names[1], value_column)
+    region_column = None if region_column is None else found("region column", region_column)
     by_region: dict[str, list[tuple[int, float, int]]] = {}
     for row_number, row in enumerate(reader, start=2):
         where = f"{path.name}: row {row_number}"

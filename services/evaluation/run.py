@@ -237,7 +237,8 @@ def evaluate(series: dict[str, GridSeries], *, day_start_s: int, strategies: lis
         jobs = [dataclasses.replace(j, ci_forecast=forecasts[j.region], load_forecast=forecasts[LOAD_KEY])
                 for j in jobs]
         steps.running([_step_name(j) for j in jobs], hours, [_step_name(j) for j in side])
-        map_jobs(_run_any, [*jobs, *side], workers=workers, ray_address=ray_address, on_done=done,
+        every: list[Job | SideJob] = [*jobs, *side]
+        map_jobs(_run_any, every, workers=workers, ray_address=ray_address, on_done=done,
                  on_tick=steps.hour_finished)
     order = {n: i for i, n in enumerate(HEADLINES)}
     headline_rows.sort(key=lambda r: order.get(r["name"], len(order)))

@@ -261,14 +261,16 @@ def read_csv_series(
             value_column = _find_column(columns, "carbon_intensity")
         elif layout == "letswaitawhile":
             value_column = _find_column(columns, "carbon intensity")
-    named = {"time": time_column, "value": value_column, "filter": filter_column}
-    for what, wanted in named.items():
-        if wanted is None and what == "filter":
-            continue
-        named[what] = header_column(columns, wanted) if wanted else None
-        if named[what] is None:
+
+    def found(what: str, wanted: str | None) -> str:
+        match = header_column(columns, wanted) if wanted else None
+        if match is None:
             raise ValueError(f"{what} column {wanted!r} not in {path.name} (columns: {', '.join(columns)})")
-    time_column, value_column, filter_column = named["time"], named["value"], named["filter"]
+        return match
+
+    time_column = found("time", time_column)
+    value_column = found("value", value_column)
+    filter_column = None if filter_column is None else found("filter", filter_column)
     usecols = [time_column, value_column] + ([filter_column] if filter_column else [])
     frame = pd.read_csv(path, usecols=usecols, comment="#")
     if filter_column:

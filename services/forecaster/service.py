@@ -294,7 +294,8 @@ class ForecasterServicer(Predictions, forecaster_pb2_grpc.ForecasterServiceServi
         await self._first_fit(state, context)
         if state.model is not None:
             cache_key = (state.fit_version, state.updates, steps, coverage)
-            pred = state.cache.get(cache_key) or await asyncio.to_thread(self._prediction, state, steps, coverage)
+            cached = state.cache.get(cache_key)
+            pred = cached if cached is not None else await asyncio.to_thread(self._prediction, state, steps, coverage)
             history_end = state.history_end_s
         else:
             # No fit (too short a history, or the first fit outlasted the wait): seasonal naive, and say so.

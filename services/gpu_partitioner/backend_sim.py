@@ -117,7 +117,7 @@ class SimulatedBackend:
             existing = s.scalars(select(SimulatedGpu)).all()
             if not existing:
                 for index, (model, mig) in enumerate(gpus):
-                    state = {"index": index, "pending": None, "instances": [], "gpu_processes": 0,
+                    state: dict[str, Any] = {"index": index, "pending": None, "instances": [], "gpu_processes": 0,
                              "energy_j": 0.0, "energy_at": self.clock()}
                     s.add(SimulatedGpu(gpu_uuid=f"GPU-{uuidlib.uuid4()}", model=model, mig_enabled=mig,
                                        state_json=json.dumps(state)))
@@ -316,11 +316,12 @@ class SimulatedBackend:
             self._advance_energy(row, state)
             used = {i["gi"] for i in state["instances"]}
             gi = next(n for n in range(1, 64) if n not in used)
+            mig_uuid = f"MIG-{uuidlib.uuid4()}"
             record = {"profile": placement.profile, "start": placement.start, "size": placement.size,
-                      "gi": gi, "ci": 0, "uuid": f"MIG-{uuidlib.uuid4()}", "processes": 0}
+                      "gi": gi, "ci": 0, "uuid": mig_uuid, "processes": 0}
             state["instances"].append(record)
             return InstanceState(profile=placement.profile, start=placement.start, size=placement.size,
-                                 gpu_instance_id=gi, compute_instance_id=0, uuid=record["uuid"],
+                                 gpu_instance_id=gi, compute_instance_id=0, uuid=mig_uuid,
                                  memory_bytes=geo.profile(placement.profile).memory_mib * MIB)
 
     def destroy_instance(self, gpu_uuid: str, placement: Placement) -> None:

@@ -51,7 +51,7 @@ from greenserve.common.mig_geometry import LayoutError, Placement
 from greenserve.gpu_partitioner.instance_engines import InstanceEngines
 from greenserve.gpu_partitioner.layout_targets import GpuTarget, LayoutTargets, Refusal, Want
 from greenserve.gpu_partitioner.peer_clients import FleetPools, RouterEngines
-from greenserve.v1 import common_pb2
+from greenserve.v1 import common_pb2, optimizer_pb2
 
 log = logging.getLogger("greenserve.gpu_partitioner.enforcer")
 
@@ -158,7 +158,8 @@ class MigEnforcer(LayoutTargets, InstanceEngines):
             return []
         return [f"engine {e.spec.engine_id} on {e.spec.device} had exited (code {e.returncode}); it is restarted "
                 "where the plan still wants it" for e in self.supervisor.exited()]
-    async def _reconcile_gpu(self, plan_version: int, target: GpuTarget) -> tuple[int, str]:
+    async def _reconcile_gpu(self, plan_version: int, target: GpuTarget,
+                             ) -> tuple[optimizer_pb2.EnforcementState, str]:
         gpu = target.gpu
         lplan = target.plan
         target_set = set(lplan.target)

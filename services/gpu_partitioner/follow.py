@@ -20,7 +20,7 @@ import asyncio
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 from pydantic import Field, field_validator
@@ -44,6 +44,9 @@ from greenserve.common.engine_launch import (
 from greenserve.gpu_partitioner.peer_clients import OptimizerFleet, RouterEngines
 from greenserve.gpu_partitioner.power import PowerCoordinator, PowerEnforcer, combine
 from greenserve.v1 import common_pb2, gpu_partitioner_pb2, optimizer_pb2, optimizer_pb2_grpc
+
+if TYPE_CHECKING:  # the service module imports this one
+    from greenserve.gpu_partitioner.service import GpuPartitionerServicer
 
 log = logging.getLogger("greenserve.gpu_partitioner.follow")
 
@@ -250,9 +253,12 @@ class Following:
 async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator: ApplyCoordinator,
                           inventory: InventoryFn, power: PowerCoordinator | None = None) -> Following:
     """Starts GPU reports, the plan follower and the engine watchdog per the settings (nothing when off)."""
+    # imported here: the settings module imports PlanFollowSettings from this one
+    from greenserve.gpu_partitioner.settings import GpuPartitionerSettings
+
     settings = ctx.settings
-    assert isinstance(settings, PlanFollowSettings)
-    node: str = settings.node_name
+    assert isinstance(settings, GpuPartitionerSettings)
+    node = settings.node_name
     if not settings.follow_plans:
         return Following(None, None, None, None, [])
     launcher_name = settings.engine_launcher
@@ -269,13 +275,13 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     if launcher is not None:
         supervisor = EngineSupervisor(launcher, host=settings.engine_host,
                                       port_range=parse_port_range(settings.engine_port_range),
-                                      log_dir=settings.data_dir / "engines",  # type: ignore[attr-defined]
+                                      log_dir=settings.data_dir / "engines",
                                       stop_grace_s=settings.engine_stop_grace_s)
-    token = settings.token()  # type: ignore[attr-defined]
-    tls_ca = settings.tls_ca  # type: ignore[attr-defined]
-    optimizer_channel = create_channel(ChannelConfig(address=settings.optimizer_addr,  # type: ignore[attr-defined]
+    token = settings.token()
+    tls_ca = settings.tls_ca
+    optimizer_channel = create_channel(ChannelConfig(address=settings.optimizer_addr,
                                                      token=token, tls_ca=tls_ca))
-    router = RouterEngines(ChannelConfig(address=settings.router_addr,  # type: ignore[attr-defined]
+    router = RouterEngines(ChannelConfig(address=settings.router_addr,
                                          token=token, tls_ca=tls_ca))
     reporter = GpuReporter(optimizer_channel, node, inventory, interval_s=settings.gpu_report_interval_s)
     fleet = OptimizerFleet(optimizer_channel)
@@ -287,7 +293,7 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     )
     power_enforcer = PowerEnforcer(backend=backend, coordinator=power or PowerCoordinator(ctx.db, backend),
                                    fleet=fleet.inventory, supervisor=supervisor)
-    save, load = plan_file_store(settings.data_dir / PLAN_FILE)  # type: ignore[attr-defined]
+    save, load = plan_file_store(settings.data_dir / PLAN_FILE)
     follower = PlanFollower(component=COMPONENT, instance=node, channel=optimizer_channel,
                             reconcile=combine(enforcer.reconcile, power_enforcer.reconcile), save=save, load=load)
     log.info("following plans as %s/%s, engines: %s", COMPONENT, node, launcher_name)
@@ -301,7 +307,7 @@ async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator:
     return following
 
 
-async def inventory_of(servicer: object) -> list[common_pb2.Gpu]:
+async def inventory_of(servicer: GpuPartitionerServicer) -> list[common_pb2.Gpu]:
     """The node's GPUs as GetInventory answers them."""
-    reply = await servicer.GetInventory(gpu_partitioner_pb2.GetInventoryRequest(), None)  # type: ignore[attr-defined]
+    reply = await servicer.GetInventory(gpu_partitioner_pb2.GetInventoryRequest(), None)
     return list(reply.gpus)

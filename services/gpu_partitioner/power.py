@@ -49,7 +49,7 @@ from greenserve.common.plan_follow import APPLIED, FAILED, REFUSED, ROLLED_BACK,
 from greenserve.gpu_partitioner.backend import GpuState, MigBackend, MigBackendError, NoPermissionError
 from greenserve.common.engine_launch import EngineSupervisor
 from greenserve.gpu_partitioner.models import GpuPowerRun, GpuPowerSetting
-from greenserve.v1 import common_pb2
+from greenserve.v1 import common_pb2, optimizer_pb2
 from sqlalchemy import select
 
 log = logging.getLogger("greenserve.gpu_partitioner.power")
@@ -96,7 +96,7 @@ class PowerRefused(Exception):
 
 @dataclass
 class GpuOutcome:
-    state: int
+    state: optimizer_pb2.EnforcementState
     detail: str
 
 
@@ -409,7 +409,7 @@ def _invalid(targets: list[common_pb2.GpuPowerTarget]) -> str:
     return ""
 
 
-def _worst(a: int, b: int) -> int:
+def _worst(a: optimizer_pb2.EnforcementState, b: optimizer_pb2.EnforcementState) -> optimizer_pb2.EnforcementState:
     return a if _SEVERITY[a] >= _SEVERITY[b] else b
 
 

@@ -80,7 +80,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     ci = list(grids.shipped()[REGION].window(int(START.timestamp()), hours))
     pool = _pool()
     setup = make_setup(pool, [(f"GPU-{i:02d}", GPU_MODEL, ()) for i in range(GPUS)],
-                       lambda m, p, v: mp.predicted_option(pool, m, p, v, v.simulator_model, "clover headline"))
+                       lambda m, p, v: mp.predicted_option(
+                           pool, m, p, v, v.simulator_model if v is not None else None, "clover headline"))
     best = pool.variants[0].name
     whole = max((p for c in mp.layout_classes(GPU_MODEL) for p in c), key=lambda p: int(p.split("g")[0]))
     base_capacity = HEADROOM * setup.options[(GPU_MODEL, whole, best)].capacity_requests_per_s * GPUS

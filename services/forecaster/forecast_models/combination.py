@@ -245,7 +245,9 @@ class Combination(Model):
             if untestable and member.day_type_aware:
                 continue  # its row stays NaN: no weight
             try:
-                parts = [member.transform.inverse(member.forecast_z_from(member.z[:o], p)) for o in origins]
+                transform = member.transform
+                assert transform is not None  # every member is fitted before the selection
+                parts = [transform.inverse(member.forecast_z_from(member.z[:o], p)) for o in origins]
                 forecasts[m] = np.concatenate(parts)
             except Exception:  # noqa: BLE001 - a member that cannot forecast gets no weight
                 forecasts[m] = np.nan
@@ -269,6 +271,7 @@ class Combination(Model):
         self.validation_mape_percent = scores
         f = forecasts[list(self.chosen)].mean(axis=0)
         good = np.isfinite(truth) & np.isfinite(f)  # the interval covers zeros too (MAPE cannot score them)
+        assert self.transform is not None  # fit() sets it before selecting
         if good.sum() >= 12:
             errors = self.transform.forward(truth[good]) - self.transform.forward(f[good])
             self.log_error_quantiles = np.sort(errors)
@@ -306,6 +309,7 @@ class Combination(Model):
         # zeros of an often idle series too, which MAPE cannot score (scoring only the busy hours put every
         # error far above the combination, and the interval's upper end millions of times above the data)
         good = np.isfinite(truth) & np.isfinite(combined)
+        assert self.transform is not None  # fit() sets it before selecting
         errors = self.transform.forward(truth[good]) - self.transform.forward(combined[good])
         if len(errors) >= 12:
             mad_sd = 1.4826 * float(np.median(np.abs(errors - np.median(errors))))

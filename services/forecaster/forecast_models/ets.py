@@ -51,16 +51,16 @@ class Ets(Model):
 
     def _run(self, level: float, season: np.ndarray, values: np.ndarray) -> tuple[float, np.ndarray]:
         """The ETS(A,N,A) recursions over ``values`` (NaN: state carried forward unchanged)."""
-        season = list(season)
+        states = season.tolist()
         a, g = self.alpha, self.gamma
         for value in values.tolist():
-            s = season.pop(0)
+            s = states.pop(0)
             if value == value:  # finite
                 new_level = a * (value - s) + (1 - a) * level
                 s = g * (value - level) + (1 - g) * s
                 level = new_level
-            season.append(s)
-        return level, np.asarray(season)
+            states.append(s)
+        return level, np.asarray(states)
 
     def _update(self, new_z: np.ndarray) -> None:
         self.level, self.season = self._run(self.level, self.season, new_z)

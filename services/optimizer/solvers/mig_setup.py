@@ -4,7 +4,7 @@ carbon, one hour's ``Problem``, and the concrete layouts of a solution."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from greenserve.common.mig_geometry import instance_engine_ids
@@ -98,7 +98,8 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
     """The pool's MIG GPUs with their states in force, and the options of its variants on their slices. A GPU is
     planned when its model has MIG and MIG is in use on it (enabled, instances declared or reported, or a layout in
     force): a GPU running whole (MIG off, e.g. one of a tensor-parallel engine's GPUs) stays as it is."""
-    gpus = [g for g in inputs.fleet.gpus if g.pool == pool.name and gpu_model_of(g) is not None
+    models = {g.uuid: m for g in inputs.fleet.gpus if g.pool == pool.name and (m := gpu_model_of(g)) is not None}
+    gpus = [g for g in inputs.fleet.gpus if g.pool == pool.name and g.uuid in models
             and (g.mig_enabled or g.instances or (g.uuid in in_force and in_force[g.uuid].placements))]
     if not gpus:
         return None
@@ -137,7 +138,7 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
                     name = running.get((gpu.uuid, pl.start, pl.profile), pl.model_variant)
                     v = next((k for k, n in names.items() if n == name), default) if name else default
                     state.append((Placement(start=pl.start, size=pl.size, profile=pl.profile), v))
-        members.append((gpu.uuid, gpu_model_of(gpu), tuple(sorted(state))))
+        members.append((gpu.uuid, models[gpu.uuid], tuple(sorted(state))))
     planned = {g.uuid for g in gpus}
     # The pool's engines the plan does not move (on no planned GPU) take load first.
     fixed = sum(headroom * inputs.capabilities[e.id].capacity_requests_per_s for e in pool.engines
@@ -145,7 +146,7 @@ def setup_pool(inputs: PlanningInputs, pool: common_pb2.Pool, pool_index: int, h
     return make_setup(pool, members, table.option, fixed)
 
 
-def make_setup(pool: common_pb2.Pool, members: list[tuple[str, str, State]],
+def make_setup(pool: common_pb2.Pool, members: Sequence[tuple[str, str, State]],
                option: Callable[[str, str, common_pb2.ModelVariant | None], mp.Option | None],
                fixed_capacity_rps: float = 0.0) -> PoolSetup:
     """A pool's setup from its GPUs ``(uuid, gpu model, state)`` and an option function (tests and the bench

@@ -49,7 +49,7 @@ from greenserve.router.routing.engines import (
     EngineState,
 )
 from greenserve.router.upstream.engine_replies import ReplyTooLarge, read_capped
-from greenserve.v1 import common_pb2
+from greenserve.v1 import common_pb2, optimizer_pb2
 
 log = logging.getLogger("greenserve.router.routing.engine_sleep")
 
@@ -153,7 +153,7 @@ class EngineSleeper:
 
     # -- report ----------------------------------------------------------------------------------------
 
-    def outcome_state(self) -> int | None:
+    def outcome_state(self) -> optimizer_pb2.EnforcementState | None:
         """None when the plan names no run state and no engine sleeps; else APPLYING while engines are on their
         way, FAILED when one failed (still retried), APPLIED when every engine is at its target."""
         if not self.active():
