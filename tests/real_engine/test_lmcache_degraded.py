@@ -52,7 +52,7 @@ from greenserve.profiler.settings_view import EngineSettingsView
 from greenserve.profiler.store import validate_profile
 from greenserve.v1 import common_pb2, optimizer_pb2, profiler_pb2, profiler_pb2_grpc
 from greenserve.vllm_cpu import engines as vllm
-from tests.cache_manager.conftest import running_lmcache_server
+from tests.cache_manager.conftest import lmcache_venv, running_lmcache_server
 from tests.optimizer.conftest import forecaster, optimizer
 from tests.optimizer.test_plans import FLEET, _setup
 from tests.real_engine.conftest import free_port
@@ -62,7 +62,6 @@ __all__ = ["cpu_env", "forecaster", "optimizer"]  # fixtures, used by name below
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-LMCACHE_SERVER_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lmcache" / "bin" / "python"
 DEGRADED_LOG_LINE = "No supported cpu connector found"
 MAX_MODEL_LEN = 4096  # the multi-turn workload's later turns pass 2,048 tokens (the tiny model takes 4,096)
 TINY_VOCAB = 700  # token ids the tiny model's tokenizer has (as scripts/real_engine_profile.py)
@@ -84,17 +83,18 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeou
 
 @pytest.fixture
 def lmcache_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_env: None) -> Iterator[Path]:
-    """A running LMCache server (.venv-lmcache, ``python -m lmcache.v1.server``) and the LMCache configuration
-    naming it, in the environment the launcher's engines inherit."""
+    """A running LMCache server (.venv-lmcache or $GREENSERVE_LMCACHE_VENV, ``python -m lmcache.v1.server``) and the
+    LMCache configuration naming it, in the environment the launcher's engines inherit."""
+    server_python = lmcache_venv() / "bin" / "python"
     why = vllm.lmcache_unavailable_reason() or vllm.unavailable_reason()
-    if why is None and not LMCACHE_SERVER_PYTHON.exists():
-        why = "no .venv-lmcache for the LMCache server (bash scripts/install-lmcache.sh makes it)"
+    if why is None and not server_python.exists():
+        why = f"no LMCache server virtualenv at {lmcache_venv()} (bash scripts/install-lmcache.sh makes it)"
     if why:
         pytest.skip(why)
     port = free_port()
     log = tmp_path / "lmcache-server.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen([str(LMCACHE_SERVER_PYTHON), "-m", "lmcache.v1.server", "127.0.0.1", str(port),
+        server = subprocess.Popen([str(server_python), "-m", "lmcache.v1.server", "127.0.0.1", str(port),
                                    "cpu"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True, env={**os.environ, "LMCACHE_TRACK_USAGE": "false"})
     try:
