@@ -24,6 +24,7 @@ from greenserve.common.names import check_name
 from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2
 from sqlalchemy import delete, func, insert, select
+from sqlalchemy.engine import CursorResult
 
 HOUR_S = 3600
 PER_HOUR = 5000  # default of --access-history-per-hour
@@ -123,7 +124,9 @@ class AccessHistory:
         """Delete the hours older than ``days``; how many rows went."""
         floor = hour_of(now_s - self.days * 86400.0)
         with self.db.session() as s:
-            n = s.execute(delete(AccessSample).where(AccessSample.hour_s < floor)).rowcount
+            result = s.execute(delete(AccessSample).where(AccessSample.hour_s < floor))
+            assert isinstance(result, CursorResult)  # a DELETE without RETURNING: its rowcount is the rows deleted
+            n = result.rowcount
             s.commit()
         self._counts = {k: v for k, v in self._counts.items() if k[1] >= floor}
         return int(n or 0)

@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -60,6 +62,31 @@ LEAD_MARGIN = 0.5
 POLICIES = ("adaptive", "lcs", "lru")
 #: Default of --policy-shadow-max-entries: keys per shadow cache and pool before the stream is sampled.
 SHADOW_MAX_ENTRIES = 16_384
+
+
+class PolicyStatus(TypedDict):
+    """`LivePolicy.status`: what the policy decided and why."""
+
+    mode: str
+    leader: str
+    switches: int
+    capacity_bytes: int
+    sample_rate: float
+    shadow_entries: list[int]
+    window_hit_tokens: dict[str, float]  # "LRU", "LCS" (the shadows) and "real" -> hit tokens over the window
+    window_disagreement_tokens: dict[str, float]  # "LRU", "LCS" -> hit tokens where the shadows disagreed
+
+
+class PolicyState(TypedDict):
+    """`LivePolicy.state`: the duel's state at a checkpoint (saved as JSON)."""
+
+    mode: str
+    leader: int
+    switches: int
+    won: list[float]
+    earned: list[float]
+    real: float
+    sample_shift: int
 
 
 class Duel:
@@ -252,7 +279,7 @@ class LivePolicy:
     def sample_rate(self) -> float:
         return 1.0 / (1 << self.sample_shift)
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> PolicyStatus:
         """What the policy decided and why (logs, metrics, resize details)."""
         scale = float(1 << self.sample_shift)
         d = self.duel
@@ -272,20 +299,21 @@ class LivePolicy:
                 f"{self.duel.margin:.0%} ahead)")
 
     # ----- checkpoints -------------------------------------------------------------------------------
-    def state(self) -> dict[str, object]:
+    def state(self) -> PolicyState:
         """The duel's state (small; the shadows are not kept: they refill from the stream)."""
         d = self.duel
         return {"mode": self.mode, "leader": d.leader, "switches": d.switches, "won": list(d.won),
                 "earned": list(d.earned), "real": d.real, "sample_shift": self.sample_shift}
 
-    def restore(self, state: dict) -> None:
-        """Take back a `state()` of the same mode (a checkpoint's); ValueError when it is not one."""
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back a `state()` of the same mode (a checkpoint's, decoded JSON: any value may have any type);
+        ValueError, TypeError or KeyError when it is not one."""
         if state.get("mode") != self.mode:
             raise ValueError(f"policy state of mode {state.get('mode')!r}, not {self.mode!r}")
         leader, shift = int(state["leader"]), int(state["sample_shift"])
-        won = [float(x) for x in state["won"]]  # type: ignore[union-attr]
-        earned = [float(x) for x in state["earned"]]  # type: ignore[union-attr]
-        real = float(state["real"])  # type: ignore[arg-type]
+        won = [float(x) for x in state["won"]]
+        earned = [float(x) for x in state["earned"]]
+        real = float(state["real"])
         values = [*won, *earned, real]
         if leader not in (LRU, LCS) or not 0 <= shift <= 63 or len(won) != 2 or len(earned) != 2 or not all(
                 math.isfinite(v) and v >= 0 for v in values):

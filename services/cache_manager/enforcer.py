@@ -240,11 +240,12 @@ class CacheEnforcer:
                     step.evicted = outcome.evicted_entries
                     step.dram_done = True
                     done.append(step)
-                if step.disk_changes:
-                    disk_outcome = await svc._resize_disk(step.row, step.disk_target_bytes)
+                disk_target = step.disk_target_bytes  # None: the plan leaves this server's disk tier alone
+                if disk_target is not None and step.disk_changes:
+                    disk_outcome = await svc._resize_disk(step.row, disk_target)
                     if not disk_outcome.applied:
                         reason = (f"pool {pool}: sizing the disk tier of server {step.row.id} from "
-                                  f"{gib(step.disk_before_bytes or 0)} to {gib(step.disk_target_bytes or 0)} failed: "
+                                  f"{gib(step.disk_before_bytes or 0)} to {gib(disk_target)} failed: "
                                   f"{disk_outcome.detail}")
                         self._record(plan, step, False, reason)
                         return await self._roll_back(plan, done, reason)

@@ -112,7 +112,7 @@ class JournaledIndexes:
     def _policy_path(self, pool: str) -> Path:
         return self.index_dir / "policy" / f"{pool}.json"
 
-    def _save_policy(self, pool: str, journal_id: int, state: dict) -> None:
+    def _save_policy(self, pool: str, journal_id: int, state: adaptive.PolicyState) -> None:
         """The duel's state at a checkpoint (atomic; taken back only with the index of the same journal id)."""
         path = self._policy_path(pool)
         path.parent.mkdir(parents=True, exist_ok=True)

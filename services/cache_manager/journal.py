@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sqlalchemy import delete, func, insert, select
+from sqlalchemy.engine import CursorResult
 
 from greenserve.common.cache_index.index import CacheIndex
 from greenserve.cache_manager.models import AccessEvent, ResizeStep
@@ -88,10 +89,11 @@ def _printable(value: str, *, spaces: bool) -> bool:
     return value.isprintable() and (spaces or not any(c.isspace() for c in value))
 
 
-async def read_stream(requests: AsyncIterable) -> list:
+async def read_stream(requests: AsyncIterable[cache_manager_pb2.ReportAccessesRequest],
+                      ) -> list[cache_manager_pb2.ReportAccessesRequest]:
     """The messages of a client stream, at most MAX_EVENTS_PER_STREAM of at most MAX_EVENT_BYTES each (else
     InvalidArgument, read no further)."""
-    out = []
+    out: list[cache_manager_pb2.ReportAccessesRequest] = []
     async for msg in requests:
         if len(out) == MAX_EVENTS_PER_STREAM:
             raise InvalidArgument("events", f"at most {MAX_EVENTS_PER_STREAM} events per stream; send more streams")
@@ -144,7 +146,7 @@ def check_event(i: int, ev: cache_manager_pb2.ReportAccessesRequest, now_s: floa
                  ev.conversation_id, ev.document_id, float(time_s))
 
 
-def check_events(messages: list, now_s: float) -> list[Event]:
+def check_events(messages: list[cache_manager_pb2.ReportAccessesRequest], now_s: float) -> list[Event]:
     """Every message checked (the first bad one raises; nothing is stored before all passed)."""
     return [check_event(i, ev, now_s) for i, ev in enumerate(messages)]
 
@@ -188,7 +190,9 @@ def prune(db: Database, through_id: int) -> int:
         return 0
     with db.session() as s:
         newest = s.scalar(select(func.max(AccessEvent.id))) or 0
-        n = s.execute(delete(AccessEvent).where(AccessEvent.id <= min(through_id, newest - 1))).rowcount
+        result = s.execute(delete(AccessEvent).where(AccessEvent.id <= min(through_id, newest - 1)))
+        assert isinstance(result, CursorResult)  # a DELETE without RETURNING: its rowcount is the rows deleted
+        n = result.rowcount
         s.commit()
     return int(n or 0)
 

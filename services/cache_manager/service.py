@@ -424,7 +424,7 @@ def _policy_metrics(meter: Meter, servicer: CacheManagerServicer) -> None:
 
     def window(_options: CallbackOptions) -> Iterable[Observation]:
         for pool, p in list(servicer.policies.items()):
-            for cache, tokens in p.status()["window_hit_tokens"].items():  # type: ignore[union-attr]
+            for cache, tokens in p.status()["window_hit_tokens"].items():
                 yield Observation(float(tokens), {"pool": pool, "cache": cache})
 
     meter.create_observable_gauge(

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from greenserve.cache_manager import group_ttl
 from greenserve.cache_manager.index_state import JournaledIndexes, _now_s
-from greenserve.cache_manager.lmcache_admin import LmcacheError
+from greenserve.cache_manager.lmcache_admin import LmcacheAdmin, LmcacheError
+from greenserve.cache_manager.models import LmcacheServer
 from greenserve.cache_manager.request_checks import MAX_BUDGET_BYTES, MAX_TTL_S, in_range
 from greenserve.common.errors import InvalidArgument, NotFound
 from greenserve.common.names import check_name
@@ -29,6 +31,10 @@ class GroupTtlEviction(JournaledIndexes):
     ttls: dict[str, dict[str, float]]
     ttl_rounds: int
     last_ttl_error: str
+
+    if TYPE_CHECKING:  # CacheManagerServicer's (service.py)
+        def _admin(self, url: str) -> LmcacheAdmin: ...
+        def _servers(self, pool: str | None = None) -> list[LmcacheServer]: ...
 
     async def ComputeGroupTtls(self, request, context):
         check_name("pool", request.pool)
