@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from greenserve.common.cli_parser import Parser
@@ -413,10 +412,10 @@ def phase_args(args: argparse.Namespace, prefix: str = "replicas-") -> argparse.
     return argparse.Namespace(**{name: getattr(args, d + name) for name in _OPTIONS})
 
 
-def engine_args(time_scale: float) -> SimpleNamespace:
+def engine_args(time_scale: float) -> argparse.Namespace:
     """What ``bench_launch.start_engine`` reads to start one of the phase's engines: always the emulator, whose
     prefix cache (``vllm:prefix_cache_*``) the hit-rate figure is read from (the no-op engine has none)."""
-    return SimpleNamespace(engine="emulator", time_scale=time_scale, max_num_seqs=256, model=MODEL)
+    return argparse.Namespace(engine="emulator", time_scale=time_scale, max_num_seqs=256, model=MODEL)
 
 
 def phase_result(args: argparse.Namespace) -> dict[str, Any]:
@@ -443,7 +442,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         prop = asyncio.run(propagation_run(work, db, args.replicas, args.trials, args))
         out["propagation"] = prop
         runs: dict[str, Any] = {}
-        variants = [("affinity", [])] + ([] if args.no_baseline else [("no_affinity", ["--affinity-weight", "0"])])
+        variants: list[tuple[str, list[str]]] = [("affinity", [])]
+        if not args.no_baseline:
+            variants.append(("no_affinity", ["--affinity-weight", "0"]))
         for label, flags in variants:
             for n in (1, args.replicas):
                 _log(f"hit-rate run: {n} replica(s), {label} ...")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from urllib.parse import urlsplit
 
@@ -113,8 +114,8 @@ def validate_disk_tiers(path: str, pool: common_pb2.Pool) -> None:
                                   f"({pool.max_cache_disk_bytes}); 0 means that limit")
 
 
-def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = frozenset(),
-                   reported_models: dict[str, int] | None = None) -> None:
+def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: Collection[str] = frozenset(),
+                   reported_models: Mapping[str, common_pb2.GpuModel] | None = None) -> None:
     """InvalidArgument naming the first bad field; ``known_gpus`` are the UUIDs reported by gpu-partitioners,
     ``reported_models`` their models (a declared MIG layout is checked against the GPU's model, declared or
     reported)."""
@@ -199,7 +200,7 @@ def validate_fleet(fleet: common_pb2.FleetInventory, known_gpus: set[str] = froz
     for i, gpu in enumerate(fleet.gpus):
         if gpu.pool and gpu.pool not in pools:
             raise InvalidArgument(f"fleet.gpus[{i}].pool", f"unknown pool {gpu.pool}")
-        _mig_layout(f"fleet.gpus[{i}]", gpu, gpu.model or (reported_models or {}).get(gpu.uuid, 0))
+        _mig_layout(f"fleet.gpus[{i}]", gpu, gpu.model or (reported_models or {}).get(gpu.uuid, common_pb2.GPU_MODEL_UNSPECIFIED))
     validate_modes(fleet)
 
 
@@ -211,7 +212,7 @@ def _simulator_model(field: str, name: str) -> None:
                                      f"stored profile the variant's capacity could not be predicted")
 
 
-def _mig_layout(path: str, gpu: common_pb2.Gpu, model: int) -> None:
+def _mig_layout(path: str, gpu: common_pb2.Gpu, model: common_pb2.GpuModel) -> None:
     """A declared MIG layout must be one the GPU can hold (the gpu-partitioner's geometry rules). A GPU whose model
     is neither declared nor reported yet is checked when its gpu-partitioner reports it (the enforcer refuses a
     layout the device cannot hold)."""

@@ -76,7 +76,7 @@ class ForecastSource:
 
     db: Database
     channel: grpc.aio.Channel | None
-    ci_signal: int = common_pb2.CARBON_SIGNAL_DIRECT
+    ci_signal: common_pb2.CarbonSignal = common_pb2.CARBON_SIGNAL_DIRECT
     max_age_s: float = 6 * 3600.0
     timeout_s: float = 10.0
 
@@ -173,7 +173,7 @@ def _made(fc: SeriesForecast, forecast: common_pb2.Forecast) -> SeriesForecast:
                                history_end_s=float(forecast.history_end.seconds))
 
 
-def ci_series_ref(region: str, signal: int) -> common_pb2.SeriesRef:
+def ci_series_ref(region: str, signal: common_pb2.CarbonSignal) -> common_pb2.SeriesRef:
     return common_pb2.SeriesRef(kind=common_pb2.SERIES_KIND_CARBON_INTENSITY, key=region, carbon_signal=signal,
                                 unit=common_pb2.UNIT_G_PER_KWH)
 
@@ -183,7 +183,7 @@ def load_series_ref(pool: common_pb2.Pool) -> common_pb2.SeriesRef:
                                 unit=common_pb2.UNIT_REQUESTS_PER_S)
 
 
-def plan_forecasts(inputs: PlanningInputs, ci_signal: int) -> list[common_pb2.PlanForecast]:
+def plan_forecasts(inputs: PlanningInputs, ci_signal: common_pb2.CarbonSignal) -> list[common_pb2.PlanForecast]:
     """The forecasts a plan was computed on (``Plan.forecasts``): the CI of each region, the load of each pool."""
     out = []
     pools = {pool.name: pool for pool in inputs.fleet.pools}

@@ -56,7 +56,7 @@ class OptimizerLoop:
                  lead_s: float = 600.0, debounce_s: float = 5.0, schedule: bool = True,
                  ci_change_fraction: float = 0.05, monitor_interval_s: float = 900.0,
                  forecast_max_age_s: float = 6 * 3600.0, solver_timeout_s: float = 10.0,
-                 ci_signal: int = common_pb2.CARBON_SIGNAL_DIRECT, solvers: list | None = None,
+                 ci_signal: common_pb2.CarbonSignal = common_pb2.CARBON_SIGNAL_DIRECT, solvers: list | None = None,
                  slo_breach_cooldown_s: float = 900.0, forecast_timeout_s: float = 10.0,
                  ci_change_confirm_checks: int = 2, ci_change_cooldown_s: float = 3600.0) -> None:
         self.db = db

@@ -11,6 +11,7 @@ in force.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import threading
 from datetime import UTC, datetime
@@ -235,8 +236,8 @@ class PlanStore:
                                        field="report.plan_version")
                     row = s.get(EnforcementReport, key)
                     if row is None:
-                        kept = s.scalar(select(func.count()).select_from(EnforcementReport)
-                                        .where(EnforcementReport.plan_version == key[0]))
+                        kept = s.execute(select(func.count()).select_from(EnforcementReport)
+                                         .where(EnforcementReport.plan_version == key[0])).scalar_one()
                         if kept >= MAX_REPORTERS_PER_PLAN:
                             raise ResourceExhausted(
                                 f"plan version {key[0]} already has reports of {MAX_REPORTERS_PER_PLAN} component "
@@ -251,7 +252,7 @@ class PlanStore:
                 if attempt:
                     raise
 
-    def reports(self, version: int) -> list[optimizer_pb2.EnforcementReport]:
+    def reports(self, version: int) -> builtins.list[optimizer_pb2.EnforcementReport]:
         with self.db.session(readonly=True) as s:
             rows = s.scalars(select(EnforcementReport).where(EnforcementReport.plan_version == version)
                              .order_by(EnforcementReport.component, EnforcementReport.instance))

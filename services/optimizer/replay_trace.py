@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,7 +127,7 @@ def paired_requests(accesses, *, routed_only: bool = False) -> list[tuple[float,
             if not routed_only:
                 out.append([t, a.conversation_id, a.document_id, int(a.tokens), a.entry_key, 0, ""])
             open_store = False
-    return [tuple(r) for r in out]  # type: ignore[misc]
+    return [tuple(r) for r in out]
 
 
 def build_trace(pool: str, source: str, label: str, window_start_s: float, accesses, *,
@@ -193,7 +194,7 @@ def router_accesses(workload: Workload, pool: str, start_s: float) -> list[cache
     bt = workload.hash_block_tokens
     seen: set[tuple[int, ...]] = set()
     out: list[cache_manager_pb2.AccessRecord] = []
-    sessions = workload.session_ids or [None] * len(workload)
+    sessions: Sequence[int | None] = workload.session_ids or [None] * len(workload)
     blocks_of = workload.block_hashes or [()] * len(workload)
     for i, (t, tokens, blocks, conv) in enumerate(zip(workload.arrival_s, workload.prompt_tokens, blocks_of,
                                                       sessions)):

@@ -411,20 +411,20 @@ class GreenCacheIlp:
         if unreachable:
             lines.append("cache: no size assignment meets the SLO for " + ", ".join(unreachable)
                          + " (HiGHS: infeasible); the best-attaining sizes were taken")
-        sized = [m for m in models if m.capabilities is not None]
+        sized = [(m, pool_caps) for m in models if (pool_caps := m.capabilities) is not None]
         caps_per_interval = None
         if sized:  # the engines' capacity at the chosen sizes, for routing and the plan's figures
             caps_per_interval = []
             for h in range(hours):
                 caps = dict(inputs.capabilities_at(h))
-                for m in sized:
+                for m, pool_caps in sized:
                     for engine in inputs.pool(m.pool).engines:
-                        caps[engine.id] = m.capabilities[chosen[m.pool][h]]
+                        caps[engine.id] = pool_caps[chosen[m.pool][h]]
                 caps_per_interval.append(caps)
             lines.extend(f"pool {m.pool}: engine capacity "
-                         f"{m.capabilities[chosen[m.pool][0]].capacity_requests_per_s:.2f} req/s with the chosen DRAM "
-                         f"tier ({m.capabilities[0].capacity_requests_per_s:.2f} without); sizes weighed with the "
-                         f"engines routing loads at each" for m in sized)
+                         f"{pool_caps[chosen[m.pool][0]].capacity_requests_per_s:.2f} req/s with the chosen DRAM "
+                         f"tier ({pool_caps[0].capacity_requests_per_s:.2f} without); sizes weighed with the "
+                         f"engines routing loads at each" for m, pool_caps in sized)
         detail = (f"{len(models)} pool(s) x {hours} h, {status.lower()} (gap {gap:.2g}), "
                   f"profiles {build_s:.2f} s, total {time.perf_counter() - started:.2f} s"
                   + ("; per-hour SLO" if self.per_hour_slo else "; SLO over the horizon (global rho)"))
@@ -450,7 +450,7 @@ class GreenCacheIlp:
         if k_now is not None and picks != [k_now] * len(picks):
             gain = plan_cost(m, [k_now] * len(picks)) - plan_cost(m, picks)
             why += (f"; over {len(picks)} h the sizes chosen emit {_grams(abs(gain))} "
-                    f"{'less' if gain >= 0 else 'more (the SLO needs them)'} than keeping {_size_text(size_now)}")
+                    f"{'less' if gain >= 0 else 'more (the SLO needs them)'} than keeping {_size_text(m.sizes[k_now])}")
         return why
 
     def _restart_text(self, m: PoolCacheModel, picks: list[int], unreachable: list[str]) -> str:

@@ -98,10 +98,10 @@ def build(models: list[PoolCacheModel], options: list[list[list[int]]], *, globa
     offset = 0
     for p, m in enumerate(models):
         hours = len(m.requests)
-        sel = slice(offset, offset + sum(len(options[p][t]) for t in range(hours)))
-        cols = np.arange(sel.start, sel.stop)
-        ts, ks = x_hour[sel], x_size[sel]
-        offset = sel.stop
+        span = slice(offset, offset + sum(len(options[p][t]) for t in range(hours)))
+        cols = np.arange(span.start, span.stop)
+        ts, ks = x_hour[span], x_size[span]
+        offset = span.stop
         # one size per hour
         rows_i.append(row + ts)
         rows_j.append(cols)

@@ -168,7 +168,7 @@ class PoolSearch:
     pool: str
     points: list[ScoredPoint]
     pareto: list[ScoredPoint]
-    attainment: dict[tuple[float, float], float]
+    attainment: dict[tuple[str, float, float], float]  # by (tag, x, y) of a point
     chosen: ScoredPoint
     meets_slo: bool
     rho: float

@@ -188,7 +188,9 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
       request x PUE x CI) up to the headroom of their capacity, so that, as on whole GPUs, the load is concentrated
       on the fewest instances that carry it within the SLO. With no load the instances are weighted by capacity.
     """
-    min_carbon = isinstance(solver, MinCarbonRouting) and routing.status == "ok" and routing.pool_figures is not None
+    # the min-carbon rule is re-run only for its own answer
+    min_carbon = solver if isinstance(solver, MinCarbonRouting) and routing.status == "ok" \
+        and routing.pool_figures is not None else None
     if not layouts.per_interval or len(layouts.per_interval) != len(routing.per_interval):
         return routing
     reported = _reported_engines(inputs.fleet)
@@ -263,8 +265,8 @@ def onto_mig_instances(inputs: PlanningInputs, routing: KnobPlan, layouts: KnobP
             for engine_id in sorted(on_gpu - instance_ids):
                 out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id, weight=0.0))
             shares = {eid: (moved * cap / total_cap if total_cap else 0.0) for eid, cap in caps}
-            if min_carbon and caps:
-                shares.update(_fill_shares(inputs, solver, h, pool, caps, costs, on_gpu | instance_ids, mine, out))
+            if min_carbon is not None and caps:
+                shares.update(_fill_shares(inputs, min_carbon, h, pool, caps, costs, on_gpu | instance_ids, mine, out))
             for engine_id, _ in sorted(caps):
                 out.append(common_pb2.RoutingWeight(pool=pool.name, engine_id=engine_id,
                                                     weight=round(shares[engine_id], 6)))
