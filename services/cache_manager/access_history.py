@@ -25,6 +25,7 @@ from greenserve.common.persistence import Database
 from greenserve.v1 import cache_manager_pb2
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
 
 HOUR_S = 3600
 PER_HOUR = 5000  # default of --access-history-per-hour
@@ -89,7 +90,7 @@ class AccessHistory:
         self.days = days
         self._counts: dict[tuple[str, int], int] = {}  # (pool, hour) -> rows recorded (loaded on first use)
 
-    def _count(self, s, pool: str, hour_s: int) -> int:
+    def _count(self, s: Session, pool: str, hour_s: int) -> int:
         key = (pool, hour_s)
         if key not in self._counts:
             self._counts[key] = int(s.scalar(select(func.count()).select_from(AccessSample).where(

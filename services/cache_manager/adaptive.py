@@ -43,13 +43,16 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from greenserve.common.cache_index.index import CacheIndex
 from greenserve.common.cache_index.index_keys import key_hash
 from greenserve.v1 import cache_manager_pb2
+
+if TYPE_CHECKING:  # journal.py imports this module's users
+    from greenserve.cache_manager import journal
 
 LRU, LCS = 0, 1
 NAMES = ("LRU", "LCS")
@@ -214,11 +217,11 @@ class Access:
     document_id: str = ""
 
 
-_KINDS = {cache_manager_pb2.ACCESS_KIND_HIT: "hit", cache_manager_pb2.ACCESS_KIND_MISS: "miss",
-          cache_manager_pb2.ACCESS_KIND_STORE: "store"}
+_KINDS: dict[int, str] = {cache_manager_pb2.ACCESS_KIND_HIT: "hit", cache_manager_pb2.ACCESS_KIND_MISS: "miss",
+                           cache_manager_pb2.ACCESS_KIND_STORE: "store"}
 
 
-def access_of(ev) -> Access | None:  # a journal.Event (journal.py imports this module's users)
+def access_of(ev: journal.Event) -> Access | None:
     """A journaled event as the policy reads it (None: an EVICT, which the shadows ignore)."""
     kind = _KINDS.get(ev.kind)
     if kind is None:

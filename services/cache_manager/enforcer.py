@@ -31,6 +31,7 @@ import asyncio
 import ipaddress
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,8 +113,8 @@ def check_dram_limit(field: str, dram_bytes: int, row: LmcacheServer, max_dram_b
                               f"({gib(limit)}); the limit is {source}")
 
 
-def check_dram_limits(targets, by_pool: dict[str, list[LmcacheServer]], max_dram_bytes: int,
-                      field: str = "targets") -> None:
+def check_dram_limits(targets: Iterable[common_pb2.CacheTarget], by_pool: dict[str, list[LmcacheServer]],
+                      max_dram_bytes: int, field: str = "targets") -> None:
     """``check_dram_limit`` for every server of every target's pool: InvalidArgument naming the first
     ``<field>[j].dram_bytes`` over its limit, before anything is resized (all or nothing)."""
     for j, target in enumerate(targets):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import numpy as np
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from sqlalchemy import select
@@ -35,7 +36,7 @@ from greenserve.cache_manager.request_checks import (
     check_targets,
     in_range,
 )
-from greenserve.cache_manager.resize import RestartJournal, resize_server
+from greenserve.cache_manager.resize import ResizeOutcome, RestartJournal, resize_server
 from greenserve.cache_manager.settings import CacheManagerSettings
 from greenserve.cache_manager.snapshots import SnapshotStore
 from greenserve.cache_manager.ttl_eviction import GroupTtlEviction
@@ -157,7 +158,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                                              applied_plan_version=self._last_plan(row.id))
 
     # ----- servers -------------------------------------------------------------------------------
-    async def RegisterCacheServer(self, request, context):
+    async def RegisterCacheServer(self, request: cache_manager_pb2.RegisterCacheServerRequest,
+                                  context: grpc.aio.ServicerContext) -> cache_manager_pb2.RegisterCacheServerResponse:
         srv = request.server
         check_name("server.id", srv.id, max_chars=SERVER_ID_MAX_CHARS)
         check_name("server.pool", srv.pool)
@@ -180,7 +182,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             s.expunge(row)
         return cache_manager_pb2.RegisterCacheServerResponse(server=await self._describe(row))
 
-    async def DeregisterCacheServer(self, request, context):
+    async def DeregisterCacheServer(self, request: cache_manager_pb2.DeregisterCacheServerRequest,
+                                    context: grpc.aio.ServicerContext) -> cache_manager_pb2.DeregisterCacheServerResponse:
         # Under the lock: an apply or resize in progress records its outcome for the server once its LMCache
         # calls return (a row deleted meanwhile broke the record's foreign key: INTERNAL).
         async with self._lock:
@@ -191,7 +194,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             self.note_server_bytes(row.id, row.pool, None)
         return cache_manager_pb2.DeregisterCacheServerResponse()
 
-    async def ListCacheServers(self, request, context):
+    async def ListCacheServers(self, request: cache_manager_pb2.ListCacheServersRequest,
+                               context: grpc.aio.ServicerContext) -> cache_manager_pb2.ListCacheServersResponse:
         if request.pool:
             check_name("pool", request.pool)
         rows = self._servers(request.pool or None)
@@ -212,7 +216,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
             row.applied_at = utcnow()
             s.commit()
 
-    async def ApplyCachePlan(self, request, context):
+    async def ApplyCachePlan(self, request: cache_manager_pb2.ApplyCachePlanRequest,
+                             context: grpc.aio.ServicerContext) -> cache_manager_pb2.ApplyCachePlanResponse:
         if request.plan_version < 1:
             raise InvalidArgument("plan_version", "must be >= 1")
         if request.plan_version > 2**31 - 1:
@@ -233,7 +238,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         return cache_manager_pb2.ApplyCachePlanResponse(results=results)
 
     async def _apply_one(self, row: LmcacheServer, version: int, dram: int, ttl_s: float, disk: int = 0,
-                         disk_medium: str = "", disk_path: str = ""):
+                         disk_medium: str = "", disk_path: str = "") -> cache_manager_pb2.CacheApplyResult:
         with self.ctx.db.session() as s:
             done = s.scalar(select(CacheApplication).where(
                 CacheApplication.server_id == row.id, CacheApplication.plan_version == version,
@@ -260,7 +265,7 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         return cache_manager_pb2.CacheApplyResult(server_id=row.id, applied=outcome.applied, detail=detail,
                                                   dram_bytes=outcome.dram_bytes, disk_bytes=disk_in_force)
 
-    async def _resize(self, row: LmcacheServer, dram: int, plan_version: int | None = None):
+    async def _resize(self, row: LmcacheServer, dram: int, plan_version: int | None = None) -> ResizeOutcome:
         """Resize one server (the caller holds the lock); entries it evicts are journaled, and so is its restart
         step (journal.begin_resize), which the caller ends (journal.end_resize) once the outcome is recorded."""
         db = self.ctx.db
@@ -311,7 +316,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         await self._journal_evictions(row.pool, outcome.evicted_keys)
         return outcome
 
-    async def ResizeCache(self, request, context):
+    async def ResizeCache(self, request: cache_manager_pb2.ResizeCacheRequest,
+                          context: grpc.aio.ServicerContext) -> cache_manager_pb2.ResizeCacheResponse:
         row = self._server(request.server_id)
         if request.dram_bytes > MAX_BYTES:
             raise InvalidArgument("dram_bytes", "must be 0-2^50 bytes (a negative size arrives as a huge uint64)")
@@ -333,7 +339,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                                                       dram_bytes=outcome.dram_bytes, disk_bytes=disk),
             evicted_entries=evicted)
 
-    async def SetQuota(self, request, context):
+    async def SetQuota(self, request: cache_manager_pb2.SetQuotaRequest,
+                       context: grpc.aio.ServicerContext) -> cache_manager_pb2.SetQuotaResponse:
         row = self._server(request.server_id)
         if any(c in request.salt for c in "@/\\\x00") or len(request.salt) > 128:
             raise InvalidArgument("salt", "at most 128 characters, without @ / \\ or NUL (LMCache's rule)")
@@ -349,7 +356,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
         return cache_manager_pb2.SetQuotaResponse()
 
     # ----- index ---------------------------------------------------------------------------------
-    async def ReportAccesses(self, request_iterator, context):
+    async def ReportAccesses(self, request_iterator: AsyncIterable[cache_manager_pb2.ReportAccessesRequest],
+                             context: grpc.aio.ServicerContext) -> cache_manager_pb2.ReportAccessesResponse:
         # All or nothing: read and check the whole stream, journal it in one transaction, then apply it.
         messages = await journal.read_stream(request_iterator)
         events = journal.check_events(messages, _now_s())
@@ -371,11 +379,13 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                 log.warning("access history: %d events not recorded for the planner's replay: %s: %s",
                             len(events), type(exc).__name__, exc)
 
-    async def GetAccessWindow(self, request, context):
+    async def GetAccessWindow(self, request: cache_manager_pb2.GetAccessWindowRequest,
+                              context: grpc.aio.ServicerContext) -> cache_manager_pb2.GetAccessWindowResponse:
         query = access_history.check_request(request)
         return await asyncio.to_thread(self.access_history.window, query)
 
-    async def ListEvictionCandidates(self, request, context):
+    async def ListEvictionCandidates(self, request: cache_manager_pb2.ListEvictionCandidatesRequest,
+                                     context: grpc.aio.ServicerContext) -> cache_manager_pb2.ListEvictionCandidatesResponse:
         check_name("pool", request.pool)
         if request.limit > 10000:
             raise InvalidArgument("limit", "at most 10000")
@@ -390,7 +400,8 @@ class CacheManagerServicer(GroupTtlEviction, cache_manager_pb2_grpc.CacheManager
                                               hits=v.hits, age_s=v.age_s) for v in views])
 
     # ----- read or recompute ---------------------------------------------------------------------
-    async def DecideReadOrRecompute(self, request, context):
+    async def DecideReadOrRecompute(self, request: cache_manager_pb2.DecideReadOrRecomputeRequest,
+                                    context: grpc.aio.ServicerContext) -> cache_manager_pb2.DecideReadOrRecomputeResponse:
         in_range("delay_budget_s", request.delay_budget_s, 0.0, MAX_CHUNK_S, " s")
         in_range("queue_wait_s", request.queue_wait_s, 0.0, MAX_CHUNK_S, " s")
         n = len(request.chunks)

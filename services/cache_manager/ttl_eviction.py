@@ -11,6 +11,7 @@ import asyncio
 import math
 from typing import TYPE_CHECKING
 
+import grpc
 import numpy as np
 
 from greenserve.cache_manager import group_ttl
@@ -36,7 +37,8 @@ class GroupTtlEviction(JournaledIndexes):
         def _admin(self, url: str) -> LmcacheAdmin: ...
         def _servers(self, pool: str | None = None) -> list[LmcacheServer]: ...
 
-    async def ComputeGroupTtls(self, request, context):
+    async def ComputeGroupTtls(self, request: cache_manager_pb2.ComputeGroupTtlsRequest,
+                               context: grpc.aio.ServicerContext) -> cache_manager_pb2.ComputeGroupTtlsResponse:
         check_name("pool", request.pool)
         if request.window_s != 0:
             in_range("window_s", request.window_s, 1.0, MAX_TTL_S, " s (0 means 3600)")
@@ -53,7 +55,8 @@ class GroupTtlEviction(JournaledIndexes):
         async with self._lock:  # applying evicts entries and journals them
             return await self._compute_ttls(*args)
 
-    async def _compute_ttls(self, pool: str, window_s: float, top_k: int, budget_bytes: int, dry_run: bool):
+    async def _compute_ttls(self, pool: str, window_s: float, top_k: int, budget_bytes: int,
+                            dry_run: bool) -> cache_manager_pb2.ComputeGroupTtlsResponse:
         now = _now_s()
         index = self.indexes[pool]
         # In time order: events of several reporters arrive interleaved (out-of-order times made negative

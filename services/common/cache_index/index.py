@@ -243,7 +243,8 @@ class CacheIndex(KeyTable, LcsScores, EvictionChoice, IndexSnapshot):
         self.key_hash[slots] = 1  # keyless entries only need a non-zero "live" mark
         self._init_slots(slots, tokens, size_bytes, now_s, parents, group, turn)
 
-    def _init_slots(self, slots, tokens, size_bytes, now_s, parents, group, turn) -> None:
+    def _init_slots(self, slots: np.ndarray, tokens: np.ndarray | int, size_bytes: np.ndarray | float, now_s: float,
+                    parents: np.ndarray | None, group: int | None, turn: int) -> None:
         self.tokens[slots] = tokens
         self.hits[slots] = 0
         self.hit_tokens[slots] = 0.0

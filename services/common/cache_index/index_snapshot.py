@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Self
+from typing import IO, Self
 
 import numpy as np
 from greenserve.common.cache_index.index_fields import IndexFields
@@ -57,7 +57,7 @@ class IndexSnapshot(IndexFields):
             raise
         fsync_dir(path.parent)
 
-    def _savez(self, fh, n: int, docs: list[str], long_slots: np.ndarray) -> None:
+    def _savez(self, fh: IO[bytes], n: int, docs: list[str], long_slots: np.ndarray) -> None:
         np.savez(
             fh, **{name: getattr(self, name)[:n] for name in self._ARRAYS},
             metas=np.array(self._metas, dtype=str),
