@@ -327,7 +327,7 @@ class _Sim:
             n, B = eng.run_n, eng.B
             dt = now - eng.run_t0
             u = eng.utilisation_at(B, eng.run_c0 + B * n * 0.5)
-            if eng.draft_span_w:  # DSD: each GPU busy for its own share of the rounds
+            if eng.draft_span_w and eng.spec is not None:  # DSD: each GPU busy for its own share of the rounds
                 draft_s, verify_s, link_s = eng.pm.spec_decode_round_parts_s(
                     eng.spec, B, int(eng.run_c0 + B * n * 0.5))
                 rnd = draft_s + verify_s + link_s

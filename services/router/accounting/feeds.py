@@ -77,7 +77,7 @@ class _BoundedFeed:
                 pass
 
     def _take(self) -> list[Any]:
-        batch = []
+        batch: list[Any] = []
         while self.queue and len(batch) < self.batch_max:
             batch.append(self.queue.popleft())
         return batch

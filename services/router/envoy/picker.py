@@ -72,7 +72,7 @@ def _immediate(refusal: _Refusal) -> ext_pb2.ProcessingResponse:
         headers.append(base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(
             key="retry-after", raw_value=str(refusal.retry_after_s).encode())))
     return ext_pb2.ProcessingResponse(immediate_response=ext_pb2.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=refusal.status),  # type: ignore[arg-type]
+        status=http_status_pb2.HttpStatus(code=refusal.status),
         headers=ext_pb2.HeaderMutation(set_headers=headers), body=json.dumps(body).encode(),
         details=f"greenserve_picker_{refusal.status}"))
 

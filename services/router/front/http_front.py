@@ -269,7 +269,7 @@ class HttpFront:
         try:
             try:
                 if request.content.is_eof():  # the whole body came with the head: read without a timer
-                    raw: bytes | None = await request.read()
+                    raw = await request.read()
                 else:
                     # asyncio.timeout, not wait_for: wait_for wraps the read in a task of its own per request
                     async with asyncio.timeout(self.limits.body_timeout_s):
@@ -287,7 +287,7 @@ class HttpFront:
                 self.body_bytes_in_flight -= reserved - len(raw)
                 reserved = len(raw)
             try:
-                body = json.loads(raw)  # type: ignore[arg-type]
+                body = json.loads(raw)
             except RecursionError:
                 body = None  # deeper than the parser's own recursion limit
             except ValueError as exc:
@@ -312,14 +312,19 @@ class HttpFront:
             session_key = headers.get("x-greenserve-session") or headers.get("x-session-id") or \
                 (user if isinstance(user, str) else "")
             want_usage = False
+            # the bytes forwarded as the caller sent them (None: re-encoded from ``body``); the only reference
+            # left to the body's bytes, so that setting it to None frees them
+            forward: bytes | None = raw
+            del raw
             if stream:
                 options = body.get("stream_options")
-                if options is None and raw is not None:
+                if options is None and forward is not None:
                     # forward the caller's bytes with the usage request spliced in (no re-encoding)
-                    raw = raw.rstrip()
-                    raw = raw[:-1] + b',"stream_options":{"include_usage":true}}' if raw.endswith(b"}") else None
+                    forward = forward.rstrip()
+                    forward = forward[:-1] + b',"stream_options":{"include_usage":true}}' \
+                        if forward.endswith(b"}") else None
                 elif not (isinstance(options, dict) and options.get("include_usage") is True):
-                    raw = None  # re-encoded from ``body``
+                    forward = None  # re-encoded from ``body``
                 options = dict(options) if isinstance(options, dict) else {}
                 want_usage = bool(options.get("include_usage"))
                 options["include_usage"] = True
@@ -328,7 +333,7 @@ class HttpFront:
             assert core.dispatcher is not None
             try:
                 call = await core.dispatcher.open(RouteRequest(path, body, pool, model, session_key, hashes, stream,
-                                                               raw=raw))
+                                                               raw=forward))
             except UnknownTargetError as exc:
                 # the caller's error, answered as vLLM answers an unknown model (404 NotFoundError): a 503
                 # is retried by clients and gateways, and no retry makes the pool or the model exist

@@ -102,7 +102,7 @@ class EngineState:
     url: str
     pool: str
     model: str
-    kind: int = common_pb2.ENGINE_KIND_VLLM
+    kind: common_pb2.EngineKind = common_pb2.ENGINE_KIND_VLLM
     gpu_uuid: str = ""
     mig_uuid: str = ""
     idle_power_w: float = 0.0
@@ -219,7 +219,7 @@ class EngineState:
 
     # -- state ------------------------------------------------------------------------------------
 
-    def state(self, now: float, stale_after_s: float) -> int:
+    def state(self, now: float, stale_after_s: float) -> common_pb2.EngineState:
         if self.draining:
             return DRAINED if self.in_flight == 0 else DRAINING
         if self.run_phase != RUN_AWAKE:

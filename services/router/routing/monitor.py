@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from greenserve.common.tasks import cancel_and_wait
@@ -55,7 +56,7 @@ class EngineMonitor:
             await self._session.close()
             self._session = None
 
-    async def _loop(self, body, interval_s: float) -> None:  # type: ignore[no-untyped-def]
+    async def _loop(self, body: Callable[[], Awaitable[None]], interval_s: float) -> None:
         while True:
             started = time.monotonic()
             try:

@@ -29,12 +29,13 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from greenserve.common.orm_conventions import utcnow
 from greenserve.common.persistence import Database
 from greenserve.router import models
 from greenserve.router.routing.engines import EngineState
+from greenserve.v1 import common_pb2
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.orm import Session
 
@@ -55,8 +56,10 @@ def bump(s: Session) -> None:
 
 
 def engine_state(row: models.Engine) -> EngineState:
+    # the column's CHECK constraint holds kind to the EngineKind numbers
+    kind = cast(common_pb2.EngineKind, row.kind)
     return EngineState(id=row.id, url=row.url, pool=row.pool, model=row.model, source=row.source,
-                       draining=row.draining, kind=row.kind, gpu_uuid=row.gpu_uuid, mig_uuid=row.mig_uuid,
+                       draining=row.draining, kind=kind, gpu_uuid=row.gpu_uuid, mig_uuid=row.mig_uuid,
                        idle_power_w=row.idle_power_w, busy_power_w=row.busy_power_w, prefill_url=row.prefill_url,
                        prefill_kv_transfer_params=row.prefill_kv_transfer_params)
 

@@ -27,7 +27,8 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from json.decoder import scanstring  # the C string scanner json.loads itself uses
+# the C string scanner json.loads itself uses; typeshed's json.decoder stub leaves out this public name
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import aiohttp
@@ -337,13 +338,13 @@ class Dispatcher:
                 text = running_text(event, key)  # the usual first token: found by a scan, no JSON decoded
                 reason = None
                 if text is None:
-                    data = event_data(event)
-                    if data is None:
+                    event_body = event_data(event)
+                    if event_body is None:
                         continue
-                    if data == _DONE:
+                    if event_body == _DONE:
                         raise _AttemptFailed("stream finished without a token")
                     try:
-                        obj = json.loads(data)
+                        obj = json.loads(event_body)
                     except ValueError:
                         raise _AttemptFailed("unreadable stream chunk") from None
                     if not isinstance(obj, dict):

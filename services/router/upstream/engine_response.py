@@ -128,7 +128,7 @@ class EngineResponse:
 
     async def read(self, max_bytes: int = MAX_BODY_BYTES) -> bytes:
         """The whole (rest of the) body; ``EngineHttpError`` past ``max_bytes`` or when it broke off."""
-        parts = []
+        parts: list[bytes] = []
         total = 0
         while True:
             data = await self.readany()
@@ -359,11 +359,11 @@ class EngineResponse:
         if lengths:
             if len(lengths) != 1:
                 raise EngineHttpError(f"conflicting Content-Length values {sorted(lengths)}")
-            value = next(iter(lengths))
-            if not value.isdigit() or len(value) > 18:
-                raise EngineHttpError(f"malformed Content-Length {value[:40]!r}")
+            length = next(iter(lengths))
+            if not length.isdigit() or len(length) > 18:
+                raise EngineHttpError(f"malformed Content-Length {length[:40]!r}")
             self._framing = _BY_LENGTH
-            self._remaining = int(value)
+            self._remaining = int(length)
             self._state = _BODY if self._remaining else _DONE
             return False
         self._framing = _TO_CLOSE
