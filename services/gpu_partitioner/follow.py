@@ -45,8 +45,9 @@ from greenserve.gpu_partitioner.peer_clients import OptimizerFleet, RouterEngine
 from greenserve.gpu_partitioner.power import PowerCoordinator, PowerEnforcer, combine
 from greenserve.v1 import common_pb2, gpu_partitioner_pb2, optimizer_pb2, optimizer_pb2_grpc
 
-if TYPE_CHECKING:  # the service module imports this one
+if TYPE_CHECKING:  # the service and settings modules import this one
     from greenserve.gpu_partitioner.service import GpuPartitionerServicer
+    from greenserve.gpu_partitioner.settings import GpuPartitionerSettings
 
 log = logging.getLogger("greenserve.gpu_partitioner.follow")
 
@@ -250,14 +251,11 @@ class Following:
             await close()
 
 
-async def start_following(ctx: ServiceContext, backend: MigBackend, coordinator: ApplyCoordinator,
-                          inventory: InventoryFn, power: PowerCoordinator | None = None) -> Following:
-    """Starts GPU reports, the plan follower and the engine watchdog per the settings (nothing when off)."""
-    # imported here: the settings module imports PlanFollowSettings from this one
-    from greenserve.gpu_partitioner.settings import GpuPartitionerSettings
-
-    settings = ctx.settings
-    assert isinstance(settings, GpuPartitionerSettings)
+async def start_following(ctx: ServiceContext, settings: GpuPartitionerSettings, backend: MigBackend,
+                          coordinator: ApplyCoordinator, inventory: InventoryFn,
+                          power: PowerCoordinator | None = None) -> Following:
+    """Starts GPU reports, the plan follower and the engine watchdog per ``settings`` (the service's,
+    ``ctx.settings``; nothing when off)."""
     node = settings.node_name
     if not settings.follow_plans:
         return Following(None, None, None, None, [])

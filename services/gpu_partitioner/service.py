@@ -361,7 +361,7 @@ async def build(ctx: ServiceContext) -> list[Registration]:
         log.warning("recovered interrupted GPU power changes", extra={"run_ids": recovered,
                                                                       "policy": settings.recovery_policy})
     servicer = GpuPartitionerServicer(ctx, backend, coordinator, energy, router, note)
-    following = await start_following(ctx, backend, coordinator, lambda: inventory_of(servicer), power)
+    following = await start_following(ctx, settings, backend, coordinator, lambda: inventory_of(servicer), power)
 
     sampler: asyncio.Task[None] | None = None
     if settings.energy_sample_interval_s > 0:
