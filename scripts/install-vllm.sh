@@ -32,7 +32,8 @@
 #
 # Usage: bash scripts/install-vllm.sh [--with-lmcache]
 #   GREENSERVE_VLLM_VENV   the virtualenv to use and install into (default <repo>/.venv-vllm, a link into
-#                          GREENSERVE_VLLM_CACHE)
+#                          GREENSERVE_VLLM_CACHE); --with-lmcache then installs <it>-lmcache-0.5.6 and leaves the
+#                          repo's .venv-vllm-lmcache link alone (name it with GREENSERVE_VLLM_LMCACHE_VENV)
 #   GREENSERVE_VLLM_CACHE  the per-machine folder of the shared install (default ~/.cache/greenserve)
 #   PYTHON                 interpreter to create it with (default python3, 3.10-3.12)
 set -euo pipefail
@@ -196,7 +197,11 @@ if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/pyt
     install_vllm
 fi
 [ "$WITH_LMCACHE" = 1 ] || exit 0
-ln -sfn "$LMC_VENV" "$REPO/.venv-vllm-lmcache" || die "cannot link $REPO/.venv-vllm-lmcache to $LMC_VENV"
+# the repo's link follows the repo's vLLM install only: with GREENSERVE_VLLM_VENV (a virtualenv of the caller's),
+# the caller names the second one too (GREENSERVE_VLLM_LMCACHE_VENV=$LMC_VENV), and the repo's link stays as it is
+if [ -z "${GREENSERVE_VLLM_VENV:-}" ]; then
+    ln -sfn "$LMC_VENV" "$REPO/.venv-vllm-lmcache" || die "cannot link $REPO/.venv-vllm-lmcache to $LMC_VENV"
+fi
 exec 8>"$LMC_VENV.lock"
 flock 8 || die "cannot lock $LMC_VENV.lock"
 if [ -f "$lmc_stamp" ] && [ "$(cat "$lmc_stamp")" = "$lmc_want" ] && lmcache_versions_ok; then
