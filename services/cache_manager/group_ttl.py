@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -200,7 +200,7 @@ def solve(groups: Sequence[GroupStats], budget: float, *, max_ttl_s: float | Non
     return TtlSolution(list(groups), best_t, best_hits, total_cost(best_t), used)
 
 
-def _fit_budget(t: np.ndarray, total_cost, budget: float) -> np.ndarray:
+def _fit_budget(t: np.ndarray, total_cost: Callable[[np.ndarray], float], budget: float) -> np.ndarray:
     """Scale t down by the largest factor in [0, 1] whose cost fits the budget (cost grows with t)."""
     if total_cost(t) <= budget:
         return t

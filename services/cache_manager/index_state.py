@@ -17,7 +17,9 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from greenserve.cache_manager import access_history, adaptive, journal
 from greenserve.common.cache_index.index import CacheIndex
@@ -28,12 +30,14 @@ from greenserve.v1 import cache_manager_pb2
 
 log = logging.getLogger("greenserve.cache_manager")
 
+_T = TypeVar("_T")
+
 
 def _now_s() -> float:
     return time.time()
 
 
-async def _run_to_end(coro):
+async def _run_to_end(coro: Awaitable[_T]) -> _T:
     """Await `coro` as a task that a cancelled caller (client gone, deadline, shutdown) does not stop midway:
     a journal write is applied to the index once committed, a checkpoint finishes its files."""
     task = asyncio.ensure_future(coro)

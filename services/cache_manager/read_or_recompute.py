@@ -57,7 +57,8 @@ def decision_time_s(actions: np.ndarray, read_s: np.ndarray, recompute_s: np.nda
     return max(0.0, read_total - queue_wait_s) + recompute_total
 
 
-def _finish(actions: np.ndarray, read_s, read_e, rec_s, rec_e, queue_wait_s: float, path: str, eps: float = 0.0) -> Decision:
+def _finish(actions: np.ndarray, read_s: np.ndarray, read_e: np.ndarray, rec_s: np.ndarray, rec_e: np.ndarray,
+            queue_wait_s: float, path: str, eps: float = 0.0) -> Decision:
     energy = float(np.where(actions == READ, read_e, rec_e).sum())
     return Decision(actions.astype(np.int8), energy, decision_time_s(actions, read_s, rec_s, queue_wait_s), path, eps)
 

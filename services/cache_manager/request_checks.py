@@ -7,6 +7,7 @@ way ApplyCachePlan does.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from greenserve.common.carbon_params import DISK_MEDIA
 from greenserve.common.errors import InvalidArgument
@@ -30,7 +31,7 @@ def in_range(field: str, value: float, low: float, high: float, unit: str = "") 
     return value
 
 
-def check_targets(targets, known_pools: set[str], field: str = "targets") -> None:
+def check_targets(targets: Iterable[common_pb2.CacheTarget], known_pools: set[str], field: str = "targets") -> None:
     """InvalidArgument naming the first bad target (ApplyCachePlan and the plan follower, enforcer.py)."""
     seen: set[str] = set()
     for i, t in enumerate(targets):
