@@ -16,6 +16,7 @@ import logging
 import threading
 from datetime import UTC, datetime
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
@@ -53,7 +54,7 @@ MAX_DETAIL_CHARS = 4000
 MAX_REPORTERS_PER_PLAN = 4096
 
 
-def _dt(ts) -> datetime:  # a protobuf Timestamp
+def _dt(ts: Timestamp) -> datetime:
     return ts.ToDatetime(tzinfo=UTC)
 
 

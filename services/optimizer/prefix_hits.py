@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -46,7 +47,7 @@ class PoolHits:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens > 0 else 0.0
 
 
-def measure(accesses) -> PoolHits:
+def measure(accesses: Iterable[cache_manager_pb2.AccessRecord]) -> PoolHits:
     """Requests, prompt tokens and hit tokens of a window's access records, paired as the replay traces pair them
     (``replay_trace.paired_requests``): a HIT or MISS opens a request, the STORE right after it (same time and
     conversation) gives its whole prompt; a STORE with no HIT or MISS before it (not a routed request) is left out."""

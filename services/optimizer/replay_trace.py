@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +103,8 @@ def _share(group: str) -> float:
     return zlib.crc32(group.encode()) / 2**32
 
 
-def paired_requests(accesses, *, routed_only: bool = False) -> list[tuple[float, str, str, int, str, int, str]]:
+def paired_requests(accesses: Iterable[cache_manager_pb2.AccessRecord], *,
+                    routed_only: bool = False) -> list[tuple[float, str, str, int, str, int, str]]:
     """(time, conversation, document, prompt tokens, key, hit tokens, hit key) per request (module doc);
     ``routed_only``: a STORE with no HIT or MISS before it (not a request the router routed) is left out."""
     out: list[list] = []
@@ -130,7 +131,8 @@ def paired_requests(accesses, *, routed_only: bool = False) -> list[tuple[float,
     return [tuple(r) for r in out]
 
 
-def build_trace(pool: str, source: str, label: str, window_start_s: float, accesses, *,
+def build_trace(pool: str, source: str, label: str, window_start_s: float,
+                accesses: Iterable[cache_manager_pb2.AccessRecord], *,
                 mean_output_tokens: float, output_source: str) -> ReplayTrace | None:
     """The replay trace of one window's accesses (module doc); None when it holds fewer than MIN_REQUESTS
     requests."""

@@ -43,7 +43,7 @@ MAX_COMPONENTS = 1024
 MAX_COMPONENT_COUNT = 1_000_000
 
 
-def _check_carbon_params(msg) -> None:
+def _check_carbon_params(msg: common_pb2.CarbonParams) -> None:
     """Upper bounds of carbon_params (params_from_proto checks the rest: pue >= 1, known components...)."""
     if msg.pue != 0:
         require_finite("carbon_params.pue", msg.pue, minimum=1.0, maximum=MAX_PUE)

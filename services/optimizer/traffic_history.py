@@ -24,6 +24,7 @@ from greenserve.v1 import (
     cache_manager_pb2_grpc,
     common_pb2,
     forecaster_pb2,
+    forecaster_pb2_grpc,
 )
 
 log = logging.getLogger("greenserve.optimizer.traffic_history")
@@ -43,8 +44,8 @@ def timestamp_of(seconds: float) -> Timestamp:
     return Timestamp(seconds=int(seconds))
 
 
-async def _mean_output_tokens(forecaster, pool: common_pb2.Pool, start_s: float,
-                              timeout_s: float) -> tuple[float, str]:
+async def _mean_output_tokens(forecaster: forecaster_pb2_grpc.ForecasterServiceStub | None, pool: common_pb2.Pool,
+                              start_s: float, timeout_s: float) -> tuple[float, str]:
     """Mean output tokens per request in the hour from ``start_s`` (forecaster load history), else a default."""
     fallback = (float(pool.mean_output_tokens), "the pool's declared mean") if pool.mean_output_tokens else \
         (DEFAULT_OUTPUT_TOKENS, "the default")
@@ -66,14 +67,16 @@ async def _mean_output_tokens(forecaster, pool: common_pb2.Pool, start_s: float,
     return fallback
 
 
-async def _window(stub, pool: str, start_s: float, timeout_s: float) -> cache_manager_pb2.GetAccessWindowResponse:
+async def _window(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, pool: str, start_s: float,
+                  timeout_s: float) -> cache_manager_pb2.GetAccessWindowResponse:
     return await stub.GetAccessWindow(cache_manager_pb2.GetAccessWindowRequest(
         pool=pool, start=timestamp_of(start_s), end=timestamp_of(start_s + HOUR_S), limit=WINDOW_LIMIT),
         timeout=timeout_s)
 
 
-async def pool_trace(stub, forecaster, pool: common_pb2.Pool, planned_start_s: float,
-                     timeout_s: float = 5.0) -> tuple[ReplayTrace | None, str]:
+async def pool_trace(stub: cache_manager_pb2_grpc.CacheManagerServiceStub,
+                     forecaster: forecaster_pb2_grpc.ForecasterServiceStub | None, pool: common_pb2.Pool,
+                     planned_start_s: float, timeout_s: float = 5.0) -> tuple[ReplayTrace | None, str]:
     """The first usable window of one pool (module doc) and, when there is none, why."""
     tried: list[str] = []
     candidates = [("yesterday", "same hour yesterday", planned_start_s - 86400.0),
@@ -104,7 +107,8 @@ async def pool_trace(stub, forecaster, pool: common_pb2.Pool, planned_start_s: f
     return None, "; ".join(tried) if tried else "no window tried"
 
 
-async def fetch_traces(channel: grpc.aio.Channel | None, forecaster, fleet: common_pb2.FleetInventory,
+async def fetch_traces(channel: grpc.aio.Channel | None, forecaster: forecaster_pb2_grpc.ForecasterServiceStub | None,
+                       fleet: common_pb2.FleetInventory,
                        planned_start_s: float, notes: list[str],
                        timeout_s: float = 5.0) -> tuple[dict[str, ReplayTrace], dict[str, str]]:
     """Per cache-planned pool, its replay trace, or why it has none (module doc)."""

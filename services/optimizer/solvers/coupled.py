@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -331,7 +332,8 @@ class CoupledSolver:
         for t in range(hours):
             rows.append((x_index[t], [1.0] * len(x_index[t]), 1.0, 1.0))
 
-        def level(t: int, pred) -> tuple[list[int], list[float], float]:
+        # pred(option): its callers' lambdas bind the loop's values as default arguments, hence the open signature
+        def level(t: int, pred: Callable[..., bool]) -> tuple[list[int], list[float], float]:
             """Columns and coefficients of sum_{o: pred(o)} x[t,o] (or its constant for the state in force)."""
             if t >= 0:
                 idx = [x_index[t][j] for j, o in enumerate(m.options[t]) if pred(o)]
