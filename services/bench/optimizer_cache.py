@@ -19,12 +19,16 @@ import os
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 from greenserve.common.cli_parser import Parser
 from greenserve.common.strict_json import dumps
 from greenserve.optimizer.solvers.cache_greencache import PoolCacheModel, solve_ilp
 from greenserve.optimizer.solvers.cache_ilp import BACKENDS
+
+if TYPE_CHECKING:
+    from greenserve.optimizer.replay_trace import ReplayTrace
 
 TB = 10**12
 
@@ -58,7 +62,7 @@ def synthetic_models(pools: int, hours: int, sizes: int, seed: int = 0, restart_
     return models
 
 
-def recorded_trace(shape: str, rate: float, seconds: float = 1800.0):
+def recorded_trace(shape: str, rate: float, seconds: float = 1800.0) -> ReplayTrace | None:
     """A recorded window of ``shape`` at ``rate`` requests/s as the router would have reported it
     (``replay_trace.router_accesses``), turned into a replay trace: ``multi-turn`` (GreenCache's conversations) or
     ``independent`` (Poisson arrivals, no shared prefixes)."""
@@ -103,7 +107,9 @@ def kareto_figures(rate: float, with_grid: bool, history: str = "none", media: t
     inputs = PlanningInputs(0.0, 1, common_pb2.FleetInventory(pools=[pool]), {"FR": SeriesForecast((60.0,), (60.0,),
                             (60.0,))}, {"chat": flat}, {}, load_default_params(), {})
     if history != "none":
-        inputs.traffic["chat"] = recorded_trace(history, rate)
+        trace = recorded_trace(history, rate)
+        if trace is not None:  # too few requests: no recorded window, as the solver reads a missing one
+            inputs.traffic["chat"] = trace
     solver = KaretoSearch(time_limit_s=3600.0, max_evaluations=10_000)
     t0 = time.perf_counter()
     search = solver.search_pool(inputs, pool, time.perf_counter() + 3600.0)

@@ -18,6 +18,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
 
 INSTALL_HINT = "install them with `bash scripts/install-postgres.sh` (Debian package `postgresql`)"
 PG_OS_USER = "postgres"  # the server runs as this user when the tests run as root
@@ -206,7 +210,7 @@ class PostgresServer:
     def url(self, dbname: str) -> str:
         return f"postgresql+psycopg://{PG_DB_USER}:{self.password}@127.0.0.1:{self.port}/{dbname}"
 
-    def _admin(self):
+    def _admin(self) -> psycopg.Connection:
         import psycopg
 
         return psycopg.connect(

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 
 import grpc
@@ -91,20 +92,21 @@ def _serve_aio(variant: str, port: int, messages: int, gap_s: float, interceptor
 
     Response = router_pb2.GenerateResponse
 
-    async def write_handler(request, context):
+    async def write_handler(request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         write = context.write
         for _i in range(messages):
             if gap_s:
                 await asyncio.sleep(gap_s)
             await write(Response(request_id="r", text_delta=_TEXT, token_count=1))
 
-    async def yield_handler(request, context):
+    async def yield_handler(request: router_pb2.GenerateRequest,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.GenerateResponse]:
         for _i in range(messages):
             if gap_s:
                 await asyncio.sleep(gap_s)
             yield Response(request_id="r", text_delta=_TEXT, token_count=1)
 
-    async def bytes_handler(request, context):
+    async def bytes_handler(request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         if variant == "aio_bytes_nocomp":
             context.set_compression(grpc.Compression.NoCompression)
         write = context.write
@@ -144,7 +146,8 @@ def _serve_aio(variant: str, port: int, messages: int, gap_s: float, interceptor
 def _serve_sync(port: int, messages: int, gap_s: float, threads: int) -> None:
     Response = router_pb2.GenerateResponse
 
-    def handler(request, context):
+    def handler(request: router_pb2.GenerateRequest,
+                context: grpc.ServicerContext) -> Iterator[router_pb2.GenerateResponse]:
         for _i in range(messages):
             if gap_s:
                 time.sleep(gap_s)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from typing import NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn, TypeVar, overload
 
 _UNKNOWN_IN = "_greenserve_unknown_flags_parser"  # namespace attribute: the innermost parser that left extras
 _NO_DEFAULT: tuple[object, ...] = (None, False, argparse.SUPPRESS, [], "")
+_N = TypeVar("_N")  # the namespace object a caller passes to parse_known_args
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -42,7 +44,16 @@ class Parser(argparse.ArgumentParser):
         self._unknown_in: Parser | None = None
         self._given: list[str] = []
 
-    def parse_known_args(self, args=None, namespace=None):  # argparse's signature
+    # argparse's signature: a Namespace, or the caller's own namespace object
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
         self._given = list(sys.argv[1:] if args is None else args)
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:

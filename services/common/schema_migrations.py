@@ -12,6 +12,7 @@ import importlib
 import importlib.resources
 import io
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,7 @@ def migration_sql(db_url: str | URL, service: str, revision: str = "head") -> st
     return buffer.getvalue()
 
 
-def _include_object_for(metadata: MetaData):
+def _include_object_for(metadata: MetaData) -> Callable[[Any, str | None, str, bool, Any], bool]:
     own_tables = set(metadata.tables)
 
     def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:

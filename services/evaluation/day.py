@@ -54,7 +54,7 @@ from greenserve.optimizer.solvers.serving_modes import (
 )
 from greenserve.optimizer.solvers import mig_patterns as mp
 from greenserve.simulator.clocks import clocked_profile
-from greenserve.simulator.engine_profile import list_profiles, load_profile
+from greenserve.simulator.engine_profile import EngineProfile, list_profiles, load_profile
 from greenserve.simulator.mode_configs import SpecDecodeConfig
 from greenserve.simulator.perf_model import PerfModel
 from greenserve.v1 import common_pb2
@@ -374,7 +374,8 @@ class PoolEngines:
     layout: dict[str, int] = field(default_factory=dict)  # "<profile> <variant>" -> instances
 
 
-def _slice_profile(sim_model: str, gpu_model: str, profile: str, variant: common_pb2.ModelVariant, pool_model: str):
+def _slice_profile(sim_model: str, gpu_model: str, profile: str, variant: common_pb2.ModelVariant,
+                   pool_model: str) -> EngineProfile:
     """The simulator profile of ``variant`` on one MIG slice, as the clover-exact solver predicted it
     (``mig_patterns.predicted_option``): the stored slice profile when its weight bytes match, else the closest
     profile scaled to the slice."""

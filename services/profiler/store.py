@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import math
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -95,7 +96,7 @@ def _to_proto(row: Profile) -> common_pb2.Profile:
     return profile
 
 
-def _ts(value) -> Timestamp:
+def _ts(value: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts

@@ -51,7 +51,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _int_at_least(lo: int):
+def _int_at_least(lo: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
