@@ -8,9 +8,13 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from greenserve.common.cli_parser import Parser
 from greenserve.common.strict_json import dumps
+
+if TYPE_CHECKING:
+    from greenserve.simulator.engine_profile import EngineProfile
 
 DEFAULT_DAY = "2022-07-06"
 
@@ -59,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _measured_engine(path: Path):  # -> EngineProfile
+def _measured_engine(path: Path) -> EngineProfile:
     """The engine of a measured profile file, made visible to this process and its workers under MODEL@HARDWARE;
     ValueError naming --profile when the file is not a measured profile with a fitted step model."""
     import os

@@ -17,6 +17,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,12 @@ from greenserve.common import strict_json
 from greenserve.common.ci_units import add_ci_unit_flag, ci_unit_factor
 from greenserve.common.cli_parser import Parser
 from greenserve.common.file_errors import cannot_read
+
+if TYPE_CHECKING:
+    import grpc
+
+    from greenserve.forecaster.csv_sources import RegularSeries
+    from greenserve.v1 import common_pb2
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -92,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_series(ns: argparse.Namespace, kind: str = "ci"):  # a csv_sources.RegularSeries, imported lazily
+def _read_series(ns: argparse.Namespace, kind: str = "ci") -> RegularSeries:
     from greenserve.forecaster.csv_sources import read_csv_series, to_grid
 
     raw = read_csv_series(
@@ -143,7 +150,7 @@ def cmd_backtest(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _channel(ns: argparse.Namespace):
+def _channel(ns: argparse.Namespace) -> grpc.aio.Channel:
     from greenserve.common.client import ChannelConfig, create_channel
     from greenserve_client.cli import check_connection
 
@@ -152,7 +159,7 @@ def _channel(ns: argparse.Namespace):
     return create_channel(ChannelConfig(address=ns.addr, token=token, tls_ca=ns.tls_ca, default_timeout_s=ns.timeout_s))
 
 
-def _ref(ns: argparse.Namespace):
+def _ref(ns: argparse.Namespace) -> common_pb2.SeriesRef:
     from greenserve.v1 import common_pb2
 
     if ns.region:
