@@ -146,8 +146,9 @@ def test_the_installed_virtualenv_has_the_locked_versions(lock: str, variable: s
     digest = hashlib.sha256((SCRIPTS / lock).read_bytes()).hexdigest()
     if f"lock={digest}" not in stamp_file.read_text().split():
         pytest.skip(f"{venv} was installed under another scripts/{lock} (its install script re-installs it)")
+    # -I: neither the working directory (a checkout's greenserve.egg-info would be listed) nor PYTHONPATH on the path
     listing = subprocess.run(
-        [str(venv / "bin" / "python"), "-c",
+        [str(venv / "bin" / "python"), "-I", "-c",
          "import importlib.metadata as m\n"
          "for d in m.distributions(): print(d.metadata['Name'], d.version)"],
         capture_output=True, text=True, check=True, timeout=60)
